@@ -1,0 +1,77 @@
+/* device_impl.h: what a backend provides. Private to device/: a backend is a
+ * table of functions plus its own context, and device.c dispatches through
+ * it. Adding a backend is one more table. Optional slots may be NULL where
+ * noted. */
+#ifndef MT_DEVICE_IMPL_H
+#define MT_DEVICE_IMPL_H
+
+#include "device.h"
+
+typedef struct dev_backend_ops {
+    const char *name;
+    /* Parses the part of the spec after "name[:]" (may be ""), fills props
+     * (except fingerprint, which device.c computes) and *ctx. */
+    mt_status (*open)(const char *arg, const dev_open_opts *opts, dev_props *props,
+                      void **ctx, mt_err *err);
+    void (*close)(void *ctx);
+
+    /* Compiles source into a code object's bytes (malloc'd, caller frees)
+     * and fills info->kernels where it can. log is malloc'd or NULL. The
+     * compile cache sits in front of this in device.c. Thread-safe. */
+    mt_status (*compile)(void *ctx, const dev_props *props,
+                         const dev_compile_req *req, void **bytes, size_t *len,
+                         char **log, dev_code_info *info, mt_err *err);
+    /* Fills info->kernels from stored bytes (cache hit, db). Optional. */
+    mt_status (*inspect)(void *ctx, const void *bytes, size_t len,
+                         dev_code_info *info, mt_err *err);
+    /* Identity of the compiler for cache keys ("gcc 12.2.0 -O3 ...").
+     * Must change when the generated code could change. */
+    const char *(*compiler_id)(void *ctx);
+    /* The text prepended to every source (prelude), also part of the key. */
+    const char *(*prelude)(void *ctx);
+
+    mt_status (*module_load)(void *ctx, const void *bytes, size_t len,
+                             void **mod, mt_err *err);
+    void (*module_unload)(void *ctx, void *mod);
+    /* Returns a backend kernel handle owned by the module. */
+    mt_status (*get_kernel)(void *ctx, void *mod, const char *name,
+                            const char *sig, void **kern, mt_err *err);
+    mt_status (*launch)(void *ctx, void *kern, const char *kname, const char *sig,
+                        dev_dim3 grid, dev_dim3 block, size_t dyn_shared,
+                        void **args, mt_err *err);
+    void (*set_timeout)(void *ctx, unsigned ms); /* optional */
+    mt_status (*synchronize)(void *ctx, mt_err *err);
+
+    mt_status (*alloc)(void *ctx, size_t bytes, void **ptr, mt_err *err);
+    void (*free)(void *ctx, void *ptr);
+    /* kind: 0 host->dev, 1 dev->host, 2 dev->dev */
+    mt_status (*copy)(void *ctx, void *dst, const void *src, size_t bytes,
+                      int kind, mt_err *err);
+    mt_status (*memset)(void *ctx, void *dst, int byte, size_t bytes, mt_err *err);
+
+    /* Events: NULL slots mean host-clock events (cpu, emu: launches are
+     * synchronous, so a monotonic clock read is exact). */
+    mt_status (*event_create)(void *ctx, void **ev, mt_err *err);
+    void (*event_destroy)(void *ctx, void *ev);
+    mt_status (*event_record)(void *ctx, void *ev, mt_err *err);
+    mt_status (*event_elapsed)(void *ctx, void *a, void *b, double *ms, mt_err *err);
+} dev_backend_ops;
+
+extern const dev_backend_ops dev_cpu_ops;
+extern const dev_backend_ops dev_emu_ops;
+#ifdef MOETUNE_HAVE_HIP
+extern const dev_backend_ops dev_hip_ops;
+#endif
+extern const dev_backend_ops dev_cuda_ops; /* loads libcuda/NVRTC at run time */
+
+/* Host C compiler driver shared by cpu and emu: compiles `text` (a complete
+ * C translation unit) with flags into a shared object and returns its bytes.
+ * log is malloc'd (may be NULL). */
+mt_status dev_host_cc(const char *text, const char *const *flags, int n_flags,
+                      void **bytes, size_t *len, char **log, mt_err *err);
+/* Identity of the host compiler ("cc (Debian 12.2.0-14) 12.2.0"), cached. */
+const char *dev_host_cc_id(void);
+/* Writes bytes to a private temporary file and dlopen()s it. */
+mt_status dev_host_dlopen(const void *bytes, size_t len, void **handle, mt_err *err);
+
+#endif
