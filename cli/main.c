@@ -1,0 +1,47 @@
+/* main.c: the `moetune` command: dispatches to a subcommand by name. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+static const struct {
+    const char *name;
+    cli_cmd_fn fn;
+    const char *help;
+} commands[] = {
+    {"devices", cmd_devices, "list the devices this build can open and their properties"},
+    {"kernels", cmd_kernels, "list kernel families, their shapes, parameters and space sizes"},
+    {"check", cmd_check, "run kernels against their C references on a device"},
+    {"db", cmd_db, "inspect, export, import, merge and clean a tuning database"},
+    {NULL, NULL, NULL},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: moetune <command> [options]\n\ncommands:\n");
+    for (int i = 0; commands[i].name; i++)
+        fprintf(f, "  %-16s %s\n", commands[i].name, commands[i].help);
+    fprintf(f, "\n`moetune <command> --help` describes a command.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return CLI_USAGE;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return CLI_OK;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("moetune 0.1.0\n");
+        return CLI_OK;
+    }
+    for (int i = 0; commands[i].name; i++)
+        if (!strcmp(argv[1], commands[i].name))
+            return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "moetune: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return CLI_USAGE;
+}
