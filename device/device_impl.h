@@ -61,6 +61,9 @@ extern const dev_backend_ops dev_cpu_ops;
 extern const dev_backend_ops dev_emu_ops;
 #ifdef MOETUNE_HAVE_HIP
 extern const dev_backend_ops dev_hip_ops;
+/* Embedded text of a prelude in device/preludes ("prelude_gpu.h"), or NULL. */
+const char *dev_prelude_get(const char *name);
+
 #endif
 extern const dev_backend_ops dev_cuda_ops; /* loads libcuda/NVRTC at run time */
 
@@ -73,5 +76,8 @@ mt_status dev_host_cc(const char *text, const char *const *flags, int n_flags,
 const char *dev_host_cc_id(void);
 /* Writes bytes to a private temporary file and dlopen()s it. */
 mt_status dev_host_dlopen(const void *bytes, size_t len, void **handle, mt_err *err);
+
+/* Embedded text of a prelude in device/preludes ("prelude_gpu.h"), or NULL. */
+const char *dev_prelude_get(const char *name);
 
 #endif

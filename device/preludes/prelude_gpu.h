@@ -1,5 +1,6 @@
 /* prelude_gpu.h: the one place where GPU kernel sources meet the platform.
- * Prepended to every HIP kernel source by the hip, cuda and emu backends.
+ * Prepended to every HIP kernel source by the hip, cuda and emu backends
+ * (embedded in the binary; see dev_prelude_get).
  * Kernel sources are written in the subset of HIP that is also C and use
  * only what is listed here (plus threadIdx/blockIdx/blockDim/gridDim,
  * __syncthreads(), __shared__, __launch_bounds__, __restrict__, and the
