@@ -74,7 +74,16 @@ mt_status mt_err_prefix(mt_err *err, const char *fmt, ...)
     vsnprintf(pre, sizeof pre, fmt, ap);
     va_end(ap);
     memcpy(old, err->msg, sizeof old);
-    snprintf(err->msg, sizeof err->msg, "%s: %s", pre, old);
+    size_t np = strlen(pre), room = sizeof err->msg - 1;
+    if (np + 2 > room)
+        np = room - 2;
+    memcpy(err->msg, pre, np);
+    memcpy(err->msg + np, ": ", 2);
+    size_t no = strnlen(old, sizeof old - 1);
+    if (no > room - np - 2)
+        no = room - np - 2;
+    memcpy(err->msg + np + 2, old, no);
+    err->msg[np + 2 + no] = 0;
     return err->status;
 }
 
