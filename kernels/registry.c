@@ -1,0 +1,29 @@
+/* registry.c: the table of built-in kernel families. A new family is one
+ * extern declaration and one line in the table. */
+#include <string.h>
+
+#include "family.h"
+
+extern const kern_family fam_rmsnorm;
+extern const kern_family fam_gemm;
+
+static const kern_family *const families[] = {
+    &fam_rmsnorm,
+    &fam_gemm,
+    NULL,
+};
+
+const kern_family *const *kern_families(void) { return families; }
+
+const kern_family *kern_family_find(const char *name)
+{
+    for (int i = 0; families[i]; i++)
+        if (strcmp(families[i]->name, name) == 0)
+            return families[i];
+    return NULL;
+}
+
+const kern_impl *kern_family_impl(const kern_family *f, dev_backend b)
+{
+    return dev_backend_is_gpu(b) ? f->gpu : f->cpu;
+}
