@@ -1,0 +1,81 @@
+/* runner.h: one problem of a family on a device, and what is done with it:
+ * compile a config, run it, verify it against the C reference, time it.
+ * Shared by `moetune check`, the tuner's measurement worker, the tests and
+ * the benchmarks.
+ *
+ * A problem owns host inputs (seeded), host reference outputs (computed once
+ * by the family's reference) and device buffers. Before every run, OUT
+ * buffers are poisoned with NaN bytes (0xFF) and INOUT buffers are restored
+ * from the host copy, so a kernel that skips an element fails verification.
+ * Not thread-safe: one problem per thread. */
+#ifndef MT_KERN_RUNNER_H
+#define MT_KERN_RUNNER_H
+
+#include "family.h"
+
+typedef struct kern_problem kern_problem;
+
+/* Builds the problem: buffers, fill(seed), reference, upload. The shape is
+ * copied. Fails with MT_E_INVALID if the family rejects the shape. */
+mt_status kern_problem_create(dev_device *d, const kern_family *f,
+                              const kern_shape *s, int64_t m, uint64_t seed,
+                              kern_problem **out, mt_err *err);
+void kern_problem_destroy(kern_problem *p);
+
+const kern_family *kern_problem_family(const kern_problem *p);
+const kern_shape *kern_problem_shape(const kern_problem *p);
+int64_t kern_problem_m(const kern_problem *p);
+int kern_problem_n_bufs(const kern_problem *p);
+const kern_buf_desc *kern_problem_buf(const kern_problem *p, int i);
+/* Host buffers: inputs as filled, outputs as the reference computed them. */
+void *const *kern_problem_host(const kern_problem *p);
+/* Device buffers, in the family's order (owned by the problem). */
+void *const *kern_problem_dev(const kern_problem *p);
+
+/* Compiles cfg for the problem's device (thread-safe for distinct codes).
+ * The code is the caller's (dev_code_free). */
+mt_status kern_compile(dev_device *d, const kern_family *f, const kern_impl *im,
+                       const kern_shape *s, const kern_config *cfg,
+                       dev_code **code, mt_err *err);
+
+/* Poisons outputs, restores in-outs, allocates scratch as needed and runs
+ * the config once; synchronizes. */
+mt_status kern_problem_run(kern_problem *p, dev_module *mod, const kern_config *cfg,
+                           mt_err *err);
+
+/* Downloads outputs and compares them with the reference. MT_OK or
+ * MT_E_WRONG_RESULT with the first bad buffer, row and element in err. */
+mt_status kern_problem_verify(kern_problem *p, mt_err *err);
+
+/* Downloads output buffer b into host memory dst (bytes as described). */
+mt_status kern_problem_download(kern_problem *p, int b, void *dst, mt_err *err);
+
+typedef struct kern_time_opts {
+    int warmup;              /* runs before timing (default 2) */
+    int min_reps, max_reps;  /* default 5 / 200 */
+    double max_ms;           /* stop after this much timed work (default 2000) */
+    double target_spread;    /* stop when (p90-p10)/median < this (default 0.05) */
+    double abandon_ms;       /* stop early once the median exceeds this; 0 = never */
+    bool flush_cache;        /* rotate inputs / touch a buffer > LLC between runs */
+} kern_time_opts;
+
+typedef struct kern_timing {
+    double min_ms, median_ms, p10_ms, p90_ms;
+    int reps;
+    bool abandoned;          /* stopped early as clearly slower than abandon_ms */
+} kern_timing;
+
+void kern_time_opts_default(kern_time_opts *o);
+
+/* Times cfg on the problem with device events (host clock on cpu/emu). */
+mt_status kern_problem_time(kern_problem *p, dev_module *mod, const kern_config *cfg,
+                            const kern_time_opts *o, kern_timing *t, mt_err *err);
+
+/* One-call check for tests and `moetune check`: parse shape_text, build a
+ * problem with seed, compile cfg (the default config when NULL), run,
+ * verify. MT_OK when the output matches the reference. */
+mt_status kern_check_one(dev_device *d, const kern_family *f, const char *shape_text,
+                         int64_t m, const kern_config *cfg, uint64_t seed,
+                         mt_err *err);
+
+#endif
