@@ -216,6 +216,13 @@ bool kern_config_valid(const kern_family *f, const kern_impl *im,
                        const kern_shape *s, int64_t m, const kern_config *c,
                        const dev_props *p, char *why, size_t cap);
 
+/* Up to cap distinct valid configs drawn at random from the space with
+ * seed (the default config first when include_default). Returns the count.
+ * Deterministic for a seed. */
+int kern_space_sample(const kern_family *f, const kern_impl *im, const kern_shape *s,
+                      int64_t m, const dev_props *p, uint64_t seed,
+                      bool include_default, kern_config *out, int cap);
+
 /* Builds the compile request of a config: source, and the automatic plus
  * the impl's defines. Storage for the strings lives in *defs. */
 typedef struct kern_defines {
