@@ -326,7 +326,7 @@ mt_status kern_compile_req(const kern_family *f, const kern_impl *im,
 {
     memset(req, 0, sizeof *req);
     req->name = im->source;
-    req->source = kern_source_get(im->source);
+    req->source = im->source_text ? im->source_text : kern_source_get(im->source);
     if (!req->source)
         return mt_fail(err, MT_E_NOT_FOUND, "family %s: kernel source '%s' is not "
                        "embedded in this build", f->name, im->source);
@@ -376,7 +376,8 @@ void kern_source_hash(const kern_family *f, dev_backend b, char hex[65])
     mt_sha256_update_str(&c, v);
     if (im) {
         mt_sha256_update_str(&c, im->source);
-        mt_sha256_update_str(&c, kern_source_get(im->source));
+        mt_sha256_update_str(&c, im->source_text ? im->source_text
+                                                  : kern_source_get(im->source));
     }
     mt_sha256_hex(&c, hex);
 }

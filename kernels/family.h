@@ -114,6 +114,8 @@ typedef struct kern_ctx {
 
 typedef struct kern_impl {
     const char *source;    /* embedded source name: "rmsnorm.hip" */
+    const char *source_text; /* optional: the text itself, used instead of the
+                              * embedded source (test-only families) */
     const kern_param_desc *params;
     int n_params;
     /* False (with a reason) when cfg cannot run shape/m on this device. */
