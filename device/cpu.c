@@ -1,0 +1,404 @@
+/* cpu.c: the cpu backend. C kernel sources are compiled by the host
+ * compiler (dev_host_cc) into shared objects; a launch runs every work item
+ * of the grid on a persistent thread pool, calling the kernel through a
+ * libffi call interface built from its signature letters.
+ * Launch timeouts are not offered (set_timeout is NULL): a running C
+ * function cannot be stopped safely; the tuner's worker process is the
+ * guard against hangs. */
+#define _GNU_SOURCE
+#include "device_impl.h"
+
+#include <dlfcn.h>
+#include <ffi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_host.h"
+#include "cpu_pool.h"
+
+#define CPU_MAX_THREADS 4096
+#define CPU_MAX_ARGS 32
+#define CPU_ALIGN 4096 /* page-aligned like GPU allocations; SIMD-friendly */
+
+typedef void (*set_item_fn)(unsigned, unsigned, unsigned, unsigned, unsigned, unsigned);
+
+typedef struct cpu_ctx {
+    cpu_pool *pool;
+    const char *prelude;
+    char compiler_id[512];
+} cpu_ctx;
+
+typedef struct cpu_kernel {
+    struct cpu_kernel *next;
+    void (*fn)(void);
+    set_item_fn set_item; /* the module's, for the item index */
+    ffi_cif cif;
+    ffi_type *types[CPU_MAX_ARGS];
+    int n_args;
+} cpu_kernel;
+
+typedef struct cpu_module {
+    void *dl;
+    set_item_fn set_item;
+    cpu_kernel *kernels;
+} cpu_module;
+
+/* One launch, shared read-only by the pool threads. */
+typedef struct cpu_job {
+    const cpu_kernel *k;
+    set_item_fn set_item;
+    void **args;
+    unsigned gx, gy, gz;
+} cpu_job;
+
+static const char compile_flags_text[] = "-O3 -march=native -std=gnu11";
+
+static mt_status parse_threads(const char *arg, const dev_open_opts *opts, int *threads,
+                               mt_err *err)
+{
+    *threads = opts->threads;
+    if (arg && *arg) {
+        char *end = NULL;
+        long t = strtol(arg, &end, 10);
+        if (!end || *end || t < 1 || t > CPU_MAX_THREADS)
+            return mt_fail(err, MT_E_INVALID,
+                           "device 'cpu:%s': the thread count must be 1..%d", arg,
+                           CPU_MAX_THREADS);
+        *threads = (int)t;
+    }
+    if (*threads < 0 || *threads > CPU_MAX_THREADS)
+        return mt_fail(err, MT_E_INVALID, "cpu device: %d threads (expected 1..%d)",
+                       *threads, CPU_MAX_THREADS);
+    return MT_OK;
+}
+
+static mt_status cpu_open(const char *arg, const dev_open_opts *opts, dev_props *props,
+                          void **ctx_out, mt_err *err)
+{
+    *ctx_out = NULL;
+    if (opts->arch && *opts->arch)
+        return mt_fail(err, MT_E_INVALID,
+                       "cpu device: --arch %s is for GPU backends; the cpu backend "
+                       "always compiles for this machine (-march=native)", opts->arch);
+    int threads = 0;
+    mt_status st = parse_threads(arg, opts, &threads, err);
+    if (st != MT_OK)
+        return st;
+    bool explicit_threads = threads > 0;
+    if (!threads)
+        threads = cpu_host_count();
+
+    const char *prelude = dev_prelude_get("prelude_cpu.h");
+    if (!prelude)
+        return mt_fail(err, MT_E_INVALID, "cpu device: prelude_cpu.h is not embedded");
+    cpu_ctx *c = calloc(1, sizeof *c);
+    if (!c)
+        return mt_fail(err, MT_E_NOMEM, "cpu device");
+    c->prelude = prelude;
+    st = cpu_pool_create(threads, &c->pool, err);
+    if (st != MT_OK) {
+        free(c);
+        return st;
+    }
+
+    memset(props, 0, sizeof *props);
+    props->backend = DEV_BACKEND_CPU;
+    if (explicit_threads)
+        snprintf(props->spec, sizeof props->spec, "cpu:%d", threads);
+    else
+        snprintf(props->spec, sizeof props->spec, "cpu");
+    cpu_host_arch(props->arch, sizeof props->arch);
+    cpu_host_name(props->name, sizeof props->name);
+    snprintf(props->runtime_version, sizeof props->runtime_version, "%.63s",
+             dev_host_cc_id());
+    snprintf(props->driver_version, sizeof props->driver_version, "libffi");
+    props->compute_units = threads;
+    props->warp_size = 1;
+    props->max_threads_per_block = 1;
+    props->shared_mem_per_block = 0;
+    props->llc_bytes = cpu_host_llc_bytes();
+    props->mem_bytes = cpu_host_mem_bytes();
+    props->max_vgprs = 0;
+    props->compile_only = false;
+    /* The cache key holds the arch, but -march=native is spelled out here
+     * too: two machines share a cache only when the compiler targets both
+     * the same way. */
+    snprintf(c->compiler_id, sizeof c->compiler_id, "%s %s [native=%s]",
+             dev_host_cc_id(), compile_flags_text, props->arch);
+    *ctx_out = c;
+    return MT_OK;
+}
+
+static void cpu_close(void *ctx)
+{
+    cpu_ctx *c = ctx;
+    if (!c)
+        return;
+    cpu_pool_destroy(c->pool);
+    free(c);
+}
+
+static const char *cpu_compiler_id(void *ctx) { return ((cpu_ctx *)ctx)->compiler_id; }
+static const char *cpu_prelude(void *ctx) { return ((cpu_ctx *)ctx)->prelude; }
+
+/* The translation unit: prelude, then the source with its own line numbers
+ * and name so compiler messages point into it. */
+static char *join_source(const char *prelude, const char *name, const char *source)
+{
+    size_t n = strlen(prelude) + strlen(name) + strlen(source) + 64;
+    char *t = malloc(n);
+    if (t)
+        snprintf(t, n, "#line 1 \"prelude_cpu.h\"\n%s\n#line 1 \"%s\"\n%s\n", prelude,
+                 name, source);
+    return t;
+}
+
+static mt_status cpu_compile(void *ctx, const dev_props *props, const dev_compile_req *req,
+                             void **bytes, size_t *len, char **log, dev_code_info *info,
+                             mt_err *err)
+{
+    (void)props;
+    cpu_ctx *c = ctx;
+    *bytes = NULL;
+    *len = 0;
+    *log = NULL;
+    info->n_kernels = 0;
+    const char *name = req->name ? req->name : "kernel.c";
+    if (req->n_defines < 0 || req->n_options < 0 || req->n_defines + req->n_options > 64)
+        return mt_fail(err, MT_E_INVALID, "compile of %s: %d defines and %d options "
+                       "(at most 64 together)", name, req->n_defines, req->n_options);
+
+    int n_flags = 3 + req->n_defines + req->n_options;
+    const char **flags = calloc((size_t)n_flags, sizeof *flags);
+    char **defs = calloc((size_t)req->n_defines + 1, sizeof *defs);
+    char *text = join_source(c->prelude, name, req->source);
+    mt_status st = MT_OK;
+    if (!flags || !defs || !text) {
+        st = mt_fail(err, MT_E_NOMEM, "compile of %s", name);
+        goto out;
+    }
+    int n = 0;
+    flags[n++] = "-O3";
+    flags[n++] = "-march=native";
+    flags[n++] = "-std=gnu11";
+    for (int i = 0; i < req->n_defines; i++) {
+        const dev_define *d = &req->defines[i];
+        if (asprintf(&defs[i], d->value ? "-D%s=%s" : "-D%s", d->name, d->value) < 0) {
+            defs[i] = NULL;
+            st = mt_fail(err, MT_E_NOMEM, "compile of %s", name);
+            goto out;
+        }
+        flags[n++] = defs[i];
+    }
+    for (int i = 0; i < req->n_options; i++)
+        flags[n++] = req->options[i];
+
+    st = dev_host_cc(text, flags, n, bytes, len, log, err);
+    if (st != MT_OK)
+        mt_err_prefix(err, "compiling %s", name);
+out:
+    if (defs)
+        for (int i = 0; i < req->n_defines; i++)
+            free(defs[i]);
+    free(defs);
+    free(flags);
+    free(text);
+    return st;
+}
+
+static mt_status cpu_module_load(void *ctx, const void *bytes, size_t len, void **out,
+                                 mt_err *err)
+{
+    (void)ctx;
+    *out = NULL;
+    cpu_module *m = calloc(1, sizeof *m);
+    if (!m)
+        return mt_fail(err, MT_E_NOMEM, "cpu module");
+    mt_status st = dev_host_dlopen(bytes, len, &m->dl, err);
+    if (st != MT_OK) {
+        free(m);
+        return st;
+    }
+    dlerror();
+    m->set_item = (set_item_fn)(uintptr_t)dlsym(m->dl, "mt__set_item");
+    if (!m->set_item) {
+        dlclose(m->dl);
+        free(m);
+        return mt_fail(err, MT_E_FORMAT,
+                       "cpu module has no mt__set_item: it was not compiled with "
+                       "prelude_cpu.h");
+    }
+    *out = m;
+    return MT_OK;
+}
+
+static void cpu_module_unload(void *ctx, void *mod)
+{
+    (void)ctx;
+    cpu_module *m = mod;
+    if (!m)
+        return;
+    for (cpu_kernel *k = m->kernels, *next; k; k = next) {
+        next = k->next;
+        free(k);
+    }
+    dlclose(m->dl);
+    free(m);
+}
+
+static ffi_type *arg_type(char letter)
+{
+    switch (letter) {
+    case 'p': return &ffi_type_pointer;
+    case 'i': return &ffi_type_sint32;
+    case 'u': return &ffi_type_uint32;
+    case 'l': return &ffi_type_sint64;
+    case 'f': return &ffi_type_float;
+    case 'd': return &ffi_type_double;
+    default: return NULL;
+    }
+}
+
+static mt_status cpu_get_kernel(void *ctx, void *mod, const char *name, const char *sig,
+                                void **out, mt_err *err)
+{
+    (void)ctx;
+    cpu_module *m = mod;
+    *out = NULL;
+    size_t n_args = strlen(sig);
+    if (n_args > CPU_MAX_ARGS)
+        return mt_fail(err, MT_E_INVALID, "kernel %s: %zu arguments (at most %d)", name,
+                       n_args, CPU_MAX_ARGS);
+    dlerror();
+    void *sym = dlsym(m->dl, name);
+    if (!sym)
+        return mt_fail(err, MT_E_NOT_FOUND, "kernel %s not found in the module (is it "
+                       "declared MT_CPU_KERNEL?)", name);
+    cpu_kernel *k = calloc(1, sizeof *k);
+    if (!k)
+        return mt_fail(err, MT_E_NOMEM, "kernel %s", name);
+    for (size_t i = 0; i < n_args; i++) {
+        k->types[i] = arg_type(sig[i]);
+        if (!k->types[i]) {
+            free(k);
+            return mt_fail(err, MT_E_INVALID, "kernel %s: bad signature letter '%c' in "
+                           "'%s' (p i u l f d)", name, sig[i], sig);
+        }
+    }
+    k->n_args = (int)n_args;
+    k->fn = (void (*)(void))(uintptr_t)sym;
+    k->set_item = m->set_item;
+    ffi_status fs = ffi_prep_cif(&k->cif, FFI_DEFAULT_ABI, (unsigned)n_args,
+                                 &ffi_type_void, k->types);
+    if (fs != FFI_OK) {
+        free(k);
+        return mt_fail(err, MT_E_INVALID, "kernel %s: libffi rejected signature '%s' "
+                       "(ffi_prep_cif returned %d)", name, sig, (int)fs);
+    }
+    k->next = m->kernels;
+    m->kernels = k;
+    *out = k;
+    return MT_OK;
+}
+
+static void run_item(void *arg, uint64_t i)
+{
+    const cpu_job *j = arg;
+    unsigned x = (unsigned)(i % j->gx);
+    uint64_t rest = i / j->gx;
+    unsigned y = (unsigned)(rest % j->gy);
+    unsigned z = (unsigned)(rest / j->gy);
+    j->set_item(x, y, z, j->gx, j->gy, j->gz);
+    ffi_call((ffi_cif *)&j->k->cif, j->k->fn, NULL, j->args);
+}
+
+static mt_status cpu_launch(void *ctx, void *kern, const char *kname, const char *sig,
+                            dev_dim3 grid, dev_dim3 block, size_t dyn_shared, void **args,
+                            mt_err *err)
+{
+    (void)block;
+    (void)sig;
+    cpu_ctx *c = ctx;
+    cpu_kernel *k = kern;
+    if (dyn_shared)
+        return mt_fail(err, MT_E_LAUNCH, "kernel %s: the cpu backend has no shared "
+                       "memory (asked for %zu bytes)", kname, dyn_shared);
+    if (k->n_args && !args)
+        return mt_fail(err, MT_E_INVALID, "kernel %s: %d arguments expected, args is "
+                       "NULL", kname, k->n_args);
+    for (int i = 0; i < k->n_args; i++)
+        if (!args[i])
+            return mt_fail(err, MT_E_INVALID, "kernel %s: argument %d is NULL", kname, i);
+    cpu_job job = {.k = k, .set_item = k->set_item, .args = args,
+                   .gx = grid.x, .gy = grid.y, .gz = grid.z};
+    cpu_pool_run(c->pool, run_item, &job, (uint64_t)grid.x * grid.y * grid.z);
+    return MT_OK;
+}
+
+static mt_status cpu_synchronize(void *ctx, mt_err *err)
+{
+    (void)ctx;
+    (void)err;
+    return MT_OK; /* launches are synchronous */
+}
+
+static mt_status cpu_alloc(void *ctx, size_t bytes, void **ptr, mt_err *err)
+{
+    (void)ctx;
+    size_t rounded = (bytes + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN;
+    if (rounded < bytes || !(*ptr = aligned_alloc(CPU_ALIGN, rounded)))
+        return mt_fail(err, MT_E_NOMEM, "cpu device: allocating %zu bytes", bytes);
+    return MT_OK;
+}
+
+static void cpu_free(void *ctx, void *ptr)
+{
+    (void)ctx;
+    free(ptr);
+}
+
+static mt_status cpu_copy(void *ctx, void *dst, const void *src, size_t bytes, int kind,
+                          mt_err *err)
+{
+    (void)ctx;
+    (void)kind;
+    if (!dst || !src)
+        return mt_fail(err, MT_E_INVALID, "cpu copy of %zu bytes with a NULL pointer",
+                       bytes);
+    memmove(dst, src, bytes);
+    return MT_OK;
+}
+
+static mt_status cpu_memset(void *ctx, void *dst, int byte, size_t bytes, mt_err *err)
+{
+    (void)ctx;
+    if (!dst)
+        return mt_fail(err, MT_E_INVALID, "cpu memset of %zu bytes at NULL", bytes);
+    memset(dst, byte, bytes);
+    return MT_OK;
+}
+
+const dev_backend_ops dev_cpu_ops = {
+    .name = "cpu",
+    .open = cpu_open,
+    .close = cpu_close,
+    .compile = cpu_compile,
+    .inspect = NULL,
+    .compiler_id = cpu_compiler_id,
+    .prelude = cpu_prelude,
+    .module_load = cpu_module_load,
+    .module_unload = cpu_module_unload,
+    .get_kernel = cpu_get_kernel,
+    .launch = cpu_launch,
+    .set_timeout = NULL,
+    .synchronize = cpu_synchronize,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .copy = cpu_copy,
+    .memset = cpu_memset,
+    .event_create = NULL,
+    .event_destroy = NULL,
+    .event_record = NULL,
+    .event_elapsed = NULL,
+};

@@ -1,0 +1,379 @@
+/* test_device_cpu.c: the cpu backend through the public device API: C
+ * kernels compiled at run time, launched over 1D and 3D grids on the thread
+ * pool, checked against plain C references on fresh random inputs. */
+#include <criterion/criterion.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/rng.h"
+#include "device/device.h"
+
+static dev_device *open_cpu(const char *spec)
+{
+    dev_device *d = NULL;
+    mt_err err = MT_ERR_INIT;
+    mt_status st = dev_open(spec, NULL, &d, &err);
+    cr_assert_eq(st, MT_OK, "dev_open(%s): %s", spec, err.msg);
+    return d;
+}
+
+static dev_module *build(dev_device *d, const char *name, const char *src,
+                         const dev_define *defs, int n_defs)
+{
+    dev_compile_req req = {.name = name, .source = src, .defines = defs,
+                           .n_defines = n_defs, .no_cache = true};
+    dev_code *code = NULL;
+    mt_err err = MT_ERR_INIT;
+    mt_status st = dev_compile(d, &req, &code, &err);
+    cr_assert_eq(st, MT_OK, "compile %s: %s", name, err.msg);
+    dev_module *m = NULL;
+    st = dev_module_load(d, code, &m, &err);
+    cr_assert_eq(st, MT_OK, "load %s: %s", name, err.msg);
+    dev_code_free(code);
+    return m;
+}
+
+static dev_kernel *kernel(dev_module *m, const char *name, const char *sig)
+{
+    dev_kernel *k = NULL;
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(dev_module_get_kernel(m, name, sig, &k, &err), MT_OK, "%s: %s", name,
+                 err.msg);
+    return k;
+}
+
+static void launch(dev_device *d, dev_kernel *k, dev_dim3 grid, void **args)
+{
+    mt_err err = MT_ERR_INIT;
+    mt_status st = dev_launch(d, k, grid, (dev_dim3){1, 1, 1}, 0, args, &err);
+    cr_assert_eq(st, MT_OK, "launch: %s", err.msg);
+}
+
+static const char vadd_src[] =
+    "MT_CPU_KERNEL void vadd(float *c, const float *a, const float *b, int n)\n"
+    "{\n"
+    "    unsigned base = itemIdx.x * CHUNK;\n"
+    "    for (unsigned j = 0; j < CHUNK && base + j < (unsigned)n; j++)\n"
+    "        c[base + j] = a[base + j] + b[base + j];\n"
+    "}\n";
+
+Test(device_cpu, vector_add_matches_reference_on_odd_sizes)
+{
+    uint64_t seed = mt_seed_fresh();
+    mt_rng r;
+    mt_rng_seed(&r, seed);
+    dev_device *d = open_cpu("cpu");
+    dev_define defs[] = {{"CHUNK", "13"}};
+    dev_module *m = build(d, "vadd.c", vadd_src, defs, 1);
+    dev_kernel *k = kernel(m, "vadd", "pppi");
+    for (int round = 0; round < 3; round++) {
+        int n = 1 + 2 * (int)mt_rng_below(&r, 20000); /* odd */
+        size_t bytes = (size_t)n * sizeof(float);
+        float *a = malloc(bytes), *b = malloc(bytes), *c = malloc(bytes);
+        for (int i = 0; i < n; i++) {
+            a[i] = mt_rng_normal(&r);
+            b[i] = mt_rng_normal(&r);
+        }
+        void *da, *db, *dc;
+        mt_err err = MT_ERR_INIT;
+        cr_assert_eq(dev_alloc(d, bytes, &da, &err), MT_OK, "%s", err.msg);
+        cr_assert_eq(dev_alloc(d, bytes, &db, &err), MT_OK, "%s", err.msg);
+        cr_assert_eq(dev_alloc(d, bytes, &dc, &err), MT_OK, "%s", err.msg);
+        cr_assert_eq((uintptr_t)da % 64, 0, "allocations are 64-byte aligned");
+        dev_copy_to(d, da, a, bytes, &err);
+        dev_copy_to(d, db, b, bytes, &err);
+        dev_memset(d, dc, 0xff, bytes, &err); /* poison: NaNs */
+        void *args[] = {&dc, &da, &db, &n};
+        launch(d, k, (dev_dim3){(unsigned)((n + 12) / 13), 1, 1}, args);
+        cr_assert_eq(dev_copy_from(d, c, dc, bytes, &err), MT_OK, "%s", err.msg);
+        for (int i = 0; i < n; i++)
+            cr_assert_eq(c[i], a[i] + b[i], "seed %" PRIu64 " n %d: c[%d] = %g, want %g",
+                         seed, n, i, c[i], a[i] + b[i]);
+        dev_free(d, da);
+        dev_free(d, db);
+        dev_free(d, dc);
+        free(a);
+        free(b);
+        free(c);
+    }
+    dev_module_unload(m);
+    dev_close(d);
+}
+
+/* Two stages: each item sums one slice in double, then one item sums the
+ * partials. */
+static const char reduce_src[] =
+    "MT_CPU_KERNEL void partial(double *out, const float *x, long n, unsigned slice)\n"
+    "{\n"
+    "    long s = (long)itemIdx.x * slice, e = s + slice < n ? s + slice : n;\n"
+    "    double acc = 0;\n"
+    "    for (long i = s; i < e; i++) acc += x[i];\n"
+    "    out[itemIdx.x] = acc;\n"
+    "}\n"
+    "MT_CPU_KERNEL void total(double *out, const double *p, int n, double scale)\n"
+    "{\n"
+    "    double acc = 0;\n"
+    "    for (int i = 0; i < n; i++) acc += p[i];\n"
+    "    out[0] = acc * scale;\n"
+    "}\n";
+
+static double reduce_on(const char *spec, const float *x, long n, unsigned slice)
+{
+    dev_device *d = open_cpu(spec);
+    dev_module *m = build(d, "reduce.c", reduce_src, NULL, 0);
+    dev_kernel *kp = kernel(m, "partial", "pplu");
+    dev_kernel *kt = kernel(m, "total", "ppid");
+    int items = (int)((n + slice - 1) / slice);
+    void *dx, *dp, *dout;
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(dev_alloc(d, (size_t)n * 4, &dx, &err), MT_OK);
+    cr_assert_eq(dev_alloc(d, (size_t)items * 8, &dp, &err), MT_OK);
+    cr_assert_eq(dev_alloc(d, 8, &dout, &err), MT_OK);
+    dev_copy_to(d, dx, x, (size_t)n * 4, &err);
+    void *a1[] = {&dp, &dx, &n, &slice};
+    launch(d, kp, (dev_dim3){(unsigned)items, 1, 1}, a1);
+    double scale = 1.0;
+    void *a2[] = {&dout, &dp, &items, &scale};
+    launch(d, kt, (dev_dim3){1, 1, 1}, a2);
+    double out = NAN;
+    dev_copy_from(d, &out, dout, 8, &err);
+    dev_free(d, dx);
+    dev_free(d, dp);
+    dev_free(d, dout);
+    dev_module_unload(m);
+    dev_close(d);
+    return out;
+}
+
+Test(device_cpu, reduction_matches_reference_and_thread_counts_agree)
+{
+    uint64_t seed = mt_seed_fresh();
+    mt_rng r;
+    mt_rng_seed(&r, seed);
+    long n = 100001 + 2 * (long)mt_rng_below(&r, 50000);
+    float *x = malloc((size_t)n * sizeof *x);
+    for (long i = 0; i < n; i++)
+        x[i] = mt_rng_uniform(&r, -1.0f, 1.0f);
+    unsigned slice = 97;
+    double ref = 0;
+    for (long s = 0; s < n; s += slice) { /* same association as the kernel */
+        double acc = 0;
+        for (long i = s; i < n && i < s + (long)slice; i++)
+            acc += x[i];
+        ref += acc;
+    }
+    double one = reduce_on("cpu:1", x, n, slice);
+    double two = reduce_on("cpu:2", x, n, slice);
+    double dflt = reduce_on("cpu", x, n, slice);
+    cr_assert_eq(one, ref, "seed %" PRIu64 ": cpu:1 sum %.17g, reference %.17g", seed, one,
+                 ref);
+    cr_assert_eq(two, one, "seed %" PRIu64 ": cpu:2 %.17g vs cpu:1 %.17g", seed, two, one);
+    cr_assert_eq(dflt, one, "seed %" PRIu64 ": cpu %.17g vs cpu:1 %.17g", seed, dflt, one);
+    free(x);
+}
+
+static const char grid_src[] =
+    "MT_CPU_KERNEL void mark(unsigned *hits, unsigned *bad)\n"
+    "{\n"
+    "    unsigned i = itemIdx.x + itemCount.x * (itemIdx.y + itemCount.y * itemIdx.z);\n"
+    "    if (itemIdx.x >= itemCount.x || itemIdx.y >= itemCount.y ||\n"
+    "        itemIdx.z >= itemCount.z)\n"
+    "        __atomic_fetch_add(bad, 1u, __ATOMIC_RELAXED);\n"
+    "    else\n"
+    "        __atomic_fetch_add(&hits[i], 1u, __ATOMIC_RELAXED);\n"
+    "}\n";
+
+Test(device_cpu, every_item_of_a_3d_grid_runs_exactly_once)
+{
+    uint64_t seed = mt_seed_fresh();
+    mt_rng r;
+    mt_rng_seed(&r, seed);
+    dev_device *d = open_cpu("cpu:3");
+    dev_module *m = build(d, "grid.c", grid_src, NULL, 0);
+    dev_kernel *k = kernel(m, "mark", "pp");
+    for (int round = 0; round < 4; round++) {
+        dev_dim3 g = {1 + (unsigned)mt_rng_below(&r, 37), 1 + (unsigned)mt_rng_below(&r, 11),
+                      1 + (unsigned)mt_rng_below(&r, 7)};
+        size_t n = (size_t)g.x * g.y * g.z;
+        void *hits, *bad;
+        mt_err err = MT_ERR_INIT;
+        cr_assert_eq(dev_alloc(d, n * 4, &hits, &err), MT_OK);
+        cr_assert_eq(dev_alloc(d, 4, &bad, &err), MT_OK);
+        dev_memset(d, hits, 0, n * 4, &err);
+        dev_memset(d, bad, 0, 4, &err);
+        void *args[] = {&hits, &bad};
+        launch(d, k, g, args);
+        unsigned *h = hits;
+        for (size_t i = 0; i < n; i++)
+            cr_assert_eq(h[i], 1, "seed %" PRIu64 " grid %ux%ux%u: item %zu ran %u times",
+                         seed, g.x, g.y, g.z, i, h[i]);
+        cr_assert_eq(*(unsigned *)bad, 0, "items outside the grid");
+        dev_free(d, hits);
+        dev_free(d, bad);
+    }
+    dev_module_unload(m);
+    dev_close(d);
+}
+
+static const char args_src[] =
+    "MT_CPU_KERNEL void pack(double *o, int i, unsigned u, long l, float f, double d)\n"
+    "{\n"
+    "    o[0] = i; o[1] = u; o[2] = (double)l; o[3] = f; o[4] = d;\n"
+    "}\n";
+
+Test(device_cpu, every_argument_type_reaches_the_kernel)
+{
+    uint64_t seed = mt_seed_fresh();
+    mt_rng r;
+    mt_rng_seed(&r, seed);
+    dev_device *d = open_cpu("cpu:2");
+    dev_module *m = build(d, "args.c", args_src, NULL, 0);
+    dev_kernel *k = kernel(m, "pack", "piulfd");
+    void *o;
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(dev_alloc(d, 5 * 8, &o, &err), MT_OK);
+    int i = -(int)mt_rng_below(&r, 1000000);
+    unsigned u = 3000000000u + (unsigned)mt_rng_below(&r, 1000);
+    long l = -(long)(mt_rng_u64(&r) >> 12);
+    float f = mt_rng_normal(&r);
+    double dv = (double)mt_rng_normal(&r) * 1e10;
+    void *args[] = {&o, &i, &u, &l, &f, &dv};
+    launch(d, k, (dev_dim3){1, 1, 1}, args);
+    double *v = o;
+    cr_assert_eq(v[0], (double)i);
+    cr_assert_eq(v[1], (double)u);
+    cr_assert_eq(v[2], (double)l);
+    cr_assert_eq(v[3], (double)f);
+    cr_assert_eq(v[4], dv, "seed %" PRIu64, seed);
+    dev_free(d, o);
+    dev_module_unload(m);
+    dev_close(d);
+}
+
+static const char count_src[] =
+    "MT_CPU_KERNEL void bump(long *c) { __atomic_fetch_add(c, 1 + itemIdx.x, "
+    "__ATOMIC_RELAXED); }\n";
+
+Test(device_cpu, many_launches_in_a_row_all_complete)
+{
+    dev_device *d = open_cpu("cpu:4");
+    dev_module *m = build(d, "count.c", count_src, NULL, 0);
+    dev_kernel *k = kernel(m, "bump", "p");
+    void *c;
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(dev_alloc(d, 8, &c, &err), MT_OK);
+    dev_memset(d, c, 0, 8, &err);
+    void *args[] = {&c};
+    long want = 0;
+    for (int i = 0; i < 3000; i++) {
+        unsigned items = 1 + (unsigned)(i * 7919 % 257);
+        launch(d, k, (dev_dim3){items, 1, 1}, args);
+        want += (long)items * (items + 1) / 2;
+        if (i % 500 == 0) /* each launch is complete when it returns */
+            cr_assert_eq(*(long *)c, want, "after launch %d", i);
+    }
+    cr_assert_eq(*(long *)c, want);
+    dev_free(d, c);
+    dev_module_unload(m);
+    dev_close(d);
+}
+
+Test(device_cpu, compile_error_returns_the_compiler_log_naming_the_source)
+{
+    dev_device *d = open_cpu("cpu");
+    dev_compile_req req = {.name = "broken_kernel.c",
+                           .source = "MT_CPU_KERNEL void f(int *x) {\n  x[0] = undefined_thing;\n}\n",
+                           .no_cache = true};
+    dev_code *code = NULL;
+    mt_err err = MT_ERR_INIT;
+    mt_status st = dev_compile(d, &req, &code, &err);
+    cr_assert_eq(st, MT_E_COMPILE, "status %s: %s", mt_status_str(st), err.msg);
+    cr_assert_null(code);
+    cr_assert(strstr(err.msg, "broken_kernel.c:2"), "log does not name the line: %s",
+              err.msg);
+    cr_assert(strstr(err.msg, "undefined_thing"), "log lacks the compiler's text: %s",
+              err.msg);
+    dev_close(d);
+}
+
+Test(device_cpu, second_compile_of_the_same_text_is_a_cache_hit)
+{
+    dev_device *d = open_cpu("cpu");
+    char src[256];
+    /* A fresh text, so the first compile cannot hit an older entry. */
+    snprintf(src, sizeof src,
+             "/* %016" PRIx64 " */\nMT_CPU_KERNEL void z(float *x) { x[itemIdx.x] = V; }\n",
+             mt_seed_fresh());
+    dev_define defs[] = {{"V", "2.5f"}};
+    dev_compile_req req = {.name = "cached.c", .source = src, .defines = defs,
+                           .n_defines = 1};
+    dev_code *c1 = NULL, *c2 = NULL;
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(dev_compile(d, &req, &c1, &err), MT_OK, "%s", err.msg);
+    cr_assert_not(dev_code_get_info(c1)->cache_hit);
+    cr_assert_gt(dev_code_get_info(c1)->compile_ms, 0.0);
+    cr_assert_eq(dev_compile(d, &req, &c2, &err), MT_OK, "%s", err.msg);
+    cr_assert(dev_code_get_info(c2)->cache_hit, "second compile was not a cache hit");
+    size_t n1, n2;
+    const void *b1 = dev_code_get_bytes(c1, &n1), *b2 = dev_code_get_bytes(c2, &n2);
+    cr_assert_eq(n1, n2);
+    cr_assert_eq(memcmp(b1, b2, n1), 0);
+    /* The cached code runs. */
+    dev_module *m = NULL;
+    cr_assert_eq(dev_module_load(d, c2, &m, &err), MT_OK, "%s", err.msg);
+    dev_kernel *k = kernel(m, "z", "p");
+    float out[5] = {0};
+    void *p = out;
+    void *args[] = {&p};
+    launch(d, k, (dev_dim3){5, 1, 1}, args);
+    for (int i = 0; i < 5; i++)
+        cr_assert_eq(out[i], 2.5f);
+    /* A different define is a different key. */
+    dev_define other[] = {{"V", "3.5f"}};
+    req.defines = other;
+    dev_code *c3 = NULL;
+    cr_assert_eq(dev_compile(d, &req, &c3, &err), MT_OK, "%s", err.msg);
+    cr_assert_not(dev_code_get_info(c3)->cache_hit);
+    dev_module_unload(m);
+    dev_code_free(c1);
+    dev_code_free(c2);
+    dev_code_free(c3);
+    dev_close(d);
+}
+
+Test(device_cpu, properties_describe_this_machine)
+{
+    dev_device *d = open_cpu("cpu:3");
+    const dev_props *p = dev_get_props(d);
+    cr_assert_eq(p->backend, DEV_BACKEND_CPU);
+    cr_assert_str_eq(p->spec, "cpu:3");
+    cr_assert_eq(p->compute_units, 3);
+    cr_assert_eq(p->warp_size, 1);
+    cr_assert_eq(p->shared_mem_per_block, 0);
+    cr_assert_gt(strlen(p->arch), 0);
+    cr_assert_gt(strlen(p->name), 0);
+    cr_assert_gt(strlen(p->runtime_version), 0);
+    cr_assert_gt(p->mem_bytes, (size_t)1 << 26);
+    cr_assert_gt(p->llc_bytes, 0, "no cache size from sysfs");
+    cr_assert_not(p->compile_only);
+    dev_close(d);
+}
+
+Test(device_cpu, bad_thread_counts_and_missing_kernels_are_errors)
+{
+    dev_device *d = NULL;
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(dev_open("cpu:0", NULL, &d, &err), MT_E_INVALID);
+    cr_assert_eq(dev_open("cpu:two", NULL, &d, &err), MT_E_INVALID);
+    cr_assert(strstr(err.msg, "cpu:two"), "%s", err.msg);
+    d = open_cpu("cpu:2");
+    dev_module *m = build(d, "count.c", count_src, NULL, 0);
+    dev_kernel *k = NULL;
+    cr_assert_eq(dev_module_get_kernel(m, "no_such_kernel", "p", &k, &err), MT_E_NOT_FOUND);
+    cr_assert(strstr(err.msg, "no_such_kernel"), "%s", err.msg);
+    dev_module_unload(m);
+    dev_close(d);
+}
