@@ -1,0 +1,248 @@
+/* moe_common.c: routing generators, the aligned pair layout, random MXFP4
+ * weights and the plain C references of the MoE stages (see moe_common.h). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moe_common.h"
+
+#include "../common/numeric.h"
+#include "mxfp4.h"
+
+int64_t moe_cap_rows(int64_t npairs, int64_t n_experts, int64_t bm)
+{
+    int64_t nz = npairs < n_experts ? npairs : n_experts;
+    int64_t rows = npairs + nz * (bm - 1);
+    return (rows + bm - 1) / bm * bm;
+}
+
+void moe_gen_ids(mt_rng *r, int64_t m, int topk, int n_experts, int skew, int32_t *ids)
+{
+    int pool = n_experts;
+    if (skew == MOE_SKEW_FEW && 2 * topk < n_experts)
+        pool = 2 * topk;
+    for (int64_t t = 0; t < m; t++) {
+        int32_t *row = ids + t * topk;
+        for (int j = 0; j < topk; j++) {
+            int32_t e;
+            bool dup;
+            do {
+                e = (skew == MOE_SKEW_HOT && j == 0) ? n_experts - 1
+                                                     : (int32_t)mt_rng_below(r, (uint64_t)pool);
+                dup = false;
+                for (int q = 0; q < j; q++)
+                    dup |= row[q] == e;
+            } while (dup);
+            row[j] = e;
+        }
+    }
+}
+
+void moe_align_ref(const int32_t *ids, int64_t npairs, int n_experts, int bm,
+                   int32_t *sorted, int32_t *tile_expert, int32_t *total)
+{
+    int64_t cap = moe_cap_rows(npairs, n_experts, bm);
+    int64_t *cnt = calloc((size_t)n_experts + 1, sizeof *cnt);
+    for (int64_t p = 0; p < npairs; p++)
+        cnt[ids[p]]++;
+    for (int64_t i = 0; i < cap; i++)
+        sorted[i] = (int32_t)npairs;
+    for (int64_t t = 0; t < cap / bm; t++)
+        tile_expert[t] = -1;
+    int64_t off = 0;
+    for (int e = 0; e < n_experts; e++) {
+        int64_t seg = (cnt[e] + bm - 1) / bm * bm;
+        for (int64_t t = off / bm; t < (off + seg) / bm; t++)
+            tile_expert[t] = e;
+        int64_t pos = off;
+        for (int64_t p = 0; p < npairs && cnt[e]; p++)
+            if (ids[p] == e)
+                sorted[pos++] = (int32_t)p;
+        off += seg;
+    }
+    *total = (int32_t)off;
+    free(cnt);
+}
+
+void moe_gen_bf16(mt_rng *r, uint16_t *x, int64_t n, float stddev)
+{
+    for (int64_t i = 0; i < n; i++)
+        x[i] = mt_f32_to_bf16(mt_rng_normal(r) * stddev);
+}
+
+int moe_gen_scale_base(int64_t k)
+{
+    /* rms of a uniformly random E2M1 value is about 2.93 */
+    return 127 - (int)lround(log2(sqrt((double)k) * 2.93));
+}
+
+void moe_gen_mxfp4(mt_rng *r, uint8_t *packed, uint8_t *scales, int64_t rows, int64_t k)
+{
+    int64_t nb = rows * k / 2, i = 0;
+    for (; i + 8 <= nb; i += 8) {
+        uint64_t v = mt_rng_u64(r);
+        memcpy(packed + i, &v, 8);
+    }
+    for (; i < nb; i++)
+        packed[i] = (uint8_t)mt_rng_u64(r);
+    int base = moe_gen_scale_base(k);
+    for (int64_t j = 0; j < rows * k / 32; j++)
+        scales[j] = (uint8_t)(base - 1 + (int)mt_rng_below(r, 3));
+}
+
+void moe_act_row(const uint16_t *x, int64_t k, bool a4, float *out)
+{
+    for (int64_t i = 0; i < k; i++)
+        out[i] = mt_bf16_to_f32(x[i]);
+    if (a4)
+        mxfp4_roundtrip_row(out, k, out);
+}
+
+/* ---- routing ----------------------------------------------------------- */
+
+/* Index of the best value among n (not yet taken), ties to the lower index. */
+static int argmax_free(const double *v, const bool *taken, int n)
+{
+    int best = -1;
+    for (int i = 0; i < n; i++)
+        if (!taken[i] && (best < 0 || v[i] > v[best]))
+            best = i;
+    return best;
+}
+
+void moe_route_ref_token(const moe_route_dims *d, const uint16_t *x, const uint16_t *gate,
+                         const float *bias, int32_t *ids, float *w, double *choice_out,
+                         double *score_out)
+{
+    int E = (int)d->e;
+    double *score = malloc(sizeof(double) * (size_t)E * 2);
+    double *choice = score + E;
+    bool *taken = calloc((size_t)E, 1);
+    for (int e = 0; e < E; e++) {
+        double acc = 0.0;
+        for (int64_t k = 0; k < d->h; k++)
+            acc += (double)mt_bf16_to_f32(x[k]) * (double)mt_bf16_to_f32(gate[e * d->h + k]);
+        float logit = (float)acc;
+        score[e] = 1.0 / (1.0 + exp(-(double)logit));
+        choice[e] = score[e] + (double)bias[e];
+    }
+    if (d->ngroup > 1) {
+        int gs = E / d->ngroup;
+        double gscore[256];
+        bool gtaken[256] = {0};
+        for (int g = 0; g < d->ngroup; g++) {
+            double a = -INFINITY, b = -INFINITY;
+            for (int e = g * gs; e < (g + 1) * gs; e++) {
+                if (choice[e] > a) {
+                    b = a;
+                    a = choice[e];
+                } else if (choice[e] > b) {
+                    b = choice[e];
+                }
+            }
+            gscore[g] = a + b;
+        }
+        for (int j = 0; j < d->topkg; j++)
+            gtaken[argmax_free(gscore, gtaken, d->ngroup)] = true;
+        for (int e = 0; e < E; e++)
+            if (!gtaken[e / gs])
+                choice[e] = -INFINITY;
+    }
+    double sum = 0.0;
+    for (int j = 0; j < d->topk; j++) {
+        int e = argmax_free(choice, taken, E);
+        taken[e] = true;
+        ids[j] = e;
+        sum += score[e];
+    }
+    for (int j = 0; j < d->topk; j++) {
+        double v = score[ids[j]];
+        if (d->norm)
+            v /= sum + 1e-20;
+        w[j] = (float)(v * d->scale);
+    }
+    if (choice_out)
+        memcpy(choice_out, choice, sizeof(double) * (size_t)E);
+    if (score_out)
+        memcpy(score_out, score, sizeof(double) * (size_t)E);
+    free(score);
+    free(taken);
+}
+
+/* ---- expert GEMMs ------------------------------------------------------ */
+
+static double dot_d(const float *a, const float *b, int64_t k)
+{
+    double acc = 0.0;
+    for (int64_t i = 0; i < k; i++)
+        acc += (double)a[i] * (double)b[i];
+    return acc;
+}
+
+void moe_up_ref(const moe_gemm_dims *d, const uint16_t *x, const int32_t *ids,
+                const uint8_t *wg, const uint8_t *sg, const uint8_t *wu, const uint8_t *su,
+                int64_t wstride, int64_t sstride, int64_t p0, int64_t p1, int64_t nstep,
+                uint16_t *h)
+{
+    int64_t K = d->h, N = d->i, np = p1 - p0;
+    float *act = malloc(sizeof(float) * (size_t)(np * K));
+    float *rg = malloc(sizeof(float) * (size_t)K * 2), *ru = rg + K;
+    for (int64_t p = p0; p < p1; p++)
+        moe_act_row(x + (p / d->topk) * K, K, d->a4, act + (p - p0) * K);
+    for (int64_t e = 0; e < d->e; e++) {
+        bool used = false;
+        for (int64_t p = p0; p < p1 && !used; p++)
+            used = ids[p] == e;
+        if (!used)
+            continue;
+        for (int64_t n = 0; n < N; n += nstep) {
+            mxfp4_dequantize_row(wg + e * wstride + n * (K / 2), sg + e * sstride + n * (K / 32), K, rg);
+            mxfp4_dequantize_row(wu + e * wstride + n * (K / 2), su + e * sstride + n * (K / 32), K, ru);
+            for (int64_t p = p0; p < p1; p++) {
+                if (ids[p] != e)
+                    continue;
+                float g = (float)dot_d(act + (p - p0) * K, rg, K);
+                float u = (float)dot_d(act + (p - p0) * K, ru, K);
+                h[p * N + n] = mt_f32_to_bf16(moe_silu(g) * u);
+            }
+        }
+    }
+    free(act);
+    free(rg);
+}
+
+void moe_down_ref(const moe_gemm_dims *d, const uint16_t *hact, const int32_t *ids,
+                  const float *topk_w, const uint8_t *wd, const uint8_t *sd, int64_t p0,
+                  int64_t p1, int64_t nstep, float *rows, float *y)
+{
+    int64_t K = d->i, N = d->h, np = p1 - p0;
+    float *act = malloc(sizeof(float) * (size_t)(np * K));
+    float *rw = malloc(sizeof(float) * (size_t)K);
+    float *val = malloc(sizeof(float) * (size_t)(np * N));
+    for (int64_t p = p0; p < p1; p++)
+        moe_act_row(hact + p * K, K, d->a4, act + (p - p0) * K);
+    for (int64_t e = 0; e < d->e; e++) {
+        bool used = false;
+        for (int64_t p = p0; p < p1 && !used; p++)
+            used = ids[p] == e;
+        if (!used)
+            continue;
+        for (int64_t n = 0; n < N; n += nstep) {
+            mxfp4_dequantize_row(wd + (e * N + n) * (K / 2), sd + (e * N + n) * (K / 32), K, rw);
+            for (int64_t p = p0; p < p1; p++)
+                if (ids[p] == e)
+                    val[(p - p0) * N + n] = topk_w[p] * (float)dot_d(act + (p - p0) * K, rw, K);
+        }
+    }
+    for (int64_t p = p0; p < p1; p++)
+        for (int64_t n = 0; n < N; n += nstep) {
+            float v = val[(p - p0) * N + n];
+            if (rows)
+                rows[p * N + n] = v;
+            if (y)
+                y[(p / d->topk) * N + n] += v;
+        }
+    free(act);
+    free(rw);
+    free(val);
+}

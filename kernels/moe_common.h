@@ -1,0 +1,99 @@
+/* moe_common.h: host pieces shared by the MoE kernel families and the moe
+ * pipeline: routing generators for test problems, the aligned (sorted and
+ * padded) pair layout, random MXFP4 weights, and the plain C references of
+ * every stage (the test oracles). All functions are pure apart from their
+ * output arrays (caller-owned) and are thread-safe.
+ *
+ * Conventions shared by every MoE family and kernel:
+ *   pair p = token * topk + slot; topk_ids [M, topk] int32, topk_w [M, topk]
+ *   f32. The aligned layout for a tile height bm: sorted [cap] int32 holds
+ *   pair ids grouped by expert in ascending expert order, stable (pairs of
+ *   one expert in ascending pair order), each expert's segment padded to a
+ *   multiple of bm with the sentinel value npairs; tile_expert [cap/bm]
+ *   holds the expert of each tile, -1 past the end; total [1] is the padded
+ *   length. Positions past total hold the sentinel. */
+#ifndef MT_KERN_MOE_COMMON_H
+#define MT_KERN_MOE_COMMON_H
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../common/rng.h"
+
+/* Routing distributions of generated problems (runtime dim "skew"). */
+enum {
+    MOE_SKEW_UNIFORM = 0, /* distinct uniform experts per token */
+    MOE_SKEW_HOT = 1,     /* slot 0 of every token is expert E-1 */
+    MOE_SKEW_FEW = 2,     /* experts drawn from the first min(E, 2*topk) only */
+};
+
+/* Rows the aligned layout may need: a multiple of bm. */
+int64_t moe_cap_rows(int64_t npairs, int64_t n_experts, int64_t bm);
+
+/* Random distinct expert ids per token (topk <= E). */
+void moe_gen_ids(mt_rng *r, int64_t m, int topk, int n_experts, int skew, int32_t *ids);
+
+/* The aligned layout of ids (reference of moe_align); see above. sorted
+ * must hold moe_cap_rows(m*topk, E, bm) entries, tile_expert that / bm. */
+void moe_align_ref(const int32_t *ids, int64_t npairs, int n_experts, int bm,
+                   int32_t *sorted, int32_t *tile_expert, int32_t *total);
+
+/* Random bf16 values, normal with the given standard deviation. */
+void moe_gen_bf16(mt_rng *r, uint16_t *x, int64_t n, float stddev);
+/* Random MXFP4 weights: rows of k elements, random codes, scale codes
+ * chosen so a dot product with unit normal activations is O(1). */
+void moe_gen_mxfp4(mt_rng *r, uint8_t *packed, uint8_t *scales, int64_t rows, int64_t k);
+/* Scale code moe_gen_mxfp4 centres on for dot products of length k. */
+int moe_gen_scale_base(int64_t k);
+
+/* Activation row as the kernels see it: bf16 -> f32, or for a4w4 the
+ * MXFP4 round trip of that ("even" rule). */
+void moe_act_row(const uint16_t *x, int64_t k, bool a4, float *out);
+
+/* ---- routing ----------------------------------------------------------- */
+
+typedef struct moe_route_dims {
+    int64_t h, e;
+    int topk, ngroup, topkg;
+    float scale;   /* routed_scaling_factor */
+    bool norm;     /* norm_topk_prob */
+} moe_route_dims;
+
+/* Reference router for token t: logits in double from bf16 x and gate,
+ * sigmoid, bias added for selection only, group-limited selection (top-2
+ * sum per group, topkg groups), top-k by the biased score in descending
+ * order with ties to the lower expert id, weights the unbiased scores
+ * renormalized (norm) and scaled. choice (optional, [E]) receives the
+ * biased scores with excluded groups at -INFINITY. */
+void moe_route_ref_token(const moe_route_dims *d, const uint16_t *x, const uint16_t *gate,
+                         const float *bias, int32_t *ids, float *w, double *choice,
+                         double *score);
+
+/* ---- expert GEMMs ------------------------------------------------------ */
+
+typedef struct moe_gemm_dims {
+    int64_t h, i, e;   /* hidden, expert intermediate, experts */
+    int topk;
+    bool a4;           /* MXFP4 activations (a4w4) */
+} moe_gemm_dims;
+
+/* h[p] = bf16(silu(x[t] . Wg[e,n]) * (x[t] . Wu[e,n])) for pairs p in
+ * [p0, p1) and columns n = 0, nstep, 2*nstep, ... (others untouched).
+ * wg/wu point at expert 0 of the gate/up weights, wstride/sstride are the
+ * bytes between experts (packed and scales). */
+void moe_up_ref(const moe_gemm_dims *d, const uint16_t *x, const int32_t *ids,
+                const uint8_t *wg, const uint8_t *sg, const uint8_t *wu, const uint8_t *su,
+                int64_t wstride, int64_t sstride, int64_t p0, int64_t p1, int64_t nstep,
+                uint16_t *h);
+
+/* dot[p][n] = w[p] * (act(h[p]) . Wd[e,n]) for pairs in [p0, p1), n =
+ * 0, nstep, ...: written to rows [npairs, H] when rows != NULL, and added
+ * to y [M, H] in ascending pair order when y != NULL. */
+void moe_down_ref(const moe_gemm_dims *d, const uint16_t *hact, const int32_t *ids,
+                  const float *topk_w, const uint8_t *wd, const uint8_t *sd, int64_t p0,
+                  int64_t p1, int64_t nstep, float *rows, float *y);
+
+static inline float moe_silu(float g) { return g / (1.0f + expf(-g)); }
+
+#endif
