@@ -1,6 +1,7 @@
 /* moe_common.c: routing generators, the aligned pair layout, random MXFP4
  * weights and the plain C references of the MoE stages (see moe_common.h). */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -245,4 +246,88 @@ void moe_down_ref(const moe_gemm_dims *d, const uint16_t *hact, const int32_t *i
     free(act);
     free(rw);
     free(val);
+}
+
+/* ---- pieces shared by the GEMM families --------------------------------- */
+
+void moe_layout_bufs(int64_t npairs, int64_t cap_rows, int64_t bm, kern_buf_desc *out,
+                     int *n)
+{
+    (void)npairs;
+    out[(*n)++] = (kern_buf_desc){"sorted_pairs", KERN_BUF_IN, KERN_DT_I32,
+                                  (size_t)cap_rows * 4, 0, 0, 0};
+    out[(*n)++] = (kern_buf_desc){"tile_expert", KERN_BUF_IN, KERN_DT_I32,
+                                  (size_t)(cap_rows / bm) * 4, 0, 0, 0};
+    out[(*n)++] = (kern_buf_desc){"total", KERN_BUF_IN, KERN_DT_I32, 4, 0, 0, 0};
+}
+
+double moe_expected_experts(int64_t n_experts, int64_t topk, int64_t m)
+{
+    double e = (double)n_experts;
+    return e * (1.0 - pow(1.0 - (double)topk / e, (double)m));
+}
+
+static const int nr_vals[] = {1, 2, 4};
+static const int mr_vals[] = {1, 2, 4, 8};
+static const int kb_vals[] = {256, 512, 1024, 2048, 65536};
+static const int nt_vals[] = {8, 16, 32, 64, 128, 256};
+static const int pf_vals[] = {0, 256, 512, 1024};
+
+const kern_param_desc moe_cpu_params[MOE_CPU_NPARAMS] = {
+    [MOE_CPU_NR] = {"NR", nr_vals, 3, "weight rows per register tile (x2 in stage 1: gate and up)"},
+    [MOE_CPU_MR] = {"MR", mr_vals, 4, "tokens per register tile"},
+    [MOE_CPU_KB] = {"KB", kb_vals, 5, "K elements per block (weights stay in L1 across tokens)"},
+    [MOE_CPU_NT] = {"NT", nt_vals, 6, "output rows per work item (thread partition of N)"},
+    [MOE_CPU_PF] = {"PF", pf_vals, 4, "software prefetch distance in bytes (0: none)"},
+};
+
+bool moe_cpu_valid(int64_t k, int64_t n, const kern_config *cfg, char *why, size_t cap)
+{
+    int nr = cfg->v[MOE_CPU_NR], kb = cfg->v[MOE_CPU_KB], nt = cfg->v[MOE_CPU_NT];
+    if (n % nt) {
+        snprintf(why, cap, "NT=%d does not divide N=%lld", nt, (long long)n);
+        return false;
+    }
+    if (nt % nr) {
+        snprintf(why, cap, "NR=%d does not divide NT=%d", nr, nt);
+        return false;
+    }
+    int64_t b = kb < k ? kb : k;
+    if (k % b) {
+        snprintf(why, cap, "KB=%d does not divide K=%lld", kb, (long long)k);
+        return false;
+    }
+    return true;
+}
+
+static int pick(const int *vals, int n, int want)
+{
+    int best = vals[0];
+    for (int i = 0; i < n; i++)
+        if (vals[i] <= want)
+            best = vals[i];
+    return best;
+}
+
+void moe_cpu_default(int64_t k, int64_t n, int64_t npairs, int64_t n_experts,
+                     kern_config *cfg)
+{
+    double per_expert = (double)npairs / (double)(n_experts < npairs ? n_experts : npairs);
+    cfg->n = MOE_CPU_NPARAMS;
+    cfg->v[MOE_CPU_NR] = 1;
+    cfg->v[MOE_CPU_MR] = per_expert >= 4 ? 4 : per_expert >= 2 ? 2 : 1;
+    cfg->v[MOE_CPU_KB] = per_expert >= 4 ? 1024 : 65536;
+    cfg->v[MOE_CPU_NT] = pick(nt_vals, 6, 64);
+    cfg->v[MOE_CPU_PF] = 0;
+    while (n % cfg->v[MOE_CPU_NT])
+        cfg->v[MOE_CPU_NT] /= 2;
+    while (cfg->v[MOE_CPU_KB] > 256 && cfg->v[MOE_CPU_KB] < k && k % cfg->v[MOE_CPU_KB])
+        cfg->v[MOE_CPU_KB] /= 2;
+    if (cfg->v[MOE_CPU_KB] < k && k % cfg->v[MOE_CPU_KB])
+        cfg->v[MOE_CPU_KB] = 65536;
+}
+
+size_t moe_cpu_act_bytes(int64_t rows, int64_t k)
+{
+    return (size_t)(rows * k * 4);
 }

@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "../common/rng.h"
+#include "family.h"
 
 /* Routing distributions of generated problems (runtime dim "skew"). */
 enum {
@@ -93,6 +94,30 @@ void moe_up_ref(const moe_gemm_dims *d, const uint16_t *x, const int32_t *ids,
 void moe_down_ref(const moe_gemm_dims *d, const uint16_t *hact, const int32_t *ids,
                   const float *topk_w, const uint8_t *wd, const uint8_t *sd, int64_t p0,
                   int64_t p1, int64_t nstep, float *rows, float *y);
+
+/* ---- pieces shared by the GEMM families --------------------------------- */
+
+/* Appends the three aligned-layout buffers (sorted, tile_expert, total) as
+ * family inputs. */
+void moe_layout_bufs(int64_t npairs, int64_t cap_rows, int64_t bm, kern_buf_desc *out,
+                     int *n);
+/* Expected number of distinct experts m tokens with topk distinct uniform
+ * experts each touch (for cost models). */
+double moe_expected_experts(int64_t n_experts, int64_t topk, int64_t m);
+
+/* The cpu GEMM parameters (moe_gemm.cpu): NR weight rows per register tile,
+ * MR tokens per register tile, KB K block, NT output rows per work item,
+ * PF prefetch distance in bytes. */
+enum { MOE_CPU_NR, MOE_CPU_MR, MOE_CPU_KB, MOE_CPU_NT, MOE_CPU_PF, MOE_CPU_NPARAMS };
+extern const kern_param_desc moe_cpu_params[MOE_CPU_NPARAMS];
+/* Validity of a cpu config for a GEMM with reduction length k and n output
+ * rows per expert. */
+bool moe_cpu_valid(int64_t k, int64_t n, const kern_config *cfg, char *why, size_t cap);
+/* Default cpu config for npairs routed pairs over n_experts. */
+void moe_cpu_default(int64_t k, int64_t n, int64_t npairs, int64_t n_experts,
+                     kern_config *cfg);
+/* Scratch bytes of the prepared activations (rows of k values). */
+size_t moe_cpu_act_bytes(int64_t rows, int64_t k);
 
 static inline float moe_silu(float g) { return g / (1.0f + expf(-g)); }
 

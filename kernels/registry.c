@@ -6,10 +6,14 @@
 
 extern const kern_family fam_rmsnorm;
 extern const kern_family fam_gemm;
+extern const kern_family fam_moe_gemm_up;
+extern const kern_family fam_moe_gemm_down;
 
 static const kern_family *const families[] = {
     &fam_rmsnorm,
     &fam_gemm,
+    &fam_moe_gemm_up,
+    &fam_moe_gemm_down,
     NULL,
 };
 
