@@ -8,12 +8,20 @@ extern const kern_family fam_rmsnorm;
 extern const kern_family fam_gemm;
 extern const kern_family fam_moe_gemm_up;
 extern const kern_family fam_moe_gemm_down;
+extern const kern_family fam_mla_prefill;
+extern const kern_family fam_mla_decode;
+extern const kern_family fam_dsa_indexer;
+extern const kern_family fam_rope;
 
 static const kern_family *const families[] = {
     &fam_rmsnorm,
     &fam_gemm,
     &fam_moe_gemm_up,
     &fam_moe_gemm_down,
+    &fam_mla_prefill,
+    &fam_mla_decode,
+    &fam_dsa_indexer,
+    &fam_rope,
     NULL,
 };
 

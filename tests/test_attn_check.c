@@ -11,7 +11,7 @@
 #include "kernels/family.h"
 #include "kernels/runner.h"
 
-extern const kern_family fam_mla_decode, fam_mla_prefill, fam_dsa_indexer;
+extern const kern_family fam_mla_decode, fam_mla_prefill, fam_dsa_indexer, fam_rope;
 
 static dev_device *open_dev(const char *spec)
 {
@@ -67,3 +67,7 @@ Test(attn_check, mla_prefill_emu_wave32) { check_family(&fam_mla_prefill, "emu:w
 Test(attn_check, dsa_indexer_cpu) { check_family(&fam_dsa_indexer, "cpu", 8, 4); }
 Test(attn_check, dsa_indexer_emu_wave64) { check_family(&fam_dsa_indexer, "emu", 4, 4); }
 Test(attn_check, dsa_indexer_emu_wave32) { check_family(&fam_dsa_indexer, "emu:wave32", 4, 4); }
+
+Test(attn_check, rope_cpu) { check_family(&fam_rope, "cpu", 4, 4); }
+Test(attn_check, rope_emu_wave64) { check_family(&fam_rope, "emu", 4, 4); }
+Test(attn_check, rope_emu_wave32) { check_family(&fam_rope, "emu:wave32", 4, 4); }
