@@ -13,6 +13,7 @@ static const struct {
     {"kernels", cmd_kernels, "list kernel families, their shapes, parameters and space sizes"},
     {"check", cmd_check, "run kernels against their C references on a device"},
     {"db", cmd_db, "inspect, export, import, merge and clean a tuning database"},
+    {"tune", cmd_tune, "search, verify and time kernel configs; store winners in the database"},
     {NULL, NULL, NULL},
 };
 

@@ -1,0 +1,237 @@
+/* cmd_tune.c: `moetune tune`: parses options, builds the jobs (one family
+ * and shape, or every shape a model's config.json needs), runs the tuner
+ * with Ctrl-C wired to a clean stop, and prints the table. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../tuner/tuner.h"
+#include "cli.h"
+
+/* A signal handler can only reach a flag; this one is the command's own. */
+static volatile sig_atomic_t stop_flag;
+
+static void on_sigint(int sig)
+{
+    (void)sig;
+    stop_flag = 1;
+    signal(SIGINT, SIG_DFL); /* a second Ctrl-C ends the process at once */
+}
+
+static void usage(void)
+{
+    printf(
+        "usage: moetune tune --family F --shape KEY|PRESET [options]\n"
+        "       moetune tune --model DIR [options]\n"
+        "Searches a kernel family's configurations for the shape at each M, verifies\n"
+        "every candidate against the C reference, times it, and stores every trial and\n"
+        "the winner per M in the database. Ctrl-C stops cleanly; running the same\n"
+        "command again resumes (measured configs are not measured again).\n\n"
+        "  --family F          kernel family (moetune kernels lists them)\n"
+        "  --shape KEY|PRESET  shape key (\"N=2048,K=6144\") or preset name (\"tiny\")\n"
+        "  --model DIR         tune every (family, shape) DIR/config.json needs\n"
+        "  --m LIST            token counts, e.g. 1,16,128 (default 1,2,4,...,4096)\n"
+        "  --device D          cpu, emu, emu:wave32, hip, hip:N, cuda (default auto)\n"
+        "  --arch A            GPU arch; with no such GPU: compile-only\n"
+        "  --db FILE           database (default $MOETUNE_DB or ./moetune.db)\n"
+        "  --strategy S        exhaustive (default), random, evolve\n"
+        "  --budget B          trials per M (2000) or wall time for the run (30m, 90s)\n"
+        "  --jobs N            compile threads (default 2)\n"
+        "  --compile-only      compile the space and store resources, no timing\n"
+        "  --shard I/N         tune the I-th of N disjoint parts of the space\n"
+        "  --seed S            search-order seed (default: stable per shape and M)\n"
+        "  --timeout SEC       per-candidate limit in the worker (default 60)\n"
+        "  --max-reps N        timed repetitions cap per candidate (default 200)\n"
+        "  --no-transfer       do not seed each M from neighbouring M's winners\n"
+        "  --quiet             no progress output\n");
+}
+
+typedef struct tune_cli {
+    const char *family, *shape, *model, *mlist;
+    bool quiet;
+} tune_cli;
+
+static int parse(int argc, char **argv, tune_opts *o, tune_cli *c)
+{
+    bool bad = false;
+    const char *v;
+    mt_err err = MT_ERR_INIT;
+    for (int i = 1; i < argc; i++) {
+        if (cli_flag(argv[i], "--help") || cli_flag(argv[i], "-h")) {
+            usage();
+            return -1;
+        } else if (cli_flag(argv[i], "--compile-only"))
+            o->compile_only = true;
+        else if (cli_flag(argv[i], "--no-transfer"))
+            o->transfer = false;
+        else if (cli_flag(argv[i], "--quiet"))
+            c->quiet = true;
+        else if ((v = cli_opt(argc, argv, &i, "--family", &bad)))
+            c->family = v;
+        else if ((v = cli_opt(argc, argv, &i, "--shape", &bad)))
+            c->shape = v;
+        else if ((v = cli_opt(argc, argv, &i, "--model", &bad)))
+            c->model = v;
+        else if ((v = cli_opt(argc, argv, &i, "--m", &bad)))
+            c->mlist = v;
+        else if ((v = cli_opt(argc, argv, &i, "--device", &bad)))
+            o->device = v;
+        else if ((v = cli_opt(argc, argv, &i, "--arch", &bad)))
+            o->arch = v;
+        else if ((v = cli_opt(argc, argv, &i, "--db", &bad)))
+            o->db_path = v;
+        else if ((v = cli_opt(argc, argv, &i, "--strategy", &bad))) {
+            if (!tune_strategy_parse(v, &o->strategy)) {
+                cli_error("tune", "unknown strategy '%s' (exhaustive, random, evolve)", v);
+                return CLI_USAGE;
+            }
+        } else if ((v = cli_opt(argc, argv, &i, "--budget", &bad))) {
+            if (tune_budget_parse(v, &o->budget, &err) != MT_OK) {
+                cli_error("tune", "%s", err.msg);
+                return CLI_USAGE;
+            }
+        } else if ((v = cli_opt(argc, argv, &i, "--jobs", &bad))) {
+            o->jobs = atoi(v);
+            if (o->jobs < 1 || o->jobs > 256) {
+                cli_error("tune", "--jobs must be between 1 and 256");
+                return CLI_USAGE;
+            }
+        } else if ((v = cli_opt(argc, argv, &i, "--shard", &bad))) {
+            if (tune_shard_parse(v, &o->shard_index, &o->shard_count, &err) != MT_OK) {
+                cli_error("tune", "%s", err.msg);
+                return CLI_USAGE;
+            }
+        } else if ((v = cli_opt(argc, argv, &i, "--seed", &bad)))
+            o->seed = strtoull(v, NULL, 0);
+        else if ((v = cli_opt(argc, argv, &i, "--timeout", &bad))) {
+            o->timeout_s = atof(v);
+            if (!(o->timeout_s > 0)) {
+                cli_error("tune", "--timeout must be a positive number of seconds");
+                return CLI_USAGE;
+            }
+        } else if ((v = cli_opt(argc, argv, &i, "--max-reps", &bad))) {
+            o->timing.max_reps = atoi(v);
+            if (o->timing.max_reps < 1) {
+                cli_error("tune", "--max-reps must be at least 1");
+                return CLI_USAGE;
+            }
+            if (o->timing.min_reps > o->timing.max_reps)
+                o->timing.min_reps = o->timing.max_reps;
+        } else {
+            if (!bad)
+                cli_error("tune", "unknown option '%s' (see moetune tune --help)", argv[i]);
+            return CLI_USAGE;
+        }
+        if (bad)
+            return CLI_USAGE;
+    }
+    if (!c->model && (!c->family || !c->shape)) {
+        cli_error("tune", "give --family and --shape, or --model DIR");
+        return CLI_USAGE;
+    }
+    if (c->model && (c->family || c->shape)) {
+        cli_error("tune", "--model derives families and shapes; do not combine it with "
+                          "--family/--shape");
+        return CLI_USAGE;
+    }
+    return 0;
+}
+
+static int build_jobs(const tune_cli *c, tune_job *jobs, int *n_jobs)
+{
+    long long mv[TUNE_MAX_M];
+    int64_t ms[TUNE_MAX_M];
+    int n_m = 0;
+    if (c->mlist) {
+        n_m = cli_parse_int_list(c->mlist, mv, TUNE_MAX_M);
+        if (n_m <= 0) {
+            cli_error("tune", "--m '%s': expected a comma-separated list of up to %d "
+                              "positive integers", c->mlist, TUNE_MAX_M);
+            return CLI_USAGE;
+        }
+        for (int i = 0; i < n_m; i++)
+            ms[i] = mv[i];
+    }
+    mt_err err = MT_ERR_INIT;
+    if (c->model) {
+        char path[4096], missing[256];
+        snprintf(path, sizeof path, "%s/config.json", c->model);
+        if (tune_plan_from_config(path, n_m ? ms : NULL, n_m, jobs, TUNE_MAX_JOBS, n_jobs,
+                                  missing, sizeof missing, &err) != MT_OK) {
+            cli_error("tune", "%s", err.msg);
+            return CLI_FAIL;
+        }
+        if (missing[0])
+            fprintf(stderr, "moetune tune: this build has no %s: not tuned\n", missing);
+        if (*n_jobs == 0) {
+            cli_error("tune", "%s: no family this build has applies", path);
+            return CLI_FAIL;
+        }
+        return 0;
+    }
+    const kern_family *f = kern_family_find(c->family);
+    if (!f) {
+        cli_error("tune", "unknown family '%s' (moetune kernels lists them)", c->family);
+        return CLI_USAGE;
+    }
+    if (tune_job_make(f, c->shape, n_m ? ms : NULL, n_m, &jobs[0], &err) != MT_OK) {
+        cli_error("tune", "%s", err.msg);
+        return CLI_USAGE;
+    }
+    *n_jobs = 1;
+    return 0;
+}
+
+int cmd_tune(int argc, char **argv)
+{
+    tune_opts o;
+    tune_opts_default(&o);
+    tune_cli c = {0};
+    const char *env_db = getenv("MOETUNE_DB");
+    o.db_path = env_db && *env_db ? env_db : "moetune.db";
+    int rc = parse(argc, argv, &o, &c);
+    if (rc)
+        return rc < 0 ? CLI_OK : rc;
+    tune_job *jobs = calloc(TUNE_MAX_JOBS, sizeof *jobs);
+    if (!jobs) {
+        cli_error("tune", "out of memory");
+        return CLI_FAIL;
+    }
+    int n_jobs = 0;
+    rc = build_jobs(&c, jobs, &n_jobs);
+    if (rc) {
+        free(jobs);
+        return rc;
+    }
+    o.log = c.quiet ? NULL : stderr;
+    o.tty = isatty(2);
+    o.stop = &stop_flag;
+    o.argc = argc;
+    o.argv = argv;
+    struct sigaction sa, old;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old);
+
+    tune_report *rep = NULL;
+    mt_err err = MT_ERR_INIT;
+    mt_status st = tune_run(jobs, n_jobs, &o, &rep, &err);
+    sigaction(SIGINT, &old, NULL);
+    if (rep)
+        tune_report_print(rep, stdout);
+    tune_report_free(rep);
+    free(jobs);
+    if (st == MT_E_INTERRUPTED) {
+        fprintf(stderr, "moetune tune: interrupted; the database is consistent. Run the same "
+                        "command again to resume.\n");
+        return 130;
+    }
+    if (st != MT_OK) {
+        cli_error("tune", "%s", err.msg);
+        return CLI_FAIL;
+    }
+    return CLI_OK;
+}

@@ -1,0 +1,152 @@
+/* tune_impl.h: pieces of the tuner shared between its files and nothing
+ * else: the compile pool, the measurement worker and its spawner, the search
+ * strategies and the progress display. Not a public interface. */
+#ifndef MT_TUNE_IMPL_H
+#define MT_TUNE_IMPL_H
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "tuner.h"
+
+static inline bool tune_stopped(volatile sig_atomic_t *stop) { return stop && *stop; }
+
+/* ---- compile pool (tune_pool.c) ------------------------------------------
+ * N threads running tasks in submission order. A task's `done` flag is set
+ * under the pool's lock after it ran, and waiters are woken. Waits return
+ * early (false) once *stop is set. One thread (the tuner's) submits, waits
+ * and destroys. */
+typedef struct tune_pool tune_pool;
+typedef void (*tune_task_fn)(void *arg);
+
+mt_status tune_pool_create(int threads, tune_pool **out, mt_err *err);
+/* Waits for running tasks, drops queued ones, joins. NULL is a no-op. */
+void tune_pool_destroy(tune_pool *p);
+/* *done must stay valid until it is set or the task is dropped. */
+mt_status tune_pool_submit(tune_pool *p, tune_task_fn fn, void *arg, bool *done, mt_err *err);
+/* Waits until *done (true) or stop (false). */
+bool tune_pool_wait(tune_pool *p, const bool *done, volatile sig_atomic_t *stop);
+/* Waits until nothing is queued or running (true) or stop (false). */
+bool tune_pool_wait_idle(tune_pool *p, volatile sig_atomic_t *stop);
+/* Drops queued tasks (their done flags stay false) and waits for the
+ * running ones to finish. */
+void tune_pool_cancel(tune_pool *p);
+
+/* ---- measurement worker (tune_worker.c) ----------------------------------
+ * A spawner process is forked first (single-threaded, before any device is
+ * opened); it forks one worker per request. The worker opens the device
+ * itself and serves requests over a socket. */
+typedef struct tune_spawner tune_spawner;
+typedef struct tune_worker tune_worker;
+
+mt_status tune_spawner_start(tune_spawner **out, mt_err *err);
+/* Kills remaining workers and the spawner. NULL is a no-op. */
+void tune_spawner_stop(tune_spawner *s);
+
+/* Starts a worker that opens spec/arch; waits (up to timeout_s, or until
+ * stop) for it to report the device. *props receives the worker's view. */
+mt_status tune_worker_start(tune_spawner *s, const char *spec, const char *arch,
+                            double timeout_s, volatile sig_atomic_t *stop, tune_worker **out,
+                            dev_props *props, mt_err *err);
+/* Kills (if alive) and reaps the worker. NULL is a no-op. */
+void tune_worker_stop(tune_worker *w);
+
+enum {
+    TUNE_W_VERIFY = 1u,      /* run once, compare with the reference */
+    TUNE_W_TIME = 2u,        /* kern_problem_time */
+    TUNE_W_DETERMINISM = 4u, /* run twice, compare output bytes */
+};
+
+/* Builds the worker's problem for (fam, shape, m) from data_seed; a later
+ * prepare replaces it. No timeout (references of big shapes are slow);
+ * stops on *stop. */
+mt_status tune_worker_prepare(tune_worker *w, const kern_family *fam, const kern_shape *s,
+                              int64_t m, uint64_t data_seed, volatile sig_atomic_t *stop,
+                              mt_err *err);
+
+typedef struct tune_measure {
+    mt_status status;   /* MT_OK, or the failure of the step that failed */
+    char step[16];      /* "load", "run", "verify", "time", "determinism" */
+    kern_timing timing;
+    int deterministic;  /* -1 not checked, 0 differs, 1 identical */
+    char msg[1536];
+} tune_measure;
+
+/* Measures one compiled candidate on the prepared problem. Returns MT_OK
+ * with the outcome in *out; MT_E_CRASH (the worker died: err names the
+ * signal), MT_E_TIMEOUT (killed after timeout_s) or MT_E_INTERRUPTED (stop
+ * set; killed): after those the worker is dead and must be stopped. */
+mt_status tune_worker_measure(tune_worker *w, const kern_config *cfg, const void *code,
+                              size_t code_len, unsigned flags, const kern_time_opts *topts,
+                              double timeout_s, volatile sig_atomic_t *stop,
+                              tune_measure *out, mt_err *err);
+
+/* ---- search strategies (tune_search.c) ------------------------------------
+ * Holds the valid (sharded) space of one (job, M), the configs already
+ * known (in the database or proposed) and the results so far; proposes the
+ * next batch of configs to try. */
+typedef struct tune_search tune_search;
+
+typedef struct tune_search_args {
+    const kern_family *fam;
+    const kern_impl *im;
+    const kern_shape *shape;
+    int64_t m;
+    const dev_props *props;
+    tune_strategy strategy;
+    uint64_t seed;
+    int shard_index, shard_count;
+    int batch;            /* batch size for random and evolve */
+} tune_search_args;
+
+mt_status tune_search_create(const tune_search_args *a, tune_search **out, mt_err *err);
+void tune_search_destroy(tune_search *s);
+/* Valid configs in this shard's part of the space (plus the default). */
+int tune_search_space(const tune_search *s);
+const kern_config *tune_search_default(const tune_search *s);
+/* A config already measured (median NAN unless ok): never proposed again,
+ * and a parent for evolve when ok. */
+void tune_search_known(tune_search *s, const char *config_key, bool ok, double median_ms);
+/* A transfer seed: proposed right after the default when valid, in shard
+ * and not known. */
+void tune_search_seed(tune_search *s, const kern_config *c);
+/* Writes up to cap new configs (the default first, then seeds); 0 when the
+ * strategy has nothing left. Proposed configs count as known. */
+int tune_search_next(tune_search *s, kern_config *out, int cap);
+/* Reports a measured outcome (feeds evolve). */
+void tune_search_result(tune_search *s, const kern_config *c, bool ok, double median_ms);
+
+/* ---- progress (tune_progress.c) ------------------------------------------- */
+typedef struct tune_progress {
+    FILE *out;              /* NULL: silent */
+    bool tty;
+    char label[KERN_KEY_MAX + 64];
+    int64_t m;
+    int planned, done;
+    int counts[DB_TRIAL_STATUS_COUNT];
+    int resumed;
+    double best_ms;
+    char best_key[256];
+    double t0_ms, last_draw_ms;
+    const char *phase;      /* "compile", "measure" */
+} tune_progress;
+
+void tune_progress_begin(tune_progress *p, const char *label, int64_t m, int planned);
+void tune_progress_plan(tune_progress *p, int planned);
+void tune_progress_phase(tune_progress *p, const char *phase);
+/* One finished candidate (not for resumed ones). */
+void tune_progress_trial(tune_progress *p, const char *config_key, db_trial_status st,
+                         double median_ms, const char *error);
+void tune_progress_best(tune_progress *p, const char *config_key, double ms);
+/* A line that survives the bar (warnings, restarts). */
+void tune_progress_note(tune_progress *p, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void tune_progress_end(tune_progress *p);
+
+/* ---- helpers (tune_opts.c) ------------------------------------------------- */
+uint64_t tune_hash64(const char *s);
+const char *tune_trial_status_name(db_trial_status s);
+
+#endif

@@ -1,0 +1,353 @@
+/* tune_search.c: which configs to try, in which order: the valid space of
+ * one (job, M) cut to this run's shard, the configs already known, and the
+ * strategies (see tune_impl.h):
+ *   exhaustive  every valid config in space order;
+ *   random      the same set in a seeded random order (the caller stops at
+ *               the budget);
+ *   evolve      a random first generation, then every config one allowed
+ *               value away (one parameter, then two) from the best few so
+ *               far; random fill when the neighbourhood is exhausted.
+ * The default config comes first in every strategy and every shard (its
+ * time is the baseline of the speedup), then the transfer seeds. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/rng.h"
+#include "tune_impl.h"
+
+/* Spaces larger than this are sampled, never enumerated. */
+#define ENUM_LIMIT ((uint64_t)1 << 22)
+#define EVOLVE_PARENTS 4
+
+typedef struct keyset {
+    char **slot;
+    size_t cap, n;
+} keyset;
+
+static bool keyset_has(const keyset *k, const char *key)
+{
+    if (!k->cap)
+        return false;
+    size_t i = (size_t)tune_hash64(key) & (k->cap - 1);
+    for (; k->slot[i]; i = (i + 1) & (k->cap - 1))
+        if (!strcmp(k->slot[i], key))
+            return true;
+    return false;
+}
+
+static bool keyset_add(keyset *k, const char *key)
+{
+    if (keyset_has(k, key))
+        return true;
+    if ((k->n + 1) * 2 > k->cap) {
+        size_t cap = k->cap ? k->cap * 2 : 256;
+        char **slot = calloc(cap, sizeof *slot);
+        if (!slot)
+            return false;
+        for (size_t i = 0; i < k->cap; i++)
+            if (k->slot[i]) {
+                size_t j = (size_t)tune_hash64(k->slot[i]) & (cap - 1);
+                while (slot[j])
+                    j = (j + 1) & (cap - 1);
+                slot[j] = k->slot[i];
+            }
+        free(k->slot);
+        k->slot = slot;
+        k->cap = cap;
+    }
+    char *dup = strdup(key);
+    if (!dup)
+        return false;
+    size_t i = (size_t)tune_hash64(key) & (k->cap - 1);
+    while (k->slot[i])
+        i = (i + 1) & (k->cap - 1);
+    k->slot[i] = dup;
+    k->n++;
+    return true;
+}
+
+static void keyset_free(keyset *k)
+{
+    for (size_t i = 0; i < k->cap; i++)
+        free(k->slot[i]);
+    free(k->slot);
+}
+
+typedef struct scored {
+    kern_config cfg;
+    double ms;
+} scored;
+
+struct tune_search {
+    tune_search_args a;
+    kern_shape shape;
+    dev_props props;
+    kern_config dflt;
+    bool dflt_done;
+    kern_config *space;  /* valid configs of the shard, in strategy order */
+    int n_space;
+    bool sampled;        /* space too large to enumerate */
+    int cursor;
+    keyset known;
+    kern_config *seeds;
+    int n_seeds, cap_seeds;
+    scored *ok;          /* measured ok, for evolve */
+    int n_ok, cap_ok;
+    int generation;
+    mt_rng rng;
+};
+
+static void key_of(const tune_search *s, const kern_config *c, char *out, size_t cap)
+{
+    kern_config_key(s->a.im, c, out, cap);
+}
+
+/* Valid for the shape and device, and in this run's shard. */
+static bool usable(const tune_search *s, const kern_config *c)
+{
+    char why[256];
+    if (!kern_config_valid(s->a.fam, s->a.im, &s->shape, s->a.m, c, &s->props, why,
+                           sizeof why))
+        return false;
+    if (s->a.shard_count > 1) {
+        char key[256];
+        key_of(s, c, key, sizeof key);
+        if (tune_shard_of(key, s->a.shard_count) != s->a.shard_index - 1)
+            return false;
+    }
+    return true;
+}
+
+static bool is_known(const tune_search *s, const kern_config *c)
+{
+    char key[256];
+    key_of(s, c, key, sizeof key);
+    return keyset_has(&s->known, key);
+}
+
+static void mark_known(tune_search *s, const kern_config *c)
+{
+    char key[256];
+    key_of(s, c, key, sizeof key);
+    keyset_add(&s->known, key);
+}
+
+mt_status tune_search_create(const tune_search_args *a, tune_search **out, mt_err *err)
+{
+    *out = NULL;
+    tune_search *s = calloc(1, sizeof *s);
+    if (!s)
+        return mt_fail(err, MT_E_NOMEM, "search");
+    s->a = *a;
+    s->shape = *a->shape;
+    s->props = *a->props;
+    s->a.shape = &s->shape;
+    s->a.props = &s->props;
+    if (s->a.batch < 1)
+        s->a.batch = 8;
+    mt_rng_seed(&s->rng, a->seed);
+    a->im->default_config(&s->shape, a->m, &s->props, &s->dflt);
+    uint64_t size = kern_space_size(a->im);
+    if (size > ENUM_LIMIT) {
+        if (a->strategy == TUNE_EXHAUSTIVE) {
+            free(s);
+            return mt_fail(err, MT_E_UNSUPPORTED, "%s: space of %llu points is too large "
+                           "to enumerate; use --strategy random or evolve", a->fam->name,
+                           (unsigned long long)size);
+        }
+        s->sampled = true;
+        *out = s;
+        return MT_OK;
+    }
+    for (uint64_t i = 0; i < size; i++) {
+        kern_config c;
+        kern_space_point(a->im, i, &c);
+        if (!usable(s, &c))
+            continue;
+        if (s->n_space % 256 == 0) {
+            kern_config *grown = realloc(s->space, sizeof *grown * (size_t)(s->n_space + 256));
+            if (!grown) {
+                tune_search_destroy(s);
+                return mt_fail(err, MT_E_NOMEM, "search space");
+            }
+            s->space = grown;
+        }
+        s->space[s->n_space++] = c;
+    }
+    if (a->strategy != TUNE_EXHAUSTIVE)
+        for (int i = s->n_space - 1; i > 0; i--) {
+            int j = (int)mt_rng_below(&s->rng, (uint64_t)i + 1);
+            kern_config t = s->space[i];
+            s->space[i] = s->space[j];
+            s->space[j] = t;
+        }
+    *out = s;
+    return MT_OK;
+}
+
+void tune_search_destroy(tune_search *s)
+{
+    if (!s)
+        return;
+    keyset_free(&s->known);
+    free(s->space);
+    free(s->seeds);
+    free(s->ok);
+    free(s);
+}
+
+int tune_search_space(const tune_search *s)
+{
+    bool dflt_in = false;
+    if (s->sampled)
+        return -1;
+    for (int i = 0; i < s->n_space && !dflt_in; i++)
+        dflt_in = !memcmp(&s->space[i], &s->dflt, sizeof s->dflt);
+    return s->n_space + !dflt_in;
+}
+
+const kern_config *tune_search_default(const tune_search *s) { return &s->dflt; }
+
+static void add_ok(tune_search *s, const kern_config *c, double ms)
+{
+    if (s->n_ok == s->cap_ok) {
+        int cap = s->cap_ok ? s->cap_ok * 2 : 64;
+        scored *g = realloc(s->ok, sizeof *g * (size_t)cap);
+        if (!g)
+            return; /* evolve loses a parent; nothing breaks */
+        s->ok = g;
+        s->cap_ok = cap;
+    }
+    s->ok[s->n_ok++] = (scored){*c, ms};
+}
+
+void tune_search_known(tune_search *s, const char *config_key, bool ok, double median_ms)
+{
+    keyset_add(&s->known, config_key);
+    kern_config c;
+    if (ok && isfinite(median_ms) && kern_config_parse(s->a.im, config_key, &c, NULL) == MT_OK)
+        add_ok(s, &c, median_ms);
+}
+
+void tune_search_seed(tune_search *s, const kern_config *c)
+{
+    for (int i = 0; i < s->n_seeds; i++)
+        if (!memcmp(&s->seeds[i], c, sizeof *c))
+            return;
+    if (s->n_seeds == s->cap_seeds) {
+        int cap = s->cap_seeds ? s->cap_seeds * 2 : 8;
+        kern_config *g = realloc(s->seeds, sizeof *g * (size_t)cap);
+        if (!g)
+            return;
+        s->seeds = g;
+        s->cap_seeds = cap;
+    }
+    s->seeds[s->n_seeds++] = *c;
+}
+
+void tune_search_result(tune_search *s, const kern_config *c, bool ok, double median_ms)
+{
+    if (ok && isfinite(median_ms))
+        add_ok(s, c, median_ms);
+}
+
+static bool propose(tune_search *s, const kern_config *c, kern_config *out, int *n)
+{
+    if (is_known(s, c))
+        return false;
+    mark_known(s, c);
+    out[(*n)++] = *c;
+    return true;
+}
+
+/* Next unknown configs in space order (or random draws when sampled). */
+static void take_fresh(tune_search *s, kern_config *out, int *n, int cap)
+{
+    if (s->sampled) {
+        uint64_t size = kern_space_size(s->a.im);
+        for (int tries = 0; tries < 64 * cap && *n < cap; tries++) {
+            kern_config c;
+            kern_space_point(s->a.im, mt_rng_below(&s->rng, size), &c);
+            if (usable(s, &c))
+                propose(s, &c, out, n);
+        }
+        return;
+    }
+    while (*n < cap && s->cursor < s->n_space)
+        propose(s, &s->space[s->cursor++], out, n);
+}
+
+static int cmp_scored(const void *a, const void *b)
+{
+    double x = ((const scored *)a)->ms, y = ((const scored *)b)->ms;
+    return x < y ? -1 : x > y;
+}
+
+/* Index of value v among the allowed values of parameter i; -1 if none. */
+static int value_index(const kern_param_desc *p, int v)
+{
+    for (int k = 0; k < p->n_values; k++)
+        if (p->values[k] == v)
+            return k;
+    return -1;
+}
+
+static bool step(const tune_search *s, kern_config *c, int param, int delta)
+{
+    const kern_param_desc *p = &s->a.im->params[param];
+    int k = value_index(p, c->v[param]) + delta;
+    if (k < 0 || k >= p->n_values)
+        return false;
+    c->v[param] = p->values[k];
+    return true;
+}
+
+/* Neighbours of the best few: one parameter one allowed value away, then
+ * two parameters at once. */
+static void mutate(tune_search *s, kern_config *out, int *n, int cap)
+{
+    qsort(s->ok, (size_t)s->n_ok, sizeof *s->ok, cmp_scored);
+    int parents = s->n_ok < EVOLVE_PARENTS ? s->n_ok : EVOLVE_PARENTS;
+    int np = s->a.im->n_params;
+    for (int pass = 1; pass <= 2 && *n == 0; pass++)
+        for (int p = 0; p < parents && *n < cap; p++)
+            for (int i = 0; i < np && *n < cap; i++)
+                for (int di = -1; di <= 1 && *n < cap; di += 2) {
+                    kern_config c = s->ok[p].cfg;
+                    if (!step(s, &c, i, di))
+                        continue;
+                    if (pass == 1) {
+                        if (usable(s, &c))
+                            propose(s, &c, out, n);
+                        continue;
+                    }
+                    for (int j = i + 1; j < np && *n < cap; j++)
+                        for (int dj = -1; dj <= 1 && *n < cap; dj += 2) {
+                            kern_config c2 = c;
+                            if (step(s, &c2, j, dj) && usable(s, &c2))
+                                propose(s, &c2, out, n);
+                        }
+                }
+}
+
+int tune_search_next(tune_search *s, kern_config *out, int cap)
+{
+    int n = 0;
+    if (cap <= 0)
+        return 0;
+    if (!s->dflt_done) {
+        s->dflt_done = true;
+        propose(s, &s->dflt, out, &n);
+    }
+    for (int i = 0; i < s->n_seeds && n < cap; i++)
+        if (usable(s, &s->seeds[i]))
+            propose(s, &s->seeds[i], out, &n);
+    s->n_seeds = 0;
+    int want = s->a.strategy == TUNE_EXHAUSTIVE ? cap : (s->a.batch < cap ? s->a.batch : cap);
+    if (s->a.strategy == TUNE_EVOLVE && s->generation++ > 0 && s->n_ok > 0)
+        mutate(s, out, &n, want);
+    if (n < want && (s->a.strategy != TUNE_EVOLVE || n == 0 || s->generation == 1))
+        take_fresh(s, out, &n, want);
+    return n;
+}

@@ -1,0 +1,183 @@
+/* tuner.h: the autotuner behind `moetune tune`.
+ *
+ * For each job (a kernel family, a shape and a list of token counts M) the
+ * tuner enumerates the valid configurations, lets a strategy pick and order
+ * them, compiles them on a pool of threads and hands each compiled candidate
+ * to ONE measurement worker: a child process that owns the device, runs the
+ * candidate on fresh random inputs with poisoned outputs, verifies it against
+ * the family's C reference and times it (kern_problem_time: warm-up, cache
+ * flush larger than the LLC, events, adaptive repetitions). A worker that
+ * crashes or runs past the per-candidate timeout is killed and replaced; the
+ * candidate is recorded as crash or timeout. Every outcome is stored in the
+ * database as a trial right away, so an interrupted run loses at most the
+ * candidate in flight and the next run resumes (trials already recorded for
+ * this device, kernel source hash, shape, M and config are not measured
+ * again). At the end of each M the winner is recomputed in the database and
+ * checked for determinism (two runs, identical output bytes, or flagged).
+ *
+ * Workers are forked (no exec) from a helper process that the tuner forks
+ * before it opens any device or starts any thread, so test-only families
+ * compiled into a test binary run in workers too, and a GPU runtime
+ * initialised in the tuner never leaks into a worker.
+ *
+ * Thread safety: tune_run uses threads internally; one tune_run per process
+ * at a time (it forks). Everything else here is plain and reentrant.
+ * Signals: the library installs no handlers. The caller passes a flag
+ * (opts.stop) that its own SIGINT handler sets; the tuner then stops at the
+ * next candidate boundary, kills the worker, marks the session interrupted
+ * and returns MT_E_INTERRUPTED with the database consistent. Workers ignore
+ * SIGINT (a terminal's Ctrl-C reaches the whole process group). */
+#ifndef MT_TUNER_H
+#define MT_TUNER_H
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "../common/status.h"
+#include "../db/db.h"
+#include "../kernels/runner.h"
+
+#define TUNE_MAX_M 64
+#define TUNE_MAX_JOBS 32
+
+/* The default M list of `moetune tune`. */
+extern const int64_t tune_default_ms[];
+extern const int tune_default_n_ms;
+
+typedef enum tune_strategy {
+    TUNE_EXHAUSTIVE = 0, /* every valid config (or the budget's first ones) */
+    TUNE_RANDOM = 1,     /* uniformly random order within the budget */
+    TUNE_EVOLVE = 2,     /* mutate the best configs to neighbouring values */
+    TUNE_STRATEGY_COUNT
+} tune_strategy;
+
+const char *tune_strategy_name(tune_strategy s); /* "exhaustive", ... */
+bool tune_strategy_parse(const char *s, tune_strategy *out);
+
+/* A budget: trials per M (count) and/or wall time for the whole run,
+ * shared out over the remaining (job, M) pairs. 0 = unlimited. A count
+ * budget counts trials already in the database for that M, so rerunning a
+ * finished command measures nothing. */
+typedef struct tune_budget {
+    int64_t trials;
+    double seconds;
+} tune_budget;
+
+/* "2000" (trials per M), "30m", "90s", "1.5h" (whole-run wall time). */
+mt_status tune_budget_parse(const char *text, tune_budget *out, mt_err *err);
+void tune_budget_text(const tune_budget *b, char *out, size_t cap);
+
+/* "I/N" with 1 <= I <= N. */
+mt_status tune_shard_parse(const char *text, int *index, int *count, mt_err *err);
+
+/* Shard of a config key: a stable hash (FNV-1a 64) mod count, 0-based.
+ * Shard I/N (1-based I) owns the configs with tune_shard_of == I-1. */
+int tune_shard_of(const char *config_key, int count);
+
+/* One thing to tune: a family, a shape and the Ms. */
+typedef struct tune_job {
+    const kern_family *fam;
+    kern_shape shape;
+    int n_m;
+    int64_t m[TUNE_MAX_M];
+} tune_job;
+
+/* Builds a job from a family and a shape key or preset name; ms NULL or
+ * n_m 0 takes the default list (or the M given in the key, "M=16"). */
+mt_status tune_job_make(const kern_family *f, const char *shape_text, const int64_t *ms,
+                        int n_m, tune_job *out, mt_err *err);
+
+/* Reads only config.json (a Hugging Face config of the GLM-5 family) and
+ * lists the jobs the model needs: moe_route, moe_align, moe_gemm_up,
+ * moe_gemm_down at H=hidden_size, I=moe_intermediate_size,
+ * E=n_routed_experts, topk=num_experts_per_tok, and rmsnorm at hidden_size
+ * (and at q_lora_rank and kv_lora_rank when the config has them). Families
+ * this build lacks are left out and named in `missing` (may be NULL; comma
+ * separated). ms as in tune_job_make. A missing or malformed file or key is
+ * MT_E_IO / MT_E_FORMAT naming the path and key. */
+mt_status tune_plan_from_config(const char *config_json_path, const int64_t *ms, int n_m,
+                                tune_job *jobs, int cap, int *n_jobs, char *missing,
+                                size_t missing_cap, mt_err *err);
+
+typedef struct tune_opts {
+    const char *device;      /* device spec ("cpu", "emu", "hip"); NULL: "auto" */
+    const char *arch;        /* GPU arch for compile-only; NULL: the device's */
+    const char *db_path;     /* required */
+    tune_strategy strategy;
+    tune_budget budget;
+    int jobs;                /* compile threads; 0: 2 */
+    bool compile_only;       /* also forced by a compile-only device */
+    int shard_index, shard_count; /* 1-based; count <= 1: no sharding */
+    uint64_t seed;           /* search order; 0: derived from the job (stable) */
+    uint64_t data_seed;      /* verification inputs; 0: fresh each run */
+    double timeout_s;        /* per candidate in the worker; 0: 60 */
+    kern_time_opts timing;   /* the runner's options; abandon_ms is set by
+                                the tuner (2x the best so far) */
+    bool transfer;           /* seed each M from winners of neighbouring M */
+    volatile sig_atomic_t *stop; /* set (by a signal handler) to stop; may be NULL */
+    FILE *log;               /* progress and log lines; NULL: silent */
+    bool tty;                /* log is a terminal: one line rewritten in place */
+    int argc;                /* command line, recorded with the session */
+    char *const *argv;
+} tune_opts;
+
+/* Fills defaults: device "auto", exhaustive, jobs 2, timeout 60 s,
+ * transfer on, default timing. */
+void tune_opts_default(tune_opts *o);
+
+/* Outcome of one M of one job. Counts are trials recorded by this run. */
+typedef struct tune_m_report {
+    int64_t m;
+    int space;                 /* valid configs in this run's part of the space */
+    int planned;               /* candidates the strategy proposed */
+    int resumed;               /* already in the database: not measured */
+    int measured;              /* new trials recorded (any status) */
+    int counts[DB_TRIAL_STATUS_COUNT]; /* new trials by status */
+    bool has_winner;
+    char best_key[256];
+    double best_ms;
+    double gflops, gbps;       /* of the winner, from the family's cost */
+    bool has_default;
+    char default_key[256];
+    double default_ms;
+    int deterministic;         /* winner re-run bit-identical: 1, differs: 0,
+                                  not checked (nothing new measured): -1 */
+} tune_m_report;
+
+typedef struct tune_job_report {
+    const kern_family *fam;
+    char shape_key[KERN_KEY_MAX];
+    int n_m;
+    tune_m_report m[TUNE_MAX_M];
+} tune_job_report;
+
+typedef struct tune_report {
+    char device_spec[32];
+    char device_name[128];
+    bool compile_only;
+    int64_t session_id;
+    double elapsed_s;
+    bool interrupted;
+    int worker_restarts;
+    int n_jobs;
+    tune_job_report *jobs;     /* n_jobs entries */
+} tune_report;
+
+/* Runs the jobs (at most TUNE_MAX_JOBS). *report (out may be NULL) receives
+ * a report the caller frees with tune_report_free, filled as far as the run
+ * got, also on failure or interruption. Returns MT_OK, MT_E_INTERRUPTED
+ * when opts.stop was set (session marked interrupted), or the error that
+ * stopped the run (device, database, reference) with the session marked
+ * failed. Candidate failures (compile errors, wrong results, crashes,
+ * timeouts) are outcomes recorded as trials, not errors. */
+mt_status tune_run(const tune_job *jobs, int n_jobs, const tune_opts *opts,
+                   tune_report **report, mt_err *err);
+void tune_report_free(tune_report *r); /* NULL is a no-op */
+
+/* Prints the table per job and M: best config, time, GFLOP/s, GB/s,
+ * speedup over the default config, determinism and counts. */
+void tune_report_print(const tune_report *r, FILE *out);
+
+#endif
