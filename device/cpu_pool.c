@@ -1,14 +1,23 @@
 /* cpu_pool.c: persistent worker threads for cpu-backend launches (see
- * cpu_pool.h). A job is published by bumping a generation word; workers
- * spin on it for a short while, then sleep in futex_wait. The caller runs
- * items too and waits for the workers' `pending` count to reach zero. */
+ * cpu_pool.h).
+ *
+ * A job is one 64-bit word: a 24-bit job tag and the number of items left.
+ * Threads claim items from the top with compare-and-swap, taking
+ * remaining / (2 * threads) at a time (guided scheduling: big chunks first,
+ * small ones at the end for balance). Because the remaining count lives in
+ * the word, a thread only reads the job's other fields after a successful
+ * claim, when the job cannot finish (and be replaced) under it. A job is
+ * complete when its `done` count reaches its item count, so workers that
+ * never woke up for it cost nothing: the caller, who runs items too, does
+ * not wait for them. Waiting threads spin briefly, then yield (the machine
+ * may have fewer cores than threads), then sleep on a futex. */
 #define _GNU_SOURCE
 #include "cpu_pool.h"
 
-#include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdalign.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -16,26 +25,32 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-/* Spin iterations before sleeping: long enough to bridge the gap between
- * two launches of a timing loop, short enough not to burn a core when the
- * device sits idle. */
-#define SPIN_ITERS 20000
+#define TAG_SHIFT 40
+#define LEFT_MASK ((UINT64_C(1) << TAG_SHIFT) - 1)
+#define TAG_MASK 0xffffffu
+#define MAX_PIECE (UINT64_C(1) << 39) /* items per job word; bigger runs split */
+
+/* Waiting: pause iterations, then sched_yield calls, then futex sleep. */
+#define SPIN_PAUSES 2000
+#define SPIN_YIELDS 50
 
 struct cpu_pool {
     int n;
     pthread_t *threads;
     int started;
 
-    /* The current job; written by the caller before gen is bumped. */
+    /* The current job; written by the caller before the job word. */
     cpu_pool_fn fn;
     void *job;
-    uint64_t count, chunk;
+    uint64_t count, offset;
+    uint32_t job_gen;
 
-    alignas(64) _Atomic uint64_t next;     /* next unclaimed item */
-    alignas(64) _Atomic uint32_t gen;      /* bumped once per job */
-    _Atomic int sleepers;                  /* workers asleep on gen */
+    alignas(64) _Atomic uint64_t work;     /* tag << 40 | items left */
+    alignas(64) _Atomic uint64_t done;     /* items finished */
+    alignas(64) _Atomic uint32_t gen;      /* job counter; workers sleep on it */
+    _Atomic int sleepers;
     _Atomic int stop;
-    alignas(64) _Atomic uint32_t pending;  /* workers not done with the job */
+    alignas(64) _Atomic uint32_t finished; /* gen of the last completed job */
     _Atomic int caller_waiting;
 };
 
@@ -58,16 +73,39 @@ static inline void cpu_relax(void)
 #endif
 }
 
-static void run_chunks(cpu_pool *p)
+/* Claims and runs items of job g until none are left. */
+static void run_job(cpu_pool *p, uint32_t g)
 {
-    const uint64_t count = p->count, chunk = p->chunk;
+    const uint64_t tag = g & TAG_MASK;
+    const uint64_t div = 2 * (uint64_t)p->n;
+    uint64_t w = atomic_load_explicit(&p->work, memory_order_acquire);
     for (;;) {
-        uint64_t s = atomic_fetch_add_explicit(&p->next, chunk, memory_order_relaxed);
-        if (s >= count)
+        if ((w >> TAG_SHIFT) != tag)
+            return; /* a later job: ours is complete */
+        uint64_t left = w & LEFT_MASK;
+        if (left == 0)
             return;
-        uint64_t e = s + chunk < count ? s + chunk : count;
-        for (uint64_t i = s; i < e; i++)
-            p->fn(p->job, i);
+        uint64_t take = left / div ? left / div : 1;
+        if (!atomic_compare_exchange_weak_explicit(&p->work, &w, w - take,
+                                                   memory_order_acquire,
+                                                   memory_order_acquire))
+            continue;
+        /* Claimed [left - take, left): the job cannot complete before
+         * these run, so its fields are stable. */
+        const uint64_t count = p->count, base = p->offset;
+        const uint32_t jg = p->job_gen; /* g, unless the 24-bit tag wrapped */
+        const cpu_pool_fn fn = p->fn;
+        void *const job = p->job;
+        for (uint64_t i = left - take; i < left; i++)
+            fn(job, base + i);
+        uint64_t d = atomic_fetch_add(&p->done, take) + take;
+        if (d == count) {
+            atomic_store(&p->finished, jg);
+            if (atomic_load(&p->caller_waiting))
+                futex_wake(&p->finished, 1);
+            return;
+        }
+        w = atomic_load_explicit(&p->work, memory_order_acquire);
     }
 }
 
@@ -79,20 +117,21 @@ static void *worker_main(void *arg)
         uint32_t g;
         int spins = 0;
         while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen) {
-            if (spins++ < SPIN_ITERS) {
+            if (spins < SPIN_PAUSES) {
                 cpu_relax();
-                continue;
+            } else if (spins < SPIN_PAUSES + SPIN_YIELDS) {
+                sched_yield();
+            } else {
+                atomic_fetch_add(&p->sleepers, 1);
+                futex_wait(&p->gen, seen);
+                atomic_fetch_sub(&p->sleepers, 1);
             }
-            atomic_fetch_add(&p->sleepers, 1);
-            futex_wait(&p->gen, seen);
-            atomic_fetch_sub(&p->sleepers, 1);
+            spins++;
         }
         seen = g;
         if (atomic_load(&p->stop))
             return NULL;
-        run_chunks(p);
-        if (atomic_fetch_sub(&p->pending, 1) == 1 && atomic_load(&p->caller_waiting))
-            futex_wake(&p->pending, 1);
+        run_job(p, g);
     }
 }
 
@@ -141,39 +180,48 @@ void cpu_pool_destroy(cpu_pool *p)
 
 int cpu_pool_size(const cpu_pool *p) { return p->n; }
 
+static void run_piece(cpu_pool *p, cpu_pool_fn fn, void *job, uint64_t offset,
+                      uint64_t count)
+{
+    p->fn = fn;
+    p->job = job;
+    p->count = count;
+    p->offset = offset;
+    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+    uint32_t g = atomic_load_explicit(&p->gen, memory_order_relaxed) + 1;
+    p->job_gen = g;
+    atomic_store_explicit(&p->work, ((uint64_t)(g & TAG_MASK) << TAG_SHIFT) | count,
+                          memory_order_release);
+    atomic_store(&p->gen, g); /* seq_cst: ordered before the sleepers check */
+    if (atomic_load(&p->sleepers) > 0)
+        futex_wake(&p->gen, INT_MAX);
+
+    run_job(p, g);
+
+    int spins = 0;
+    while (atomic_load(&p->finished) != g) {
+        if (spins < SPIN_PAUSES) {
+            cpu_relax();
+        } else if (spins < SPIN_PAUSES + SPIN_YIELDS) {
+            sched_yield();
+        } else {
+            atomic_store(&p->caller_waiting, 1);
+            uint32_t f = atomic_load(&p->finished);
+            if (f != g)
+                futex_wait(&p->finished, f);
+            atomic_store(&p->caller_waiting, 0);
+        }
+        spins++;
+    }
+}
+
 void cpu_pool_run(cpu_pool *p, cpu_pool_fn fn, void *job, uint64_t count)
 {
-    if (count == 0)
-        return;
     if (p->started == 0 || count == 1) {
         for (uint64_t i = 0; i < count; i++)
             fn(job, i);
         return;
     }
-    uint64_t per = count / ((uint64_t)(p->started + 1) * 8);
-    p->fn = fn;
-    p->job = job;
-    p->count = count;
-    p->chunk = per ? per : 1;
-    atomic_store_explicit(&p->next, 0, memory_order_relaxed);
-    atomic_store(&p->pending, (uint32_t)p->started);
-    atomic_fetch_add(&p->gen, 1); /* publishes the job (seq_cst) */
-    if (atomic_load(&p->sleepers) > 0)
-        futex_wake(&p->gen, INT_MAX);
-
-    run_chunks(p);
-
-    int spins = 0;
-    uint32_t left;
-    while ((left = atomic_load(&p->pending)) != 0) {
-        if (spins++ < SPIN_ITERS) {
-            cpu_relax();
-            continue;
-        }
-        atomic_store(&p->caller_waiting, 1);
-        left = atomic_load(&p->pending);
-        if (left)
-            futex_wait(&p->pending, left);
-        atomic_store(&p->caller_waiting, 0);
-    }
+    for (uint64_t off = 0; off < count; off += MAX_PIECE)
+        run_piece(p, fn, job, off, count - off < MAX_PIECE ? count - off : MAX_PIECE);
 }

@@ -142,7 +142,9 @@ static const char *cu_error(const cuda_api *a, CUresult r)
 static void *open_first(const char *const *names, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
-        void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        /* NODELETE: NVRTC's C++ runtime keeps static allocations that
+         * would dangle (and read as leaks) after an unload. */
+        void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
         if (h)
             return h;
     }

@@ -16,6 +16,7 @@
 
 #include <hip/hip_runtime_api.h>
 #include <hip/hiprtc.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -283,7 +284,14 @@ static mt_status hip_compile(void *ctx, const dev_props *props, const dev_compil
 
     RTC_CHECK(hiprtcCreateProgram(&prog, text, name, 0, NULL, NULL), err, st, out,
               "hipRTC program for %s", name);
+    /* hipRTC's LLVM swaps in its own malloc'd signal stack on the first
+     * thread that compiles; AddressSanitizer then fails to unmap it when
+     * that thread exits. Put the thread's own stack back. */
+    stack_t alt;
+    bool have_alt = sigaltstack(NULL, &alt) == 0;
     hiprtcResult rr = hiprtcCompileProgram(prog, n, opts);
+    if (have_alt)
+        sigaltstack(&alt, NULL);
     *log = program_log(prog);
     if (rr != HIPRTC_SUCCESS) {
         st = mt_fail(err, MT_E_COMPILE, "hipRTC failed to compile %s for %s (%s):\n%s",

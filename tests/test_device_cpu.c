@@ -253,6 +253,54 @@ Test(device_cpu, every_argument_type_reaches_the_kernel)
     dev_close(d);
 }
 
+/* More arguments than the x86-64 registers hold: the libffi path. */
+static const char many_src[] =
+    "MT_CPU_KERNEL void many(double *o, int a, int b, int c, int d, int e, int f,\n"
+    "                        long g, float h, float i, float j, float k, float l,\n"
+    "                        float m, float n, float p, double q, unsigned r)\n"
+    "{\n"
+    "    o[itemIdx.x] = (double)a - b + 2.0 * c - d + 3.0 * e - f + (double)g\n"
+    "        + h - i + 2.0f * j - k + l - m + n - 4.0f * p + q * r;\n"
+    "}\n";
+
+Test(device_cpu, kernels_with_more_arguments_than_registers_get_every_value)
+{
+    uint64_t seed = mt_seed_fresh();
+    mt_rng r;
+    mt_rng_seed(&r, seed);
+    dev_device *d = open_cpu("cpu:2");
+    dev_module *m = build(d, "many.c", many_src, NULL, 0);
+    dev_kernel *k = kernel(m, "many", "piiiiiilffffffffdu");
+    int iv[6];
+    float fv[8];
+    for (int i = 0; i < 6; i++)
+        iv[i] = (int)mt_rng_below(&r, 2000) - 1000;
+    for (int i = 0; i < 8; i++)
+        fv[i] = (float)((int)mt_rng_below(&r, 200) - 100) / 4.0f;
+    long g = (long)mt_rng_below(&r, 1u << 30) << 10;
+    double q = (double)mt_rng_below(&r, 1000) / 8.0;
+    unsigned ru = 1 + (unsigned)mt_rng_below(&r, 1000);
+    double out[7];
+    void *o = out;
+    void *args[18] = {&o};
+    for (int i = 0; i < 6; i++)
+        args[1 + i] = &iv[i];
+    args[7] = &g;
+    for (int i = 0; i < 8; i++)
+        args[8 + i] = &fv[i];
+    args[16] = &q;
+    args[17] = &ru;
+    launch(d, k, (dev_dim3){7, 1, 1}, args);
+    double want = (double)iv[0] - iv[1] + 2.0 * iv[2] - iv[3] + 3.0 * iv[4] - iv[5] +
+                  (double)g + (fv[0] - fv[1] + 2.0f * fv[2] - fv[3] + fv[4] - fv[5] +
+                               fv[6] - 4.0f * fv[7]) + q * ru;
+    for (int i = 0; i < 7; i++)
+        cr_assert_float_eq(out[i], want, 1e-6 * (fabs(want) + 1), "seed %" PRIu64
+                           ": item %d got %.17g want %.17g", seed, i, out[i], want);
+    dev_module_unload(m);
+    dev_close(d);
+}
+
 static const char count_src[] =
     "MT_CPU_KERNEL void bump(long *c) { __atomic_fetch_add(c, 1 + itemIdx.x, "
     "__ATOMIC_RELAXED); }\n";
