@@ -418,6 +418,7 @@ static mt_status cuda_open(const char *arg, const dev_open_opts *opts, dev_props
     if (st != MT_OK)
         goto fail;
     snprintf(props->arch, sizeof props->arch, "%s", c->arch);
+    props->max_vgprs = 255;
     int maj = 0, min = 0;
     c->api.nvrtcVersion(&maj, &min);
     snprintf(props->runtime_version, sizeof props->runtime_version, "nvrtc %d.%d", maj,
