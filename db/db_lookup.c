@@ -1,0 +1,265 @@
+/* db_lookup.c: the runtime lookup (device, kernel, shape, M) -> config with
+ * provenance, and coverage (many lookups, no misses recorded). The rule is
+ * in db.h at db_lookup and in docs/DB.md; the hot path is one cached,
+ * indexed query. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "db_impl.h"
+
+typedef struct query {
+    const db_device *dev;
+    char fp[DB_NAME_MAX];
+    const char *family, *hash, *shape;
+    int version;
+    int64_t m;
+} query;
+
+static void bind_query(sqlite3_stmt *s, const query *q)
+{
+    sqlite3_bind_text(s, 1, q->family, -1, SQLITE_STATIC);
+    sqlite3_bind_int(s, 2, q->version);
+    sqlite3_bind_text(s, 3, q->hash, -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 4, q->shape, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(s, 5, q->m);
+    sqlite3_bind_int(s, 6, q->dev->backend);
+    sqlite3_bind_text(s, 7, q->dev->arch, -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 8, q->dev->name ? q->dev->name : "", -1, SQLITE_STATIC);
+    sqlite3_bind_int(s, 9, q->dev->compute_units);
+    sqlite3_bind_text(s, 10, q->fp, -1, SQLITE_STATIC);
+}
+
+static void copy_text(char *dst, size_t cap, const char *src)
+{
+    size_t n = src ? strlen(src) : 0;
+    if (n >= cap)
+        n = cap - 1;
+    memcpy(dst, src ? src : "", n);
+    dst[n] = 0;
+}
+
+/* Columns of LOOKUP_COLUMNS (db_stmt.c). */
+static void take_hit(db_lookup_result *out, sqlite3_stmt *s)
+{
+    out->has_config = true;
+    copy_text(out->config_json, sizeof out->config_json, db_col_text(s, 0));
+    copy_text(out->config_key, sizeof out->config_key, db_col_text(s, 1));
+    out->tuned_m = sqlite3_column_int64(s, 2);
+    out->time_ms = sqlite3_column_double(s, 3);
+    copy_text(out->device_name, sizeof out->device_name, db_col_text(s, 4));
+    out->device_compute_units = sqlite3_column_int(s, 5);
+    copy_text(out->device_fingerprint, sizeof out->device_fingerprint, db_col_text(s, 6));
+}
+
+/* True when tuned size a is a better stand-in for m than b: smaller
+ * |log2(m) - log2(x)|, i.e. smaller max(m,x)/min(m,x); on a tie the larger.
+ * Compared exactly as cross products. */
+static bool closer(int64_t m, int64_t a, int64_t b)
+{
+    unsigned __int128 ra_hi = (unsigned __int128)(uint64_t)(a > m ? a : m);
+    unsigned __int128 ra_lo = (unsigned __int128)(uint64_t)(a > m ? m : a);
+    unsigned __int128 rb_hi = (unsigned __int128)(uint64_t)(b > m ? b : m);
+    unsigned __int128 rb_lo = (unsigned __int128)(uint64_t)(b > m ? m : b);
+    unsigned __int128 lhs = ra_hi * rb_lo, rhs = rb_hi * ra_lo; /* ra < rb <=> lhs < rhs */
+    return lhs < rhs || (lhs == rhs && a > b);
+}
+
+/* Steps a statement whose rows come ordered by M with the preferred row
+ * first within each M; takes the row of the M closest to q->m. */
+static mt_status take_nearest(db_t *db, sqlite3_stmt *s, const query *q, db_lookup_result *out,
+                              bool *found, mt_err *err)
+{
+    *found = false;
+    int64_t last_m = 0, best_m = 0;
+    int rc;
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        int64_t tm = sqlite3_column_int64(s, 2);
+        if (tm == last_m)
+            continue;
+        last_m = tm;
+        if (!*found || closer(q->m, tm, best_m)) {
+            take_hit(out, s);
+            best_m = tm;
+            *found = true;
+        }
+    }
+    sqlite3_reset(s);
+    if (rc != SQLITE_DONE)
+        return DB_FAIL(db, err, rc, "looking up a config");
+    return MT_OK;
+}
+
+static void short_hash(char *dst, size_t cap, const char *h)
+{
+    snprintf(dst, cap, "%.12s", h ? h : "");
+}
+
+static void record_miss(db_t *db, const query *q, db_provenance why, db_lookup_result *out)
+{
+    size_t n = strlen(out->message);
+    char *tail = out->message + n;
+    size_t room = sizeof out->message - n;
+    if (db->readonly) {
+        snprintf(tail, room, " (miss not recorded: read-only database)");
+        return;
+    }
+    mt_err e = MT_ERR_INIT;
+    if (db_miss_record_reason(db, q->dev, q->family, q->shape, q->m, why, &e) == MT_OK)
+        out->miss_recorded = true;
+    else
+        snprintf(tail, room, " (miss not recorded: %s)", e.msg);
+}
+
+static mt_status lookup(db_t *db, const query *q, bool record, db_lookup_result *out,
+                        mt_err *err)
+{
+    const db_device *dev = q->dev;
+    const char *name = dev->name ? dev->name : "";
+    sqlite3_stmt *s;
+    bool found = false;
+
+    /* 1. exact M on this device model. */
+    mt_status st = db_stmt(db, ST_LOOKUP_EXACT, &s, err);
+    if (st)
+        return st;
+    bind_query(s, q);
+    int rc = sqlite3_step(s);
+    if (rc == SQLITE_ROW) {
+        take_hit(out, s);
+        out->provenance = DB_HIT_EXACT;
+        found = true;
+        rc = SQLITE_DONE;
+    }
+    sqlite3_reset(s);
+    if (rc != SQLITE_DONE)
+        return DB_FAIL(db, err, rc, "looking up a config");
+    if (found) {
+        if (strcmp(out->device_fingerprint, q->fp) != 0)
+            snprintf(out->message, sizeof out->message,
+                     "%s %s M=%lld: tuned on the same device model under another runtime or "
+                     "driver (fingerprint %.16s)",
+                     q->family, q->shape, (long long)q->m, out->device_fingerprint);
+        return MT_OK;
+    }
+
+    /* 2. nearest tuned M for this shape on this device model. */
+    if ((st = db_stmt(db, ST_LOOKUP_SHAPE, &s, err)))
+        return st;
+    bind_query(s, q);
+    if ((st = take_nearest(db, s, q, out, &found, err)))
+        return st;
+    if (found) {
+        out->provenance = DB_HIT_NEAREST;
+        snprintf(out->message, sizeof out->message,
+                 "%s %s M=%lld: not tuned at this M; using the config tuned at M=%lld "
+                 "(nearest in log2)",
+                 q->family, q->shape, (long long)q->m, (long long)out->tuned_m);
+        return MT_OK;
+    }
+
+    /* 3. another device of the same backend and arch. */
+    if ((st = db_stmt(db, ST_LOOKUP_OTHER, &s, err)))
+        return st;
+    bind_query(s, q);
+    if ((st = take_nearest(db, s, q, out, &found, err)))
+        return st;
+    if (found) {
+        out->provenance = DB_OTHER_DEVICE;
+        snprintf(out->message, sizeof out->message,
+                 "%s %s M=%lld: not tuned for %s (%d CUs); using the config tuned on %s "
+                 "(%d CUs, same arch %s) at M=%lld; tune this device for its own",
+                 q->family, q->shape, (long long)q->m, name, dev->compute_units,
+                 out->device_name, out->device_compute_units, dev->arch,
+                 (long long)out->tuned_m);
+        if (record)
+            record_miss(db, q, DB_OTHER_DEVICE, out);
+        return MT_OK;
+    }
+
+    /* 4. entries only for another kernel version or source hash. */
+    if ((st = db_stmt(db, ST_LOOKUP_STALE, &s, err)))
+        return st;
+    bind_query(s, q);
+    rc = sqlite3_step(s);
+    if (rc == SQLITE_ROW) {
+        char old[16], cur[16];
+        short_hash(old, sizeof old, db_col_text(s, 1));
+        short_hash(cur, sizeof cur, q->hash);
+        copy_text(out->stale_hash, sizeof out->stale_hash, db_col_text(s, 1));
+        out->provenance = DB_STALE;
+        snprintf(out->message, sizeof out->message,
+                 "%s %s M=%lld: %lld tuned entries are stale (kernel v%d source %s; current v%d "
+                 "source %s) and not used; running the default config (re-tune, or drop them "
+                 "with moetune db gc)",
+                 q->family, q->shape, (long long)q->m, (long long)sqlite3_column_int64(s, 2),
+                 sqlite3_column_int(s, 0), old, q->version, cur);
+        rc = SQLITE_DONE;
+    }
+    sqlite3_reset(s);
+    if (rc != SQLITE_DONE)
+        return DB_FAIL(db, err, rc, "looking for stale entries");
+
+    /* 5. nothing usable. */
+    if (out->provenance != DB_STALE) {
+        out->provenance = DB_MISS;
+        snprintf(out->message, sizeof out->message,
+                 "%s %s M=%lld: no tuned config for %s (%s, %d CUs); running the default config",
+                 q->family, q->shape, (long long)q->m, name, dev->arch, dev->compute_units);
+    }
+    if (record)
+        record_miss(db, q, out->provenance, out);
+    return MT_OK;
+}
+
+static mt_status prepare(const db_device *dev, const char *family, int version, const char *hash,
+                         const char *shape, int64_t m, query *q, db_lookup_result *out,
+                         mt_err *err)
+{
+    memset(out, 0, sizeof *out);
+    out->time_ms = NAN;
+    out->provenance = DB_MISS;
+    mt_status st = db_check_device(dev, err);
+    if (st)
+        return st;
+    if (!family || !*family || !hash || !*hash || !shape || !*shape || m < 1)
+        return mt_fail(err, MT_E_INVALID,
+                       "db_lookup: family, source hash, shape and M >= 1 are required");
+    q->dev = dev;
+    db_device_fingerprint(dev, q->fp, sizeof q->fp);
+    q->family = family;
+    q->version = version;
+    q->hash = hash;
+    q->shape = shape;
+    q->m = m;
+    return MT_OK;
+}
+
+mt_status db_lookup(db_t *db, const db_device *dev, const char *family, int version,
+                    const char *source_hash, const char *shape_key, int64_t m,
+                    db_lookup_result *out, mt_err *err)
+{
+    query q;
+    mt_status st = prepare(dev, family, version, source_hash, shape_key, m, &q, out, err);
+    if (st)
+        return st;
+    return lookup(db, &q, true, out, err);
+}
+
+mt_status db_coverage(db_t *db, const db_device *dev, const db_coverage_query *queries, int n,
+                      db_lookup_result *out, mt_err *err)
+{
+    if (n < 0 || (n > 0 && (!queries || !out)))
+        return mt_fail(err, MT_E_INVALID, "db_coverage: bad query list");
+    for (int i = 0; i < n; i++) {
+        const db_coverage_query *c = &queries[i];
+        query q;
+        mt_status st = prepare(dev, c->family, c->version, c->source_hash, c->shape_key, c->m, &q,
+                               &out[i], err);
+        if (st == MT_OK)
+            st = lookup(db, &q, false, &out[i], err);
+        if (st)
+            return mt_err_prefix(err, "coverage query %d", i);
+    }
+    return MT_OK;
+}

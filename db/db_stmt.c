@@ -1,0 +1,91 @@
+/* db_stmt.c: the SQL of the statements cached on every handle (see
+ * db_stmt_id). Parameters are numbered; the lookup statements share one
+ * numbering: ?1 family, ?2 version, ?3 source hash, ?4 shape, ?5 m,
+ * ?6 backend, ?7 arch, ?8 device name, ?9 compute units, ?10 fingerprint. */
+#include "db_impl.h"
+
+#define LOOKUP_COLUMNS                                                                   \
+    "SELECT w.config_json, w.config_key, w.m, w.time_ms, d.name, d.compute_units, "     \
+    "d.fingerprint, d.runtime_version "                                                  \
+    "FROM kernels k JOIN winners w ON w.kernel_id = k.id JOIN devices d ON d.id = w.device_id "
+
+static const char *const stmt_sql[ST_STMT_COUNT] = {
+    [ST_DEVICE_UPSERT] =
+        "INSERT INTO devices(fingerprint, backend, arch, name, compute_units, runtime_version, "
+        "driver_version) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7) "
+        "ON CONFLICT(fingerprint) DO UPDATE SET backend = excluded.backend, "
+        "arch = excluded.arch, name = excluded.name, compute_units = excluded.compute_units, "
+        "runtime_version = excluded.runtime_version, driver_version = excluded.driver_version",
+    [ST_DEVICE_BY_FP] =
+        "SELECT id, backend, arch, name, compute_units, runtime_version, driver_version "
+        "FROM devices WHERE fingerprint = ?1",
+    [ST_KERNEL_UPSERT] =
+        "INSERT INTO kernels(family, version, source_hash) VALUES(?1, ?2, ?3) "
+        "ON CONFLICT DO NOTHING",
+    [ST_KERNEL_ID] = "SELECT id FROM kernels WHERE family = ?1 AND version = ?2 AND source_hash = ?3",
+    [ST_TRIAL_UPSERT] =
+        "INSERT INTO trials(device_id, kernel_id, session_id, shape, m, config_key, config_json, "
+        "status, time_min_ms, time_median_ms, time_p10_ms, time_p90_ms, repetitions, gflops, "
+        "gbps, resources_json, error, compile_ms, created_ms, origin) "
+        "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, "
+        "?19, ?20) "
+        "ON CONFLICT(device_id, kernel_id, shape, m, config_key) DO UPDATE SET "
+        "session_id = excluded.session_id, config_json = excluded.config_json, "
+        "status = excluded.status, time_min_ms = excluded.time_min_ms, "
+        "time_median_ms = excluded.time_median_ms, time_p10_ms = excluded.time_p10_ms, "
+        "time_p90_ms = excluded.time_p90_ms, repetitions = excluded.repetitions, "
+        "gflops = excluded.gflops, gbps = excluded.gbps, "
+        "resources_json = excluded.resources_json, error = excluded.error, "
+        "compile_ms = excluded.compile_ms, created_ms = excluded.created_ms, "
+        "origin = excluded.origin",
+    [ST_TRIAL_GET] =
+        "SELECT id, status, time_median_ms FROM trials WHERE device_id = ?1 AND kernel_id = ?2 "
+        "AND shape = ?3 AND m = ?4 AND config_key = ?5",
+    [ST_WINNER_UPSERT] =
+        "INSERT INTO winners(device_id, kernel_id, shape, m, trial_id, config_key, config_json, "
+        "time_ms, runner_ups, updated_ms, verified_ms, verified_time_ms, origin) "
+        "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) "
+        "ON CONFLICT(device_id, kernel_id, shape, m) DO UPDATE SET "
+        "trial_id = excluded.trial_id, config_key = excluded.config_key, "
+        "config_json = excluded.config_json, time_ms = excluded.time_ms, "
+        "runner_ups = excluded.runner_ups, updated_ms = excluded.updated_ms, "
+        "verified_ms = excluded.verified_ms, verified_time_ms = excluded.verified_time_ms, "
+        "origin = excluded.origin",
+    [ST_WINNER_GET] =
+        "SELECT config_key, time_ms, verified_ms, verified_time_ms, runner_ups FROM winners "
+        "WHERE device_id = ?1 AND kernel_id = ?2 AND shape = ?3 AND m = ?4",
+    [ST_LOOKUP_EXACT] =
+        LOOKUP_COLUMNS
+        "WHERE k.family = ?1 AND k.version = ?2 AND k.source_hash = ?3 AND w.shape = ?4 "
+        "AND w.m = ?5 AND d.backend = ?6 AND d.arch = ?7 AND d.name = ?8 "
+        "AND d.compute_units = ?9 "
+        "ORDER BY d.fingerprint = ?10 DESC, w.time_ms LIMIT 1",
+    [ST_LOOKUP_SHAPE] =
+        LOOKUP_COLUMNS
+        "WHERE k.family = ?1 AND k.version = ?2 AND k.source_hash = ?3 AND w.shape = ?4 "
+        "AND d.backend = ?6 AND d.arch = ?7 AND d.name = ?8 AND d.compute_units = ?9 "
+        "AND ?5 > 0 ORDER BY w.m, d.fingerprint = ?10 DESC, w.time_ms",
+    [ST_LOOKUP_OTHER] =
+        LOOKUP_COLUMNS
+        "WHERE k.family = ?1 AND k.version = ?2 AND k.source_hash = ?3 AND w.shape = ?4 "
+        "AND d.backend = ?6 AND d.arch = ?7 AND NOT (d.name = ?8 AND d.compute_units = ?9) "
+        "AND ?5 > 0 AND ?10 IS NOT NULL "
+        "ORDER BY w.m, abs(d.compute_units - ?9), w.time_ms",
+    [ST_LOOKUP_STALE] =
+        "SELECT k.version, k.source_hash, count(*) FROM kernels k "
+        "JOIN winners w ON w.kernel_id = k.id JOIN devices d ON d.id = w.device_id "
+        "WHERE k.family = ?1 AND NOT (k.version = ?2 AND k.source_hash = ?3) AND w.shape = ?4 "
+        "AND d.backend = ?6 AND d.arch = ?7 AND ?5 > 0 AND ?8 IS NOT NULL "
+        "AND ?9 IS NOT NULL AND ?10 IS NOT NULL "
+        "GROUP BY k.version, k.source_hash ORDER BY max(w.updated_ms) DESC LIMIT 1",
+    [ST_MISS_UPSERT] =
+        "INSERT INTO misses(device_id, family, shape, m, count, first_seen_ms, last_seen_ms, "
+        "last_reason) VALUES(?1, ?2, ?3, ?4, 1, ?5, ?5, ?6) "
+        "ON CONFLICT(device_id, family, shape, m) DO UPDATE SET count = count + 1, "
+        "last_seen_ms = max(last_seen_ms, excluded.last_seen_ms), "
+        "last_reason = excluded.last_reason",
+    [ST_SESSION_BY_UID] = "SELECT id FROM sessions WHERE uid = ?1",
+};
+_Static_assert(sizeof stmt_sql / sizeof stmt_sql[0] == ST_STMT_COUNT, "one SQL per statement id");
+
+const char *db_stmt_sql(db_stmt_id id) { return stmt_sql[id]; }

@@ -1,0 +1,294 @@
+/* test_db_schema.c: schema creation, migration from the committed version-1
+ * fixture, and refusal of bad files (not a database, truncated, newer
+ * schema, someone else's SQLite file) without changing a byte. */
+#include "test_db_util.h"
+
+#include <time.h>
+
+static char dir[64], path[128];
+
+static void setup(void)
+{
+    tmp_dir(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/t.db", dir);
+}
+static void teardown(void) { rm_tree(dir); }
+
+TestSuite(db_schema, .init = setup, .fini = teardown);
+TestSuite(db_bad_input, .init = setup, .fini = teardown);
+
+Test(db_schema, fresh_file_gets_current_version_wal_and_all_tables)
+{
+    db_t *db = open_ok(path, DB_OPEN_DEFAULT);
+    db_close(db);
+    cr_assert_eq(sql_int(path, "PRAGMA user_version"), DB_SCHEMA_VERSION);
+    cr_assert_eq(sql_int(path, "SELECT CAST(value AS INTEGER) FROM meta WHERE key='schema_version'"),
+                 DB_SCHEMA_VERSION);
+    cr_assert_eq(sql_int(path, "SELECT count(*) FROM meta WHERE key='uid' AND length(value)=16"), 1);
+    static const char *const tables[] = {"meta",    "devices", "kernels", "sessions",
+                                         "trials",  "winners", "misses",  "code_objects"};
+    for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++) {
+        char sql[128];
+        snprintf(sql, sizeof sql,
+                 "SELECT count(*) FROM sqlite_master WHERE type='table' AND name='%s'", tables[i]);
+        cr_expect_eq(sql_int(path, sql), 1, "table %s missing", tables[i]);
+    }
+    /* WAL is persistent in the file header (bytes 18 and 19 are 2). */
+    size_t n;
+    unsigned char *h = (unsigned char *)slurp(path, &n);
+    cr_assert(h && n >= 100);
+    cr_expect_eq(h[18], 2);
+    cr_expect_eq(h[19], 2);
+    free(h);
+}
+
+Test(db_schema, reopening_keeps_data_and_changes_no_schema)
+{
+    db_t *db = open_ok(path, DB_OPEN_DEFAULT);
+    db_device d = dev_mi210();
+    int64_t id1 = device_id(db, &d);
+    db_close(db);
+    long long objects = sql_int(path, "SELECT count(*) FROM sqlite_master");
+    db = open_ok(path, DB_OPEN_NOCREATE);
+    cr_expect_eq(device_id(db, &d), id1);
+    db_close(db);
+    cr_expect_eq(sql_int(path, "SELECT count(*) FROM sqlite_master"), objects);
+}
+
+Test(db_schema, foreign_keys_are_enforced)
+{
+    db_t *db = open_ok(path, DB_OPEN_DEFAULT);
+    db_trial t = ok_trial(999, 999, SHAPE_A, 16, "BM=16", "{\"BM\":16}", 0.5);
+    mt_err e = MT_ERR_INIT;
+    cr_expect_neq(db_trial_insert(db, &t, &e), MT_OK, "a trial of an unknown device was stored");
+    cr_expect(strstr(e.msg, path), "message names the database: %s", e.msg);
+    db_close(db);
+}
+
+/* Unix ms of "YYYY-MM-DDTHH:MM:SSZ", computed with libc as the reference. */
+static long long iso_ms(const char *iso)
+{
+    struct tm tm = {0};
+    cr_assert_not_null(strptime(iso, "%Y-%m-%dT%H:%M:%SZ", &tm), "%s", iso);
+    return (long long)timegm(&tm) * 1000;
+}
+
+Test(db_schema, migrates_the_v1_fixture)
+{
+    char ref[160];
+    snprintf(ref, sizeof ref, "%s/ref.db", dir);
+    load_sql(DB_V1_FIXTURE, path);
+    load_sql(DB_V1_FIXTURE, ref); /* untouched copy: the reference */
+    cr_assert_eq(sql_int(path, "PRAGMA user_version"), 1);
+
+    db_t *db = open_ok(path, DB_OPEN_DEFAULT);
+    db_close(db);
+    cr_assert_eq(sql_int(path, "PRAGMA user_version"), 2);
+    cr_expect_eq(sql_int(path, "SELECT count(*) FROM meta WHERE key='migrated_1_to_2_ms'"), 1);
+    cr_expect_eq(sql_int(path, "SELECT count(*) FROM trials"), sql_int(ref, "SELECT count(*) FROM trials"));
+    cr_expect_eq(sql_int(path, "SELECT count(*) FROM devices"), sql_int(ref, "SELECT count(*) FROM devices"));
+
+    /* Every status text maps to its persisted value; every time converts. */
+    sqlite3 *r;
+    cr_assert_eq(sqlite3_open_v2(ref, &r, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    sqlite3_stmt *s;
+    cr_assert_eq(sqlite3_prepare_v2(r, "SELECT id, status, created_at FROM trials", -1, &s, NULL),
+                 SQLITE_OK);
+    int rows = 0;
+    while (sqlite3_step(s) == SQLITE_ROW) {
+        long long id = sqlite3_column_int64(s, 0);
+        db_trial_status want;
+        cr_assert(db_trial_status_parse((const char *)sqlite3_column_text(s, 1), &want));
+        char sql[160];
+        snprintf(sql, sizeof sql, "SELECT status FROM trials WHERE id=%lld", id);
+        cr_expect_eq(sql_int(path, sql), (long long)want, "trial %lld status", id);
+        snprintf(sql, sizeof sql, "SELECT created_ms FROM trials WHERE id=%lld", id);
+        cr_expect_eq(sql_int(path, sql), iso_ms((const char *)sqlite3_column_text(s, 2)),
+                     "trial %lld time", id);
+        rows++;
+    }
+    sqlite3_finalize(s);
+    sqlite3_close(r);
+    cr_expect_gt(rows, 0);
+
+    /* Winners keep their config and gain the key of their trial. */
+    cr_expect_eq(sql_int(path, "SELECT count(*) FROM winners w JOIN trials t ON t.id = w.trial_id "
+                               "WHERE w.config_key = t.config_key AND w.config_json = t.config_json"),
+                 sql_int(ref, "SELECT count(*) FROM winners"));
+    cr_expect_eq(sql_int(path, "SELECT count FROM misses"), 7);
+    cr_expect_eq(sql_int(path, "SELECT count(*) FROM misses WHERE first_seen_ms > 0"), 1);
+
+    /* The migrated database answers lookups by device model. */
+    db = open_ok(path, DB_OPEN_READONLY);
+    db_device d = dev_mi210();
+    d.fingerprint = "a-fingerprint-v1-never-had";
+    db_lookup_result res;
+    mt_err e = MT_ERR_INIT;
+    cr_assert_eq(db_lookup(db, &d, "moe_gemm", 1, HASH_A, SHAPE_A, 16, &res, &e), MT_OK, "%s", e.msg);
+    cr_expect_eq(res.provenance, DB_HIT_EXACT, "%s", res.message);
+    cr_expect_str_eq(res.config_json, "{\"BM\":32,\"BN\":64}");
+    cr_expect_eq(res.tuned_m, 16);
+    db_close(db);
+
+    char msg[256];
+    bool ok;
+    db = open_ok(path, DB_OPEN_DEFAULT);
+    cr_assert_eq(db_integrity_check(db, &ok, msg, sizeof msg, &e), MT_OK, "%s", e.msg);
+    cr_expect(ok, "%s", msg);
+    db_close(db);
+}
+
+Test(db_schema, readonly_open_of_v1_upgrades_a_memory_copy_only)
+{
+    load_sql(DB_V1_FIXTURE, path);
+    size_t n0, n1;
+    char *before = slurp(path, &n0);
+    db_t *db = open_ok(path, DB_OPEN_READONLY);
+    db_stats st;
+    mt_err e = MT_ERR_INIT;
+    cr_assert_eq(db_stats_get(db, &st, &e), MT_OK, "%s", e.msg);
+    cr_expect_eq(st.schema_version, 2);
+    cr_expect_eq(st.trials, 8);
+    db_device d = dev_mi210();
+    int64_t id;
+    cr_expect_neq(db_device_upsert(db, &(db_device){.backend = 0, .arch = "x", .fingerprint = "new"},
+                                   &id, &e),
+                  MT_OK, "a read-only handle accepted a write");
+    (void)d;
+    db_close(db);
+    char *after = slurp(path, &n1);
+    cr_assert(n0 == n1 && !memcmp(before, after, n0), "read-only open changed the file");
+    cr_expect_eq(sql_int(path, "PRAGMA user_version"), 1);
+    free(before);
+    free(after);
+}
+
+Test(db_schema, failed_migration_leaves_the_file_unchanged)
+{
+    load_sql(DB_V1_FIXTURE, path);
+    sqlite3 *s;
+    cr_assert_eq(sqlite3_open(path, &s), SQLITE_OK);
+    cr_assert_eq(sqlite3_exec(s, "UPDATE trials SET status='exploded' WHERE id=3", NULL, NULL, NULL),
+                 SQLITE_OK);
+    sqlite3_close(s);
+    size_t n0, n1;
+    char *before = slurp(path, &n0);
+    db_t *db = NULL;
+    mt_err e = MT_ERR_INIT;
+    cr_assert_eq(db_open(path, DB_OPEN_DEFAULT, &db, &e), MT_E_FORMAT, "%s", e.msg);
+    cr_assert_null(db);
+    cr_expect(strstr(e.msg, "exploded") && strstr(e.msg, path), "%s", e.msg);
+    char *after = slurp(path, &n1);
+    cr_expect(n0 == n1 && !memcmp(before, after, n0), "failed upgrade changed the file");
+    cr_expect_eq(sql_int(path, "PRAGMA user_version"), 1);
+    cr_expect_eq(sql_int(path, "SELECT count(*) FROM sqlite_master WHERE name='sessions'"), 0);
+    free(before);
+    free(after);
+}
+
+/* ---- bad input: clear error, file unchanged ------------------------------ */
+
+static void expect_refused(const char *p, db_open_flags flags, mt_status want, const char *word)
+{
+    size_t n0, n1;
+    char *before = slurp(p, &n0);
+    cr_assert_not_null(before);
+    db_t *db = NULL;
+    mt_err e = MT_ERR_INIT;
+    mt_status st = db_open(p, flags, &db, &e);
+    cr_expect_eq(st, want, "status %s, message: %s", mt_status_str(st), e.msg);
+    cr_expect_null(db);
+    cr_expect(strstr(e.msg, p) != NULL, "message does not name the file: %s", e.msg);
+    cr_expect(strstr(e.msg, word) != NULL, "message lacks '%s': %s", word, e.msg);
+    char *after = slurp(p, &n1);
+    cr_assert_not_null(after);
+    cr_expect(n0 == n1 && !memcmp(before, after, n0), "file changed (%zu -> %zu bytes)", n0, n1);
+    free(before);
+    free(after);
+}
+
+Test(db_bad_input, a_file_that_is_not_a_database)
+{
+    uint64_t seed = mt_seed_fresh();
+    mt_rng r;
+    mt_rng_seed(&r, seed);
+    size_t n = 600 + mt_rng_below(&r, 9000);
+    char *junk = malloc(n);
+    for (size_t i = 0; i < n; i++)
+        junk[i] = (char)(' ' + mt_rng_below(&r, 90));
+    write_bytes(path, junk, n);
+    free(junk);
+    cr_log_info("seed %llu", (unsigned long long)seed);
+    expect_refused(path, DB_OPEN_DEFAULT, MT_E_FORMAT, "not a moetune database");
+    expect_refused(path, DB_OPEN_READONLY, MT_E_FORMAT, "not a moetune database");
+    write_bytes(path, "SQLite", 6); /* shorter than any header */
+    expect_refused(path, DB_OPEN_DEFAULT, MT_E_FORMAT, "not a moetune database");
+}
+
+/* A database big enough to span many pages, checkpointed into the file. */
+static void make_populated(const char *p)
+{
+    db_t *db = open_ok(p, DB_OPEN_DEFAULT);
+    db_device d = dev_mi210();
+    int64_t dv = device_id(db, &d), k = kernel_id(db, "moe_gemm", 1, HASH_A);
+    db_trial ts[400];
+    char keys[400][32];
+    for (int i = 0; i < 400; i++) {
+        snprintf(keys[i], sizeof keys[i], "BM=%d,BN=%d", 16 << (i % 4), i);
+        ts[i] = ok_trial(dv, k, SHAPE_A, 16, keys[i], "{\"BM\":16,\"padding\":\"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\"}",
+                         0.1 + i);
+    }
+    mt_err e = MT_ERR_INIT;
+    cr_assert_eq(db_trials_insert(db, ts, 400, &e), MT_OK, "%s", e.msg);
+    db_close(db); /* the last close checkpoints and removes the WAL */
+    char wal[160];
+    snprintf(wal, sizeof wal, "%s-wal", p);
+    cr_assert_neq(access(wal, F_OK), 0, "WAL left behind");
+}
+
+Test(db_bad_input, a_truncated_file)
+{
+    make_populated(path);
+    size_t n;
+    char *full = slurp(path, &n);
+    cr_assert_gt(n, 16384u);
+    write_bytes(path, full, n / 2); /* whole pages missing */
+    expect_refused(path, DB_OPEN_DEFAULT, MT_E_FORMAT, "truncated");
+    expect_refused(path, DB_OPEN_READONLY, MT_E_FORMAT, "truncated");
+    write_bytes(path, full, n - 1000); /* cut inside a page */
+    expect_refused(path, DB_OPEN_DEFAULT, MT_E_FORMAT, "truncated");
+    free(full);
+}
+
+Test(db_bad_input, a_newer_schema)
+{
+    make_populated(path);
+    sqlite3 *s;
+    cr_assert_eq(sqlite3_open(path, &s), SQLITE_OK);
+    cr_assert_eq(sqlite3_exec(s, "PRAGMA journal_mode=DELETE; PRAGMA user_version=3", NULL, NULL,
+                              NULL),
+                 SQLITE_OK);
+    sqlite3_close(s);
+    expect_refused(path, DB_OPEN_DEFAULT, MT_E_UNSUPPORTED, "newer");
+    expect_refused(path, DB_OPEN_READONLY, MT_E_UNSUPPORTED, "newer");
+}
+
+Test(db_bad_input, someone_elses_sqlite_database)
+{
+    sqlite3 *s;
+    cr_assert_eq(sqlite3_open(path, &s), SQLITE_OK);
+    cr_assert_eq(sqlite3_exec(s, "CREATE TABLE notes(x); INSERT INTO notes VALUES(1)", NULL, NULL,
+                              NULL),
+                 SQLITE_OK);
+    sqlite3_close(s);
+    expect_refused(path, DB_OPEN_DEFAULT, MT_E_FORMAT, "not a moetune one");
+}
+
+Test(db_bad_input, missing_file_is_not_created_when_asked_not_to)
+{
+    db_t *db = NULL;
+    mt_err e = MT_ERR_INIT;
+    cr_expect_eq(db_open(path, DB_OPEN_READONLY, &db, &e), MT_E_NOT_FOUND, "%s", e.msg);
+    cr_expect_eq(db_open(path, DB_OPEN_NOCREATE, &db, &e), MT_E_NOT_FOUND, "%s", e.msg);
+    cr_expect_neq(access(path, F_OK), 0, "file was created");
+}
