@@ -14,6 +14,7 @@ static const struct {
     {"check", cmd_check, "run kernels against their C references on a device"},
     {"db", cmd_db, "inspect, export, import, merge and clean a tuning database"},
     {"tune", cmd_tune, "search, verify and time kernel configs; store winners in the database"},
+    {"make-tiny-model", cmd_make_tiny_model, "write a small random GLM-5 checkpoint in the real MXFP4 format"},
     {NULL, NULL, NULL},
 };
 
