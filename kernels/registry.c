@@ -8,6 +8,10 @@ extern const kern_family fam_rmsnorm;
 extern const kern_family fam_gemm;
 extern const kern_family fam_moe_gemm_up;
 extern const kern_family fam_moe_gemm_down;
+extern const kern_family fam_moe_route;
+extern const kern_family fam_moe_align;
+extern const kern_family fam_moe_combine;
+extern const kern_family fam_mxfp4_quant;
 extern const kern_family fam_mla_prefill;
 extern const kern_family fam_mla_decode;
 extern const kern_family fam_dsa_indexer;
@@ -18,6 +22,10 @@ static const kern_family *const families[] = {
     &fam_gemm,
     &fam_moe_gemm_up,
     &fam_moe_gemm_down,
+    &fam_moe_route,
+    &fam_moe_align,
+    &fam_moe_combine,
+    &fam_mxfp4_quant,
     &fam_mla_prefill,
     &fam_mla_decode,
     &fam_dsa_indexer,

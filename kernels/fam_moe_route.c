@@ -1,0 +1,305 @@
+/* fam_moe_route.c: the `moe_route` family, GLM-5 / DeepSeek-V3 routing
+ * (transformers' Glm4MoeMoE.route_tokens_to_experts):
+ *   logits = x . gate^T in f32 (bf16 x [M, H], bf16 gate [E, H]);
+ *   score = sigmoid(logits); choice = score + e_score_correction_bias
+ *   (the bias is used for selection only);
+ *   group-limited selection: with ngroup > 1 each group scores the sum of
+ *   its two best choices and only the topkg best groups stay eligible;
+ *   ids = the topk best choices in descending order, ties broken toward
+ *   the LOWER expert id (also for groups);
+ *   w = score[ids] (unbiased), divided by (sum + 1e-20) when norm=1, times
+ *   routed_scaling_factor (dim rsf in thousandths: 2500 = 2.5).
+ * Outputs ids [M, topk] int32 and w [M, topk] f32. The comparison accepts
+ * a different order or choice only where the reference's biased scores
+ * are within 1e-5 of each other (float vs double logits). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/numeric.h"
+#include "../common/rng.h"
+#include "family.h"
+#include "moe_common.h"
+
+enum { D_H, D_E, D_TOPK, D_NGROUP, D_TOPKG, D_RSF, D_NORM, D_COUNT };
+
+static const kern_dim_desc dims[D_COUNT] = {
+    [D_H] = {"H", KERN_DIM_INT, false, 1, 65536, "hidden size"},
+    [D_E] = {"E", KERN_DIM_INT, false, 2, 1024, "routed experts"},
+    [D_TOPK] = {"topk", KERN_DIM_INT, false, 1, 32, "experts per token"},
+    [D_NGROUP] = {"ngroup", KERN_DIM_INT, false, 1, 64, "expert groups (n_group)"},
+    [D_TOPKG] = {"topkg", KERN_DIM_INT, false, 1, 64, "groups kept (topk_group)"},
+    [D_RSF] = {"rsf", KERN_DIM_INT, false, 0, 1000000, "routed_scaling_factor x 1000"},
+    [D_NORM] = {"norm", KERN_DIM_INT, false, 0, 1, "norm_topk_prob"},
+};
+
+static const kern_preset presets[] = {
+    {"glm5.2", "H=6144,E=256,topk=8,ngroup=1,topkg=1,rsf=2500,norm=1"},
+    {"tiny", "H=256,E=16,topk=4,ngroup=1,topkg=1,rsf=2500,norm=1"},
+    {"tiny-groups", "H=256,E=32,topk=4,ngroup=4,topkg=2,rsf=2500,norm=1"},
+};
+
+enum { B_X, B_GATE, B_BIAS, B_IDS, B_W, B_COUNT };
+
+static moe_route_dims rdims(const kern_shape *s)
+{
+    return (moe_route_dims){.h = s->v[D_H], .e = s->v[D_E], .topk = (int)s->v[D_TOPK],
+                            .ngroup = (int)s->v[D_NGROUP], .topkg = (int)s->v[D_TOPKG],
+                            .scale = (float)s->v[D_RSF] / 1000.0f, .norm = s->v[D_NORM] != 0};
+}
+
+static bool shape_ok(const kern_shape *s, int64_t m, char *why, size_t cap)
+{
+    (void)m;
+    int64_t E = s->v[D_E], g = s->v[D_NGROUP], tg = s->v[D_TOPKG];
+    if (E % g || (g > 1 && E / g < 2)) {
+        snprintf(why, cap, "E=%lld must split into ngroup=%lld groups of at least two",
+                 (long long)E, (long long)g);
+        return false;
+    }
+    if (tg > g || s->v[D_TOPK] > tg * (E / g)) {
+        snprintf(why, cap, "topk=%lld exceeds the experts of topkg=%lld groups",
+                 (long long)s->v[D_TOPK], (long long)tg);
+        return false;
+    }
+    return true;
+}
+
+static int buffers(const kern_shape *s, int64_t m, kern_buf_desc *out, int cap)
+{
+    if (cap < B_COUNT)
+        return 0;
+    int64_t H = s->v[D_H], E = s->v[D_E], K = s->v[D_TOPK];
+    out[B_X] = (kern_buf_desc){"x", KERN_BUF_IN, KERN_DT_BF16, (size_t)(m * H) * 2, H, 0, 0};
+    out[B_GATE] = (kern_buf_desc){"gate", KERN_BUF_IN, KERN_DT_BF16, (size_t)(E * H) * 2, H, 0, 0};
+    out[B_BIAS] = (kern_buf_desc){"bias", KERN_BUF_IN, KERN_DT_F32, (size_t)E * 4, 0, 0, 0};
+    out[B_IDS] = (kern_buf_desc){"topk_ids", KERN_BUF_OUT, KERN_DT_I32, (size_t)(m * K) * 4, K, 0, 0};
+    out[B_W] = (kern_buf_desc){"topk_w", KERN_BUF_OUT, KERN_DT_F32, (size_t)(m * K) * 4, K, 1e-6, 1e-4};
+    return B_COUNT;
+}
+
+static void fill(const kern_shape *s, int64_t m, uint64_t seed, void *const *host)
+{
+    mt_rng r;
+    mt_rng_seed(&r, seed);
+    int64_t H = s->v[D_H], E = s->v[D_E];
+    /* logits of a few units: sigmoid neither saturated nor flat */
+    moe_gen_bf16(&r, host[B_X], m * H, 1.0f);
+    moe_gen_bf16(&r, host[B_GATE], E * H, 2.0f / sqrtf((float)H));
+    float *b = host[B_BIAS];
+    for (int64_t e = 0; e < E; e++)
+        b[e] = mt_rng_uniform(&r, -0.1f, 0.1f);
+}
+
+static void reference(const kern_shape *s, int64_t m, void *const *host)
+{
+    moe_route_dims d = rdims(s);
+    for (int64_t t = 0; t < m; t++)
+        moe_route_ref_token(&d, (const uint16_t *)host[B_X] + t * d.h, host[B_GATE],
+                            host[B_BIAS], (int32_t *)host[B_IDS] + t * d.topk,
+                            (float *)host[B_W] + t * d.topk, NULL, NULL);
+}
+
+static int cmp_desc(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* True when token t's reference choices hold a near tie that could change
+ * the selection or its order: among the topk+1 best, consecutive values
+ * within tol. */
+static bool near_tie(const double *choice, int64_t E, int topk, double tol)
+{
+    double *c = malloc(sizeof(double) * (size_t)E);
+    memcpy(c, choice, sizeof(double) * (size_t)E);
+    qsort(c, (size_t)E, sizeof *c, cmp_desc);
+    bool tie = false;
+    for (int j = 0; j + 1 < E && j < topk; j++)
+        tie |= fabs(c[j] - c[j + 1]) < tol;
+    free(c);
+    return tie;
+}
+
+static bool compare(const kern_shape *s, int64_t m, int b, const void *got,
+                    void *const *host_ref, char *why, size_t cap)
+{
+    moe_route_dims d = rdims(s);
+    const double tol = 1e-5;
+    double *choice = malloc(sizeof(double) * (size_t)d.e * 2), *score = choice + d.e;
+    int32_t ids[32];
+    float w[32];
+    bool ok = true;
+    for (int64_t t = 0; t < m && ok; t++) {
+        moe_route_ref_token(&d, (const uint16_t *)host_ref[B_X] + t * d.h, host_ref[B_GATE],
+                            host_ref[B_BIAS], ids, w, choice, score);
+        bool tie = near_tie(choice, d.e, d.topk, tol);
+        for (int j = 0; j < d.topk && ok; j++) {
+            if (b == B_IDS) {
+                int32_t g = ((const int32_t *)got)[t * d.topk + j];
+                if (g == ids[j])
+                    continue;
+                if (tie && g >= 0 && g < d.e && fabs(choice[g] - choice[ids[j]]) < tol)
+                    continue;
+                snprintf(why, cap, "topk_ids token %lld slot %d: got expert %d, expected %d "
+                         "(biased scores %.8f vs %.8f)", (long long)t, j, g, ids[j],
+                         g >= 0 && g < d.e ? choice[g] : NAN, choice[ids[j]]);
+                ok = false;
+            } else {
+                float g = ((const float *)got)[t * d.topk + j];
+                /* On a near tie the weights belong to another selection:
+                 * check they are a valid distribution only. */
+                double want = tie ? g : w[j];
+                if (tie && (!(g >= 0.0f) || g > d.scale * 1.0001f)) {
+                    snprintf(why, cap, "topk_w token %lld slot %d: %g outside [0, %g]",
+                             (long long)t, j, g, d.scale);
+                    ok = false;
+                } else if (!(fabs(g - want) <= 1e-6 + 1e-4 * fabs(want))) {
+                    snprintf(why, cap, "topk_w token %lld slot %d: got %.8g, expected %.8g",
+                             (long long)t, j, g, want);
+                    ok = false;
+                }
+            }
+        }
+    }
+    free(choice);
+    return ok;
+}
+
+static void cost(const kern_shape *s, int64_t m, double *flops, double *bytes)
+{
+    int64_t H = s->v[D_H], E = s->v[D_E];
+    *flops = 2.0 * (double)(m * E * H);
+    *bytes = (double)(E * H * 2 + m * H * 2 + E * 4 + m * s->v[D_TOPK] * 8);
+}
+
+static mt_status launch(const kern_ctx *c, const char *sig, dev_dim3 grid, dev_dim3 block,
+                        size_t shared, mt_err *err)
+{
+    dev_kernel *k;
+    mt_status st = kern_get(c, "moe_route", sig, &k, err);
+    if (st != MT_OK)
+        return st;
+    float rsf = (float)c->shape->v[D_RSF] / 1000.0f;
+    int32_t m = (int32_t)c->m;
+    void *x = c->bufs[B_X], *g = c->bufs[B_GATE], *bi = c->bufs[B_BIAS], *ids = c->bufs[B_IDS],
+         *w = c->bufs[B_W];
+    void *args[] = {&x, &g, &bi, &ids, &w, &rsf, &m};
+    return dev_launch(c->dev, k, grid, block, shared, args, err);
+}
+
+/* ---- gpu --------------------------------------------------------------- */
+
+static const int waves_vals[] = {1, 2, 4, 8};
+static const int vec_vals[] = {1, 2, 4, 8};
+static const kern_param_desc gpu_params[] = {
+    {"WAVES", waves_vals, 4, "waves per block (one token per block)"},
+    {"VEC", vec_vals, 4, "consecutive H elements per lane per step"},
+};
+
+static size_t gpu_shared(const kern_shape *s)
+{
+    return (size_t)(s->v[D_H] + 2 * s->v[D_E] + 2 * s->v[D_NGROUP] + 64) * 4;
+}
+
+static bool gpu_valid(const kern_shape *s, int64_t m, const kern_config *cfg,
+                      const dev_props *p, char *why, size_t cap)
+{
+    (void)m;
+    int threads = cfg->v[0] * p->warp_size;
+    if (threads > p->max_threads_per_block) {
+        snprintf(why, cap, "WAVES=%d: %d threads, the device allows %d", cfg->v[0], threads,
+                 p->max_threads_per_block);
+        return false;
+    }
+    if (gpu_shared(s) > p->shared_mem_per_block) {
+        snprintf(why, cap, "needs %zu bytes of shared memory, the device has %zu",
+                 gpu_shared(s), p->shared_mem_per_block);
+        return false;
+    }
+    return true;
+}
+
+static void gpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern_config *cfg)
+{
+    (void)s;
+    (void)m;
+    cfg->n = 2;
+    cfg->v[0] = p->warp_size * 4 <= p->max_threads_per_block ? 4 : 1;
+    cfg->v[1] = 4;
+}
+
+static mt_status gpu_run(const kern_ctx *c, mt_err *err)
+{
+    unsigned threads = (unsigned)(c->cfg->v[0] * c->props->warp_size);
+    return launch(c, "pppppfi", (dev_dim3){(unsigned)c->m, 1, 1}, (dev_dim3){threads, 1, 1},
+                  gpu_shared(c->shape), err);
+}
+
+static const kern_impl gpu_impl = {
+    .source = "moe_route.hip",
+    .params = gpu_params,
+    .n_params = 2,
+    .valid = gpu_valid,
+    .default_config = gpu_default,
+    .run = gpu_run,
+};
+
+/* ---- cpu --------------------------------------------------------------- */
+
+static const int tb_vals[] = {1, 2, 4, 8};
+static const int eb_vals[] = {4, 8, 16};
+static const kern_param_desc cpu_params[] = {
+    {"TB", tb_vals, 4, "tokens per work item (gate rows reused across them)"},
+    {"EB", eb_vals, 3, "f32 accumulator lanes per dot product"},
+};
+
+static void cpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern_config *cfg)
+{
+    (void)s;
+    (void)p;
+    cfg->n = 2;
+    cfg->v[0] = m >= 16 ? 4 : 1;
+    cfg->v[1] = 8;
+}
+
+static mt_status cpu_run(const kern_ctx *c, mt_err *err)
+{
+    return launch(c, "pppppfi", (dev_dim3){kern_cdiv(c->m, c->cfg->v[0]), 1, 1},
+                  (dev_dim3){1, 1, 1}, 0, err);
+}
+
+static const kern_impl cpu_impl = {
+    .source = "moe_route.cpu",
+    .params = cpu_params,
+    .n_params = 2,
+    .default_config = cpu_default,
+    .run = cpu_run,
+};
+
+static const kern_case cases[] = {
+    {"tiny", 1}, {"tiny", 3}, {"tiny", 17}, {"tiny", 64}, {"tiny-groups", 17},
+    {"H=200,E=8,topk=1,ngroup=1,topkg=1,rsf=1000,norm=0", 5},
+    {"H=256,E=64,topk=8,ngroup=8,topkg=4,rsf=2500,norm=1", 3},
+};
+
+const kern_family fam_moe_route = {
+    .name = "moe_route",
+    .version = 1,
+    .summary = "GLM-5 router: sigmoid scores, bias for selection, group-limited top-k",
+    .dims = dims,
+    .n_dims = D_COUNT,
+    .presets = presets,
+    .n_presets = sizeof presets / sizeof presets[0],
+    .gpu = &gpu_impl,
+    .cpu = &cpu_impl,
+    .shape_ok = shape_ok,
+    .buffers = buffers,
+    .fill = fill,
+    .reference = reference,
+    .compare = compare,
+    .cost = cost,
+    .cases = cases,
+    .n_cases = sizeof cases / sizeof cases[0],
+};

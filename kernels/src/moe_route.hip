@@ -1,0 +1,126 @@
+/* moe_route.hip: the moe_route family on GPUs. One block per token:
+ *   logits[e] = x . gate[e] (bf16 inputs, f32 accumulation), one wave per
+ *   expert at a time, lanes striding H by VEC elements, shuffle reduction;
+ *   score = sigmoid(logit); choice = score + bias[e] (selection only);
+ *   group-limited selection when S_ngroup > 1 (sum of each group's top two
+ *   choices, keep S_topkg groups); S_topk rounds of a block argmax over
+ *   the choices, ties to the lower expert id; weights are the unbiased
+ *   scores, renormalized (S_norm) and multiplied by rsf.
+ * Params: WAVES, VEC. Dims: S_H, S_E, S_topk, S_ngroup, S_topkg, S_norm.
+ * Dynamic shared: (S_H + 2*S_E + 2*S_ngroup + 64) floats. */
+
+#define R_NEG (-3.0e38f)                     /* a masked group's experts */
+#define R_TAKEN mt_uint_as_float(0xff800000u) /* -inf: already selected */
+
+/* Better of two (value, id) candidates: larger value, then lower id. */
+MT_DEVICE int r_better(float v, int i, float ov, int oi)
+{
+    return ov > v || (ov == v && oi < i);
+}
+
+MT_KERNEL void moe_route(const mt_bf16 *x, const mt_bf16 *gate, const float *bias,
+                         int *ids, float *wout, float rsf)
+{
+    MT_DYN_SHARED(float, sh);
+    float *xs = sh, *score = sh + S_H, *choice = sh + S_H + S_E;
+    float *gsc = choice + S_E, *redv = gsc + S_ngroup;
+    int *redi = (int *)(redv + 32), *gkeep = redi + 32;
+    const int T = WAVES * MT_WARP_SIZE;
+    int tid = threadIdx.x, lane = tid % MT_WARP_SIZE, wave = tid / MT_WARP_SIZE;
+    long long t = blockIdx.x;
+    for (int k = tid; k < S_H; k += T)
+        xs[k] = mt_bf16_to_f32(x[t * S_H + k]);
+    __syncthreads();
+    for (int e = wave; e < S_E; e += WAVES) {
+        const mt_bf16 *g = gate + (long long)e * S_H;
+        float acc = 0.0f;
+        for (int k = lane * VEC; k < S_H; k += MT_WARP_SIZE * VEC)
+            for (int v = 0; v < VEC; v++)
+                if (k + v < S_H)
+                    acc += xs[k + v] * mt_bf16_to_f32(g[k + v]);
+        for (int o = MT_WARP_SIZE / 2; o > 0; o /= 2)
+            acc += mt_shfl_xor_f32(acc, o);
+        if (lane == 0) {
+            float s = 1.0f / (1.0f + mt_expf(-acc));
+            score[e] = s;
+            choice[e] = s + bias[e];
+        }
+    }
+    __syncthreads();
+    if (S_ngroup > 1) {
+        const int gs = S_E / S_ngroup;
+        for (int g = tid; g < S_ngroup; g += T) {
+            float a = R_NEG, b = R_NEG;
+            for (int e = g * gs; e < (g + 1) * gs; e++) {
+                float c = choice[e];
+                if (c > a) {
+                    b = a;
+                    a = c;
+                } else if (c > b) {
+                    b = c;
+                }
+            }
+            gsc[g] = a + b;
+        }
+        __syncthreads();
+        if (tid == 0) {
+            /* keep the S_topkg best groups (ties to the lower group id) */
+            for (int g = 0; g < S_ngroup; g++)
+                gkeep[g] = 0;
+            for (int j = 0; j < S_topkg; j++) {
+                int best = -1;
+                for (int g = 0; g < S_ngroup; g++)
+                    if (!gkeep[g] && (best < 0 || gsc[g] > gsc[best]))
+                        best = g;
+                gkeep[best] = 1;
+            }
+        }
+        __syncthreads();
+        for (int e = tid; e < S_E; e += T)
+            if (!gkeep[e / gs])
+                choice[e] = R_NEG;
+        __syncthreads();
+    }
+    float wsum = 0.0f;
+    for (int j = 0; j < S_topk; j++) {
+        float bv = R_TAKEN;
+        int bi = S_E;
+        for (int e = tid; e < S_E; e += T)
+            if (r_better(bv, bi, choice[e], e)) {
+                bv = choice[e];
+                bi = e;
+            }
+        for (int o = MT_WARP_SIZE / 2; o > 0; o /= 2) {
+            float ov = mt_shfl_xor_f32(bv, o);
+            int oi = mt_shfl_xor_i32(bi, o);
+            if (r_better(bv, bi, ov, oi)) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        if (lane == 0) {
+            redv[wave] = bv;
+            redi[wave] = bi;
+        }
+        __syncthreads();
+        if (tid == 0) {
+            for (int q = 1; q < WAVES; q++)
+                if (r_better(bv, bi, redv[q], redi[q])) {
+                    bv = redv[q];
+                    bi = redi[q];
+                }
+            ids[t * S_topk + j] = bi;
+            wout[t * S_topk + j] = score[bi];
+            wsum += score[bi];
+            choice[bi] = R_TAKEN;
+        }
+        __syncthreads();
+    }
+    if (tid == 0)
+        for (int j = 0; j < S_topk; j++) {
+            float v = wout[t * S_topk + j];
+            if (S_norm)
+                v = v / (wsum + 1e-20f);
+            wout[t * S_topk + j] = v * rsf;
+        }
+}
