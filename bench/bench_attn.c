@@ -1,0 +1,248 @@
+/* bench_attn.c: GLM-5.2's attention kernels (mla_decode, mla_prefill,
+ * dsa_indexer, rope) at GLM-5.2 dims on the cpu backend, against limits
+ * measured in the same run through the same backend and compiler: memory
+ * read bandwidth (a streaming-sum kernel over a buffer far larger than the
+ * last-level cache) and fp32 FMA peak (independent vector FMA chains).
+ * Prints time, achieved bandwidth and FLOP/s (the family's cost model:
+ * minimum bytes and flops) and their fractions of the limits; the one that
+ * bounds each kernel is marked (*): bandwidth for decode-like calls,
+ * FLOP/s for prefill. Caches are flushed between timed runs.
+ *
+ * Usage: bench_attn [--device cpu|cpu:T] [--reps N] */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/clock.h"
+#include "kernels/attn_common.h"
+
+extern const kern_family fam_mla_decode, fam_mla_prefill, fam_dsa_indexer, fam_rope;
+
+static void die(const char *what, const mt_err *err)
+{
+    fprintf(stderr, "bench_attn: %s: %s\n", what, err->msg);
+    exit(1);
+}
+
+/* ---- machine limits ---------------------------------------------------------------- */
+
+static const char limits_src[] =
+    "#if defined(__AVX512F__)\n"
+    "#define VW 16\n"
+    "#else\n"
+    "#define VW 8\n"
+    "#endif\n"
+    "typedef float mt_vf __attribute__((vector_size(VW * 4)));\n"
+    "MT_CPU_KERNEL void peak_fma(float *out, int iters)\n"
+    "{\n"
+    "    mt_vf a[12], m, c;\n"
+    "    for (int k = 0; k < VW; k++) { m[k] = 0.999f; c[k] = 0.001f * (k + 1); }\n"
+    "    for (int j = 0; j < 12; j++) a[j] = c + (float)j;\n"
+    "    for (int i = 0; i < iters; i++)\n"
+    "#pragma GCC unroll 12\n"
+    "        for (int j = 0; j < 12; j++) a[j] = a[j] * m + c;\n"
+    "    float s = 0.0f;\n"
+    "    for (int j = 0; j < 12; j++) for (int k = 0; k < VW; k++) s += a[j][k];\n"
+    "    out[itemIdx.x] = s;\n"
+    "    if (itemIdx.x == 0) out[1000] = VW;\n"
+    "}\n"
+    "MT_CPU_KERNEL void stream_sum(float *out, const float *x, long chunk)\n"
+    "{\n"
+    "    const float *p = x + (long)itemIdx.x * chunk;\n"
+    "    float acc[32] = {0};\n"
+    "    for (long i = 0; i + 32 <= chunk; i += 32)\n"
+    "        for (int k = 0; k < 32; k++) acc[k] += p[i + k];\n"
+    "    float s = 0.0f;\n"
+    "    for (int k = 0; k < 32; k++) s += acc[k];\n"
+    "    out[itemIdx.x] = s;\n"
+    "}\n";
+
+typedef struct limits {
+    dev_device *dev;
+    dev_code *code;
+    dev_module *mod;
+    dev_kernel *fma, *sum;
+    float *out;            /* 4096 bytes: per-item sums, [1000] the vector width */
+    float *big;            /* streamed for bandwidth, and to flush caches */
+    size_t big_bytes;
+    double gbps, gflops;
+} limits;
+
+static double median3(double a, double b, double c)
+{
+    return a > b ? (b > c ? b : (a > c ? c : a)) : (a > c ? a : (b > c ? c : b));
+}
+
+static double stream_once(limits *l)
+{
+    unsigned items = 64;
+    long chunk = (long)(l->big_bytes / 4 / items);
+    void *args[] = {&l->out, &l->big, &chunk};
+    mt_err err = MT_ERR_INIT;
+    double t0 = mt_now_ms();
+    if (dev_launch(l->dev, l->sum, (dev_dim3){items, 1, 1}, (dev_dim3){1, 1, 1}, 0, args,
+                   &err) != MT_OK)
+        die("stream_sum", &err);
+    return mt_now_ms() - t0;
+}
+
+static void limits_measure(limits *l, dev_device *d)
+{
+    mt_err err = MT_ERR_INIT;
+    const dev_props *p = dev_get_props(d);
+    l->dev = d;
+    dev_compile_req req = {.name = "bench_limits.cpu", .source = limits_src};
+    if (dev_compile(d, &req, &l->code, &err) != MT_OK ||
+        dev_module_load(d, l->code, &l->mod, &err) != MT_OK ||
+        dev_module_get_kernel(l->mod, "peak_fma", "pi", &l->fma, &err) != MT_OK ||
+        dev_module_get_kernel(l->mod, "stream_sum", "ppl", &l->sum, &err) != MT_OK)
+        die("limit kernels", &err);
+    l->big_bytes = (size_t)1 << 30;
+    if (p->llc_bytes * 16 > l->big_bytes)
+        l->big_bytes = p->llc_bytes * 16;
+    if (dev_alloc(d, 4096, (void **)&l->out, &err) != MT_OK ||
+        dev_alloc(d, l->big_bytes, (void **)&l->big, &err) != MT_OK ||
+        dev_memset(d, l->big, 0, l->big_bytes, &err) != MT_OK)
+        die("limit buffers", &err);
+    double t[3];
+    stream_once(l);
+    for (int i = 0; i < 3; i++)
+        t[i] = stream_once(l);
+    l->gbps = (double)l->big_bytes / (median3(t[0], t[1], t[2]) * 1e6);
+
+    int iters = 20000000, items = p->compute_units > 0 ? p->compute_units : 1;
+    void *args[] = {&l->out, &iters};
+    for (int i = 0; i < 3; i++) {
+        double t0 = mt_now_ms();
+        if (dev_launch(d, l->fma, (dev_dim3){(unsigned)items, 1, 1}, (dev_dim3){1, 1, 1}, 0,
+                       args, &err) != MT_OK)
+            die("peak_fma", &err);
+        t[i] = mt_now_ms() - t0;
+    }
+    float vw = 0;
+    if (dev_copy_from(d, &vw, l->out + 1000, sizeof vw, &err) != MT_OK)
+        die("peak_fma", &err);
+    l->gflops = (double)items * iters * 12 * vw * 2 / (median3(t[0], t[1], t[2]) * 1e6);
+}
+
+static void limits_release(limits *l)
+{
+    dev_free(l->dev, l->out);
+    dev_free(l->dev, l->big);
+    dev_module_unload(l->mod);
+    dev_code_free(l->code);
+}
+
+/* ---- one family call -------------------------------------------------------------------- */
+
+typedef struct item {
+    const kern_family *fam;
+    const char *key;
+    int64_t m;
+    bool bw_bound;
+} item;
+
+static void bench_one(dev_device *d, limits *l, const item *it, int reps)
+{
+    mt_err err = MT_ERR_INIT;
+    kern_shape s;
+    if (kern_shape_parse(it->fam, it->key, &s, NULL, &err) != MT_OK)
+        die(it->key, &err);
+    kern_buf_desc bufs[KERN_MAX_BUFS];
+    int n = it->fam->buffers(&s, it->m, bufs, KERN_MAX_BUFS);
+    void *host[KERN_MAX_BUFS], *dbuf[KERN_MAX_BUFS];
+    for (int i = 0; i < n; i++) {
+        host[i] = calloc(1, bufs[i].bytes ? bufs[i].bytes : 1);
+        if (!host[i] || dev_alloc(d, bufs[i].bytes ? bufs[i].bytes : 1, &dbuf[i], &err) != MT_OK)
+            die("buffers", &err);
+    }
+    it->fam->fill(&s, it->m, 42, host);
+    for (int i = 0; i < n; i++)
+        if (dev_copy_to(d, dbuf[i], host[i], bufs[i].bytes, &err) != MT_OK)
+            die("upload", &err);
+    attn_exec *e = NULL;
+    if (attn_exec_open(d, it->fam, &s, it->m, NULL, &e, &err) != MT_OK)
+        die(it->key, &err);
+    if (attn_exec_run(e, &s, it->m, dbuf, &err) != MT_OK) /* warm-up */
+        die(it->key, &err);
+    double *t = malloc(sizeof(double) * (size_t)reps);
+    for (int r = 0; r < reps; r++) {
+        stream_once(l); /* flush: nothing of the problem stays cached */
+        double t0 = mt_now_ms();
+        if (attn_exec_run(e, &s, it->m, dbuf, &err) != MT_OK)
+            die(it->key, &err);
+        t[r] = mt_now_ms() - t0;
+    }
+    for (int i = 1; i < reps; i++) /* insertion sort for the median */
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+            double x = t[j];
+            t[j] = t[j - 1];
+            t[j - 1] = x;
+        }
+    double ms = t[reps / 2], flops, bytes;
+    it->fam->cost(&s, it->m, &flops, &bytes);
+    double gbps = bytes / (ms * 1e6), gfl = flops / (ms * 1e6);
+    char ck[128];
+    kern_config_key(kern_family_impl(it->fam, dev_get_props(d)->backend), attn_exec_config(e),
+                    ck, sizeof ck);
+    printf("%-12s %-14s %5lld %-28s %9.3f %8.2f %6.3f%s %8.2f %6.3f%s\n", it->fam->name,
+           it->key, (long long)it->m, ck, ms, gbps, gbps / l->gbps, it->bw_bound ? "*" : " ",
+           gfl, gfl / l->gflops, it->bw_bound ? " " : "*");
+    free(t);
+    attn_exec_close(e);
+    for (int i = 0; i < n; i++) {
+        free(host[i]);
+        dev_free(d, dbuf[i]);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    const char *spec = "cpu";
+    int reps = 5;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--device") && i + 1 < argc)
+            spec = argv[++i];
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
+            reps = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: bench_attn [--device cpu|cpu:T] [--reps N]\n");
+            return 2;
+        }
+    }
+    if (reps < 1)
+        reps = 1;
+    dev_device *d = NULL;
+    mt_err err = MT_ERR_INIT;
+    if (dev_open(spec, NULL, &d, &err) != MT_OK)
+        die(spec, &err);
+    const dev_props *p = dev_get_props(d);
+    if (p->backend != DEV_BACKEND_CPU) {
+        fprintf(stderr, "bench_attn: the limits are measured with cpu kernels; use cpu\n");
+        return 2;
+    }
+    limits l = {0};
+    limits_measure(&l, d);
+    printf("device %s (%s, %d threads): measured read bandwidth %.1f GB/s, fp32 FMA peak "
+           "%.1f GFLOP/s\n", p->spec, p->name, p->compute_units, l.gbps, l.gflops);
+    printf("%-12s %-14s %5s %-28s %9s %8s %7s %8s %7s\n", "family", "shape", "M", "config",
+           "ms", "GB/s", "of bw", "GFLOP/s", "of pk");
+    static const item items[] = {
+        {&fam_mla_decode, "glm5.2", 1, true},           /* DSA: 2048 of 4096 tokens */
+        {&fam_mla_decode, "glm5.2-dense", 1, true},
+        {&fam_mla_decode, "glm5.2-fp8", 1, true},
+        {&fam_mla_decode, "glm5.2", 6, true},           /* MTP: 6 draft tokens */
+        {&fam_dsa_indexer, "glm5.2", 1, true},          /* 8192 tokens */
+        {&fam_dsa_indexer, "glm5.2-fp8", 1, true},
+        {&fam_rope, "glm5.2", 256, true},
+        {&fam_mla_prefill, "glm5.2", 256, false},       /* 256 new after 1024 cached */
+        {&fam_mla_prefill, "glm5.2-fp8", 256, false},
+    };
+    for (size_t i = 0; i < sizeof items / sizeof items[0]; i++)
+        bench_one(d, &l, &items[i], reps);
+    printf("(*) the limit that bounds the kernel: bandwidth for decode-like calls, FLOP/s for "
+           "prefill\n");
+    limits_release(&l);
+    dev_close(d);
+    return 0;
+}
