@@ -405,7 +405,11 @@ mt_status db_open(const char *path, db_open_flags flags, db_t **out, mt_err *err
     /* Reading the version touches nothing: a newer or foreign file is
      * refused before any pragma that writes. */
     int version = 0;
-    st = read_int_pragma(db, "PRAGMA user_version", &version, err);
+    /* One read snapshot for the version and the foreign check: another
+     * process may be creating the schema between two separate reads. */
+    st = db_exec(db, "BEGIN", err);
+    if (st == MT_OK)
+        st = read_int_pragma(db, "PRAGMA user_version", &version, err);
     if (st) {
         if (st == MT_E_FORMAT)
             mt_err_prefix(err, "%s: not a moetune database or damaged; left unchanged", path);
@@ -419,6 +423,8 @@ mt_status db_open(const char *path, db_open_flags flags, db_t **out, mt_err *err
         goto fail;
     }
     if (version == 0 && (st = check_foreign(db, err)))
+        goto fail;
+    if ((st = db_exec(db, "COMMIT", err)))
         goto fail;
     if (readonly) {
         if (version == 0) {
