@@ -112,11 +112,12 @@ Test(device_hip, compile_only_gfx90a_reports_plausible_resources)
     dev_close(d);
 }
 
-/* Many values live across a barrier under __launch_bounds__(1024), which
- * leaves 128 VGPRs per thread on gfx90a: the compiler must spill. */
+/* Many values live across a barrier under __launch_bounds__(256, 8): at
+ * least 8 waves per SIMD leave 64 VGPRs per thread on gfx90a, so the
+ * compiler must spill. */
 static const char spill_src[] =
-    "#define NV 140\n"
-    "MT_KERNEL void __launch_bounds__(1024) spiller(float *y, const float *x, int n)\n"
+    "#define NV 80\n"
+    "MT_KERNEL void __launch_bounds__(256, 8) spiller(float *y, const float *x, int n)\n"
     "{\n"
     "    float v[NV];\n"
     "    int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
@@ -135,7 +136,8 @@ Test(device_hip, a_kernel_forced_to_spill_reports_spills)
     dev_device *d = open_arch("gfx90a");
     dev_code *c = compile(d, "spiller.hip", spill_src, NULL, 0, true);
     const dev_kernel_res *k = find(c, "spiller");
-    cr_assert_eq(k->max_threads, 1024);
+    cr_assert_eq(k->max_threads, 256);
+    cr_assert_leq(k->vgprs, 64);
     cr_assert_gt(k->spill_vgprs, 0, "vgprs %d agprs %d spills %d private %" PRId64,
                  k->vgprs, k->agprs, k->spill_vgprs, k->private_bytes);
     cr_assert_gt(k->private_bytes, 0, "spills go to scratch");
