@@ -199,6 +199,61 @@ static const kern_impl cpu_impl = {
     .run = cpu_run,
 };
 
+/* ---- gpu --------------------------------------------------------------- */
+
+static bool gpu_valid(const kern_shape *s, int64_t m, const kern_config *cfg,
+                      const dev_props *p, char *why, size_t cap)
+{
+    (void)m;
+    return moe_gpu_valid(s->v[D_I], s->v[D_H], s->v[D_BM], false, (int)s->v[D_COMB], cfg, p,
+                         why, cap);
+}
+
+static void gpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern_config *cfg)
+{
+    moe_gpu_default(s->v[D_I], s->v[D_H], s->v[D_BM], false, (int)s->v[D_COMB],
+                    m * s->v[D_TOPK], s->v[D_E], p, cfg);
+}
+
+static int gpu_defines(const kern_shape *s, const kern_config *cfg, const dev_props *p,
+                       dev_define *out, char (*buf)[64], int cap)
+{
+    (void)s;
+    (void)cfg;
+    return moe_gpu_defines(false, p, out, buf, cap);
+}
+
+static mt_status gpu_run(const kern_ctx *c, mt_err *err)
+{
+    const kern_shape *s = c->shape;
+    const int *v = c->cfg->v;
+    int64_t H = s->v[D_H], I = s->v[D_I], P = c->m * s->v[D_TOPK];
+    int32_t bm = (int32_t)s->v[D_BM], np = (int32_t)P;
+    int32_t ntm = (int32_t)(moe_cap_rows(P, s->v[D_E], bm) / v[MOE_GPU_BM]);
+    int64_t ws = H * I / 2, ss = H * I / 32;
+    dev_kernel *k;
+    mt_status st = kern_get(c, "moe_gemm_down", "ppppppllppiii", &k, err);
+    if (st != MT_OK)
+        return st;
+    void *h = c->bufs[B_H], *sorted = c->bufs[B_SORTED], *tile = c->bufs[B_TILE],
+         *total = c->bufs[B_TOTAL], *w = c->bufs[B_W], *sc = c->bufs[B_S],
+         *tw = c->bufs[B_TOPKW], *out = c->bufs[B_OUT];
+    void *args[] = {&h, &sorted, &tile, &total, &w, &sc, &ws, &ss, &tw, &out, &np, &bm, &ntm};
+    dev_dim3 grid = {(unsigned)(ntm * (H / v[MOE_GPU_BN])), (unsigned)v[MOE_GPU_SPLITK], 1};
+    dev_dim3 block = {(unsigned)(v[MOE_GPU_WAVES] * c->props->warp_size), 1, 1};
+    return dev_launch(c->dev, k, grid, block, 0, args, err);
+}
+
+static const kern_impl gpu_impl = {
+    .source = "moe_gemm.hip",
+    .params = moe_gpu_params,
+    .n_params = MOE_GPU_NPARAMS,
+    .valid = gpu_valid,
+    .default_config = gpu_default,
+    .defines = gpu_defines,
+    .run = gpu_run,
+};
+
 /* ---- family ------------------------------------------------------------ */
 
 static const kern_case cases[] = {
@@ -223,7 +278,7 @@ const kern_family fam_moe_gemm_down = {
     .n_dims = D_COUNT,
     .presets = presets,
     .n_presets = sizeof presets / sizeof presets[0],
-    .gpu = NULL,
+    .gpu = &gpu_impl,
     .cpu = &cpu_impl,
     .shape_ok = shape_ok,
     .buffers = buffers,

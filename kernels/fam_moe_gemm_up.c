@@ -181,7 +181,7 @@ static mt_status cpu_run(const kern_ctx *c, mt_err *err)
     dev_kernel *kp, *ku;
     mt_status st = kern_get(c, "moe_prep", "ppi", &kp, err);
     if (st == MT_OK)
-        st = kern_get(c, "moe_up", "pppppppppllpii", &ku, err);
+        st = kern_get(c, "moe_up", "ppppppppllpii", &ku, err);
     if (st != MT_OK)
         return st;
     void *x = c->bufs[B_X], *act = c->scratch;
@@ -227,6 +227,79 @@ static const kern_impl cpu_impl = {
     .run = cpu_run,
 };
 
+/* ---- gpu --------------------------------------------------------------- */
+
+static bool gpu_valid(const kern_shape *s, int64_t m, const kern_config *cfg,
+                      const dev_props *p, char *why, size_t cap)
+{
+    (void)m;
+    return moe_gpu_valid(s->v[D_H], s->v[D_I], s->v[D_BM], true, 0, cfg, p, why, cap);
+}
+
+static void gpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern_config *cfg)
+{
+    moe_gpu_default(s->v[D_H], s->v[D_I], s->v[D_BM], true, 0, m * s->v[D_TOPK], s->v[D_E], p,
+                    cfg);
+}
+
+static int gpu_defines(const kern_shape *s, const kern_config *cfg, const dev_props *p,
+                       dev_define *out, char (*buf)[64], int cap)
+{
+    (void)s;
+    (void)cfg;
+    return moe_gpu_defines(true, p, out, buf, cap);
+}
+
+static size_t gpu_scratch(const kern_shape *s, int64_t m, const kern_config *cfg)
+{
+    int sk = cfg->v[MOE_GPU_SPLITK];
+    return sk > 1 ? (size_t)sk * (size_t)(m * s->v[D_TOPK]) * (size_t)(2 * s->v[D_I]) * 4 : 0;
+}
+
+static mt_status gpu_run(const kern_ctx *c, mt_err *err)
+{
+    const kern_shape *s = c->shape;
+    const int *v = c->cfg->v;
+    int64_t I = s->v[D_I], P = c->m * s->v[D_TOPK];
+    int32_t bm = (int32_t)s->v[D_BM], np = (int32_t)P;
+    int32_t ntm = (int32_t)(moe_cap_rows(P, s->v[D_E], bm) / v[MOE_GPU_BM]);
+    int64_t ws, ss, uw, us;
+    strides(s, &ws, &ss, &uw, &us);
+    const uint8_t *wg, *sg, *wu, *su;
+    weight_ptrs(s, c->bufs, &wg, &sg, &wu, &su);
+    dev_kernel *k;
+    mt_status st = kern_get(c, "moe_gemm_up", "ppppppppllppiii", &k, err);
+    if (st != MT_OK)
+        return st;
+    void *x = c->bufs[B_X], *sorted = c->bufs[B_SORTED], *tile = c->bufs[B_TILE],
+         *total = c->bufs[B_TOTAL], *h = c->bufs[out_buf(s)], *part = c->scratch;
+    void *args[] = {&x, &sorted, &tile, &total, &wg, &sg, &wu, &su, &ws, &ss, &h, &part,
+                    &np, &bm, &ntm};
+    dev_dim3 grid = {(unsigned)(ntm * (I / v[MOE_GPU_BN])), (unsigned)v[MOE_GPU_SPLITK], 1};
+    dev_dim3 block = {(unsigned)(v[MOE_GPU_WAVES] * c->props->warp_size), 1, 1};
+    st = dev_launch(c->dev, k, grid, block, 0, args, err);
+    if (st != MT_OK || v[MOE_GPU_SPLITK] == 1)
+        return st;
+    dev_kernel *kf;
+    st = kern_get(c, "moe_up_finish", "ppi", &kf, err);
+    if (st != MT_OK)
+        return st;
+    void *fargs[] = {&part, &h, &np};
+    return dev_launch(c->dev, kf, (dev_dim3){kern_cdiv(P * I, 256), 1, 1}, (dev_dim3){256, 1, 1},
+                      0, fargs, err);
+}
+
+static const kern_impl gpu_impl = {
+    .source = "moe_gemm.hip",
+    .params = moe_gpu_params,
+    .n_params = MOE_GPU_NPARAMS,
+    .valid = gpu_valid,
+    .default_config = gpu_default,
+    .defines = gpu_defines,
+    .scratch_bytes = gpu_scratch,
+    .run = gpu_run,
+};
+
 /* ---- family ------------------------------------------------------------ */
 
 static const kern_case cases[] = {
@@ -250,7 +323,7 @@ const kern_family fam_moe_gemm_up = {
     .n_dims = D_COUNT,
     .presets = presets,
     .n_presets = sizeof presets / sizeof presets[0],
-    .gpu = NULL,
+    .gpu = &gpu_impl,
     .cpu = &cpu_impl,
     .shape_ok = shape_ok,
     .buffers = buffers,

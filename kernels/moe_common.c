@@ -331,3 +331,119 @@ size_t moe_cpu_act_bytes(int64_t rows, int64_t k)
 {
     return (size_t)(rows * k * 4);
 }
+
+/* ---- GPU GEMM parameters ------------------------------------------------ */
+
+static const int g_bm[] = {16, 32, 64, 128};
+static const int g_bn[] = {16, 32, 64, 128};
+static const int g_bk[] = {32, 64, 128, 256};
+static const int g_waves[] = {1, 2, 4, 8};
+static const int g_stages[] = {1, 2};
+static const int g_splitk[] = {1, 2, 4, 8};
+static const int g_groupm[] = {1, 4, 8};
+static const int g_vec[] = {1, 4, 8};
+static const int g_unroll[] = {1, 2, 4};
+
+const kern_param_desc moe_gpu_params[MOE_GPU_NPARAMS] = {
+    [MOE_GPU_BM] = {"BM", g_bm, 4, "tile rows (pairs); divides the layout's bm"},
+    [MOE_GPU_BN] = {"BN", g_bn, 4, "tile columns (weight rows)"},
+    [MOE_GPU_BK] = {"BK", g_bk, 4, "K slice per shared-memory stage (multiple of 32)"},
+    [MOE_GPU_WAVES] = {"WAVES", g_waves, 4, "waves per block"},
+    [MOE_GPU_STAGES] = {"STAGES", g_stages, 2, "shared-memory pipeline depth"},
+    [MOE_GPU_SPLITK] = {"SPLITK", g_splitk, 4, "K split across blocks (small M)"},
+    [MOE_GPU_GROUPM] = {"GROUP_M", g_groupm, 3, "row tiles grouped in the launch order"},
+    [MOE_GPU_VEC] = {"VEC", g_vec, 3, "bytes per weight load"},
+    [MOE_GPU_UNROLL] = {"UNROLL", g_unroll, 3, "k steps unrolled in the inner loop"},
+};
+
+size_t moe_gpu_shared(const kern_config *cfg, int wr)
+{
+    const int *v = cfg->v;
+    return (size_t)v[MOE_GPU_STAGES] * (size_t)(v[MOE_GPU_BM] + wr * v[MOE_GPU_BN]) *
+           (size_t)(v[MOE_GPU_BK] + 1) * 4;
+}
+
+bool moe_gpu_valid(int64_t k, int64_t n, int64_t bm, bool up, int comb, const kern_config *cfg,
+                   const dev_props *p, char *why, size_t cap)
+{
+    const int *v = cfg->v;
+    int BM = v[MOE_GPU_BM], BN = v[MOE_GPU_BN], BK = v[MOE_GPU_BK];
+    int T = v[MOE_GPU_WAVES] * p->warp_size, wr = up ? 2 : 1, sk = v[MOE_GPU_SPLITK];
+    if (bm % BM) {
+        snprintf(why, cap, "BM=%d does not divide the layout's bm=%lld", BM, (long long)bm);
+        return false;
+    }
+    if (n % BN || k % ((int64_t)BK * sk)) {
+        snprintf(why, cap, "BN=%d must divide N=%lld and BK*SPLITK=%d divide K=%lld", BN,
+                 (long long)n, BK * sk, (long long)k);
+        return false;
+    }
+    if (T > p->max_threads_per_block) {
+        snprintf(why, cap, "WAVES=%d: %d threads, the device allows %d", v[MOE_GPU_WAVES], T,
+                 p->max_threads_per_block);
+        return false;
+    }
+    if ((BM * BN) % T || BM * BN < T) {
+        snprintf(why, cap, "a %dx%d tile does not split over %d threads", BM, BN, T);
+        return false;
+    }
+    int opt = BM * BN / T, rn = opt < 4 ? opt : 4, rm = opt / rn, tx = BN / rn;
+    if (BN % rn || tx > T || T % tx || (T / tx) * rm != BM) {
+        snprintf(why, cap, "a %dx%d tile has no %d-thread register layout", BM, BN, T);
+        return false;
+    }
+    if (wr * opt > 64) {
+        snprintf(why, cap, "%d accumulators per thread (limit 64: registers)", wr * opt);
+        return false;
+    }
+    size_t sh = moe_gpu_shared(cfg, wr);
+    if (sh > p->shared_mem_per_block) {
+        snprintf(why, cap, "needs %zu bytes of shared memory, the device has %zu", sh,
+                 p->shared_mem_per_block);
+        return false;
+    }
+    if (!up && comb && sk > 1) {
+        snprintf(why, cap, "SPLITK=%d: the per-pair rows path (comb=1) is not split", sk);
+        return false;
+    }
+    return true;
+}
+
+void moe_gpu_default(int64_t k, int64_t n, int64_t bm, bool up, int comb, int64_t npairs,
+                     int64_t n_experts, const dev_props *p, kern_config *cfg)
+{
+    double per_expert = (double)npairs / (double)(n_experts < npairs ? n_experts : npairs);
+    int want_bm = per_expert >= 64 ? 64 : per_expert >= 32 ? 32 : 16;
+    while (want_bm > 16 && bm % want_bm)
+        want_bm /= 2;
+    int v0[MOE_GPU_NPARAMS] = {want_bm, 64, 32, 2, 2, 1, 8, 4, 4};
+    cfg->n = MOE_GPU_NPARAMS;
+    memcpy(cfg->v, v0, sizeof v0);
+    char why[256];
+    if (moe_gpu_valid(k, n, bm, up, comb, cfg, p, why, sizeof why))
+        return;
+    /* The first valid point of the space, smallest tiles first. */
+    uint64_t total = 1;
+    for (int i = 0; i < MOE_GPU_NPARAMS; i++)
+        total *= (uint64_t)moe_gpu_params[i].n_values;
+    for (uint64_t idx = 0; idx < total; idx++) {
+        uint64_t r = idx;
+        for (int i = 0; i < MOE_GPU_NPARAMS; i++) {
+            cfg->v[i] = moe_gpu_params[i].values[r % (uint64_t)moe_gpu_params[i].n_values];
+            r /= (uint64_t)moe_gpu_params[i].n_values;
+        }
+        if (moe_gpu_valid(k, n, bm, up, comb, cfg, p, why, sizeof why))
+            return;
+    }
+    memcpy(cfg->v, v0, sizeof v0); /* nothing fits this device: validity says why */
+}
+
+int moe_gpu_defines(bool up, const dev_props *p, dev_define *out, char (*buf)[64], int cap)
+{
+    if (cap < 2)
+        return 0;
+    snprintf(buf[0], 64, "%d", p->warp_size);
+    out[0] = (dev_define){"MT_WS", buf[0]};
+    out[1] = (dev_define){"MOE_UP", up ? "1" : "0"};
+    return 2;
+}

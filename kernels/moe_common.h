@@ -119,6 +119,22 @@ void moe_cpu_default(int64_t k, int64_t n, int64_t npairs, int64_t n_experts,
 /* Scratch bytes of the prepared activations (rows of k values). */
 size_t moe_cpu_act_bytes(int64_t rows, int64_t k);
 
+/* The GPU GEMM parameters (moe_gemm.hip). */
+enum { MOE_GPU_BM, MOE_GPU_BN, MOE_GPU_BK, MOE_GPU_WAVES, MOE_GPU_STAGES, MOE_GPU_SPLITK,
+       MOE_GPU_GROUPM, MOE_GPU_VEC, MOE_GPU_UNROLL, MOE_GPU_NPARAMS };
+extern const kern_param_desc moe_gpu_params[MOE_GPU_NPARAMS];
+/* Shared memory of a config (bytes); wr = 2 for stage 1 (gate and up). */
+size_t moe_gpu_shared(const kern_config *cfg, int wr);
+/* Validity for reduction length k, n output rows per expert, layout tile
+ * height bm, stage 1 (up) or 2, combine path comb (stage 2). */
+bool moe_gpu_valid(int64_t k, int64_t n, int64_t bm, bool up, int comb, const kern_config *cfg,
+                   const dev_props *p, char *why, size_t cap);
+/* A valid default (small tiles for decode, larger for prefill). */
+void moe_gpu_default(int64_t k, int64_t n, int64_t bm, bool up, int comb, int64_t npairs,
+                     int64_t n_experts, const dev_props *p, kern_config *cfg);
+/* Extra defines: MT_WS (the device's wave size) and MOE_UP. */
+int moe_gpu_defines(bool up, const dev_props *p, dev_define *out, char (*buf)[64], int cap);
+
 static inline float moe_silu(float g) { return g / (1.0f + expf(-g)); }
 
 #endif

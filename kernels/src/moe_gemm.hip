@@ -1,0 +1,267 @@
+/* moe_gemm.hip: GPU kernels of moe_gemm_up and moe_gemm_down (both
+ * families compile this file and launch their own kernels).
+ *
+ * A block computes a BM x BN tile of one expert: BM rows of the aligned
+ * pair layout (kernels/moe_common.h; BM divides the layout's bm, so a tile
+ * never straddles two experts and a tile that starts in padding is all
+ * padding) against BN weight rows (x2 in stage 1: gate and up). The K loop
+ * walks BK-wide slices, staged through shared memory in STAGES buffers:
+ * activation rows are gathered by pair id (bf16, or for a4w4 quantized to
+ * MXFP4 per 32-block by the "even" rule and dequantized, exactly as the
+ * reference), weights are loaded VEC bytes at a time and their nibbles
+ * decoded with the E8M0 block scales. Each thread owns an RM x RN register
+ * tile. SPLITK > 1 splits K across blockIdx.y (stage 1 writes partial sums
+ * to scratch and moe_up_finish applies the activation; stage 2 adds its
+ * partial into y with atomics). GROUP_M swizzles the tile order so
+ * GROUP_M row tiles that share weights run together.
+ *
+ * Params: BM, BN, BK, WAVES, STAGES, SPLITK, GROUP_M, VEC (bytes per
+ * weight load: 1, 4, 8), UNROLL (k steps per inner iteration).
+ * Defines from the family: MT_WS (wave size the config was built for),
+ * MOE_UP (1: stage 1, 0: stage 2). Dims: S_H, S_I, S_topk, S_a (3 = a4w4),
+ * S_comb (stage 2). */
+
+#ifndef S_comb
+#define S_comb 0
+#endif
+
+#define G_T (WAVES * MT_WS)
+#define G_OPT (BM * BN / G_T)
+#define G_RN (G_OPT < 4 ? G_OPT : 4)
+#define G_RM (G_OPT / G_RN)
+#define G_TX (BN / G_RN)
+#define G_TY (G_T / G_TX)
+#define G_WR (MOE_UP ? 2 : 1)
+#define G_K (MOE_UP ? S_H : S_I)
+#define G_N (MOE_UP ? S_I : S_H)
+#define G_LD (BK + 1)
+
+MT_DEVICE unsigned g_e2m1(float v)
+{
+    float a = v < 0.0f ? -v : v;
+    unsigned c;
+    if (!(a > 0.25f))
+        return 0u;
+    else if (a < 0.75f) c = 1u;
+    else if (a <= 1.25f) c = 2u;
+    else if (a < 1.75f) c = 3u;
+    else if (a <= 2.5f) c = 4u;
+    else if (a < 3.5f) c = 5u;
+    else if (a <= 5.0f) c = 6u;
+    else c = 7u;
+    return c | ((mt_float_as_uint(v) >> 28) & 8u);
+}
+
+/* Loads 32 activations of one row (bf16) into dst as floats; for a4w4 as
+ * their MXFP4 round trip. */
+MT_DEVICE void g_load_act(const mt_bf16 *src, float *dst)
+{
+    for (int i = 0; i < 32; i++)
+        dst[i] = mt_bf16_to_f32(src[i]);
+    if (S_a == 3) {
+        float amax = 0.0f;
+        int nan = 0;
+        for (int i = 0; i < 32; i++) {
+            float a = dst[i] < 0.0f ? -dst[i] : dst[i];
+            nan |= dst[i] != dst[i];
+            amax = a > amax ? a : amax;
+        }
+        unsigned r = (mt_float_as_uint(amax) + 0x200000u) & 0xff800000u;
+        int e = (int)(r >> 23) - 129;
+        int code = e < -127 ? 0 : e > 127 ? 254 : e + 127;
+        int ex = 127 - code;
+        float inv = ex == -127 ? mt_uint_as_float(0x00400000u)
+                               : mt_uint_as_float((unsigned)(ex + 127) << 23);
+        float sc = mt_e8m0_to_f32((unsigned)(nan ? 255 : code));
+        for (int i = 0; i < 32; i++)
+            dst[i] = nan ? sc : mt_e2m1_to_f32(g_e2m1(dst[i] * inv)) * sc;
+    }
+}
+
+/* Tile coordinates of this block with the GROUP_M swizzle; false when the
+ * tile holds no pair. */
+MT_DEVICE int g_tile(const int *sorted, const int *total, int npairs, int ntm, int *pid_m,
+                     int *pid_n)
+{
+    const int ntn = G_N / BN;
+    int pid = blockIdx.x;
+    int gsize = GROUP_M * ntn, group = pid / gsize, first = group * GROUP_M;
+    int gm = ntm - first < GROUP_M ? ntm - first : GROUP_M;
+    *pid_m = first + (pid % gsize) % gm;
+    *pid_n = (pid % gsize) / gm;
+    int row0 = *pid_m * BM;
+    return row0 < total[0] && sorted[row0] < npairs;
+}
+
+/* Stages K slice kt of the tile into buffer b. wrow(r) for r < G_WR*BN is
+ * wb[r / BN] + (n0 + r % BN) * K/2, scales likewise. */
+MT_DEVICE void g_stage(float *xs, float *ws, const mt_bf16 *act, const int *sorted, int row0,
+                       int npairs, int rowdiv, const unsigned char *w0,
+                       const unsigned char *s0, const unsigned char *w1,
+                       const unsigned char *s1, int n0, int k0)
+{
+    const int tid = threadIdx.x;
+    for (int idx = tid; idx < BM * (BK / 32); idx += G_T) {
+        int r = idx / (BK / 32), kb = idx % (BK / 32);
+        int p = sorted[row0 + r];
+        float *d = xs + r * G_LD + kb * 32;
+        if (p < npairs) {
+            float tmp[32];
+            g_load_act(act + (long long)(p / rowdiv) * G_K + k0 + kb * 32, tmp);
+            for (int i = 0; i < 32; i++)
+                d[i] = tmp[i];
+        } else {
+            for (int i = 0; i < 32; i++)
+                d[i] = 0.0f;
+        }
+    }
+    const int per_row = BK / 2 / VEC; /* loads per weight row */
+    for (int idx = tid; idx < G_WR * BN * per_row; idx += G_T) {
+        int r = idx / per_row, c = idx % per_row;
+        int n = n0 + r % BN;
+        const unsigned char *wr = (r < BN ? w0 : w1) + (long long)n * (G_K / 2) + k0 / 2 + c * VEC;
+        const unsigned char *sr = (r < BN ? s0 : s1) + (long long)n * (G_K / 32);
+        unsigned char bytes[VEC];
+        if (VEC == 8) {
+            unsigned long long v = *(const unsigned long long *)wr;
+            for (int j = 0; j < 8; j++)
+                bytes[j] = (unsigned char)(v >> (8 * j));
+        } else if (VEC == 4) {
+            unsigned v = *(const unsigned *)wr;
+            for (int j = 0; j < 4; j++)
+                bytes[j] = (unsigned char)(v >> (8 * j));
+        } else {
+            for (int j = 0; j < VEC; j++)
+                bytes[j] = wr[j];
+        }
+        for (int j = 0; j < VEC; j++) {
+            int kk = c * VEC * 2 + 2 * j; /* within the slice */
+            float sc = mt_e8m0_to_f32(sr[(k0 + kk) / 32]);
+            ws[r * G_LD + kk] = mt_e2m1_to_f32(bytes[j] & 15u) * sc;
+            ws[r * G_LD + kk + 1] = mt_e2m1_to_f32(bytes[j] >> 4) * sc;
+        }
+    }
+}
+
+/* The K loop shared by both stages: acc[0] (and acc[1] for stage 1). */
+#define G_MAINLOOP(ACT, ROWDIV, W0, S0, W1, S1)                                         \
+    __shared__ float xs[STAGES][BM * G_LD];                                             \
+    __shared__ float ws[STAGES][G_WR * BN * G_LD];                                      \
+    const int tx = threadIdx.x % G_TX, ty = threadIdx.x / G_TX;                         \
+    float acc[G_WR][G_RM][G_RN];                                                        \
+    for (int q = 0; q < G_WR; q++)                                                      \
+        for (int i = 0; i < G_RM; i++)                                                  \
+            for (int j = 0; j < G_RN; j++)                                              \
+                acc[q][i][j] = 0.0f;                                                    \
+    const int kper = G_K / SPLITK, kbeg = blockIdx.y * kper, nk = kper / BK;            \
+    if (STAGES > 1)                                                                     \
+        g_stage(xs[0], ws[0], ACT, sorted, row0, npairs, ROWDIV, W0, S0, W1, S1, n0, kbeg); \
+    for (int kt = 0; kt < nk; kt++) {                                                   \
+        int b = STAGES > 1 ? kt % STAGES : 0;                                           \
+        if (STAGES == 1) {                                                              \
+            g_stage(xs[0], ws[0], ACT, sorted, row0, npairs, ROWDIV, W0, S0, W1, S1, n0, \
+                    kbeg + kt * BK);                                                    \
+            __syncthreads();                                                            \
+        } else if (kt + 1 < nk) {                                                       \
+            g_stage(xs[(kt + 1) % STAGES], ws[(kt + 1) % STAGES], ACT, sorted, row0,    \
+                    npairs, ROWDIV, W0, S0, W1, S1, n0, kbeg + (kt + 1) * BK);          \
+        }                                                                               \
+        if (STAGES > 1 && kt == 0)                                                      \
+            __syncthreads();                                                            \
+        const float *xb = xs[b], *wb = ws[b];                                           \
+        for (int k0 = 0; k0 < BK; k0 += UNROLL)                                         \
+            for (int u = 0; u < UNROLL; u++) {                                          \
+                float a[G_RM];                                                          \
+                for (int i = 0; i < G_RM; i++)                                          \
+                    a[i] = xb[(ty * G_RM + i) * G_LD + k0 + u];                         \
+                for (int q = 0; q < G_WR; q++)                                          \
+                    for (int j = 0; j < G_RN; j++) {                                    \
+                        float wv = wb[(q * BN + tx * G_RN + j) * G_LD + k0 + u];        \
+                        for (int i = 0; i < G_RM; i++)                                  \
+                            acc[q][i][j] += a[i] * wv;                                  \
+                    }                                                                   \
+            }                                                                           \
+        __syncthreads();                                                                \
+    }
+
+#if MOE_UP
+/* Grid: x = ntm * (S_I / BN) tiles, y = SPLITK. */
+MT_KERNEL __launch_bounds__(G_T) void moe_gemm_up(
+    const mt_bf16 *x, const int *sorted, const int *tile_expert, const int *total,
+    const unsigned char *wg, const unsigned char *sg, const unsigned char *wu,
+    const unsigned char *su, long long wstride, long long sstride, mt_bf16 *h,
+    float *partial, int npairs, int bm, int ntm)
+{
+    int pid_m, pid_n;
+    if (!g_tile(sorted, total, npairs, ntm, &pid_m, &pid_n))
+        return;
+    const int row0 = pid_m * BM, n0 = pid_n * BN;
+    const long long e = tile_expert[row0 / bm];
+    const unsigned char *w0 = wg + e * wstride, *w1 = wu + e * wstride;
+    const unsigned char *s0 = sg + e * sstride, *s1 = su + e * sstride;
+    G_MAINLOOP(x, S_topk, w0, s0, w1, s1)
+    for (int i = 0; i < G_RM; i++) {
+        int p = sorted[row0 + ty * G_RM + i];
+        if (p >= npairs)
+            continue;
+        for (int j = 0; j < G_RN; j++) {
+            int n = n0 + tx * G_RN + j;
+            float g = acc[0][i][j], u = acc[1][i][j];
+            if (SPLITK > 1) {
+                long long o = ((long long)blockIdx.y * npairs + p) * (2 * S_I);
+                partial[o + n] = g;
+                partial[o + S_I + n] = u;
+            } else {
+                h[(long long)p * S_I + n] = mt_f32_to_bf16(g / (1.0f + mt_expf(-g)) * u);
+            }
+        }
+    }
+}
+
+/* Split-K epilogue: sums the SPLITK partials in order, applies silu * up. */
+MT_KERNEL void moe_up_finish(const float *partial, mt_bf16 *h, int npairs)
+{
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)npairs * S_I)
+        return;
+    long long p = i / S_I, n = i % S_I;
+    float g = 0.0f, u = 0.0f;
+    for (int s = 0; s < SPLITK; s++) {
+        long long o = ((long long)s * npairs + p) * (2 * S_I);
+        g += partial[o + n];
+        u += partial[o + S_I + n];
+    }
+    h[i] = mt_f32_to_bf16(g / (1.0f + mt_expf(-g)) * u);
+}
+
+#else
+/* Grid: x = ntm * (S_H / BN) tiles, y = SPLITK. out is y [M, S_H] (S_comb
+ * 0, accumulated with atomics) or rows [npairs, S_H] (S_comb 1). */
+MT_KERNEL __launch_bounds__(G_T) void moe_gemm_down(
+    const mt_bf16 *hin, const int *sorted, const int *tile_expert, const int *total,
+    const unsigned char *wd, const unsigned char *sd, long long wstride, long long sstride,
+    const float *topk_w, float *out, int npairs, int bm, int ntm)
+{
+    int pid_m, pid_n;
+    if (!g_tile(sorted, total, npairs, ntm, &pid_m, &pid_n))
+        return;
+    const int row0 = pid_m * BM, n0 = pid_n * BN;
+    const long long e = tile_expert[row0 / bm];
+    const unsigned char *w0 = wd + e * wstride, *s0 = sd + e * sstride;
+    G_MAINLOOP(hin, 1, w0, s0, w0, s0)
+    for (int i = 0; i < G_RM; i++) {
+        int p = sorted[row0 + ty * G_RM + i];
+        if (p >= npairs)
+            continue;
+        float wk = topk_w[p];
+        for (int j = 0; j < G_RN; j++) {
+            int n = n0 + tx * G_RN + j;
+            float v = wk * acc[0][i][j];
+            if (S_comb)
+                out[(long long)p * S_H + n] = v;
+            else
+                atomicAdd(&out[(long long)(p / S_topk) * S_H + n], v);
+        }
+    }
+}
+#endif
