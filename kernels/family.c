@@ -285,6 +285,7 @@ uint64_t kern_space_size(const kern_impl *im)
 
 void kern_space_point(const kern_impl *im, uint64_t idx, kern_config *c)
 {
+    memset(c, 0, sizeof *c);
     c->n = im->n_params;
     for (int i = 0; i < im->n_params; i++) {
         uint64_t r = (uint64_t)im->params[i].n_values;

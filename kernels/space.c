@@ -25,6 +25,7 @@ int kern_space_sample(const kern_family *f, const kern_impl *im, const kern_shap
     char why[256];
     if (cap <= 0)
         return 0;
+    memset(out, 0, sizeof *out * (size_t)cap);
     if (include_default) {
         im->default_config(s, m, p, &out[0]);
         n = 1;
