@@ -1,0 +1,121 @@
+/* runtime.h: the GLM-5.2 model runtime as the server and `moetune
+ * generate` use it: open a checkpoint on a device with kernels picked from a
+ * tuning database, keep sequences (each with its paged KV cache across all
+ * layers), and run batched forward steps that append tokens to sequences
+ * and return logits.
+ *
+ * Load-time kernel selection: for every (family, shape, M bucket) the
+ * forward pass will run, the runtime asks the database (exact, then the
+ * nearest tuned M, else the default config with a recorded miss) and keeps
+ * the answer; model_runtime_report prints it. Without a database every
+ * kernel is the default and the report says so.
+ *
+ * Ownership: model_runtime_open returns a runtime the caller closes with
+ * model_runtime_close, which also frees every sequence. Sequence ids are
+ * small non-negative integers owned by the runtime. Failures return an
+ * mt_status with err filled and leave the runtime and every sequence as it
+ * was (a failed step appends nothing). Not thread-safe: one thread drives a
+ * runtime (the server's scheduler thread). */
+#ifndef MT_MODEL_RUNTIME_H
+#define MT_MODEL_RUNTIME_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "../common/rng.h"
+#include "../common/status.h"
+#include "config.h"
+#include "tokenizer.h"
+
+typedef enum model_act_quant {
+    MODEL_ACT_NONE = 0,   /* a16w4: bf16 activations into the MXFP4 GEMMs */
+    MODEL_ACT_MXFP4 = 1,  /* a4w4: activations quantized per 32 on the fly */
+} model_act_quant;
+
+typedef struct model_runtime_opts {
+    const char *model_dir;   /* checkpoint folder (config.json, shards, ...) */
+    const char *db_path;     /* tuning database; NULL = default configs */
+    const char *device;      /* device spec ("cpu", "emu", "hip:0", "auto") */
+    int threads;             /* cpu/emu threads; 0 = all cores */
+    model_act_quant act_quant; /* default: what the checkpoint's Quark config asks */
+    bool act_quant_set;      /* true when act_quant overrides the checkpoint */
+    int kv_dtype;            /* kern_dtype: KERN_DT_BF16 (default) or KERN_DT_FP8E4M3 */
+    int kv_page_size;        /* tokens per KV page; 0 = 16 */
+    int kv_pages;            /* pages in the pool; 0 = enough for 8 full contexts */
+    int max_batch_tokens;    /* largest step (tokens over all items); 0 = 512 */
+    FILE *log;               /* selection report and warnings; NULL = stderr */
+} model_runtime_opts;
+
+typedef struct model_runtime model_runtime;
+
+mt_status model_runtime_open(const model_runtime_opts *o, model_runtime **out,
+                             mt_err *err);
+void model_runtime_close(model_runtime *rt); /* NULL is a no-op */
+
+const model_config *model_runtime_config(const model_runtime *rt);
+/* NULL when the checkpoint has no tokenizer.json (token ids still work). */
+const model_tokenizer *model_runtime_tokenizer(const model_runtime *rt);
+int32_t model_runtime_vocab(const model_runtime *rt);
+int64_t model_runtime_max_context(const model_runtime *rt);
+
+/* Kernel selection: counts of kernels by provenance, and a printed table
+ * (family, shape, M bucket, config, provenance). */
+typedef struct model_selection_counts {
+    int tuned, nearest, other_device, stale, defaults;
+} model_selection_counts;
+void model_runtime_selection(const model_runtime *rt, model_selection_counts *out);
+void model_runtime_report(const model_runtime *rt, FILE *f);
+
+/* ---- sequences ------------------------------------------------------------ */
+
+/* A new empty sequence. MT_E_BUSY when no sequence slot is free. */
+mt_status model_seq_create(model_runtime *rt, int *seq, mt_err *err);
+/* A new sequence sharing the first n tokens of src (whole KV pages shared,
+ * copy-on-write; used by the prefix cache). */
+mt_status model_seq_fork(model_runtime *rt, int src, int64_t n, int *seq, mt_err *err);
+/* Frees the sequence's KV pages (shared pages stay with their other users). */
+void model_seq_free(model_runtime *rt, int seq);
+int64_t model_seq_len(const model_runtime *rt, int seq);
+
+/* KV pages free in the pool and tokens per page: the scheduler's admission
+ * control. A step needs ceil((len + n) / page) - pages already held. */
+int64_t model_kv_free_pages(const model_runtime *rt);
+int model_kv_page_size(const model_runtime *rt);
+/* Pages a sequence would need to grow by n tokens. */
+int64_t model_seq_pages_needed(const model_runtime *rt, int seq, int64_t n);
+
+/* ---- forward ---------------------------------------------------------------- */
+
+typedef struct model_step_item {
+    int seq;                 /* sequence the tokens are appended to */
+    const int32_t *tokens;   /* n_tokens token ids (a prefill chunk, or 1 to decode) */
+    int n_tokens;
+    float *logits;           /* vocab floats: logits after the last token; may be NULL */
+    float *all_logits;       /* [n_tokens][vocab] for every position; may be NULL */
+} model_step_item;
+
+/* Runs one batched forward step: every item's tokens are appended to its
+ * sequence and logits written where asked. MT_E_NOMEM (nothing appended)
+ * when the KV pool cannot hold the tokens; MT_E_INVALID for a token id out
+ * of range or a sequence past the maximum context, naming the item. */
+mt_status model_step(model_runtime *rt, model_step_item *items, int n, mt_err *err);
+
+/* ---- sampling --------------------------------------------------------------- */
+
+typedef struct model_sampler {
+    float temperature;  /* 0 = greedy */
+    float top_p;        /* 1 = off */
+    int top_k;          /* 0 = off */
+} model_sampler;
+
+/* Picks a token from logits (vocab floats). Greedy ties go to the lower id.
+ * Deterministic for a given rng state. */
+int32_t model_sample(const float *logits, int32_t vocab, const model_sampler *s,
+                     mt_rng *rng);
+
+/* End-of-sequence ids of the checkpoint (from config / tokenizer); returns
+ * the count written (at most cap). */
+int model_runtime_eos(const model_runtime *rt, int32_t *out, int cap);
+
+#endif
