@@ -98,6 +98,11 @@ struct tune_search {
     mt_rng rng;
 };
 
+static bool same(const kern_config *a, const kern_config *b)
+{
+    return a->n == b->n && !memcmp(a->v, b->v, sizeof a->v[0] * (size_t)a->n);
+}
+
 static void key_of(const tune_search *s, const kern_config *c, char *out, size_t cap)
 {
     kern_config_key(s->a.im, c, out, cap);
@@ -203,7 +208,7 @@ int tune_search_space(const tune_search *s)
     if (s->sampled)
         return -1;
     for (int i = 0; i < s->n_space && !dflt_in; i++)
-        dflt_in = !memcmp(&s->space[i], &s->dflt, sizeof s->dflt);
+        dflt_in = same(&s->space[i], &s->dflt);
     return s->n_space + !dflt_in;
 }
 
@@ -233,7 +238,7 @@ void tune_search_known(tune_search *s, const char *config_key, bool ok, double m
 void tune_search_seed(tune_search *s, const kern_config *c)
 {
     for (int i = 0; i < s->n_seeds; i++)
-        if (!memcmp(&s->seeds[i], c, sizeof *c))
+        if (same(&s->seeds[i], c))
             return;
     if (s->n_seeds == s->cap_seeds) {
         int cap = s->cap_seeds ? s->cap_seeds * 2 : 8;

@@ -1,0 +1,276 @@
+/* test_tune_search.c: the tuner's search order and parsers, without a
+ * device run: shards split the valid space disjointly and completely,
+ * exhaustive covers it, random is a reproducible permutation, evolve
+ * proposes neighbours of the best, known configs are never proposed,
+ * budgets and shards parse, and a model's config.json becomes jobs. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/rng.h"
+#include "test_tune_families.h"
+#include "tuner/tune_impl.h"
+
+static dev_props cpu_props(void)
+{
+    dev_props p;
+    memset(&p, 0, sizeof p);
+    p.backend = DEV_BACKEND_CPU;
+    p.warp_size = 1;
+    p.max_threads_per_block = 1;
+    return p;
+}
+
+static dev_props gpu_props(void)
+{
+    dev_props p;
+    memset(&p, 0, sizeof p);
+    p.backend = DEV_BACKEND_EMU;
+    p.warp_size = 64;
+    p.max_threads_per_block = 1024;
+    p.shared_mem_per_block = 65536;
+    return p;
+}
+
+/* Drains a search; returns how many configs it proposed, keys in out. */
+static int drain(tune_search *s, const kern_impl *im, char (*keys)[256], int cap)
+{
+    kern_config c[64];
+    int total = 0, n;
+    while ((n = tune_search_next(s, c, 64)) > 0)
+        for (int i = 0; i < n; i++) {
+            cr_assert(total < cap);
+            kern_config_key(im, &c[i], keys[total++], 256);
+        }
+    return total;
+}
+
+static int count_valid(const kern_family *f, const kern_impl *im, const kern_shape *s,
+                       int64_t m, const dev_props *p)
+{
+    int n = 0;
+    char why[256];
+    for (uint64_t i = 0; i < kern_space_size(im); i++) {
+        kern_config c;
+        kern_space_point(im, i, &c);
+        n += kern_config_valid(f, im, s, m, &c, p, why, sizeof why);
+    }
+    return n;
+}
+
+static tune_search *make(const kern_family *f, const kern_impl *im, const kern_shape *s,
+                         int64_t m, const dev_props *p, tune_strategy st, uint64_t seed,
+                         int shard, int shards)
+{
+    tune_search_args a = {f, im, s, m, p, st, seed, shard, shards, 8};
+    tune_search *out = NULL;
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(tune_search_create(&a, &out, &err), MT_OK, "%s", err.msg);
+    return out;
+}
+
+Test(tune_search, shards_partition_the_valid_space_and_all_hold_the_default)
+{
+    const kern_family *f = kern_family_find("gemm");
+    const kern_impl *im = f->gpu;
+    kern_shape s;
+    cr_assert_eq(kern_shape_parse(f, "tiny", &s, NULL, NULL), MT_OK);
+    dev_props p = gpu_props();
+    int valid = count_valid(f, im, &s, 7, &p);
+    cr_assert(valid > 20);
+    static char all[4096][256], part[4096][256];
+    tune_search *u = make(f, im, &s, 7, &p, TUNE_EXHAUSTIVE, 1, 0, 0);
+    int n_all = drain(u, im, all, 4096);
+    char dflt[256];
+    kern_config_key(im, tune_search_default(u), dflt, sizeof dflt);
+    tune_search_destroy(u);
+    cr_assert_eq(n_all, valid, "exhaustive proposed %d of %d valid configs", n_all, valid);
+    cr_assert_str_eq(all[0], dflt, "the default comes first");
+
+    int covered = 0;
+    for (int sh = 1; sh <= 3; sh++) {
+        tune_search *t = make(f, im, &s, 7, &p, TUNE_EXHAUSTIVE, 1, sh, 3);
+        int n = drain(t, im, part, 4096);
+        tune_search_destroy(t);
+        cr_assert_str_eq(part[0], dflt, "shard %d/3 starts with the default", sh);
+        for (int i = 0; i < n; i++) {
+            bool is_default = !strcmp(part[i], dflt);
+            if (!is_default) {
+                cr_assert_eq(tune_shard_of(part[i], 3), sh - 1, "%s in shard %d", part[i], sh);
+                covered++;
+            }
+            bool found = false;
+            for (int j = 0; j < n_all && !found; j++)
+                found = !strcmp(all[j], part[i]);
+            cr_assert(found, "shard config %s not in the unsharded space", part[i]);
+        }
+    }
+    cr_assert_eq(covered + 1, n_all, "the shards cover %d + default of %d", covered, n_all);
+}
+
+Test(tune_search, random_is_a_seeded_permutation_and_skips_known)
+{
+    const kern_family *f = kern_family_find("gemm");
+    const kern_impl *im = f->cpu;
+    kern_shape s;
+    cr_assert_eq(kern_shape_parse(f, "tiny", &s, NULL, NULL), MT_OK);
+    dev_props p = cpu_props();
+    uint64_t seed = mt_seed_fresh();
+    static char a[256][256], b[256][256], c[256][256];
+    tune_search *x = make(f, im, &s, 4, &p, TUNE_RANDOM, seed, 0, 0);
+    tune_search *y = make(f, im, &s, 4, &p, TUNE_RANDOM, seed, 0, 0);
+    int na = drain(x, im, a, 256), nb = drain(y, im, b, 256);
+    tune_search_destroy(x);
+    tune_search_destroy(y);
+    cr_assert_eq(na, (int)kern_space_size(im), "seed %llu", (unsigned long long)seed);
+    cr_assert_eq(na, nb);
+    for (int i = 0; i < na; i++)
+        cr_assert_str_eq(a[i], b[i], "seed %llu: order differs at %d", (unsigned long long)seed, i);
+    /* Known configs (already in the database) are never proposed. */
+    tune_search *z = make(f, im, &s, 4, &p, TUNE_RANDOM, seed, 0, 0);
+    for (int i = 1; i < 10; i++)
+        tune_search_known(z, a[i], true, 1.0 + i);
+    int nc = drain(z, im, c, 256);
+    tune_search_destroy(z);
+    cr_assert_eq(nc, na - 9);
+    for (int i = 0; i < nc; i++)
+        for (int k = 1; k < 10; k++)
+            cr_assert_str_neq(c[i], a[k], "known config %s proposed again", a[k]);
+}
+
+Test(tune_search, evolve_proposes_neighbours_of_the_best_so_far)
+{
+    const kern_family *f = &tspin;
+    const kern_impl *im = f->cpu;
+    kern_shape s;
+    cr_assert_eq(kern_shape_parse(f, "small", &s, NULL, NULL), MT_OK);
+    dev_props p = cpu_props();
+    tune_search *e = make(f, im, &s, 1, &p, TUNE_EVOLVE, mt_seed_fresh(), 0, 0);
+    kern_config c[64];
+    int n = tune_search_next(e, c, 64);
+    cr_assert(n >= 1 && n <= 8, "first generation of %d", n);
+    /* Report the first generation, making SPIN=16,PAD=2 the best. */
+    kern_config best;
+    cr_assert_eq(kern_config_parse(im, "V=1,SPIN=16,PAD=2", &best, NULL), MT_OK);
+    for (int i = 0; i < n; i++)
+        tune_search_result(e, &c[i], true, 100.0);
+    tune_search_known(e, "V=1,SPIN=16,PAD=2", true, 1.0);
+    n = tune_search_next(e, c, 64);
+    cr_assert(n > 0);
+    for (int i = 0; i < n; i++) {
+        /* Every proposal is one allowed value away from a parent; the
+         * best's neighbours come first. */
+        if (i == 0) {
+            int spin = c[i].v[1], pad = c[i].v[2];
+            bool near = (spin == 16 && (pad == 1 || pad == 3)) ||
+                        (pad == 2 && (spin == 4 || spin == 64));
+            cr_assert(near, "first proposal SPIN=%d,PAD=%d is not next to the best", spin, pad);
+        }
+    }
+    tune_search_destroy(e);
+}
+
+Test(tune_parse, budgets_shards_and_strategies)
+{
+    tune_budget b;
+    cr_assert_eq(tune_budget_parse("2000", &b, NULL), MT_OK);
+    cr_assert_eq(b.trials, 2000);
+    cr_assert_eq(tune_budget_parse("30m", &b, NULL), MT_OK);
+    cr_assert_float_eq(b.seconds, 1800.0, 1e-9);
+    cr_assert_eq(tune_budget_parse("1.5h", &b, NULL), MT_OK);
+    cr_assert_float_eq(b.seconds, 5400.0, 1e-9);
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(tune_budget_parse("12x", &b, &err), MT_E_INVALID);
+    cr_assert(strstr(err.msg, "12x"));
+    cr_assert_eq(tune_budget_parse("2.5", &b, NULL), MT_E_INVALID);
+    cr_assert_eq(tune_budget_parse("-3", &b, NULL), MT_E_INVALID);
+    int i, n;
+    cr_assert_eq(tune_shard_parse("2/3", &i, &n, NULL), MT_OK);
+    cr_assert(i == 2 && n == 3);
+    cr_assert_eq(tune_shard_parse("4/3", &i, &n, NULL), MT_E_INVALID);
+    cr_assert_eq(tune_shard_parse("0/3", &i, &n, NULL), MT_E_INVALID);
+    cr_assert_eq(tune_shard_parse("2", &i, &n, NULL), MT_E_INVALID);
+    tune_strategy st;
+    cr_assert(tune_strategy_parse("evolve", &st) && st == TUNE_EVOLVE);
+    cr_assert(!tune_strategy_parse("annealing", &st));
+    /* The shard hash spreads keys over every shard. */
+    int hits[4] = {0};
+    for (int k = 0; k < 400; k++) {
+        char key[32];
+        snprintf(key, sizeof key, "BM=%d,BN=%d", k % 20, k / 20);
+        hits[tune_shard_of(key, 4)]++;
+    }
+    for (int k = 0; k < 4; k++)
+        cr_assert(hits[k] > 50, "shard %d got %d of 400 keys", k, hits[k]);
+}
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+Test(tune_plan, glm5_config_becomes_the_families_and_shapes_it_needs)
+{
+    char dir[] = "/tmp/mt_plan_XXXXXX", path[256];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    write_file(path, "{\"architectures\":[\"GlmMoeDsaForCausalLM\"],\"hidden_size\":6144,"
+                     "\"moe_intermediate_size\":2048,\"n_routed_experts\":256,"
+                     "\"num_experts_per_tok\":8,\"q_lora_rank\":2048,\"kv_lora_rank\":512,"
+                     "\"rms_norm_eps\":1e-05}");
+    tune_job jobs[TUNE_MAX_JOBS];
+    int n = 0;
+    char missing[256];
+    mt_err err = MT_ERR_INIT;
+    static const int64_t ms[] = {1, 16};
+    cr_assert_eq(tune_plan_from_config(path, ms, 2, jobs, TUNE_MAX_JOBS, &n, missing,
+                                       sizeof missing, &err),
+                 MT_OK, "%s", err.msg);
+    int norms = 0, moe = 0;
+    for (int j = 0; j < n; j++) {
+        char key[KERN_KEY_MAX];
+        kern_shape_key(jobs[j].fam, &jobs[j].shape, false, key, sizeof key);
+        cr_assert_eq(jobs[j].n_m, 2);
+        if (!strcmp(jobs[j].fam->name, "rmsnorm")) {
+            norms++;
+            int64_t nn = kern_shape_get(jobs[j].fam, &jobs[j].shape, "N");
+            cr_assert(nn == 6144 || nn == 2048 || nn == 512, "rmsnorm N=%lld", (long long)nn);
+        } else {
+            moe++;
+            /* Each dim the family has takes the config's value. */
+            const char *dn[] = {"H", "I", "E", "topk"};
+            const int64_t want[] = {6144, 2048, 256, 8};
+            for (int d = 0; d < 4; d++) {
+                int64_t v = kern_shape_get(jobs[j].fam, &jobs[j].shape, dn[d]);
+                cr_assert(v == -1 || v == want[d], "%s %s: %s=%lld", jobs[j].fam->name, key,
+                          dn[d], (long long)v);
+            }
+        }
+    }
+    cr_assert_eq(norms, 3);
+    const char *moe_names[] = {"moe_route", "moe_align", "moe_gemm_up", "moe_gemm_down"};
+    int have = 0;
+    for (int k = 0; k < 4; k++) {
+        if (kern_family_find(moe_names[k]))
+            have++;
+        else
+            cr_assert(strstr(missing, moe_names[k]), "%s absent but not reported", moe_names[k]);
+    }
+    cr_assert_eq(moe, have);
+
+    /* A missing key is named. */
+    write_file(path, "{\"hidden_size\":6144}");
+    err = (mt_err)MT_ERR_INIT;
+    mt_status st = tune_plan_from_config(path, NULL, 0, jobs, TUNE_MAX_JOBS, &n, NULL, 0, &err);
+    if (have > 0) {
+        cr_assert_eq(st, MT_E_FORMAT);
+        cr_assert(strstr(err.msg, "moe_intermediate_size"), "%s", err.msg);
+    }
+    write_file(path, "[1,2]");
+    cr_assert_eq(tune_plan_from_config(path, NULL, 0, jobs, TUNE_MAX_JOBS, &n, NULL, 0, NULL),
+                 MT_E_FORMAT);
+}
