@@ -65,22 +65,47 @@ static bool closer(int64_t m, int64_t a, int64_t b)
     return lhs < rhs || (lhs == rhs && a > b);
 }
 
-/* Steps a statement whose rows come ordered by M with the preferred row
- * first within each M; takes the row of the M closest to q->m. */
-static mt_status take_nearest(db_t *db, sqlite3_stmt *s, const query *q, db_lookup_result *out,
-                              bool *found, mt_err *err)
+/* How a row ranks against the best so far: M closeness first (for the
+ * exact query every row has the same M), then the caller's own fingerprint
+ * (same device model), then the nearest compute-unit count (other device),
+ * then the faster time. */
+typedef struct rank {
+    int64_t m;
+    int other_fp;  /* 0: the caller's own fingerprint */
+    int64_t cu_diff;
+    double time;
+} rank;
+
+static bool better(const query *q, const rank *a, const rank *b)
+{
+    if (a->m != b->m)
+        return closer(q->m, a->m, b->m);
+    if (a->other_fp != b->other_fp)
+        return a->other_fp < b->other_fp;
+    if (a->cu_diff != b->cu_diff)
+        return a->cu_diff < b->cu_diff;
+    return a->time < b->time;
+}
+
+/* Steps a lookup statement (columns of LOOKUP_COLUMNS) and takes the best
+ * row by `better`. */
+static mt_status take_best(db_t *db, sqlite3_stmt *s, const query *q, db_lookup_result *out,
+                           bool *found, mt_err *err)
 {
     *found = false;
-    int64_t last_m = 0, best_m = 0;
+    rank best = {0};
     int rc;
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-        int64_t tm = sqlite3_column_int64(s, 2);
-        if (tm == last_m)
-            continue;
-        last_m = tm;
-        if (!*found || closer(q->m, tm, best_m)) {
+        int64_t cu = sqlite3_column_int(s, 5) - q->dev->compute_units;
+        rank r = {
+            .m = sqlite3_column_int64(s, 2),
+            .other_fp = strcmp(db_col_text(s, 6), q->fp) != 0,
+            .cu_diff = cu < 0 ? -cu : cu,
+            .time = sqlite3_column_double(s, 3),
+        };
+        if (!*found || better(q, &r, &best)) {
             take_hit(out, s);
-            best_m = tm;
+            best = r;
             *found = true;
         }
     }
@@ -124,17 +149,10 @@ static mt_status lookup(db_t *db, const query *q, bool record, db_lookup_result 
     if (st)
         return st;
     bind_query(s, q);
-    int rc = sqlite3_step(s);
-    if (rc == SQLITE_ROW) {
-        take_hit(out, s);
-        out->provenance = DB_HIT_EXACT;
-        found = true;
-        rc = SQLITE_DONE;
-    }
-    sqlite3_reset(s);
-    if (rc != SQLITE_DONE)
-        return DB_FAIL(db, err, rc, "looking up a config");
+    if ((st = take_best(db, s, q, out, &found, err)))
+        return st;
     if (found) {
+        out->provenance = DB_HIT_EXACT;
         if (strcmp(out->device_fingerprint, q->fp) != 0)
             snprintf(out->message, sizeof out->message,
                      "%s %s M=%lld: tuned on the same device model under another runtime or "
@@ -147,7 +165,7 @@ static mt_status lookup(db_t *db, const query *q, bool record, db_lookup_result 
     if ((st = db_stmt(db, ST_LOOKUP_SHAPE, &s, err)))
         return st;
     bind_query(s, q);
-    if ((st = take_nearest(db, s, q, out, &found, err)))
+    if ((st = take_best(db, s, q, out, &found, err)))
         return st;
     if (found) {
         out->provenance = DB_HIT_NEAREST;
@@ -162,7 +180,7 @@ static mt_status lookup(db_t *db, const query *q, bool record, db_lookup_result 
     if ((st = db_stmt(db, ST_LOOKUP_OTHER, &s, err)))
         return st;
     bind_query(s, q);
-    if ((st = take_nearest(db, s, q, out, &found, err)))
+    if ((st = take_best(db, s, q, out, &found, err)))
         return st;
     if (found) {
         out->provenance = DB_OTHER_DEVICE;
@@ -181,7 +199,7 @@ static mt_status lookup(db_t *db, const query *q, bool record, db_lookup_result 
     if ((st = db_stmt(db, ST_LOOKUP_STALE, &s, err)))
         return st;
     bind_query(s, q);
-    rc = sqlite3_step(s);
+    int rc = sqlite3_step(s);
     if (rc == SQLITE_ROW) {
         char old[16], cur[16];
         short_hash(old, sizeof old, db_col_text(s, 1));

@@ -1,7 +1,10 @@
 /* db_stmt.c: the SQL of the statements cached on every handle (see
  * db_stmt_id). Parameters are numbered; the lookup statements share one
  * numbering: ?1 family, ?2 version, ?3 source hash, ?4 shape, ?5 m,
- * ?6 backend, ?7 arch, ?8 device name, ?9 compute units, ?10 fingerprint. */
+ * ?6 backend, ?7 arch, ?8 device name, ?9 compute units, ?10 fingerprint
+ * (a statement that does not filter on one still names it, so that every
+ * index is bound). The lookups have no ORDER BY: db_lookup.c picks the
+ * preferred row itself, which saves SQLite a sort per lookup. */
 #include "db_impl.h"
 
 #define LOOKUP_COLUMNS                                                                   \
@@ -58,19 +61,17 @@ static const char *const stmt_sql[ST_STMT_COUNT] = {
         LOOKUP_COLUMNS
         "WHERE k.family = ?1 AND k.version = ?2 AND k.source_hash = ?3 AND w.shape = ?4 "
         "AND w.m = ?5 AND d.backend = ?6 AND d.arch = ?7 AND d.name = ?8 "
-        "AND d.compute_units = ?9 "
-        "ORDER BY d.fingerprint = ?10 DESC, w.time_ms LIMIT 1",
+        "AND d.compute_units = ?9 AND ?10 IS NOT NULL",
     [ST_LOOKUP_SHAPE] =
         LOOKUP_COLUMNS
         "WHERE k.family = ?1 AND k.version = ?2 AND k.source_hash = ?3 AND w.shape = ?4 "
         "AND d.backend = ?6 AND d.arch = ?7 AND d.name = ?8 AND d.compute_units = ?9 "
-        "AND ?5 > 0 ORDER BY w.m, d.fingerprint = ?10 DESC, w.time_ms",
+        "AND ?5 > 0 AND ?10 IS NOT NULL",
     [ST_LOOKUP_OTHER] =
         LOOKUP_COLUMNS
         "WHERE k.family = ?1 AND k.version = ?2 AND k.source_hash = ?3 AND w.shape = ?4 "
         "AND d.backend = ?6 AND d.arch = ?7 AND NOT (d.name = ?8 AND d.compute_units = ?9) "
-        "AND ?5 > 0 AND ?10 IS NOT NULL "
-        "ORDER BY w.m, abs(d.compute_units - ?9), w.time_ms",
+        "AND ?5 > 0 AND ?10 IS NOT NULL",
     [ST_LOOKUP_STALE] =
         "SELECT k.version, k.source_hash, count(*) FROM kernels k "
         "JOIN winners w ON w.kernel_id = k.id JOIN devices d ON d.id = w.device_id "

@@ -1,0 +1,543 @@
+/* cmd_db.c: `moetune db show|best|export|import|merge|misses|verify|gc`:
+ * inspect, ship, join and clean a tuning database. Thin: parses options,
+ * calls db/, prints text or (--json) JSON. */
+#define _GNU_SOURCE
+#include <cjson/cJSON.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../common/files.h"
+#include "../db/db.h"
+#include "cli.h"
+
+#define MAX_ITEMS 64
+
+typedef struct opts {
+    const char *db_path, *out;
+    bool json, dry_run;
+    db_filter filter;
+    const char *items[MAX_ITEMS]; /* positional arguments */
+    int nitems;
+    db_keep_hash keep[MAX_ITEMS];
+    int nkeep;
+    char keep_buf[MAX_ITEMS][512];
+} opts;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: moetune db <command> [--db FILE] [--json] [options]\n"
+            "\n"
+            "commands:\n"
+            "  show                     schema version, counts, devices and kernels\n"
+            "  best                     winners (the config the runtime uses) per device,\n"
+            "                           kernel, shape and M\n"
+            "  export [--out FILE]      the whole database as stable JSON (stdout by default)\n"
+            "  import FILE...           read exports into --db (merge rule applies)\n"
+            "  merge SRC.db...          merge other databases into --db; prints the rule\n"
+            "  misses                   lookups that found no tuned config, most frequent first\n"
+            "  verify                   integrity check, and the winners a re-timing would\n"
+            "                           cover (re-timing itself is done by the tuner)\n"
+            "  gc --keep-hash FAMILY=HASH...  drop trials and winners of named families whose\n"
+            "                           source hash is not a kept one [--dry-run]\n"
+            "\n"
+            "options:\n"
+            "  --db FILE      database (default $MOETUNE_DB or ./moetune.db)\n"
+            "  --json         machine-readable output\n"
+            "  --family F, --shape KEY, --m M, --device FINGERPRINT|NAME   filter best,\n"
+            "                 misses and verify\n"
+            "\n"
+            "Lookup order at run time: exact M, nearest tuned M (log2, ties to the larger),\n"
+            "another device of the same arch (used, with a warning), stale source hash\n"
+            "(never used), miss (default config). See docs/DB.md.\n");
+}
+
+static int parse(int argc, char **argv, opts *o)
+{
+    memset(o, 0, sizeof *o);
+    const char *env = getenv("MOETUNE_DB");
+    o->db_path = env && *env ? env : "moetune.db";
+    bool bad = false;
+    for (int i = 2; i < argc; i++) {
+        const char *v;
+        if ((v = cli_opt(argc, argv, &i, "--db", &bad)))
+            o->db_path = v;
+        else if ((v = cli_opt(argc, argv, &i, "--out", &bad)))
+            o->out = v;
+        else if ((v = cli_opt(argc, argv, &i, "--family", &bad)))
+            o->filter.family = v;
+        else if ((v = cli_opt(argc, argv, &i, "--shape", &bad)))
+            o->filter.shape_key = v;
+        else if ((v = cli_opt(argc, argv, &i, "--device", &bad)))
+            o->filter.device = v;
+        else if ((v = cli_opt(argc, argv, &i, "--m", &bad))) {
+            char *end;
+            o->filter.m = strtoll(v, &end, 10);
+            if (*end || o->filter.m < 1) {
+                cli_error("db", "--m needs a positive integer, got '%s'", v);
+                return CLI_USAGE;
+            }
+        } else if ((v = cli_opt(argc, argv, &i, "--keep-hash", &bad))) {
+            const char *eq = strchr(v, '=');
+            if (!eq || eq == v || !eq[1] || o->nkeep >= MAX_ITEMS ||
+                strlen(v) >= sizeof o->keep_buf[0]) {
+                cli_error("db", "--keep-hash needs FAMILY=HASH, got '%s'", v);
+                return CLI_USAGE;
+            }
+            char *b = o->keep_buf[o->nkeep];
+            snprintf(b, sizeof o->keep_buf[0], "%s", v);
+            b[eq - v] = 0;
+            o->keep[o->nkeep++] = (db_keep_hash){b, b + (eq - v) + 1};
+        } else if (cli_flag(argv[i], "--json"))
+            o->json = true;
+        else if (cli_flag(argv[i], "--dry-run"))
+            o->dry_run = true;
+        else if (cli_flag(argv[i], "--help") || cli_flag(argv[i], "-h")) {
+            usage(stdout);
+            return -1;
+        } else if (argv[i][0] == '-' && argv[i][1]) {
+            cli_error("db", "unknown option '%s'", argv[i]);
+            return CLI_USAGE;
+        } else if (o->nitems < MAX_ITEMS)
+            o->items[o->nitems++] = argv[i];
+        else {
+            cli_error("db", "too many arguments");
+            return CLI_USAGE;
+        }
+        if (bad)
+            return CLI_USAGE;
+    }
+    return bad ? CLI_USAGE : CLI_OK;
+}
+
+static void print_json(cJSON *j)
+{
+    char *s = cJSON_Print(j);
+    if (s)
+        puts(s);
+    free(s);
+    cJSON_Delete(j);
+}
+
+static const char *when(int64_t ms, char *buf, size_t cap)
+{
+    if (ms <= 0)
+        return "-";
+    time_t t = (time_t)(ms / 1000);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    strftime(buf, cap, "%Y-%m-%d %H:%M:%SZ", &tm);
+    return buf;
+}
+
+static int fail(const char *what, const mt_err *e)
+{
+    cli_error("db", "%s: %s", what, e->msg);
+    return CLI_FAIL;
+}
+
+static db_t *open_db(const opts *o, db_open_flags flags, mt_err *e)
+{
+    db_t *db = NULL;
+    if (db_open(o->db_path, flags, &db, e) != MT_OK)
+        return NULL;
+    return db;
+}
+
+/* ---- show ---------------------------------------------------------------- */
+
+static cJSON *device_json(const db_device_row *d)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "backend", db_backend_name(d->backend));
+    cJSON_AddStringToObject(o, "arch", d->arch);
+    cJSON_AddStringToObject(o, "name", d->name);
+    cJSON_AddNumberToObject(o, "compute_units", d->compute_units);
+    cJSON_AddStringToObject(o, "runtime_version", d->runtime_version);
+    cJSON_AddStringToObject(o, "driver_version", d->driver_version);
+    cJSON_AddStringToObject(o, "fingerprint", d->fingerprint);
+    return o;
+}
+
+static int show_device(void *ctx, const db_device_row *d)
+{
+    if (ctx) {
+        cJSON_AddItemToArray(ctx, device_json(d));
+        return 0;
+    }
+    printf("  %-4s %-10s %-36s %4d CUs  %-20s %.16s\n", db_backend_name(d->backend), d->arch,
+           d->name, d->compute_units, d->runtime_version, d->fingerprint);
+    return 0;
+}
+
+static int cmd_show(const opts *o)
+{
+    mt_err e = MT_ERR_INIT;
+    db_t *db = open_db(o, DB_OPEN_READONLY, &e);
+    if (!db)
+        return fail("show", &e);
+    db_stats s;
+    if (db_stats_get(db, &s, &e) != MT_OK) {
+        db_close(db);
+        return fail("show", &e);
+    }
+    cJSON *devs = o->json ? cJSON_CreateArray() : NULL;
+    if (!o->json) {
+        printf("database %s (schema %d)\n", o->db_path, s.schema_version);
+        printf("devices %" PRId64 ", kernels %" PRId64 ", sessions %" PRId64 ", winners %" PRId64
+               " (%" PRId64 " re-verified), misses %" PRId64 ", code objects %" PRId64 "\n",
+               s.devices, s.kernels, s.sessions, s.winners, s.winners_verified, s.misses,
+               s.code_objects);
+        printf("trials %" PRId64 ":", s.trials);
+        for (int i = 0; i < DB_TRIAL_STATUS_COUNT; i++)
+            printf(" %s %" PRId64, db_trial_status_str((db_trial_status)i), s.trials_by_status[i]);
+        printf("\ndevices:\n");
+    }
+    mt_status st = db_devices_each(db, show_device, devs, &e);
+    db_close(db);
+    if (st != MT_OK) {
+        cJSON_Delete(devs);
+        return fail("show", &e);
+    }
+    if (o->json) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "path", o->db_path);
+        cJSON_AddNumberToObject(j, "schema_version", s.schema_version);
+        cJSON_AddNumberToObject(j, "devices", (double)s.devices);
+        cJSON_AddNumberToObject(j, "kernels", (double)s.kernels);
+        cJSON_AddNumberToObject(j, "sessions", (double)s.sessions);
+        cJSON_AddNumberToObject(j, "trials", (double)s.trials);
+        cJSON *by = cJSON_AddObjectToObject(j, "trials_by_status");
+        for (int i = 0; i < DB_TRIAL_STATUS_COUNT; i++)
+            cJSON_AddNumberToObject(by, db_trial_status_str((db_trial_status)i),
+                                    (double)s.trials_by_status[i]);
+        cJSON_AddNumberToObject(j, "winners", (double)s.winners);
+        cJSON_AddNumberToObject(j, "winners_verified", (double)s.winners_verified);
+        cJSON_AddNumberToObject(j, "misses", (double)s.misses);
+        cJSON_AddNumberToObject(j, "code_objects", (double)s.code_objects);
+        cJSON_AddItemToObject(j, "device_list", devs);
+        print_json(j);
+    }
+    return CLI_OK;
+}
+
+/* ---- best / verify ------------------------------------------------------- */
+
+typedef struct list_ctx {
+    cJSON *arr;
+    int64_t n;
+} list_ctx;
+
+static int show_winner(void *ctx, const db_winner_row *w)
+{
+    list_ctx *c = ctx;
+    c->n++;
+    if (c->arr) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddItemToObject(o, "device", device_json(&w->device));
+        cJSON_AddStringToObject(o, "family", w->family);
+        cJSON_AddNumberToObject(o, "version", w->version);
+        cJSON_AddStringToObject(o, "source_hash", w->source_hash);
+        cJSON_AddStringToObject(o, "shape", w->shape_key);
+        cJSON_AddNumberToObject(o, "m", (double)w->m);
+        cJSON_AddStringToObject(o, "config_key", w->config_key);
+        cJSON *cfg = cJSON_Parse(w->config_json);
+        cJSON_AddItemToObject(o, "config", cfg ? cfg : cJSON_CreateString(w->config_json));
+        cJSON_AddNumberToObject(o, "time_ms", w->time_ms);
+        cJSON *ru = cJSON_Parse(w->runner_ups_json);
+        cJSON_AddItemToObject(o, "runner_ups", ru ? ru : cJSON_CreateArray());
+        if (w->verified_ms > 0) {
+            cJSON_AddNumberToObject(o, "verified_ms", (double)w->verified_ms);
+            cJSON_AddNumberToObject(o, "verified_time_ms", w->verified_time_ms);
+        }
+        if (w->origin)
+            cJSON_AddStringToObject(o, "origin", w->origin);
+        cJSON_AddItemToArray(c->arr, o);
+        return 0;
+    }
+    char vbuf[32] = "-";
+    if (w->verified_ms > 0)
+        snprintf(vbuf, sizeof vbuf, "%.4f ms", w->verified_time_ms);
+    printf("%-24.24s %-12s %-36s %6" PRId64 "  %-28s %10.4f ms  verified %s%s%s\n",
+           w->device.name, w->family, w->shape_key, w->m, w->config_key, w->time_ms, vbuf,
+           w->origin ? "  from " : "", w->origin ? w->origin : "");
+    return 0;
+}
+
+static int cmd_best(const opts *o)
+{
+    mt_err e = MT_ERR_INIT;
+    db_t *db = open_db(o, DB_OPEN_READONLY, &e);
+    if (!db)
+        return fail("best", &e);
+    list_ctx c = {o->json ? cJSON_CreateArray() : NULL, 0};
+    if (!o->json)
+        printf("%-24s %-12s %-36s %6s  %-28s %13s\n", "device", "family", "shape", "M", "config",
+               "median");
+    mt_status st = db_winners_each(db, &o->filter, show_winner, &c, &e);
+    db_close(db);
+    if (st != MT_OK) {
+        cJSON_Delete(c.arr);
+        return fail("best", &e);
+    }
+    if (o->json)
+        print_json(c.arr);
+    else if (c.n == 0)
+        printf("(no winners%s)\n", o->filter.family || o->filter.shape_key || o->filter.m ||
+                                           o->filter.device
+                                       ? " match the filter"
+                                       : "");
+    return CLI_OK;
+}
+
+static int cmd_verify(const opts *o)
+{
+    mt_err e = MT_ERR_INIT;
+    db_t *db = open_db(o, DB_OPEN_READONLY, &e);
+    if (!db)
+        return fail("verify", &e);
+    bool ok = false;
+    char msg[512];
+    if (db_integrity_check(db, &ok, msg, sizeof msg, &e) != MT_OK) {
+        db_close(db);
+        return fail("verify", &e);
+    }
+    list_ctx c = {o->json ? cJSON_CreateArray() : NULL, 0};
+    if (!o->json) {
+        printf("integrity: %s\n", ok ? "ok" : msg);
+        printf("re-timing stored winners needs the tuner and the device they were tuned on; "
+               "`moetune db verify` does not time kernels. These winners would be re-timed:\n");
+    }
+    mt_status st = db_winners_each(db, &o->filter, show_winner, &c, &e);
+    db_close(db);
+    if (st != MT_OK) {
+        cJSON_Delete(c.arr);
+        return fail("verify", &e);
+    }
+    if (o->json) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddBoolToObject(j, "integrity_ok", ok);
+        cJSON_AddStringToObject(j, "integrity", ok ? "ok" : msg);
+        cJSON_AddBoolToObject(j, "retimed", false);
+        cJSON_AddItemToObject(j, "would_retime", c.arr);
+        print_json(j);
+    } else {
+        printf("%" PRId64 " winners listed; none re-timed\n", c.n);
+    }
+    return ok ? CLI_OK : CLI_FAIL;
+}
+
+/* ---- misses -------------------------------------------------------------- */
+
+static int show_miss(void *ctx, const db_miss_row *m)
+{
+    list_ctx *c = ctx;
+    c->n++;
+    char a[32], b[32];
+    if (c->arr) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddItemToObject(o, "device", device_json(&m->device));
+        cJSON_AddStringToObject(o, "family", m->family);
+        cJSON_AddStringToObject(o, "shape", m->shape_key);
+        cJSON_AddNumberToObject(o, "m", (double)m->m);
+        cJSON_AddNumberToObject(o, "count", (double)m->count);
+        cJSON_AddNumberToObject(o, "first_seen_ms", (double)m->first_seen_ms);
+        cJSON_AddNumberToObject(o, "last_seen_ms", (double)m->last_seen_ms);
+        cJSON_AddStringToObject(o, "last_reason", db_provenance_str(m->last_reason));
+        cJSON_AddItemToArray(c->arr, o);
+        return 0;
+    }
+    printf("%8" PRId64 "  %-12s %-24.24s %-12s %-36s %6" PRId64 "  %s .. %s\n", m->count,
+           db_provenance_str(m->last_reason), m->device.name, m->family, m->shape_key, m->m,
+           when(m->first_seen_ms, a, sizeof a), when(m->last_seen_ms, b, sizeof b));
+    return 0;
+}
+
+static int cmd_misses(const opts *o)
+{
+    mt_err e = MT_ERR_INIT;
+    db_t *db = open_db(o, DB_OPEN_READONLY, &e);
+    if (!db)
+        return fail("misses", &e);
+    list_ctx c = {o->json ? cJSON_CreateArray() : NULL, 0};
+    if (!o->json)
+        printf("%8s  %-12s %-24s %-12s %-36s %6s  %s\n", "count", "reason", "device", "family",
+               "shape", "M", "first .. last seen");
+    mt_status st = db_misses_each(db, &o->filter, show_miss, &c, &e);
+    db_close(db);
+    if (st != MT_OK) {
+        cJSON_Delete(c.arr);
+        return fail("misses", &e);
+    }
+    if (o->json)
+        print_json(c.arr);
+    else if (c.n == 0)
+        printf("(no misses recorded)\n");
+    return CLI_OK;
+}
+
+/* ---- export / import / merge --------------------------------------------- */
+
+static int cmd_export(const opts *o)
+{
+    mt_err e = MT_ERR_INIT;
+    db_t *db = open_db(o, DB_OPEN_READONLY, &e);
+    if (!db)
+        return fail("export", &e);
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = o->out ? open_memstream(&buf, &n) : stdout;
+    mt_status st = f ? db_export(db, f, &e) : mt_fail(&e, MT_E_NOMEM, "export buffer");
+    db_close(db);
+    if (o->out && f)
+        fclose(f);
+    if (st == MT_OK && o->out)
+        st = mt_file_write_atomic(o->out, buf, n, &e);
+    free(buf);
+    if (st != MT_OK)
+        return fail("export", &e);
+    if (o->out)
+        fprintf(stderr, "exported %s to %s (%zu bytes)\n", o->db_path, o->out, n);
+    return CLI_OK;
+}
+
+static cJSON *stats_json(const char *src, const db_merge_stats *s)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "source", src);
+    cJSON_AddNumberToObject(o, "devices_added", (double)s->devices_added);
+    cJSON_AddNumberToObject(o, "kernels_added", (double)s->kernels_added);
+    cJSON_AddNumberToObject(o, "sessions_added", (double)s->sessions_added);
+    cJSON_AddNumberToObject(o, "trials_added", (double)s->trials_added);
+    cJSON_AddNumberToObject(o, "trials_replaced", (double)s->trials_replaced);
+    cJSON_AddNumberToObject(o, "trials_kept", (double)s->trials_kept);
+    cJSON_AddNumberToObject(o, "winners_added", (double)s->winners_added);
+    cJSON_AddNumberToObject(o, "winners_replaced", (double)s->winners_replaced);
+    cJSON_AddNumberToObject(o, "winners_kept", (double)s->winners_kept);
+    cJSON_AddNumberToObject(o, "misses_merged", (double)s->misses_merged);
+    cJSON_AddNumberToObject(o, "code_objects_added", (double)s->code_added);
+    return o;
+}
+
+static void print_stats(const char *src, const db_merge_stats *s)
+{
+    printf("%s: trials +%" PRId64 " added, %" PRId64 " replaced, %" PRId64 " kept; winners +%" PRId64
+           " added, %" PRId64 " replaced, %" PRId64 " kept; devices +%" PRId64 ", kernels +%" PRId64
+           ", sessions +%" PRId64 ", misses %" PRId64 ", code objects +%" PRId64 "\n",
+           src, s->trials_added, s->trials_replaced, s->trials_kept, s->winners_added,
+           s->winners_replaced, s->winners_kept, s->devices_added, s->kernels_added,
+           s->sessions_added, s->misses_merged, s->code_added);
+}
+
+static int cmd_join(const opts *o, bool is_merge)
+{
+    const char *what = is_merge ? "merge" : "import";
+    if (o->nitems == 0) {
+        cli_error("db", "%s needs at least one %s", what, is_merge ? "SRC.db" : "FILE.json");
+        return CLI_USAGE;
+    }
+    mt_err e = MT_ERR_INIT;
+    db_t *db = open_db(o, DB_OPEN_DEFAULT, &e);
+    if (!db)
+        return fail(what, &e);
+    cJSON *arr = o->json ? cJSON_CreateArray() : NULL;
+    if (!o->json)
+        printf("%s\n", db_merge_rule());
+    int rc = CLI_OK;
+    for (int i = 0; i < o->nitems; i++) {
+        db_merge_stats s;
+        mt_status st = is_merge ? db_merge(db, o->items[i], &s, &e)
+                                : db_import(db, o->items[i], &s, &e);
+        if (st != MT_OK) {
+            rc = fail(what, &e);
+            break;
+        }
+        if (o->json)
+            cJSON_AddItemToArray(arr, stats_json(o->items[i], &s));
+        else
+            print_stats(o->items[i], &s);
+    }
+    db_close(db);
+    if (o->json) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "rule", db_merge_rule());
+        cJSON_AddItemToObject(j, "sources", arr);
+        print_json(j);
+    }
+    return rc;
+}
+
+/* ---- gc ------------------------------------------------------------------ */
+
+static int cmd_gc(const opts *o)
+{
+    if (o->nkeep == 0) {
+        cli_error("db", "gc needs the current source hashes: --keep-hash FAMILY=HASH (repeat "
+                        "for each family and source)");
+        return CLI_USAGE;
+    }
+    mt_err e = MT_ERR_INIT;
+    db_t *db = open_db(o, o->dry_run ? DB_OPEN_READONLY : DB_OPEN_NOCREATE, &e);
+    if (!db)
+        return fail("gc", &e);
+    db_gc_stats s;
+    mt_status st = db_gc(db, o->keep, o->nkeep, o->dry_run, &s, &e);
+    db_close(db);
+    if (st != MT_OK)
+        return fail("gc", &e);
+    if (o->json) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddBoolToObject(j, "dry_run", o->dry_run);
+        cJSON_AddNumberToObject(j, "kernels_removed", (double)s.kernels_removed);
+        cJSON_AddNumberToObject(j, "trials_removed", (double)s.trials_removed);
+        cJSON_AddNumberToObject(j, "winners_removed", (double)s.winners_removed);
+        print_json(j);
+    } else {
+        printf("%s %" PRId64 " stale kernel versions: %" PRId64 " trials, %" PRId64 " winners\n",
+               o->dry_run ? "would drop" : "dropped", s.kernels_removed, s.trials_removed,
+               s.winners_removed);
+    }
+    return CLI_OK;
+}
+
+int cmd_db(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
+        !strcmp(argv[1], "help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? CLI_USAGE : CLI_OK;
+    }
+    opts o;
+    int rc = parse(argc, argv, &o);
+    if (rc < 0)
+        return CLI_OK;
+    if (rc != CLI_OK)
+        return rc;
+    const char *sub = argv[1];
+    if (strcmp(sub, "import") && strcmp(sub, "merge") && o.nitems > 0) {
+        cli_error("db", "%s takes no argument '%s'", sub, o.items[0]);
+        return CLI_USAGE;
+    }
+    static const struct {
+        const char *name;
+        int (*fn)(const opts *o);
+    } table[] = {
+        {"show", cmd_show},     {"best", cmd_best},     {"export", cmd_export},
+        {"misses", cmd_misses}, {"verify", cmd_verify}, {"gc", cmd_gc},
+        {NULL, NULL},
+    };
+    for (int i = 0; table[i].name; i++)
+        if (!strcmp(sub, table[i].name))
+            return table[i].fn(&o);
+    if (!strcmp(sub, "import"))
+        return cmd_join(&o, false);
+    if (!strcmp(sub, "merge"))
+        return cmd_join(&o, true);
+    cli_error("db", "unknown command '%s'", sub);
+    usage(stderr);
+    return CLI_USAGE;
+}
