@@ -61,9 +61,6 @@ extern const dev_backend_ops dev_cpu_ops;
 extern const dev_backend_ops dev_emu_ops;
 #ifdef MOETUNE_HAVE_HIP
 extern const dev_backend_ops dev_hip_ops;
-/* Embedded text of a prelude in device/preludes ("prelude_gpu.h"), or NULL. */
-const char *dev_prelude_get(const char *name);
-
 #endif
 extern const dev_backend_ops dev_cuda_ops; /* loads libcuda/NVRTC at run time */
 

@@ -6,7 +6,9 @@
  * __syncthreads(), __shared__, __launch_bounds__, __restrict__, and the
  * int/float atomicAdd/atomicMin/atomicMax/atomicExch/atomicCAS):
  *
- *   MT_KERNEL                 before a kernel: `MT_KERNEL void f(...)`
+ *   MT_KERNEL                 before a kernel: `MT_KERNEL void f(...)`, with
+ *                             launch bounds after it: `MT_KERNEL __launch_bounds__(256) void f`
+ *                             (NVRTC rejects them before extern "C")
  *   MT_DEVICE                 before a helper: `MT_DEVICE float g(...)`
  *   MT_DYN_SHARED(T, name)    declares the dynamic shared array `T name[]`
  *   MT_WARP_SIZE              warp/wave size (a run-time value on emu)
