@@ -1,0 +1,75 @@
+/* MOE_CHECK_SPEC is the device this file checks (set by its includer). */
+/* moe_check.h: the body of test_moe_check_*.c: every MoE family (moe_route,
+ * moe_align, moe_gemm_up, moe_gemm_down, moe_combine, mxfp4_quant) against
+ * its C reference on one device: the family's own small cases (M in {1, 3,
+ * 17, 64} and more; M not a multiple of any tile, experts with no tokens,
+ * every token on one expert, topk 1) with the default config, plus sampled
+ * valid configs of each space on two cases. Fresh seeds, printed on
+ * failure. Not a test by itself (no test_ prefix). */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/rng.h"
+#include "device/device.h"
+#include "kernels/family.h"
+#include "kernels/runner.h"
+
+static void check_cases(const char *spec, const char *fname, int extra_configs)
+{
+    dev_device *d = NULL;
+    mt_err err = MT_ERR_INIT;
+    if (dev_open(spec, NULL, &d, &err) != MT_OK)
+        cr_assert_fail("open %s: %s", spec, err.msg);
+    const kern_family *f = kern_family_find(fname);
+    cr_assert_not_null(f, "family %s is registered", fname);
+    const kern_impl *im = kern_family_impl(f, dev_get_props(d)->backend);
+    cr_assert_not_null(im, "%s has an implementation for %s", fname, spec);
+    uint64_t seed = mt_seed_fresh();
+    for (int c = 0; c < f->n_cases; c++) {
+        mt_status st = kern_check_one(d, f, f->cases[c].key, f->cases[c].m, NULL, seed + c, &err);
+        cr_expect_eq(st, MT_OK, "%s on %s, case %s M=%lld, default config, seed %llu: %s",
+                     fname, spec, f->cases[c].key, (long long)f->cases[c].m,
+                     (unsigned long long)(seed + c), err.msg);
+        /* Other valid configs of the space on the first and the last case
+         * (each config is one more compile). */
+        if (c != 0 && c != f->n_cases - 1)
+            continue;
+        kern_shape s;
+        int64_t m = f->cases[c].m;
+        if (kern_shape_parse(f, f->cases[c].key, &s, NULL, &err) != MT_OK)
+            cr_assert_fail("%s", err.msg);
+        mt_rng r;
+        mt_rng_seed(&r, seed ^ (uint64_t)c);
+        uint64_t n = kern_space_size(im);
+        int done = 0;
+        for (int tries = 0; tries < 200 && done < extra_configs; tries++) {
+            kern_config cfg;
+            kern_space_point(im, mt_rng_below(&r, n), &cfg);
+            char why[256];
+            if (!kern_config_valid(f, im, &s, m, &cfg, dev_get_props(d), why, sizeof why))
+                continue;
+            char key[256];
+            kern_config_key(im, &cfg, key, sizeof key);
+            st = kern_check_one(d, f, f->cases[c].key, m, &cfg, seed + c, &err);
+            cr_expect_eq(st, MT_OK, "%s on %s, case %s M=%lld, config %s, seed %llu: %s",
+                         fname, spec, f->cases[c].key, (long long)m, key,
+                         (unsigned long long)(seed + c), err.msg);
+            done++;
+        }
+    }
+    dev_close(d);
+}
+
+#define MOE_FAMILY_TEST(fam)                                                        \
+    Test(MOE_CHECK_SUITE, fam##_matches_reference, .timeout = 600)                  \
+    {                                                                               \
+        check_cases(MOE_CHECK_SPEC, #fam, MOE_CHECK_CONFIGS);                       \
+    }
+
+MOE_FAMILY_TEST(moe_route)
+MOE_FAMILY_TEST(moe_align)
+MOE_FAMILY_TEST(moe_gemm_up)
+MOE_FAMILY_TEST(moe_gemm_down)
+MOE_FAMILY_TEST(moe_combine)
+MOE_FAMILY_TEST(mxfp4_quant)
