@@ -166,7 +166,7 @@ static void check_config(dev_device *d, const kern_family *f, const kern_impl *i
         cJSON_AddNumberToObject(r, "ms", ms);
         cJSON_AddItemToArray(rows, r);
     } else {
-        printf("%-14s %-28s %5" PRId64 " %-40s %-8s %s %7.1f ms%s%s\n", f->name, shape_key, m,
+        printf("%-14s %-44s %5" PRId64 " %-40s %-8s %s %7.1f ms%s%s\n", f->name, shape_key, m,
                ckey, st == MT_OK ? what : mt_status_str(st),
                info && info->cache_hit ? "cached " : "       ", ms, res[0] ? "  " : "", res);
         if (st != MT_OK)
