@@ -72,4 +72,5 @@ sed -n '/kernel selection/,/^$/p' "$log"
 echo "== one chat request"
 body='{"model":"tiny-glm5","messages":[{"role":"user","content":"Say something about experts."}],"max_tokens":24,"temperature":0}'
 answer=$(curl -sf "http://127.0.0.1:$port/v1/chat/completions" -H 'Content-Type: application/json' -d "$body")
-echo "$answer" | python3 -c 'import json,sys; r=json.load(sys.stdin); print("answer:", r["choices"][0]["message"]["content"]); print("usage:", r["usage"])' 2>/dev/null || echo "$answer"
+echo "answer: $(echo "$answer" | jq -r '.choices[0].message.content')"
+echo "usage:  $(echo "$answer" | jq -c '.usage')"

@@ -8,7 +8,7 @@ pkgs=(
   libsqlite3-dev sqlite3 libcjson-dev libcriterion-dev libffi-dev
   libpcre2-dev libcivetweb-dev
   libamdhip64-dev libamd-comgr-dev
-  curl
+  curl jq
 )
 
 missing=()
