@@ -15,6 +15,7 @@ static const struct {
     {"db", cmd_db, "inspect, export, import, merge and clean a tuning database"},
     {"tune", cmd_tune, "search, verify and time kernel configs; store winners in the database"},
     {"make-tiny-model", cmd_make_tiny_model, "write a small random GLM-5 checkpoint in the real MXFP4 format"},
+    {"bench", cmd_bench, "benchmark kernels against limits measured in the same run (--family moe)"},
     {NULL, NULL, NULL},
 };
 
