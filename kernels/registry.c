@@ -16,6 +16,12 @@ extern const kern_family fam_mla_prefill;
 extern const kern_family fam_mla_decode;
 extern const kern_family fam_dsa_indexer;
 extern const kern_family fam_rope;
+extern const kern_family fam_ops_embed;
+extern const kern_family fam_ops_copy;
+extern const kern_family fam_ops_residual;
+extern const kern_family fam_ops_silu_mul;
+extern const kern_family fam_ops_head_gemm;
+extern const kern_family fam_ops_kv_store;
 
 static const kern_family *const families[] = {
     &fam_rmsnorm,
@@ -30,6 +36,12 @@ static const kern_family *const families[] = {
     &fam_mla_decode,
     &fam_dsa_indexer,
     &fam_rope,
+    &fam_ops_embed,
+    &fam_ops_copy,
+    &fam_ops_residual,
+    &fam_ops_silu_mul,
+    &fam_ops_head_gemm,
+    &fam_ops_kv_store,
     NULL,
 };
 
