@@ -248,7 +248,18 @@ static mt_status put(gen *g, const char *name, model_dtype dt, int ndim, const i
     return st;
 }
 
-/* A bf16 tensor of normal values: mean + std * N(0, 1). */
+/* A cheap unit-variance bell curve (sum of four uniforms, Irwin-Hall):
+ * random weights need the right scale, not exact normality, and Box-Muller
+ * dominated the time of writing the model. */
+static float bell(mt_rng *r)
+{
+    float s = 0;
+    for (int i = 0; i < 4; i++)
+        s += (float)(mt_rng_u64(r) >> 40) * (1.0f / 16777216.0f);
+    return (s - 2.0f) * 1.7320508f;
+}
+
+/* A bf16 tensor of random values with the given mean and std. */
 static mt_status put_bf16(gen *g, const char *name, int ndim, const int64_t *shape, float mean,
                           float std)
 {
@@ -256,7 +267,7 @@ static mt_status put_bf16(gen *g, const char *name, int ndim, const int64_t *sha
     for (int i = 0; i < ndim; i++)
         n *= shape[i];
     for (int64_t i = 0; i < n; i++)
-        g->h[i] = mt_f32_to_bf16(mean + std * mt_rng_normal(&g->rng));
+        g->h[i] = mt_f32_to_bf16(mean + std * bell(&g->rng));
     return put(g, name, MODEL_DTYPE_BF16, ndim, shape, g->h, (size_t)n * 2);
 }
 
@@ -279,7 +290,7 @@ static mt_status put_linear(gen *g, const char *prefix, const char *suffix, int6
     if (!mxfp4)
         return put_bf16(g, name, 2, shape, 0, std);
     for (int64_t i = 0; i < out * in; i++)
-        g->f[i] = std * mt_rng_normal(&g->rng);
+        g->f[i] = std * bell(&g->rng);
     mxfp4_quantize_matrix(g->f, out, in, g->q, g->s);
     int64_t qshape[2] = {out, in / 2}, sshape[2] = {out, in / 32};
     mt_status st = put(g, name, MODEL_DTYPE_U8, 2, qshape, g->q, (size_t)(out * in / 2));

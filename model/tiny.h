@@ -16,10 +16,10 @@
  * with top-k 16 (freq 4, offset 3: layers 0-2 full, layer 3 shared), vocab
  * 512, 4096 positions, one MTP layer `model.layers.4.*`.
  *
- * Weights: seeded normal values, each linear scaled by 1/sqrt(in) (0.5/sqrt(in)
- * for the ones that write the residual stream), embeddings unit variance,
- * norms near 1, so activations stay O(1) through the layers. The same seed
- * writes byte-identical files. */
+ * Weights: seeded random values (a unit-variance bell curve), each linear
+ * scaled by 1/sqrt(in) (0.5/sqrt(in) for the ones that write the residual
+ * stream), embeddings unit variance, norms near 1, so activations stay O(1)
+ * through the layers. The same seed writes byte-identical files. */
 #ifndef MT_MODEL_TINY_H
 #define MT_MODEL_TINY_H
 
