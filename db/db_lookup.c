@@ -161,12 +161,30 @@ static mt_status lookup(db_t *db, const query *q, bool record, db_lookup_result 
         return MT_OK;
     }
 
-    /* 2. nearest tuned M for this shape on this device model. */
+    /* 2. nearest tuned M for this shape on this device model: pick the M
+     * from the index alone, then fetch its row as in 1. */
     if ((st = db_stmt(db, ST_LOOKUP_SHAPE, &s, err)))
         return st;
     bind_query(s, q);
-    if ((st = take_best(db, s, q, out, &found, err)))
-        return st;
+    int64_t best_m = 0;
+    int rc;
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        int64_t tm = sqlite3_column_int64(s, 0);
+        if (!best_m || closer(q->m, tm, best_m))
+            best_m = tm;
+    }
+    sqlite3_reset(s);
+    if (rc != SQLITE_DONE)
+        return DB_FAIL(db, err, rc, "looking up tuned Ms");
+    if (best_m) {
+        query at = *q;
+        at.m = best_m;
+        if ((st = db_stmt(db, ST_LOOKUP_EXACT, &s, err)))
+            return st;
+        bind_query(s, &at);
+        if ((st = take_best(db, s, &at, out, &found, err)))
+            return st;
+    }
     if (found) {
         out->provenance = DB_HIT_NEAREST;
         snprintf(out->message, sizeof out->message,
@@ -199,7 +217,7 @@ static mt_status lookup(db_t *db, const query *q, bool record, db_lookup_result 
     if ((st = db_stmt(db, ST_LOOKUP_STALE, &s, err)))
         return st;
     bind_query(s, q);
-    int rc = sqlite3_step(s);
+    rc = sqlite3_step(s);
     if (rc == SQLITE_ROW) {
         char old[16], cur[16];
         short_hash(old, sizeof old, db_col_text(s, 1));

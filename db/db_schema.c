@@ -89,7 +89,7 @@ static const char schema_v2[] =
     "  verified_time_ms REAL,\n"
     "  origin TEXT,\n"
     "  PRIMARY KEY(device_id, kernel_id, shape, m));\n"
-    "CREATE INDEX winners_by_kernel ON winners(kernel_id, shape, m);\n"
+    "CREATE INDEX winners_by_kernel ON winners(kernel_id, shape, m, device_id);\n"
     "CREATE INDEX winners_by_trial ON winners(trial_id);\n"
     "CREATE TABLE misses(\n"
     "  device_id INTEGER NOT NULL REFERENCES devices(id),\n"
@@ -211,7 +211,7 @@ static const char migrate_1_2[] =
     "  FROM winners w LEFT JOIN trials t ON t.id = w.trial_id;\n"
     "DROP TABLE winners;\n"
     "ALTER TABLE winners_v2 RENAME TO winners;\n"
-    "CREATE INDEX winners_by_kernel ON winners(kernel_id, shape, m);\n"
+    "CREATE INDEX winners_by_kernel ON winners(kernel_id, shape, m, device_id);\n"
     "CREATE INDEX winners_by_trial ON winners(trial_id);\n"
     /* misses: first/last seen unknown before v2: the upgrade time. */
     "ALTER TABLE misses ADD COLUMN first_seen_ms INTEGER NOT NULL DEFAULT 0;\n"

@@ -62,8 +62,11 @@ static const char *const stmt_sql[ST_STMT_COUNT] = {
         "WHERE k.family = ?1 AND k.version = ?2 AND k.source_hash = ?3 AND w.shape = ?4 "
         "AND w.m = ?5 AND d.backend = ?6 AND d.arch = ?7 AND d.name = ?8 "
         "AND d.compute_units = ?9 AND ?10 IS NOT NULL",
+    /* Only the tuned Ms, read from the covering index winners_by_kernel;
+     * the row itself is then fetched with ST_LOOKUP_EXACT. */
     [ST_LOOKUP_SHAPE] =
-        LOOKUP_COLUMNS
+        "SELECT w.m FROM kernels k JOIN winners w ON w.kernel_id = k.id "
+        "JOIN devices d ON d.id = w.device_id "
         "WHERE k.family = ?1 AND k.version = ?2 AND k.source_hash = ?3 AND w.shape = ?4 "
         "AND d.backend = ?6 AND d.arch = ?7 AND d.name = ?8 AND d.compute_units = ?9 "
         "AND ?5 > 0 AND ?10 IS NOT NULL",
