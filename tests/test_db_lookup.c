@@ -3,6 +3,8 @@
  * recording, coverage, winners recomputed from trials, resume checks. */
 #include "test_db_util.h"
 
+#include <cjson/cJSON.h>
+
 static char dir[64], path[128];
 static db_t *db;
 static int64_t dev, ker;
@@ -204,8 +206,8 @@ Test(db_lookup, stale_hash_is_refused_and_reported)
 Test(db_lookup, other_device_of_same_arch_is_reported_and_used)
 {
     set_winner(db, dev, ker, SHAPE_A, 16, "BM=16", "{\"BM\":16}", 0.04);
-    db_device mi250 = dev_mi250();
-    db_lookup_result r = look(&mi250, HASH_A, 16);
+    db_device other = dev_mi250();
+    db_lookup_result r = look(&other, HASH_A, 16);
     cr_expect_eq(r.provenance, DB_OTHER_DEVICE);
     cr_expect(r.has_config);
     cr_expect_str_eq(r.config_json, "{\"BM\":16}");
@@ -222,6 +224,25 @@ Test(db_lookup, other_device_of_same_arch_is_reported_and_used)
     part.compute_units = 52;
     part.fingerprint = "fp-mi210-half";
     cr_expect_eq(look(&part, HASH_A, 16).provenance, DB_OTHER_DEVICE);
+
+    /* Among several other devices, the nearest compute-unit count wins. */
+    db_device mi250 = dev_mi250();
+    set_winner(db, device_id(db, &mi250), ker, SHAPE_A, 16, "BM=250", "{\"BM\":250}", 0.01);
+    db_device mi210_64 = mi210;
+    mi210_64.name = "AMD Instinct MI210 (64 CUs)";
+    mi210_64.compute_units = 64;
+    mi210_64.fingerprint = "fp-64";
+    set_winner(db, device_id(db, &mi210_64), ker, SHAPE_A, 16, "BM=64", "{\"BM\":64}", 0.5);
+    db_device probe = mi210;
+    probe.name = "a new board";
+    probe.fingerprint = "fp-probe";
+    probe.compute_units = 70; /* nearest: the 64-CU one, though slower */
+    db_lookup_result near = look(&probe, HASH_A, 16);
+    cr_expect_eq(near.provenance, DB_OTHER_DEVICE);
+    cr_expect_eq(near.device_compute_units, 64, "%s", near.message);
+    probe.compute_units = 108; /* nearest: the 110-CU one, though 104 is close too */
+    near = look(&probe, HASH_A, 16);
+    cr_expect_eq(near.device_compute_units, 110, "%s", near.message);
 
     /* Another arch is a plain miss. */
     db_device mi300 = mi210;
@@ -318,11 +339,25 @@ Test(db_winners, recompute_picks_fastest_ok_trial_with_runner_ups)
 
     char ru[1024] = "";
     cr_assert_eq(db_winners_each(db, NULL, runner_ups_fn, ru, &e), MT_OK);
-    /* Runner-ups: the next DB_RUNNER_UPS ok trials by median. */
-    int count = 0;
-    for (const char *p = ru; (p = strstr(p, "config_key")); p++)
-        count++;
-    cr_expect_eq(count, DB_RUNNER_UPS, "%s", ru);
+    /* Runner-ups: the next DB_RUNNER_UPS ok trials by median, in order. */
+    bool used[N] = {false};
+    used[best_i] = true;
+    cJSON *arr = cJSON_Parse(ru);
+    cr_assert(cJSON_IsArray(arr), "%s", ru);
+    cr_expect_eq(cJSON_GetArraySize(arr), DB_RUNNER_UPS, "%s", ru);
+    for (int r = 0; r < cJSON_GetArraySize(arr); r++) {
+        int next = -1;
+        for (int i = 0; i < N; i++)
+            if (!used[i] && ts[i].status == DB_TRIAL_OK &&
+                (next < 0 || ts[i].time_median_ms < ts[next].time_median_ms))
+                next = i;
+        used[next] = true;
+        const cJSON *k = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(arr, r), "config_key");
+        cr_expect(cJSON_IsString(k) && !strcmp(k->valuestring, keys[next]),
+                  "seed %llu: runner-up %d is %s, want %s", (unsigned long long)seed, r,
+                  cJSON_IsString(k) ? k->valuestring : "?", keys[next]);
+    }
+    cJSON_Delete(arr);
 
     /* A second recompute with nothing new changes nothing. */
     cr_assert_eq(db_winners_recompute(db, dev, ker, SHAPE_A, 128, &changed, &e), MT_OK);
