@@ -374,11 +374,14 @@ mt_status model_st_open(const char *path, model_st_file **out, mt_err *err)
     if (fd < 0)
         return mt_fail(err, MT_E_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    if (fstat(fd, &sb) != 0) {
         int e = errno;
         close(fd);
-        return mt_fail(err, MT_E_IO, "%s: not a readable regular file%s%s", path,
-                       S_ISREG(sb.st_mode) ? ": " : "", S_ISREG(sb.st_mode) ? strerror(e) : "");
+        return mt_fail(err, MT_E_IO, "%s: cannot stat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        close(fd);
+        return mt_fail(err, MT_E_IO, "%s: not a regular file", path);
     }
     model_st_file *f = file_new(path);
     if (!f) {
