@@ -973,9 +973,10 @@ mt_status emu_exec_launch(emu_exec *x, const emu_kernel_call *k, dev_dim3 grid,
                        "kernel '%s': block (%u,%u,%u) has %" PRIu64 " threads; emu "
                        "allows 1 to %d",
                        k->name, block.x, block.y, block.z, nt, EMU_MAX_BLOCK_THREADS);
-    if (!grid.x || !grid.y || !grid.z)
-        return mt_fail(err, MT_E_LAUNCH, "kernel '%s': empty grid (%u,%u,%u)", k->name,
-                       grid.x, grid.y, grid.z);
+    if (!grid.x || !grid.y || !grid.z ||
+        (uint64_t)grid.x * grid.y > (1ull << 40) / grid.z)
+        return mt_fail(err, MT_E_LAUNCH, "kernel '%s': grid (%u,%u,%u) is empty or has "
+                       "more than 2^40 blocks", k->name, grid.x, grid.y, grid.z);
     size_t static_shared = k->tls_bytes > 16 ? k->tls_bytes - 16 : 0;
     if (dyn_shared > EMU_SHARED_BYTES || static_shared + dyn_shared > EMU_SHARED_BYTES)
         return mt_fail(err, MT_E_LAUNCH,

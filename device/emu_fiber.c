@@ -43,7 +43,7 @@ void emu_stack_free(emu_stack *s)
     memset(s, 0, sizeof *s);
 }
 
-#if defined(__x86_64__)
+#if defined(__x86_64__) && !defined(MOETUNE_EMU_UCONTEXT)
 
 /* emu_asm_swap(void **save_sp, void *load_sp): pushes the callee-saved
  * registers, stores rsp, loads the other stack and pops its registers.
