@@ -254,13 +254,16 @@ static void report_outcome(worker *w)
                 break;
             }
         }
+        char wa[24] = "", wb[24] = "";
+        if (a >= 0 && w->t[a].op < MT_EMU_VOTE_BALLOT)
+            snprintf(wa, sizeof wa, " (width %d)", w->t[a].width);
+        if (b >= 0 && w->t[b].op < MT_EMU_VOTE_BALLOT)
+            snprintf(wb, sizeof wb, " (width %d)", w->t[b].width);
         fail(w->x, MT_E_DEADLOCK,
-             "%s: warp %d diverged: lane %d is at %s (width %d) while lane %d is at %s "
-             "(width %d); every live lane of a warp must take part in the same warp "
-             "operation",
-             pre, w->div_warp, a - base, a >= 0 ? op_name(w->t[a].op) : "?",
-             a >= 0 ? w->t[a].width : 0, b - base, b >= 0 ? op_name(w->t[b].op) : "?",
-             b >= 0 ? w->t[b].width : 0);
+             "%s: warp %d diverged: lane %d is at %s%s while lane %d is at %s%s; every "
+             "live lane of a warp must take part in the same warp operation",
+             pre, w->div_warp, a - base, a >= 0 ? op_name(w->t[a].op) : "?", wa, b - base,
+             b >= 0 ? op_name(w->t[b].op) : "?", wb);
         break;
     }
     case OUT_TRAP:
