@@ -21,6 +21,7 @@ int cmd_check(int argc, char **argv);
 int cmd_db(int argc, char **argv);
 int cmd_make_tiny_model(int argc, char **argv);
 int cmd_tune(int argc, char **argv);
+int cmd_bench_serve(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 
 /* Option parsing: "--name value" or "--name=value". Returns the value and

@@ -1,0 +1,444 @@
+/* serve_bench.c: Poisson load against an OpenAI-compatible server and the
+ * WORKLOAD.md table (see serve_bench.h). */
+#include "serve_bench.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../common/clock.h"
+#include "../common/rng.h"
+#include "serve_buf.h"
+#include "serve_client.h"
+#include "serve_sse.h"
+
+/* ---- statistics ------------------------------------------------------------------ */
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+double serve_percentile(double *v, size_t n, double p)
+{
+    if (n == 0)
+        return NAN;
+    qsort(v, n, sizeof *v, cmp_double);
+    double pos = p / 100.0 * (double)(n - 1);
+    size_t lo = (size_t)floor(pos);
+    if (lo >= n - 1)
+        return v[n - 1];
+    double f = pos - (double)lo;
+    return v[lo] + (v[lo + 1] - v[lo]) * f;
+}
+
+int serve_bench_knee(const serve_bench_row *rows, int n, double limit)
+{
+    int knee = -1;
+    for (int i = 0; i < n; i++)
+        if (rows[i].sent > 0 && rows[i].ok == rows[i].sent && rows[i].ttft_p95 <= limit &&
+            (knee < 0 || rows[i].rate > rows[knee].rate))
+            knee = i;
+    return knee;
+}
+
+/* ---- one request -------------------------------------------------------------------- */
+
+typedef struct dvec {
+    double *v;
+    size_t n, cap;
+} dvec;
+
+static bool dvec_push(dvec *d, double x)
+{
+    if (d->n == d->cap) {
+        size_t cap = d->cap ? d->cap * 2 : 64;
+        double *v = realloc(d->v, cap * sizeof *v);
+        if (!v)
+            return false;
+        d->v = v;
+        d->cap = cap;
+    }
+    d->v[d->n++] = x;
+    return true;
+}
+
+typedef struct req {
+    /* in */
+    const serve_url *url;
+    char *body;
+    size_t body_len;
+    double timeout_s;
+    int want_tokens;
+    uint64_t t_start; /* when it is due */
+    /* out */
+    bool ok;
+    char error[160];
+    double ttft;
+    dvec itl;
+    int tokens;
+    int64_t prompt_tokens, cached_tokens;
+    uint64_t t_end;
+    /* parsing */
+    serve_sse_parser sse;
+    bool done, failed;
+    uint64_t t_send, t_last;
+} req;
+
+static bool on_event(void *ctx, const char *data, size_t n)
+{
+    req *r = ctx;
+    if (n == 6 && !memcmp(data, "[DONE]", 6)) {
+        r->done = true;
+        return true;
+    }
+    cJSON *o = cJSON_ParseWithLength(data, n);
+    if (!o) {
+        snprintf(r->error, sizeof r->error, "an event is not JSON");
+        r->failed = true;
+        return false;
+    }
+    const cJSON *err = cJSON_GetObjectItemCaseSensitive(o, "error");
+    if (err) {
+        const cJSON *m = cJSON_GetObjectItemCaseSensitive(err, "message");
+        snprintf(r->error, sizeof r->error, "error event: %.120s",
+                 cJSON_IsString(m) ? m->valuestring : "?");
+        r->failed = true;
+        cJSON_Delete(o);
+        return false;
+    }
+    const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0);
+    int k = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(ch, "token_ids"));
+    if (k > 0) {
+        uint64_t now = mt_now_ns();
+        if (r->tokens == 0)
+            r->ttft = (double)(now - r->t_send) * 1e-9;
+        else
+            dvec_push(&r->itl, (double)(now - r->t_last) * 1e-9);
+        r->t_last = now;
+        r->tokens += k;
+    }
+    const cJSON *u = cJSON_GetObjectItemCaseSensitive(o, "usage");
+    if (cJSON_IsObject(u)) {
+        const cJSON *pt = cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens");
+        const cJSON *d = cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens_details");
+        const cJSON *ct = cJSON_GetObjectItemCaseSensitive(d, "cached_tokens");
+        r->prompt_tokens = cJSON_IsNumber(pt) ? (int64_t)pt->valuedouble : 0;
+        r->cached_tokens = cJSON_IsNumber(ct) ? (int64_t)ct->valuedouble : 0;
+    }
+    cJSON_Delete(o);
+    return true;
+}
+
+static bool on_body(void *ctx, const char *p, size_t n)
+{
+    req *r = ctx;
+    bool stopped = false;
+    mt_err err = MT_ERR_INIT;
+    if (serve_sse_feed(&r->sse, p, n, on_event, r, &stopped, &err)) {
+        snprintf(r->error, sizeof r->error, "%.150s", err.msg);
+        r->failed = true;
+        return false;
+    }
+    return !stopped;
+}
+
+static void *req_main(void *arg)
+{
+    req *r = arg;
+    uint64_t now = mt_now_ns();
+    if (r->t_start > now) {
+        uint64_t d = r->t_start - now;
+        struct timespec ts = {(time_t)(d / 1000000000u), (long)(d % 1000000000u)};
+        while (nanosleep(&ts, &ts) != 0)
+            ;
+    }
+    r->t_send = mt_now_ns();
+    serve_client_resp resp = SERVE_CLIENT_RESP_INIT;
+    mt_err err = MT_ERR_INIT;
+    mt_status st = serve_client_request(r->url, "POST", "/v1/completions", r->body, r->body_len,
+                                        r->timeout_s, on_body, r, &resp, &err);
+    r->t_end = mt_now_ns();
+    if (st)
+        snprintf(r->error, sizeof r->error, "%.150s", err.msg);
+    else if (resp.status != 200)
+        snprintf(r->error, sizeof r->error, "HTTP %d", resp.status);
+    else if (!r->failed && !r->done)
+        snprintf(r->error, sizeof r->error, "the stream ended without [DONE]");
+    else if (!r->failed && r->tokens != r->want_tokens)
+        snprintf(r->error, sizeof r->error, "%d tokens instead of %d", r->tokens,
+                 r->want_tokens);
+    r->ok = !st && resp.status == 200 && r->done && !r->failed && r->tokens == r->want_tokens;
+    serve_client_resp_release(&resp);
+    serve_sse_release(&r->sse);
+    return NULL;
+}
+
+/* ---- prompts ------------------------------------------------------------------------- */
+
+static char *prompt_body(const int32_t *prefix, int n_prefix, int input_len, int output_len,
+                         bool stream, mt_rng *rng, int32_t lo, int32_t hi, size_t *len)
+{
+    serve_buf b = SERVE_BUF_INIT;
+    bool bad = serve_buf_puts(&b, "{\"prompt\":[") != MT_OK;
+    for (int i = 0; i < input_len && !bad; i++) {
+        int32_t t = i < n_prefix ? prefix[i]
+                                 : lo + (int32_t)mt_rng_below(rng, (uint64_t)(hi - lo));
+        bad = serve_buf_printf(&b, i ? ",%d" : "%d", (int)t) != MT_OK;
+    }
+    if (!bad)
+        bad = serve_buf_printf(&b,
+                               "],\"max_tokens\":%d,\"temperature\":0,\"ignore_eos\":true,"
+                               "\"stream\":%s,\"return_token_ids\":true}",
+                               output_len, stream ? "true" : "false") != MT_OK;
+    if (bad) {
+        serve_buf_release(&b);
+        return NULL;
+    }
+    return serve_buf_detach(&b, len);
+}
+
+static bool health_ok(const serve_url *u)
+{
+    serve_client_resp resp = SERVE_CLIENT_RESP_INIT;
+    bool ok = serve_client_request(u, "GET", "/health", NULL, 0, 10.0, NULL, NULL, &resp, NULL) ==
+                  MT_OK &&
+              resp.status == 200;
+    serve_client_resp_release(&resp);
+    return ok;
+}
+
+/* ---- one rate ------------------------------------------------------------------------- */
+
+static mt_status run_rate(const serve_bench_opts *o, const serve_url *u, double rate,
+                          const int32_t *prefix, int n_prefix, mt_rng *rng,
+                          serve_bench_row *row, mt_err *err)
+{
+    memset(row, 0, sizeof *row);
+    row->rate = rate;
+    /* Warm the prefix cache with the shared prefix (not measured). */
+    if (n_prefix > 0) {
+        size_t bl;
+        char *body = prompt_body(prefix, n_prefix, o->input_len, 1, false, rng, o->token_lo,
+                                 o->token_hi, &bl);
+        if (!body)
+            return mt_fail(err, MT_E_NOMEM, "bench-serve: out of memory");
+        serve_client_resp resp = SERVE_CLIENT_RESP_INIT;
+        serve_client_request(u, "POST", "/v1/completions", body, strlen(body), o->timeout_s,
+                             NULL, NULL, &resp, NULL);
+        serve_client_resp_release(&resp);
+        free(body);
+    }
+    /* Arrival times. */
+    int cap = (int)(rate * o->duration_s * 2 + 16), n = 0;
+    double *at = malloc((size_t)cap * sizeof *at);
+    if (!at)
+        return mt_fail(err, MT_E_NOMEM, "bench-serve: out of memory");
+    for (double t = 0;;) {
+        double u01 = ((double)(mt_rng_u64(rng) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+        t += -log(u01) / rate;
+        if (t >= o->duration_s)
+            break;
+        if (n == cap) {
+            cap *= 2;
+            double *na = realloc(at, (size_t)cap * sizeof *na);
+            if (!na) {
+                free(at);
+                return mt_fail(err, MT_E_NOMEM, "bench-serve: out of memory");
+            }
+            at = na;
+        }
+        at[n++] = t;
+    }
+    if (n == 0) { /* at least one request per rate */
+        at[0] = 0;
+        n = 1;
+    }
+    req *rs = calloc((size_t)n, sizeof *rs);
+    pthread_t *th = calloc((size_t)n, sizeof *th);
+    bool *started = calloc((size_t)n, sizeof *started);
+    mt_status st = MT_OK;
+    if (!rs || !th || !started) {
+        st = mt_fail(err, MT_E_NOMEM, "bench-serve: out of memory");
+        goto out;
+    }
+    uint64_t t0 = mt_now_ns() + 20000000u; /* 20 ms to start the threads */
+    for (int i = 0; i < n; i++) {
+        req *r = &rs[i];
+        r->url = u;
+        r->timeout_s = o->timeout_s;
+        r->want_tokens = o->output_len;
+        r->t_start = t0 + (uint64_t)(at[i] * 1e9);
+        r->sse = (serve_sse_parser)SERVE_SSE_PARSER_INIT;
+        r->body = prompt_body(prefix, n_prefix, o->input_len, o->output_len, true, rng,
+                              o->token_lo, o->token_hi, &r->body_len);
+        if (!r->body) {
+            snprintf(r->error, sizeof r->error, "out of memory");
+            continue;
+        }
+        /* Start each thread shortly before it is due, so that threads do not
+         * pile up sleeping. */
+        uint64_t now = mt_now_ns();
+        if (r->t_start > now + 50000000u) {
+            uint64_t d = r->t_start - now - 50000000u;
+            struct timespec ts = {(time_t)(d / 1000000000u), (long)(d % 1000000000u)};
+            while (nanosleep(&ts, &ts) != 0)
+                ;
+        }
+        started[i] = pthread_create(&th[i], NULL, req_main, r) == 0;
+        if (!started[i])
+            snprintf(r->error, sizeof r->error, "cannot start a client thread");
+    }
+    for (int i = 0; i < n; i++)
+        if (started[i])
+            pthread_join(th[i], NULL);
+    /* The row. */
+    dvec ttft = {0}, itl = {0};
+    uint64_t first = UINT64_MAX, last = 0;
+    int64_t tokens = 0, prompt = 0, cached = 0;
+    for (int i = 0; i < n; i++) {
+        req *r = &rs[i];
+        row->sent++;
+        if (r->t_send && r->t_send < first)
+            first = r->t_send;
+        if (r->t_end > last)
+            last = r->t_end;
+        if (!r->ok) {
+            if (!row->first_error[0])
+                snprintf(row->first_error, sizeof row->first_error, "%s", r->error);
+            continue;
+        }
+        row->ok++;
+        tokens += r->tokens;
+        prompt += r->prompt_tokens;
+        cached += r->cached_tokens;
+        dvec_push(&ttft, r->ttft);
+        for (size_t k = 0; k < r->itl.n; k++)
+            dvec_push(&itl, r->itl.v[k]);
+    }
+    row->elapsed_s = last > first ? (double)(last - first) * 1e-9 : 0;
+    row->req_s = row->elapsed_s > 0 ? row->ok / row->elapsed_s : 0;
+    row->tok_s = row->elapsed_s > 0 ? (double)tokens / row->elapsed_s : 0;
+    row->ttft_p50 = serve_percentile(ttft.v, ttft.n, 50);
+    row->ttft_p95 = serve_percentile(ttft.v, ttft.n, 95);
+    row->itl_p50 = serve_percentile(itl.v, itl.n, 50);
+    row->itl_p95 = serve_percentile(itl.v, itl.n, 95);
+    row->success_pct = row->sent ? 100.0 * row->ok / row->sent : 0;
+    row->cache_hit = prompt ? (double)cached / (double)prompt : 0;
+    row->server_up = health_ok(u);
+    free(ttft.v);
+    free(itl.v);
+out:
+    if (rs)
+        for (int i = 0; i < n; i++) {
+            free(rs[i].body);
+            free(rs[i].itl.v);
+        }
+    free(rs);
+    free(th);
+    free(started);
+    free(at);
+    return st;
+}
+
+mt_status serve_bench_run(const serve_bench_opts *oin, serve_bench_row *rows, mt_err *err)
+{
+    serve_bench_opts o = *oin;
+    if (o.duration_s <= 0)
+        o.duration_s = 30;
+    if (o.ttft_limit_s <= 0)
+        o.ttft_limit_s = 5;
+    if (o.timeout_s <= 0)
+        o.timeout_s = 300;
+    if (o.token_hi <= o.token_lo) {
+        o.token_lo = 16;
+        o.token_hi = 256;
+    }
+    if (o.input_len < 1 || o.output_len < 1 || o.n_rates < 1 || !(o.cache_hit >= 0) ||
+        o.cache_hit >= 1)
+        return mt_fail(err, MT_E_INVALID,
+                       "bench-serve: need input_len >= 1, output_len >= 1, a rate, and "
+                       "0 <= cache_hit < 1");
+    for (int i = 0; i < o.n_rates; i++)
+        if (!(o.rates[i] > 0))
+            return mt_fail(err, MT_E_INVALID, "bench-serve: rate %g is not positive",
+                           o.rates[i]);
+    serve_url u;
+    MT_TRY(serve_url_parse(o.url, &u, err) == MT_OK, err, MT_E_INVALID, "bench-serve: url %s",
+           o.url);
+    if (!health_ok(&u))
+        return mt_fail(err, MT_E_IO, "bench-serve: %s/health does not answer 200", o.url);
+    mt_rng rng;
+    mt_rng_seed(&rng, o.seed ? o.seed : mt_seed_fresh());
+    int n_prefix = (int)lround(o.cache_hit * o.input_len);
+    if (n_prefix >= o.input_len)
+        n_prefix = o.input_len - 1;
+    int32_t *prefix = malloc((size_t)(n_prefix + 1) * sizeof *prefix);
+    if (!prefix)
+        return mt_fail(err, MT_E_NOMEM, "bench-serve: out of memory");
+    for (int i = 0; i < n_prefix; i++)
+        prefix[i] = o.token_lo + (int32_t)mt_rng_below(&rng, (uint64_t)(o.token_hi - o.token_lo));
+    mt_status st = MT_OK;
+    for (int i = 0; i < o.n_rates && !st; i++) {
+        st = run_rate(&o, &u, o.rates[i], prefix, n_prefix, &rng, &rows[i], err);
+        if (!st && o.progress) {
+            fprintf(o.progress,
+                    "rate %g req/s: %d/%d ok, TTFT p95 %.3f s, %.1f tok/s, server %s%s%s\n",
+                    rows[i].rate, rows[i].ok, rows[i].sent, rows[i].ttft_p95, rows[i].tok_s,
+                    rows[i].server_up ? "up" : "DOWN", rows[i].first_error[0] ? "; first error: " : "",
+                    rows[i].first_error);
+            fflush(o.progress);
+        }
+    }
+    free(prefix);
+    return st;
+}
+
+static void fmt_s(char *out, size_t cap, double s)
+{
+    if (isnan(s))
+        snprintf(out, cap, "-");
+    else if (s < 1)
+        snprintf(out, cap, "%.1f ms", s * 1e3);
+    else
+        snprintf(out, cap, "%.2f s", s);
+}
+
+void serve_bench_print(FILE *f, const serve_bench_opts *o, const serve_bench_row *rows, int n)
+{
+    double limit = o->ttft_limit_s > 0 ? o->ttft_limit_s : 5;
+    fprintf(f,
+            "workload: %d input tokens (%.0f%% shared prefix), %d output tokens, Poisson "
+            "arrivals, %.0f s per rate\n\n",
+            o->input_len, o->cache_hit * 100, o->output_len,
+            o->duration_s > 0 ? o->duration_s : 30);
+    fprintf(f, "| rate | req/s | tok/s | TTFT p50 / p95 | ITL p50 / p95 | success | cache hit |\n");
+    fprintf(f, "| --- | --- | --- | --- | --- | --- | --- |\n");
+    for (int i = 0; i < n; i++) {
+        const serve_bench_row *r = &rows[i];
+        char t50[32], t95[32], i50[32], i95[32];
+        fmt_s(t50, sizeof t50, r->ttft_p50);
+        fmt_s(t95, sizeof t95, r->ttft_p95);
+        fmt_s(i50, sizeof i50, r->itl_p50);
+        fmt_s(i95, sizeof i95, r->itl_p95);
+        fprintf(f, "| %g | %.2f | %.1f | %s / %s | %s / %s | %.0f%% (%d/%d) | %.0f%% |\n",
+                r->rate, r->req_s, r->tok_s, t50, t95, i50, i95, r->success_pct, r->ok, r->sent,
+                r->cache_hit * 100);
+    }
+    int k = serve_bench_knee(rows, n, limit);
+    if (k >= 0)
+        fprintf(f, "\nknee: %g req/s (highest rate with TTFT p95 <= %g s and every request "
+                   "succeeding)\n",
+                rows[k].rate, limit);
+    else
+        fprintf(f, "\nknee: none (no rate had TTFT p95 <= %g s with every request succeeding)\n",
+                limit);
+    bool up = true;
+    for (int i = 0; i < n; i++)
+        up = up && rows[i].server_up;
+    fprintf(f, "server: %s\n", up ? "up after every rate" : "NOT answering /health after a rate");
+}

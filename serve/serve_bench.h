@@ -1,0 +1,76 @@
+/* serve_bench.h: the load generator behind `moetune bench-serve`: the
+ * WORKLOAD.md measurement against a running OpenAI-compatible server.
+ *
+ * For each rate, requests arrive as a Poisson process (exponential gaps,
+ * seeded) for duration_s seconds; each is a streaming /v1/completions with a
+ * token-id prompt of input_len tokens, max_tokens output_len and ignore_eos,
+ * so every request generates exactly output_len tokens. The first
+ * round(cache_hit * input_len) prompt tokens are one prefix shared by every
+ * request (sent once before each rate to warm the cache), the rest random
+ * per request. Each request is timed from its send: TTFT to the first event
+ * carrying a token, inter-token latency between token-carrying events.
+ * After the last arrival the rate waits for its requests (each bounded by
+ * timeout_s) and checks /health.
+ *
+ * A row reports requests sent and succeeded (HTTP 200, a complete stream
+ * ending in [DONE], output_len tokens), req/s and output tok/s over the span
+ * from the first send to the last completion, TTFT and ITL p50/p95 over the
+ * successful requests, and the prefix-cache hit the server reported. The
+ * knee is the highest rate whose TTFT p95 is within the limit with every
+ * request succeeding.
+ *
+ * Thread safety: serve_bench_run uses its own threads; one call at a time
+ * per opts. */
+#ifndef MT_SERVE_BENCH_H
+#define MT_SERVE_BENCH_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "../common/status.h"
+
+typedef struct serve_bench_opts {
+    const char *url;       /* http://127.0.0.1:PORT */
+    int input_len, output_len;
+    double cache_hit;      /* [0, 1) */
+    const double *rates;   /* requests per second, > 0 */
+    int n_rates;
+    double duration_s;     /* arrivals per rate; default 30 */
+    double ttft_limit_s;   /* default 5 */
+    double timeout_s;      /* per request; default 300 */
+    int32_t token_lo, token_hi; /* random prompt ids in [lo, hi); default [16, 256) */
+    uint64_t seed;         /* 0 = fresh */
+    FILE *progress;        /* a line per rate; may be NULL */
+} serve_bench_opts;
+
+typedef struct serve_bench_row {
+    double rate;
+    int sent, ok;
+    double elapsed_s;
+    double req_s, tok_s;
+    double ttft_p50, ttft_p95; /* seconds; NAN without a success */
+    double itl_p50, itl_p95;
+    double success_pct;
+    double cache_hit;      /* cached / prompt tokens, as the server reported */
+    bool server_up;        /* /health answered 200 after the rate */
+    char first_error[160]; /* the first failure's reason, "" when none */
+} serve_bench_row;
+
+/* Runs every rate in order into rows[0..n_rates). Fails (MT_E_INVALID) on bad
+ * options or an unparsable URL, MT_E_IO when the server does not answer
+ * /health before the first rate; per-request failures are counted, not
+ * returned. */
+mt_status serve_bench_run(const serve_bench_opts *o, serve_bench_row *rows, mt_err *err);
+
+/* Index of the knee row, or -1 when no rate qualifies. */
+int serve_bench_knee(const serve_bench_row *rows, int n, double ttft_limit_s);
+
+/* Prints the table (WORKLOAD.md's columns plus ITL) and the knee. */
+void serve_bench_print(FILE *f, const serve_bench_opts *o, const serve_bench_row *rows, int n);
+
+/* The p-th percentile (0..100) of v[0..n) by linear interpolation between
+ * order statistics; sorts v; NAN when n == 0. */
+double serve_percentile(double *v, size_t n, double p);
+
+#endif

@@ -1,0 +1,73 @@
+/* serve_metrics.h: the server's Prometheus metrics (text exposition format
+ * 0.0.4, served at GET /metrics).
+ *
+ * Exported (all names start with moetune_):
+ *   requests_total{endpoint,outcome}       counter; outcome ok|error|cancelled
+ *   prompt_tokens_total, generation_tokens_total              counters
+ *   prefix_cache_queries_total, prefix_cache_hits_total       counters (tokens)
+ *   prefix_cache_hit_rate                  gauge, hits / queries so far
+ *   preemptions_total                      counter (requests sent back to wait)
+ *   time_to_first_token_seconds            histogram
+ *   inter_token_latency_seconds            histogram
+ *   e2e_request_latency_seconds            histogram
+ *   batch_size                             histogram, sequences per step
+ *   step_tokens                            histogram, tokens per step
+ *   requests_running, requests_waiting     gauges
+ *   kv_pages_used, kv_pages_total          gauges
+ *   prefix_cache_sequences                 gauge, finished sequences retained
+ *   kernel_selections{provenance}          gauge, the runtime's selection counts
+ *   kernel_misses                          gauge, kernels on the default config
+ *   ready                                  gauge, 1 once the model is loaded
+ *
+ * Thread safety: every call may come from any thread (one mutex inside).
+ * Ownership: create/destroy; destroy(NULL) is a no-op. */
+#ifndef MT_SERVE_METRICS_H
+#define MT_SERVE_METRICS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../model/runtime.h"
+#include "serve_buf.h"
+#include "serve_request.h"
+
+typedef enum serve_outcome {
+    SERVE_OUTCOME_OK = 0,
+    SERVE_OUTCOME_ERROR = 1,
+    SERVE_OUTCOME_CANCELLED = 2,
+    SERVE_OUTCOME_COUNT
+} serve_outcome;
+
+typedef struct serve_metrics serve_metrics;
+
+/* Scheduler state, written after every engine step. */
+typedef struct serve_metrics_state {
+    int64_t running, waiting;
+    int64_t kv_pages_used, kv_pages_total;
+    int64_t cached_sequences;
+} serve_metrics_state;
+
+mt_status serve_metrics_create(serve_metrics **out, mt_err *err);
+void serve_metrics_destroy(serve_metrics *m);
+
+void serve_metrics_request(serve_metrics *m, serve_api api, serve_outcome oc);
+/* Tokens of one admitted request: its prompt, and how many of them the
+ * prefix cache supplied. */
+void serve_metrics_prompt(serve_metrics *m, int64_t prompt, int64_t cached);
+void serve_metrics_generated(serve_metrics *m, int64_t tokens);
+void serve_metrics_preempted(serve_metrics *m);
+void serve_metrics_ttft(serve_metrics *m, double seconds);
+void serve_metrics_itl(serve_metrics *m, double seconds);
+void serve_metrics_e2e(serve_metrics *m, double seconds);
+void serve_metrics_step(serve_metrics *m, int sequences, int tokens);
+void serve_metrics_state_set(serve_metrics *m, const serve_metrics_state *s);
+void serve_metrics_selection(serve_metrics *m, const model_selection_counts *c);
+void serve_metrics_ready(serve_metrics *m, bool ready);
+
+/* A copy of the current gauges (for tests and the scheduler's own logs). */
+void serve_metrics_state_get(serve_metrics *m, serve_metrics_state *out);
+
+/* Appends the exposition text to out. */
+mt_status serve_metrics_render(serve_metrics *m, serve_buf *out);
+
+#endif
