@@ -625,6 +625,45 @@ static bool ids_push(ids_buf *b, int32_t id)
     return true;
 }
 
+/* A candidate merge of the symbol at pos with its right neighbour. */
+typedef struct cand {
+    int32_t rank, pos;
+} cand;
+
+static bool cand_less(cand a, cand b)
+{
+    return a.rank < b.rank || (a.rank == b.rank && a.pos < b.pos);
+}
+
+static void heap_push(cand *h, size_t *n, cand c)
+{
+    size_t i = (*n)++;
+    while (i && cand_less(c, h[(i - 1) / 2])) {
+        h[i] = h[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    h[i] = c;
+}
+
+static cand heap_pop(cand *h, size_t *n)
+{
+    cand top = h[0], last = h[--*n];
+    size_t i = 0;
+    for (;;) {
+        size_t k = 2 * i + 1;
+        if (k >= *n)
+            break;
+        if (k + 1 < *n && cand_less(h[k + 1], h[k]))
+            k++;
+        if (!cand_less(h[k], last))
+            break;
+        h[i] = h[k];
+        i = k;
+    }
+    h[i] = last;
+    return top;
+}
+
 /* BPE over one piece of raw bytes: symbols start as the bytes' tokens and
  * the adjacent pair with the lowest merge rank merges first (leftmost on
  * ties) until no pair has a merge. */
@@ -653,43 +692,63 @@ static mt_status bpe_piece(const model_tokenizer *t, const char *s, size_t n, id
         if (whole >= 0)
             return ids_push(out, whole) ? MT_OK : mt_fail(err, MT_E_NOMEM, "out of memory");
     }
-    int32_t stack_sym[128];
-    int32_t *sym = n <= 128 ? stack_sym : malloc(n * sizeof *sym);
-    if (!sym)
-        return mt_fail(err, MT_E_NOMEM, "out of memory");
-    size_t m = n;
-    for (size_t i = 0; i < n; i++) {
-        sym[i] = t->byte_id[(unsigned char)s[i]];
-        if (sym[i] < 0) {
-            if (sym != stack_sym)
-                free(sym);
-            return mt_fail(err, MT_E_FORMAT, "the vocab has no token for byte 0x%02x",
-                           (unsigned char)s[i]);
-        }
-    }
-    for (;;) {
-        int32_t best_rank = INT32_MAX, best_id = -1;
-        size_t best = 0;
-        for (size_t i = 0; i + 1 < m; i++) {
-            const merge_slot *ms = merge_get(t, sym[i], sym[i + 1]);
-            if (ms && ms->rank < best_rank) {
-                best_rank = ms->rank;
-                best_id = ms->id;
-                best = i;
-            }
-        }
-        if (best_id < 0)
-            break;
-        sym[best] = best_id;
-        memmove(sym + best + 1, sym + best + 2, (m - best - 2) * sizeof *sym);
-        m--;
-    }
+    /* Symbols as a linked list over the byte positions; a min-heap of
+     * candidate merges ordered by (rank, position) gives the lowest rank,
+     * leftmost first, in O(n log n) even for one long piece. */
+    enum { SMALL = 64 };
+    int32_t s_sym[SMALL], s_next[SMALL], s_prev[SMALL];
+    cand s_heap[3 * SMALL];
+    bool small = n <= SMALL;
+    int32_t *sym = small ? s_sym : malloc(n * sizeof *sym);
+    int32_t *next = small ? s_next : malloc(n * sizeof *next);
+    int32_t *prev = small ? s_prev : malloc(n * sizeof *prev);
+    cand *heap = small ? s_heap : malloc(3 * n * sizeof *heap);
     mt_status st = MT_OK;
-    for (size_t i = 0; i < m && st == MT_OK; i++)
+    if (!sym || !next || !prev || !heap)
+        st = mt_fail(err, MT_E_NOMEM, "out of memory");
+    size_t hn = 0;
+    for (size_t i = 0; i < n && st == MT_OK; i++) {
+        sym[i] = t->byte_id[(unsigned char)s[i]];
+        next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
+        prev[i] = (int32_t)i - 1;
+        if (sym[i] < 0)
+            st = mt_fail(err, MT_E_FORMAT, "the vocab has no token for byte 0x%02x",
+                         (unsigned char)s[i]);
+    }
+    for (size_t i = 0; i + 1 < n && st == MT_OK; i++) {
+        const merge_slot *ms = merge_get(t, sym[i], sym[i + 1]);
+        if (ms)
+            heap_push(heap, &hn, (cand){ms->rank, (int32_t)i});
+    }
+    while (hn && st == MT_OK) {
+        cand c = heap_pop(heap, &hn);
+        int32_t i = c.pos, j = next[i];
+        /* Skip entries made stale by an earlier merge (i merged away, or
+         * the pair at i is no longer the one with this rank). */
+        if (sym[i] < 0 || j < 0)
+            continue;
+        const merge_slot *ms = merge_get(t, sym[i], sym[j]);
+        if (!ms || ms->rank != c.rank)
+            continue;
+        sym[i] = ms->id;
+        sym[j] = -1;
+        next[i] = next[j];
+        if (next[j] >= 0)
+            prev[next[j]] = i;
+        if (prev[i] >= 0 && (ms = merge_get(t, sym[prev[i]], sym[i])))
+            heap_push(heap, &hn, (cand){ms->rank, prev[i]});
+        if (next[i] >= 0 && (ms = merge_get(t, sym[i], sym[next[i]])))
+            heap_push(heap, &hn, (cand){ms->rank, i});
+    }
+    for (int32_t i = 0; st == MT_OK && n && i >= 0; i = next[i])
         if (!ids_push(out, sym[i]))
             st = mt_fail(err, MT_E_NOMEM, "out of memory");
-    if (sym != stack_sym)
+    if (!small) {
         free(sym);
+        free(next);
+        free(prev);
+        free(heap);
+    }
     return st;
 }
 

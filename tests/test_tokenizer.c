@@ -281,6 +281,37 @@ Test(tokenizer, bpe_applies_merges_by_rank_not_by_position)
     model_tokenizer_destroy(t);
 }
 
+Test(tokenizer, long_pieces_merge_pairs_left_to_right_rank_by_rank)
+{
+    /* a+a -> aa (rank 0), aa+aa -> aaaa (rank 1): 1001 a's are 250 aaaa and
+     * one a, whatever the piece length. */
+    model_tokenizer *t = parse(
+        "{\"pre_tokenizer\":null,\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"aa\":1,"
+        "\"aaaa\":2,\"b\":3},\"merges\":[\"a a\",\"aa aa\"]}}");
+    for (size_t len = 1; len <= 1001; len += len < 80 ? 1 : 230) {
+        char *s = malloc(len + 2);
+        memset(s, 'a', len);
+        s[len] = 'b';
+        s[len + 1] = 0;
+        int32_t *ids;
+        size_t n;
+        encode_ok(t, s, &ids, &n);
+        size_t want4 = len / 4, want2 = (len % 4) / 2, want1 = len % 2;
+        cr_assert_eq(n, want4 + want2 + want1 + 1, "length %zu: %zu ids", len, n);
+        size_t k = 0;
+        for (; k < want4; k++)
+            cr_assert_eq(ids[k], 2, "length %zu, id %zu", len, k);
+        if (want2)
+            cr_assert_eq(ids[k++], 1, "length %zu", len);
+        if (want1)
+            cr_assert_eq(ids[k++], 0, "length %zu", len);
+        cr_assert_eq(ids[k], 3);
+        free(ids);
+        free(s);
+    }
+    model_tokenizer_destroy(t);
+}
+
 Test(tokenizer, ignore_merges_takes_whole_vocab_words)
 {
     model_tokenizer *t = parse(HAND("[\"b c\", \"a b\"]", "\"ignore_merges\":true,"));
