@@ -58,4 +58,5 @@ run() { # target corpus dict
 status=0
 run fuzz_safetensors "$st" safetensors.dict || status=1
 run fuzz_config "$cf" config.dict || status=1
+bash "$root/tests/fuzz/serve_fuzz.sh" "$secs" || status=1  # the server's parsers
 exit $status

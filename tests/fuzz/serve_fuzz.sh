@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Builds the server's libFuzzer targets (request parsing, SSE parsing) with
+# clang (-fsanitize=fuzzer,address,undefined) outside the CMake build, seeds
+# them, and runs each for SECONDS (default 180). Called by run.sh; also runs
+# alone: tests/fuzz/serve_fuzz.sh [SECONDS]. Output: build-fuzz/serve_*.
+set -euo pipefail
+secs=${1:-180}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+out="$root/build-fuzz"
+mkdir -p "$out"
+cc=${CC_FUZZ:-clang}
+flags=(-g -O1 -std=gnu11 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+       -I "$root")
+common=("$root/common/status.c" "$root/common/files.c")
+"$cc" "${flags[@]}" -o "$out/serve_fuzz_request" "$root/tests/fuzz/serve_fuzz_request.c" \
+    "$root/serve/serve_request.c" "$root/serve/serve_error.c" "$root/model/chat.c" \
+    "$root/model/tokenizer.c" "${common[@]}" -lcjson -lpcre2-8 -lm
+"$cc" "${flags[@]}" -o "$out/serve_fuzz_sse" "$root/tests/fuzz/serve_fuzz_sse.c" \
+    "$root/serve/serve_sse.c" "$root/serve/serve_buf.c" "${common[@]}" -lm
+
+rq="$out/corpus_serve_request"
+ss="$out/corpus_serve_sse"
+mkdir -p "$rq" "$ss"
+seed() { printf "$2" >"$rq/$1"; } # name, endpoint byte (\x00..\x03) + body
+seed c1 '\x00{"prompt":"The keeper","max_tokens":8,"temperature":0.5,"stop":["x","yz"],"stream":true}'
+seed c2 '\x00{"prompt":[1,2,3],"top_k":-1,"top_p":0.9,"seed":7,"ignore_eos":true,"stream_options":{"include_usage":false}}'
+seed c3 '\x00{"prompt":[[4,5]],"n":1,"logprobs":null,"return_token_ids":true}'
+seed h1 '\x01{"messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"hi"}]},{"role":"assistant","content":null,"reasoning_content":"r"}],"max_completion_tokens":5,"chat_template_kwargs":{"enable_thinking":true}}'
+seed t1 '\x02{"prompt":"The baker <|user|>"}'
+seed t2 '\x02{"messages":[{"role":"tool","content":"42"}],"add_generation_prompt":false}'
+seed d1 '\x03{"tokens":[1,2,3,300]}'
+printf '\x05data: {"a":1}\n\ndata: [DONE]\n\n' >"$ss/s1"
+printf '\x01: c\r\nevent: x\r\ndata:one\r\ndata: two\r\r\n\ndata\n\n' >"$ss/s2"
+tok="$out/serve_tokenizer.json"
+if [ ! -e "$tok" ]; then
+    bin=$(ls "$root"/build*/moetune 2>/dev/null | head -n 1 || true)
+    if [ -n "$bin" ]; then
+        tmp=$(mktemp -d)
+        "$bin" make-tiny-model --out "$tmp" >/dev/null && cp "$tmp/tokenizer.json" "$tok"
+        rm -rf "$tmp"
+    fi
+fi
+[ -e "$tok" ] && export MT_FUZZ_TOKENIZER="$tok"
+
+run() { # target corpus [dict]
+    local log="$out/$1.log" dict=()
+    [ -n "${3:-}" ] && dict=(-dict="$root/tests/fuzz/$3")
+    echo "== $1: ${secs}s${MT_FUZZ_TOKENIZER:+ (with the tiny tokenizer)}"
+    (cd "$out" && ASAN_OPTIONS=detect_leaks=1 "./$1" -max_total_time="$secs" "${dict[@]}" \
+        -max_len=4096 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 "$2" >"$log" 2>&1) || {
+        echo "$1 FAILED: see $log and $out/crash-*"
+        tail -n 30 "$log"
+        return 1
+    }
+    grep -E '^(stat::number_of_executed_runs|stat::new_units_added|stat::peak_rss_mb)|cov:' "$log" | tail -n 4
+}
+status=0
+run serve_fuzz_request "$rq" serve_request.dict || status=1
+run serve_fuzz_sse "$ss" || status=1
+exit $status

@@ -1,0 +1,83 @@
+/* serve_fuzz_request.c: libFuzzer target for the server's request parsing:
+ * the first byte picks the endpoint, the rest is the body. Accepted
+ * requests must satisfy the documented ranges and turn into prompt ids (with
+ * the tiny model's tokenizer when MT_FUZZ_TOKENIZER names a tokenizer.json)
+ * and a max_tokens within the context; rejected ones must carry a 4xx and a
+ * message, and their error body must be JSON of OpenAI's shape. Built and
+ * run by serve_fuzz.sh. */
+#include <cjson/cJSON.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "serve/serve_request.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static model_tokenizer *tok;
+static bool tok_tried;
+
+static void check_error_body(const serve_error *e)
+{
+    char *j = serve_error_json(e);
+    cJSON *o = j ? cJSON_Parse(j) : NULL;
+    cJSON *er = cJSON_GetObjectItemCaseSensitive(o, "error");
+    if (!cJSON_IsString(cJSON_GetObjectItemCaseSensitive(er, "message")) ||
+        !cJSON_IsString(cJSON_GetObjectItemCaseSensitive(er, "type")) ||
+        !cJSON_GetObjectItemCaseSensitive(er, "param") ||
+        !cJSON_GetObjectItemCaseSensitive(er, "code"))
+        abort();
+    cJSON_Delete(o);
+    free(j);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (!tok_tried) {
+        tok_tried = true;
+        const char *p = getenv("MT_FUZZ_TOKENIZER");
+        if (p && model_tokenizer_load(p, &tok, NULL) != MT_OK)
+            abort();
+    }
+    if (size < 1)
+        return 0;
+    serve_api api = (serve_api)(data[0] % SERVE_API_COUNT);
+    serve_limits lim = {256, tok ? model_tokenizer_vocab_size(tok) : 512};
+    serve_request r;
+    serve_error e = SERVE_ERROR_INIT;
+    if (serve_request_parse(api, (const char *)data + 1, size - 1, &lim, &r, &e) != MT_OK) {
+        if (e.http < 400 || e.http > 499 || !e.err.msg[0])
+            abort();
+        check_error_body(&e);
+        return 0;
+    }
+    if (r.max_tokens != -1 && (r.max_tokens < 1 || r.max_tokens > lim.max_context))
+        abort();
+    if (r.temperature < 0 || r.temperature > 2 || r.top_p <= 0 || r.top_p > 1 || r.top_k < 0 ||
+        r.n_stop < 0 || r.n_stop > SERVE_MAX_STOP)
+        abort();
+    for (int i = 0; i < r.n_stop; i++)
+        if (!r.stop[i][0] || strlen(r.stop[i]) > SERVE_MAX_STOP_LEN)
+            abort();
+    for (size_t i = 0; i < r.n_ids; i++)
+        if (r.ids[i] < 0 || r.ids[i] >= lim.vocab)
+            abort();
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (serve_request_prompt(&r, tok, &lim, &ids, &n, &e) == MT_OK) {
+        int64_t mt;
+        bool gen = api == SERVE_API_COMPLETIONS || api == SERVE_API_CHAT;
+        if (gen && (n == 0 || (int64_t)n >= lim.max_context))
+            abort();
+        if (gen && serve_request_max_tokens(&r, n, &lim, &mt, &e) == MT_OK &&
+            ((int64_t)n + mt > lim.max_context || mt < 1))
+            abort();
+        free(ids);
+    } else {
+        if (ids || e.http < 400 || e.http > 499)
+            abort();
+        check_error_body(&e);
+    }
+    serve_request_release(&r);
+    return 0;
+}
