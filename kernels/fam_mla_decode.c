@@ -16,7 +16,10 @@
  * prefill chunk over a context longer than index_topk (sparse). In sparse
  * mode a query attends the entries of sel[m][0:topk] that lie inside
  * [0, ctx_len[m]); -1 (or any other out-of-range entry) is ignored. A
- * query with no visible token outputs zeros. */
+ * query with no visible token outputs zeros.
+ *
+ * Page table: rows of ceil(C / ps) page ids, C the runtime dim (at least
+ * every query's ctx_len); qseq[m] names query m's row. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -205,7 +208,6 @@ static int param(const kern_ctx *c, const char *name)
 
 static size_t scratch_bytes(const kern_shape *s, int64_t m, const kern_config *cfg)
 {
-    (void)cfg;
     /* NSPLIT is the last parameter of both implementations. */
     int nsplit = cfg->v[cfg->n - 1];
     return (size_t)m * (size_t)s->v[D_H] * (size_t)nsplit * (size_t)(s->v[D_L] + 2) * 4;
