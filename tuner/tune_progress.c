@@ -58,10 +58,9 @@ static void draw(tune_progress *p, bool force)
     char best[64] = "";
     if (p->best_ms > 0)
         snprintf(best, sizeof best, " best %.4g ms", p->best_ms);
-    fprintf(p->out, "\r\033[2K%.60s M=%lld [%s] %d/%d%s%s%s %s ETA %s", p->label,
+    fprintf(p->out, "\r\033[2K%.60s M=%lld [%s] %d/%d%s%s%s%s %s ETA %s", p->label,
             (long long)p->m, bar, p->done, p->planned, p->phase ? " " : "",
-            p->phase ? p->phase : "", counts, best, e2);
-    (void)e1;
+            p->phase ? p->phase : "", counts, best, e1, e2);
     fflush(p->out);
 }
 

@@ -19,7 +19,7 @@ static int failed_count(const tune_m_report *m)
 
 static void print_compile_only(const tune_job_report *j, FILE *out)
 {
-    fprintf(out, "  %6s  %8s  %8s  %8s  %8s\n", "M", "compiled", "invalid", "failed", "resumed");
+    fprintf(out, "  %6s  %8s  %8s  %8s  %8s\n", "M", "compiled", "invalid", "failed", "known");
     for (int i = 0; i < j->n_m; i++) {
         const tune_m_report *m = &j->m[i];
         fprintf(out, "  %6lld  %8d  %8d  %8d  %8d\n", (long long)m->m,
@@ -37,6 +37,10 @@ void tune_report_print(const tune_report *r, FILE *out)
     for (int ji = 0; ji < r->n_jobs; ji++) {
         const tune_job_report *j = &r->jobs[ji];
         fprintf(out, "\n%s %s\n", j->fam ? j->fam->name : "?", j->shape_key);
+        if (j->note[0]) {
+            fprintf(out, "  %s\n", j->note);
+            continue;
+        }
         if (r->compile_only) {
             print_compile_only(j, out);
             continue;
@@ -58,6 +62,11 @@ void tune_report_print(const tune_report *r, FILE *out)
                         (long long)m->m, "(no winner)", "-", "-", "-", "-", det, m->measured,
                         failed_count(m), m->resumed);
         }
+    }
+    if (r->compile_only) {
+        fprintf(out, "\ncompiled = stored with resources and no time; known = already in the "
+                     "database\n");
+        return;
     }
     fprintf(out, "\ncolumns: time = median of the winner; vs dflt = default config's median "
                  "over the winner's; det = winner re-run bit-identical; new = trials "

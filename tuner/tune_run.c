@@ -223,12 +223,13 @@ static mt_status ensure_worker(run_ctx *r, mt_err *err)
     return MT_OK;
 }
 
-static void worker_dead(run_ctx *r)
+/* The worker died or was killed; the next measurement starts a new one. */
+static void worker_dead(run_ctx *r, bool counts_as_restart)
 {
     tune_worker_stop(r->worker);
     r->worker = NULL;
     r->prepared = false;
-    if (r->rep)
+    if (r->rep && counts_as_restart)
         r->rep->worker_restarts++;
 }
 
@@ -257,13 +258,13 @@ static mt_status measure(run_ctx *r, tune_search *s, cand *c, mt_err *err)
     db_trial_status ts;
     char *why = NULL;
     if (st == MT_E_INTERRUPTED) {
-        worker_dead(r);
+        worker_dead(r, false);
         free(ms);
         return mt_fail(err, st, "interrupted while measuring %s", c->key);
     } else if (st == MT_E_CRASH || st == MT_E_TIMEOUT) {
         ts = st == MT_E_CRASH ? DB_TRIAL_CRASH : DB_TRIAL_TIMEOUT;
         why = strdup(werr.msg);
-        worker_dead(r);
+        worker_dead(r, true);
         tune_progress_note(&r->prog, "tune: %s M=%lld %s: %s; new worker", c->key,
                            (long long)r->m, ts == DB_TRIAL_CRASH ? "crashed" : "timed out",
                            werr.msg);
@@ -365,6 +366,12 @@ static mt_status run_batch(run_ctx *r, tune_search *s, cand *cs, int n, bool *ou
         if (c->resumed)
             continue;
         if (!tune_pool_wait(r->pool, &c->compiled, r->o->stop)) {
+            st = mt_fail(err, MT_E_INTERRUPTED, "interrupted");
+            break;
+        }
+        /* A terminal's Ctrl-C also reaches the compilers: a compile that
+         * failed because of it must not be recorded as a compile error. */
+        if (tune_stopped(r->o->stop)) {
             st = mt_fail(err, MT_E_INTERRUPTED, "interrupted");
             break;
         }
@@ -470,7 +477,7 @@ static void check_determinism(run_ctx *r, const char *key, int *det)
     if (st == MT_OK && ms->status == MT_OK)
         *det = ms->deterministic;
     else if (st == MT_E_CRASH || st == MT_E_TIMEOUT || st == MT_E_INTERRUPTED)
-        worker_dead(r);
+        worker_dead(r, st != MT_E_INTERRUPTED);
     if (*det == 0)
         tune_progress_note(&r->prog, "tune: WARNING: winner %s of M=%lld is not deterministic "
                            "(two runs gave different output bytes)", key, (long long)r->m);
@@ -640,6 +647,15 @@ static mt_status run_job(run_ctx *r, const tune_job *job, tune_job_report *jr, m
     if (!r->im)
         return mt_fail(err, MT_E_UNSUPPORTED, "family %s has no %s implementation",
                        job->fam->name, dev_backend_is_gpu(r->props.backend) ? "GPU" : "CPU");
+    if (r->im->n_params == 0) {
+        /* One fixed kernel: nothing to choose, nothing to store. */
+        snprintf(jr->note, sizeof jr->note, "no parameters on %s: nothing to tune",
+                 dev_backend_name(r->props.backend));
+        if (r->o->log)
+            fprintf(r->o->log, "tune: %s %s: %s\n", job->fam->name, r->shape_key, jr->note);
+        r->pairs_left -= job->n_m;
+        return MT_OK;
+    }
     kern_source_hash(job->fam, r->props.backend, r->source_hash);
     db_kernel k = {job->fam->name, job->fam->version, r->source_hash};
     mt_status st = db_kernel_upsert(r->db, &k, &r->kernel_id, err);

@@ -149,6 +149,7 @@ typedef struct tune_m_report {
 typedef struct tune_job_report {
     const kern_family *fam;
     char shape_key[KERN_KEY_MAX];
+    char note[160];            /* why the job was not tuned ("" when it was) */
     int n_m;
     tune_m_report m[TUNE_MAX_M];
 } tune_job_report;
