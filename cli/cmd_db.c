@@ -12,13 +12,14 @@
 
 #include "../common/files.h"
 #include "../db/db.h"
+#include "../kernels/family.h"
 #include "cli.h"
 
 #define MAX_ITEMS 64
 
 typedef struct opts {
     const char *db_path, *out;
-    bool json, dry_run;
+    bool json, dry_run, current;
     db_filter filter;
     const char *items[MAX_ITEMS]; /* positional arguments */
     int nitems;
@@ -42,8 +43,11 @@ static void usage(FILE *f)
             "  misses                   lookups that found no tuned config, most frequent first\n"
             "  verify                   integrity check, and the winners a re-timing would\n"
             "                           cover (re-timing itself is done by the tuner)\n"
-            "  gc --keep-hash FAMILY=HASH...  drop trials and winners of named families whose\n"
-            "                           source hash is not a kept one [--dry-run]\n"
+            "  gc --current | --keep-hash FAMILY=HASH...\n"
+            "                           drop trials and winners of named families whose\n"
+            "                           source hash is not a kept one [--dry-run];\n"
+            "                           --current keeps the sources built into this moetune\n"
+            "                           (GPU and CPU) for every built-in family\n"
             "\n"
             "options:\n"
             "  --db FILE      database (default $MOETUNE_DB or ./moetune.db)\n"
@@ -96,6 +100,8 @@ static int parse(int argc, char **argv, opts *o)
             o->json = true;
         else if (cli_flag(argv[i], "--dry-run"))
             o->dry_run = true;
+        else if (cli_flag(argv[i], "--current"))
+            o->current = true;
         else if (cli_flag(argv[i], "--help") || cli_flag(argv[i], "-h")) {
             usage(stdout);
             return -1;
@@ -473,20 +479,61 @@ static int cmd_join(const opts *o, bool is_merge)
 
 /* ---- gc ------------------------------------------------------------------ */
 
+/* The keep list of --current: the GPU and CPU source hash of every
+ * built-in family, plus any --keep-hash given. The caller frees *keep and
+ * *hashes. */
+static int current_hashes(const opts *o, db_keep_hash **keep, char (**hashes)[65])
+{
+    int nf = 0;
+    for (const kern_family *const *f = kern_families(); *f; f++)
+        nf++;
+    int cap = 2 * nf + o->nkeep;
+    *keep = calloc((size_t)cap + 1, sizeof **keep);
+    *hashes = calloc((size_t)cap + 1, sizeof **hashes);
+    if (!*keep || !*hashes)
+        return -1;
+    int n = 0;
+    static const dev_backend kinds[2] = {DEV_BACKEND_HIP, DEV_BACKEND_CPU};
+    for (const kern_family *const *f = kern_families(); *f; f++)
+        for (int b = 0; b < 2; b++)
+            if (kern_family_impl(*f, kinds[b])) {
+                kern_source_hash(*f, kinds[b], (*hashes)[n]);
+                (*keep)[n] = (db_keep_hash){(*f)->name, (*hashes)[n]};
+                n++;
+            }
+    for (int i = 0; i < o->nkeep; i++)
+        (*keep)[n++] = o->keep[i];
+    return n;
+}
+
 static int cmd_gc(const opts *o)
 {
-    if (o->nkeep == 0) {
-        cli_error("db", "gc needs the current source hashes: --keep-hash FAMILY=HASH (repeat "
-                        "for each family and source)");
+    if (o->nkeep == 0 && !o->current) {
+        cli_error("db", "gc needs the current source hashes: --current, or --keep-hash "
+                        "FAMILY=HASH (repeat for each family and source)");
         return CLI_USAGE;
+    }
+    const db_keep_hash *keep = o->keep;
+    db_keep_hash *owned = NULL;
+    char(*hashes)[65] = NULL;
+    int nkeep = o->nkeep;
+    if (o->current) {
+        nkeep = current_hashes(o, &owned, &hashes);
+        keep = owned;
+        if (nkeep < 0) {
+            free(owned);
+            free(hashes);
+            cli_error("db", "gc: out of memory");
+            return CLI_FAIL;
+        }
     }
     mt_err e = MT_ERR_INIT;
     db_t *db = open_db(o, o->dry_run ? DB_OPEN_READONLY : DB_OPEN_NOCREATE, &e);
-    if (!db)
-        return fail("gc", &e);
     db_gc_stats s;
-    mt_status st = db_gc(db, o->keep, o->nkeep, o->dry_run, &s, &e);
+    mt_status st = db ? db_gc(db, keep, nkeep, o->dry_run, &s, &e) : e.status;
     db_close(db);
+    free(owned);
+    free(hashes);
     if (st != MT_OK)
         return fail("gc", &e);
     if (o->json) {
