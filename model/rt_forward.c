@@ -1,0 +1,319 @@
+/* rt_forward.c: model_step, the batched forward pass. Every computation is
+ * a kernel-family launch on the device (rt_run); the host validates the
+ * items, reserves KV pages, uploads token ids, positions, pool rows and the
+ * page table, and copies the requested logits back.
+ *
+ * The tokens of all items form one batch of M rows. Per layer:
+ *   norm -> A projection (q_a | kv_a | indexer wk | weights_proj, one GEMM)
+ *   q latent: rmsnorm; kv latent: rmsnorm, rope key: RoPE; both stored to
+ *   the paged latent cache (the new tokens are in the cache before any
+ *   query reads it); indexer key: LayerNorm + RoPE, stored to its cache
+ *   B projection (q_b | indexer wq_b) -> q: RoPE on the rope dims
+ *   DSA indexer (full layers; shared layers reuse the last full layer's
+ *   top-k, still in the idx buffer) -> per-query top index_topk tokens
+ *   absorbed MLA: q_abs = [W_UK^T q_nope | q_rope] -> mla_decode (sparse over
+ *   the top-k; every query has its own context length and page-table row)
+ *   -> W_UV -> o_proj -> residual add
+ *   norm -> dense SwiGLU MLP, or the MoE (router, expert sort, MXFP4 expert
+ *   GEMMs, shared expert) -> residual add
+ * then the final norm on the rows whose logits are wanted and lm_head. */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rt_impl.h"
+
+#define RUN(k, m, shape, ...)                                                                    \
+    do {                                                                                         \
+        void *bufs_[] = {__VA_ARGS__};                                                           \
+        mt_status s_ = rt_run(rt, (k), (m), (shape), bufs_, err);                                \
+        if (s_ != MT_OK)                                                                         \
+            return s_;                                                                           \
+    } while (0)
+
+static mt_status attention(model_runtime *rt, rt_layer *ly, int64_t M, int64_t cmax, mt_err *err)
+{
+    rt_bufs *b = &rt->b;
+    rt_layer_kernels *k = &ly->k;
+    void *cs = rt->rope_cs;
+    RUN(k->norm_in, M, NULL, b->xb, ly->in_norm, b->xn);
+    RUN(k->gemm_a, M, NULL, b->xn, ly->w_a, b->fa);
+    RUN(k->copy_qa, M, NULL, b->fa, b->qa);
+    RUN(k->norm_q, M, NULL, b->qa, ly->q_norm, b->qn);
+    RUN(k->copy_lat, M, NULL, b->fa, b->lat);
+    RUN(k->norm_kv, M, NULL, b->lat, ly->kv_norm, b->latn);
+    RUN(k->copy_kr, M, NULL, b->fa, b->kr);
+    RUN(k->rope_kr, M, NULL, b->kr, b->pos, cs, cs, cs);
+    RUN(k->store_kv, M, NULL, b->latn, b->kr, b->rows, kvc_latent_pool(ly->kv),
+        kvc_latent_scale(ly->kv));
+    if (ly->full) {
+        RUN(k->copy_ik, M, NULL, b->fa, b->ik);
+        RUN(k->rope_ik, M, NULL, b->ik, b->pos, cs, ly->k_norm_w, ly->k_norm_b);
+        RUN(k->store_ik, M, NULL, b->ik, b->ik, b->rows, kvc_index_pool(ly->kv),
+            kvc_index_scale(ly->kv));
+        RUN(k->copy_iw, M, NULL, b->fa, b->iw);
+    }
+    RUN(k->gemm_b, M, NULL, b->qn, ly->w_b, b->fb);
+    RUN(k->copy_q, M, NULL, b->fb, b->q);
+    RUN(k->rope_q, M, NULL, b->q, b->pos, cs, cs, cs);
+    if (ly->full) {
+        RUN(k->copy_iq, M, NULL, b->fb, b->iq);
+        RUN(k->rope_iq, M, NULL, b->iq, b->pos, cs, cs, cs);
+        kern_shape s = k->indexer->shape;
+        rt_shape_set(k->indexer, &s, "C", cmax);
+        RUN(k->indexer, M, &s, b->iq, b->iw, kvc_index_pool(ly->kv), kvc_index_scale(ly->kv),
+            b->table, b->qseq, b->ctx, b->idx, b->val);
+    }
+    RUN(k->absorb, M, NULL, b->q, ly->w_ukt, b->qabs);
+    RUN(k->copy_qrope, M * rt->NH, NULL, b->q, b->qabs);
+    kern_shape s = k->decode->shape;
+    rt_shape_set(k->decode, &s, "C", cmax);
+    RUN(k->decode, M, &s, b->qabs, kvc_latent_pool(ly->kv), kvc_latent_scale(ly->kv), b->table,
+        b->qseq, b->ctx, b->idx, b->o);
+    RUN(k->copy_o, M, NULL, b->o, b->ob);
+    RUN(k->vout, M, NULL, b->ob, ly->w_uv, b->v);
+    RUN(k->gemm_o, M, NULL, b->v, ly->w_o, b->delta);
+    RUN(k->resid, M, NULL, b->resid, b->delta, b->xb);
+    return MT_OK;
+}
+
+static mt_status mlp(model_runtime *rt, rt_layer *ly, int64_t M, mt_err *err)
+{
+    rt_bufs *b = &rt->b;
+    rt_layer_kernels *k = &ly->k;
+    RUN(k->norm_post, M, NULL, b->xb, ly->post_norm, b->xn);
+    if (!ly->moe) {
+        RUN(k->gemm_gu, M, NULL, b->xn, ly->w_gu, b->gu);
+        RUN(k->silu, M, NULL, b->gu, b->h);
+        RUN(k->gemm_down, M, NULL, b->h, ly->w_down, b->delta);
+        RUN(k->resid, M, NULL, b->resid, b->delta, b->xb);
+        return MT_OK;
+    }
+    /* The expert GEMMs accumulate into delta. */
+    mt_status st = dev_memset(rt->dev, b->delta, 0, (size_t)(M * rt->H) * 4, err);
+    if (st != MT_OK)
+        return st;
+    RUN(k->route, M, NULL, b->xn, ly->gate, ly->bias, b->ids, b->tw);
+    RUN(k->align, M, NULL, b->ids, b->sorted, b->tile, b->total);
+    RUN(k->up, M, NULL, b->xn, b->ids, b->sorted, b->tile, b->total, ly->w13, ly->s13, b->eh);
+    RUN(k->down, M, NULL, b->eh, b->ids, b->sorted, b->tile, b->total, b->tw, ly->w2, ly->s2,
+        b->delta);
+    if (ly->sh_inter && ly->sh_mxfp4) {
+        RUN(k->sh_align, M, NULL, b->sh_ids, b->sh_sorted, b->sh_tile, b->sh_total);
+        RUN(k->sh_up, M, NULL, b->xn, b->sh_ids, b->sh_sorted, b->sh_tile, b->sh_total,
+            ly->sh_w13, ly->sh_s13, b->sh_h);
+        RUN(k->sh_down, M, NULL, b->sh_h, b->sh_ids, b->sh_sorted, b->sh_tile, b->sh_total,
+            b->sh_w, ly->sh_w2, ly->sh_s2, b->delta);
+    }
+    RUN(k->resid, M, NULL, b->resid, b->delta, b->xb);
+    if (ly->sh_inter && !ly->sh_mxfp4) {
+        RUN(k->sh_gemm_gu, M, NULL, b->xn, ly->sh_gu, b->gu);
+        RUN(k->sh_silu, M, NULL, b->gu, b->h);
+        RUN(k->sh_gemm_down, M, NULL, b->h, ly->sh_down, b->delta);
+        RUN(k->resid, M, NULL, b->resid, b->delta, b->xb);
+    }
+    return MT_OK;
+}
+
+/* The whole batch: M rows, the longest context cmax, nl rows of logits. */
+static mt_status forward(model_runtime *rt, int64_t M, int64_t cmax, int64_t nl, mt_err *err)
+{
+    rt_bufs *b = &rt->b;
+    RUN(rt->k_embed, M, NULL, rt->embed, b->tok, b->resid, b->xb);
+    for (int64_t l = 0; l < rt->n_layers; l++) {
+        mt_status st = attention(rt, &rt->layers[l], M, cmax, err);
+        if (st == MT_OK)
+            st = mlp(rt, &rt->layers[l], M, err);
+        if (st != MT_OK)
+            return mt_err_prefix(err, "layer %" PRId64, l);
+    }
+    if (!nl)
+        return dev_synchronize(rt->dev, err);
+    RUN(rt->k_norm_final, M, NULL, b->xb, rt->final_norm, b->xn);
+    kern_shape s = rt->k_gather->shape;
+    rt_shape_set(rt->k_gather, &s, "V", M);
+    RUN(rt->k_gather, nl, &s, b->xn, b->lrows, b->xgf, b->xg);
+    RUN(rt->k_lm_head, nl, NULL, b->xg, rt->lm_head, b->logits);
+    return dev_synchronize(rt->dev, err);
+}
+
+#undef RUN
+
+/* ---- the step ------------------------------------------------------------- */
+
+static mt_status check_items(model_runtime *rt, const model_step_item *items, int n,
+                             int64_t *total, mt_err *err)
+{
+    *total = 0;
+    for (int i = 0; i < n; i++) {
+        const model_step_item *it = &items[i];
+        if (it->seq < 0 || it->seq >= RT_MAX_SEQS || !rt->seqs[it->seq].used)
+            return mt_fail(err, MT_E_INVALID, "item %d: no sequence %d", i, it->seq);
+        for (int j = 0; j < i; j++)
+            if (items[j].seq == it->seq)
+                return mt_fail(err, MT_E_INVALID, "items %d and %d both extend sequence %d", j,
+                               i, it->seq);
+        if (it->n_tokens < 1 || !it->tokens)
+            return mt_fail(err, MT_E_INVALID, "item %d (sequence %d): %d tokens", i, it->seq,
+                           it->n_tokens);
+        for (int t = 0; t < it->n_tokens; t++)
+            if (it->tokens[t] < 0 || it->tokens[t] >= rt->V)
+                return mt_fail(err, MT_E_INVALID, "item %d (sequence %d): token %d is id %" PRId32
+                               ", outside the vocabulary [0, %" PRId64 ")", i, it->seq, t,
+                               it->tokens[t], rt->V);
+        int64_t len = model_seq_len(rt, it->seq);
+        if (len + it->n_tokens > rt->max_ctx)
+            return mt_fail(err, MT_E_INVALID, "item %d (sequence %d): %" PRId64 " + %d tokens "
+                           "exceed the maximum context %" PRId64, i, it->seq, len, it->n_tokens,
+                           rt->max_ctx);
+        *total += it->n_tokens;
+    }
+    if (*total > rt->T)
+        return mt_fail(err, MT_E_INVALID, "step of %" PRId64 " tokens exceeds max_batch_tokens %"
+                       PRId64, *total, rt->T);
+    return MT_OK;
+}
+
+/* Truncates the first n items' sequences back to their old lengths. */
+static void rollback(model_runtime *rt, const model_step_item *items, const int64_t *old, int n)
+{
+    for (int i = 0; i < n; i++)
+        for (int64_t l = 0; l < rt->n_layers; l++) {
+            kvc_seq *s = rt->seqs[items[i].seq].kv[l];
+            if (kvc_seq_len(s) > old[i])
+                kvc_seq_truncate(rt->layers[l].kv, s, old[i], NULL);
+        }
+}
+
+static mt_status reserve(model_runtime *rt, const model_step_item *it, int64_t *rows, mt_err *err)
+{
+    for (int64_t l = 0; l < rt->n_layers; l++) {
+        mt_status st = kvc_seq_reserve(rt->layers[l].kv, rt->seqs[it->seq].kv[l], it->n_tokens,
+                                       l == 0 ? rows : NULL, err);
+        if (st != MT_OK)
+            return st;
+    }
+    /* Lockstep allocation: every layer must hold the same pages. */
+    kvc_seq *s0 = rt->seqs[it->seq].kv[0];
+    int64_t np = kvc_seq_pages(s0, NULL, 0);
+    int32_t *a = malloc(sizeof(int32_t) * (size_t)(2 * np + 2)), *b2 = a ? a + np + 1 : NULL;
+    if (!a)
+        return mt_fail(err, MT_E_NOMEM, "page check");
+    kvc_seq_pages(s0, a, np);
+    mt_status st = MT_OK;
+    for (int64_t l = 1; l < rt->n_layers && st == MT_OK; l++) {
+        kvc_seq *sl = rt->seqs[it->seq].kv[l];
+        if (kvc_seq_pages(sl, b2, np) != np || memcmp(a, b2, sizeof(int32_t) * (size_t)np))
+            st = mt_fail(err, MT_E_DEVICE, "KV pages of sequence %d differ between layer 0 and "
+                         "layer %" PRId64, it->seq, l);
+    }
+    free(a);
+    return st;
+}
+
+mt_status model_step(model_runtime *rt, model_step_item *items, int n, mt_err *err)
+{
+    if (n <= 0)
+        return n == 0 ? MT_OK : mt_fail(err, MT_E_INVALID, "model_step: %d items", n);
+    if (n > RT_MAX_SEQS)
+        return mt_fail(err, MT_E_INVALID, "model_step: %d items, at most %d", n, RT_MAX_SEQS);
+    int64_t M;
+    mt_status st = check_items(rt, items, n, &M, err);
+    if (st != MT_OK)
+        return st;
+    int64_t *old = malloc(sizeof(int64_t) * (size_t)n), *rows = malloc(sizeof(int64_t) * (size_t)M);
+    int32_t *lofs = malloc(sizeof(int32_t) * (size_t)n);
+    kvc_seq **seqs0 = malloc(sizeof(kvc_seq *) * (size_t)n);
+    if (!old || !rows || !lofs || !seqs0) {
+        st = mt_fail(err, MT_E_NOMEM, "model_step");
+        goto done;
+    }
+    int reserved = 0;
+    int64_t off = 0;
+    for (int i = 0; i < n && st == MT_OK; i++) {
+        old[i] = model_seq_len(rt, items[i].seq);
+        st = reserve(rt, &items[i], rows + off, err);
+        reserved = i + 1;
+        off += items[i].n_tokens;
+        seqs0[i] = rt->seqs[items[i].seq].kv[0];
+    }
+    if (st != MT_OK) {
+        mt_err_prefix(err, "model_step: KV cache");
+        goto fail;
+    }
+
+    /* Host arrays: token ids, positions, pool rows, query rows and context
+     * lengths, then the rows whose logits are wanted. */
+    int32_t *tok = rt->h_i32, *pos = tok + M, *prow = pos + M, *qseq = prow + M,
+            *ctx = qseq + M, *lrow = ctx + M;
+    int64_t cmax = 1, nl = 0;
+    off = 0;
+    for (int i = 0; i < n; i++) {
+        const model_step_item *it = &items[i];
+        for (int t = 0; t < it->n_tokens; t++) {
+            int64_t r = off + t;
+            tok[r] = it->tokens[t];
+            pos[r] = (int32_t)(old[i] + t);
+            prow[r] = (int32_t)rows[r];
+            qseq[r] = i;
+            ctx[r] = (int32_t)(old[i] + t + 1);
+        }
+        cmax = old[i] + it->n_tokens > cmax ? old[i] + it->n_tokens : cmax;
+        lofs[i] = (int32_t)nl;
+        if (it->all_logits)
+            for (int t = 0; t < it->n_tokens; t++)
+                lrow[nl++] = (int32_t)(off + t);
+        else if (it->logits)
+            lrow[nl++] = (int32_t)(off + it->n_tokens - 1);
+        off += it->n_tokens;
+    }
+    int64_t max_pages = (cmax + rt->ps - 1) / rt->ps;
+    rt_bufs *b = &rt->b;
+    void *dst[] = {b->tok, b->pos, b->rows, b->qseq, b->ctx};
+    for (int j = 0; j < 5 && st == MT_OK; j++)
+        st = dev_copy_to(rt->dev, dst[j], rt->h_i32 + j * M, sizeof(int32_t) * (size_t)M, err);
+    if (st == MT_OK && nl)
+        st = dev_copy_to(rt->dev, b->lrows, lrow, sizeof(int32_t) * (size_t)nl, err);
+    if (st == MT_OK && (int64_t)n * max_pages > b->table_entries)
+        st = mt_fail(err, MT_E_INVALID, "page table of %d x %" PRId64 " entries exceeds %" PRId64,
+                     n, max_pages, b->table_entries);
+    if (st == MT_OK)
+        st = kvc_table_upload(rt->layers[0].kv, seqs0, n, max_pages, b->table, err);
+    if (st == MT_OK)
+        st = forward(rt, M, cmax, nl, err);
+    if (st != MT_OK)
+        goto fail;
+
+    if (nl) {
+        float *host = malloc(sizeof(float) * (size_t)(nl * rt->V));
+        if (!host) {
+            st = mt_fail(err, MT_E_NOMEM, "logits");
+            goto fail;
+        }
+        st = dev_copy_from(rt->dev, host, b->logits, sizeof(float) * (size_t)(nl * rt->V), err);
+        for (int i = 0; st == MT_OK && i < n; i++) {
+            const model_step_item *it = &items[i];
+            const float *src = host + (size_t)lofs[i] * (size_t)rt->V;
+            size_t vb = sizeof(float) * (size_t)rt->V;
+            if (it->all_logits) {
+                memcpy(it->all_logits, src, vb * (size_t)it->n_tokens);
+                if (it->logits)
+                    memcpy(it->logits, src + (size_t)(it->n_tokens - 1) * (size_t)rt->V, vb);
+            } else if (it->logits) {
+                memcpy(it->logits, src, vb);
+            }
+        }
+        free(host);
+        if (st != MT_OK)
+            goto fail;
+    }
+    goto done;
+fail:
+    rollback(rt, items, old, reserved);
+done:
+    free(old);
+    free(rows);
+    free(lofs);
+    free(seqs0);
+    return st;
+}

@@ -1,0 +1,626 @@
+/* rt_load.c: the checkpoint's weights as device buffers in the layouts the
+ * kernels read, the kernels each layer runs, and the activation buffers.
+ *
+ * Layouts (see rt_impl.h): linears that read the same input are fused by
+ * concatenating their rows (attention A: q_a | kv_a | indexer wk |
+ * weights_proj; B: q_b | indexer wq_b; MLP: gate | up); kv_b is split per
+ * head into W_UK^T [L][nope] and W_UV [V][L] for the absorbed attention.
+ * Linears outside the experts run as bf16 GEMMs: bf16 is uploaded as is,
+ * f16/f32/fp8/MXFP4 are converted to bf16 here (and said so in the log).
+ * Routed experts must be MXFP4 (the MoE GEMMs read Quark's layout: per
+ * expert the gate rows, then the up rows); the shared expert runs on the
+ * MoE GEMMs when it is MXFP4, else as a bf16 MLP. */
+#include <inttypes.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/numeric.h"
+#include "../kernels/attn_common.h"
+#include "../kernels/moe_common.h"
+#include "../kernels/mxfp4.h"
+#include "rt_impl.h"
+
+/* ---- host conversions ----------------------------------------------------- */
+
+static float elem_f32(const model_tensor_info *t, size_t i)
+{
+    const uint8_t *p = (const uint8_t *)t->data;
+    uint16_t h;
+    float f;
+    switch (t->dtype) {
+    case MODEL_DTYPE_BF16: memcpy(&h, p + 2 * i, 2); return mt_bf16_to_f32(h);
+    case MODEL_DTYPE_F16: memcpy(&h, p + 2 * i, 2); return mt_f16_to_f32(h);
+    case MODEL_DTYPE_F32: memcpy(&f, p + 4 * i, 4); return f;
+    case MODEL_DTYPE_F8_E4M3: return mt_fp8e4m3_to_f32(p[i]);
+    default: return NAN;
+    }
+}
+
+static mt_status find_vec(model_runtime *rt, int64_t n, const char *name, const model_tensor_info **out,
+                          mt_err *err)
+{
+    return model_weights_tensor(rt->w, name, MODEL_DTYPES_FLOAT, 1, &n, out, err);
+}
+
+/* Rows [out][in] of a linear as bf16 into dst (caller-sized). */
+static mt_status linear_bf16(model_runtime *rt, const char *module, int64_t out, int64_t in,
+                             uint16_t *dst, mt_err *err)
+{
+    const model_linear *l;
+    mt_status st = model_weights_linear(rt->w, module, &l, err);
+    if (st != MT_OK)
+        return st;
+    if (l->out != out || l->in != in)
+        return mt_fail(err, MT_E_FORMAT, "%s: [%" PRId64 ", %" PRId64 "], expected [%" PRId64
+                       ", %" PRId64 "]", module, l->out, l->in, out, in);
+    size_t n = (size_t)(out * in);
+    if (l->fmt == MODEL_WFMT_BF16) {
+        memcpy(dst, l->weight->data, n * 2);
+        return MT_OK;
+    }
+    if (l->fmt == MODEL_WFMT_MXFP4) {
+        float *row = malloc(sizeof(float) * (size_t)in);
+        if (!row)
+            return mt_fail(err, MT_E_NOMEM, "%s: conversion buffer", module);
+        const uint8_t *q = l->weight->data, *s = l->scale->data;
+        for (int64_t r = 0; r < out; r++) {
+            mxfp4_dequantize_row(q + r * (in / 2), s + r * (in / 32), in, row);
+            for (int64_t i = 0; i < in; i++)
+                dst[r * in + i] = mt_f32_to_bf16(row[i]);
+        }
+        free(row);
+        return MT_OK;
+    }
+    for (int64_t r = 0; r < out; r++) {
+        float sc = 1.0f;
+        if (l->fmt == MODEL_WFMT_FP8_E4M3)
+            sc = elem_f32(l->scale, model_tensor_numel(l->scale) == 1 ? 0 : (size_t)r);
+        for (int64_t i = 0; i < in; i++)
+            dst[r * in + i] = mt_f32_to_bf16(elem_f32(l->weight, (size_t)(r * in + i)) * sc);
+    }
+    return MT_OK;
+}
+
+static mt_status upload(model_runtime *rt, const void *host, size_t bytes, void **dev,
+                        mt_err *err)
+{
+    mt_status st = dev_alloc(rt->dev, bytes ? bytes : 4, dev, err);
+    if (st == MT_OK && bytes)
+        st = dev_copy_to(rt->dev, *dev, host, bytes, err);
+    return st;
+}
+
+/* A float vector (norm weights) as bf16 or f32 on the device. */
+static mt_status upload_vec(model_runtime *rt, const char *name, int64_t n, bool f32, void **dev,
+                            mt_err *err)
+{
+    const model_tensor_info *t;
+    mt_status st = find_vec(rt, n, name, &t, err);
+    if (st != MT_OK)
+        return st;
+    void *h = malloc((size_t)n * (f32 ? 4 : 2));
+    if (!h)
+        return mt_fail(err, MT_E_NOMEM, "%s", name);
+    for (int64_t i = 0; i < n; i++) {
+        float v = elem_f32(t, (size_t)i);
+        if (f32)
+            ((float *)h)[i] = v;
+        else
+            ((uint16_t *)h)[i] = mt_f32_to_bf16(v);
+    }
+    st = upload(rt, h, (size_t)n * (f32 ? 4 : 2), dev, err);
+    free(h);
+    return st;
+}
+
+/* Several linears with the same input, rows concatenated, as bf16. */
+static mt_status upload_fused(model_runtime *rt, const char *const *modules, const int64_t *outs,
+                              int n, int64_t in, void **dev, mt_err *err)
+{
+    int64_t rows = 0;
+    for (int i = 0; i < n; i++)
+        rows += outs[i];
+    uint16_t *h = malloc((size_t)(rows * in) * 2);
+    if (!h)
+        return mt_fail(err, MT_E_NOMEM, "%s: fused weights", modules[0]);
+    mt_status st = MT_OK;
+    int64_t r = 0;
+    for (int i = 0; i < n && st == MT_OK; i++) {
+        st = linear_bf16(rt, modules[i], outs[i], in, h + r * in, err);
+        r += outs[i];
+    }
+    if (st == MT_OK)
+        st = upload(rt, h, (size_t)(rows * in) * 2, dev, err);
+    free(h);
+    return st;
+}
+
+/* Routed or shared experts: n experts named prefix%d / prefix (shared). */
+static mt_status upload_experts(model_runtime *rt, const char *prefix, bool shared, int64_t n,
+                                int64_t inter, void **w13, void **s13, void **w2, void **s2,
+                                mt_err *err)
+{
+    int64_t H = rt->H;
+    size_t b13 = (size_t)(2 * inter * H / 2), c13 = (size_t)(2 * inter * H / 32);
+    size_t b2 = (size_t)(H * inter / 2), c2 = (size_t)(H * inter / 32);
+    uint8_t *hw13 = malloc(b13 * (size_t)n), *hs13 = malloc(c13 * (size_t)n);
+    uint8_t *hw2 = malloc(b2 * (size_t)n), *hs2 = malloc(c2 * (size_t)n);
+    mt_status st = MT_OK;
+    if (!hw13 || !hs13 || !hw2 || !hs2)
+        st = mt_fail(err, MT_E_NOMEM, "%s: expert weights", prefix);
+    for (int64_t e = 0; e < n && st == MT_OK; e++) {
+        static const char *const parts[3] = {"gate_proj", "up_proj", "down_proj"};
+        for (int p = 0; p < 3 && st == MT_OK; p++) {
+            char name[320];
+            if (shared)
+                snprintf(name, sizeof name, "%s%s", prefix, parts[p]);
+            else
+                snprintf(name, sizeof name, "%s%" PRId64 ".%s", prefix, e, parts[p]);
+            const model_linear *l;
+            st = model_weights_linear(rt->w, name, &l, err);
+            if (st != MT_OK)
+                break;
+            if (l->fmt != MODEL_WFMT_MXFP4) {
+                st = mt_fail(err, MT_E_UNSUPPORTED, "%s is %s in %s: the MoE kernels read MXFP4 "
+                             "experts", name, model_wfmt_name(l->fmt), l->weight->file);
+                break;
+            }
+            if (p < 2) {
+                memcpy(hw13 + e * b13 + (size_t)p * b13 / 2, l->weight->data, b13 / 2);
+                memcpy(hs13 + e * c13 + (size_t)p * c13 / 2, l->scale->data, c13 / 2);
+            } else {
+                memcpy(hw2 + e * b2, l->weight->data, b2);
+                memcpy(hs2 + e * c2, l->scale->data, c2);
+            }
+        }
+    }
+    if (st == MT_OK)
+        st = upload(rt, hw13, b13 * (size_t)n, w13, err);
+    if (st == MT_OK)
+        st = upload(rt, hs13, c13 * (size_t)n, s13, err);
+    if (st == MT_OK)
+        st = upload(rt, hw2, b2 * (size_t)n, w2, err);
+    if (st == MT_OK)
+        st = upload(rt, hs2, c2 * (size_t)n, s2, err);
+    free(hw13);
+    free(hs13);
+    free(hw2);
+    free(hs2);
+    return st;
+}
+
+/* kv_b [NH * (D + V)][L] -> W_UK^T [NH][L][D] and W_UV [NH][V][L]. */
+static mt_status upload_kv_b(model_runtime *rt, const char *module, rt_layer *ly, mt_err *err)
+{
+    int64_t NH = rt->NH, D = rt->D, VD = rt->VD, L = rt->L;
+    uint16_t *kvb = malloc((size_t)(NH * (D + VD) * L) * 2);
+    uint16_t *ukt = malloc((size_t)(NH * L * D) * 2), *uv = malloc((size_t)(NH * VD * L) * 2);
+    mt_status st = MT_OK;
+    if (!kvb || !ukt || !uv)
+        st = mt_fail(err, MT_E_NOMEM, "%s", module);
+    if (st == MT_OK)
+        st = linear_bf16(rt, module, NH * (D + VD), L, kvb, err);
+    if (st == MT_OK) {
+        for (int64_t h = 0; h < NH; h++) {
+            const uint16_t *base = kvb + h * (D + VD) * L;
+            for (int64_t d = 0; d < D; d++)
+                for (int64_t l = 0; l < L; l++)
+                    ukt[(h * L + l) * D + d] = base[d * L + l];
+            memcpy(uv + h * VD * L, base + D * L, (size_t)(VD * L) * 2);
+        }
+        st = upload(rt, ukt, (size_t)(NH * L * D) * 2, &ly->w_ukt, err);
+    }
+    if (st == MT_OK)
+        st = upload(rt, uv, (size_t)(NH * VD * L) * 2, &ly->w_uv, err);
+    free(kvb);
+    free(ukt);
+    free(uv);
+    return st;
+}
+
+/* ---- kernels of a layer --------------------------------------------------- */
+
+#define K(field, fam, m, use, ...)                                                               \
+    do {                                                                                         \
+        char sh_[KERN_KEY_MAX];                                                                  \
+        snprintf(sh_, sizeof sh_, __VA_ARGS__);                                                  \
+        mt_status s_ = rt_kernel_get(rt, fam, sh_, m, use, &(field), err);                       \
+        if (s_ != MT_OK)                                                                         \
+            return s_;                                                                           \
+    } while (0)
+
+static mt_status copy_kernel(model_runtime *rt, rt_kernel **k, int64_t m, const char *use,
+                             int64_t sw, int64_t so, int64_t n, int64_t dw, int64_t doff,
+                             const char *s, const char *d, mt_err *err)
+{
+    K(*k, "ops_copy", m, use, "SW=%" PRId64 ",SO=%" PRId64 ",N=%" PRId64 ",DW=%" PRId64
+      ",DO=%" PRId64 ",s=%s,d=%s", sw, so, n, dw, doff, s, d);
+    return MT_OK;
+}
+
+static mt_status layer_kernels(model_runtime *rt, rt_layer *ly, mt_err *err)
+{
+    rt_layer_kernels *k = &ly->k;
+    int64_t T = rt->T, H = rt->H, NH = rt->NH, QL = rt->QL, L = rt->L, R = rt->R, D = rt->D;
+    int64_t IH = rt->IH, ID = rt->ID, VD = rt->VD;
+    const char *kv = kern_dtype_name(rt->kv_dtype);
+    int64_t pool_rows = rt->n_pages * rt->ps, ctx = rt->max_ctx < 4096 ? rt->max_ctx : 4096;
+    mt_status st;
+#define TRYS(e)                                                                                  \
+    do {                                                                                         \
+        if ((st = (e)) != MT_OK)                                                                 \
+            return st;                                                                           \
+    } while (0)
+    K(k->norm_in, "rmsnorm", T, "norm", "N=%" PRId64 ",eps_e=%d", H, rt->eps_e);
+    K(k->gemm_a, "gemm", T, "attn A", "N=%" PRId64 ",K=%" PRId64, ly->n_a, H);
+    TRYS(copy_kernel(rt, &k->copy_qa, T, "q latent", ly->n_a, 0, QL, QL, 0, "f32", "bf16", err));
+    K(k->norm_q, "rmsnorm", T, "q_a norm", "N=%" PRId64 ",eps_e=%d", QL, rt->eps6_e);
+    TRYS(copy_kernel(rt, &k->copy_lat, T, "kv latent", ly->n_a, QL, L, L, 0, "f32", "bf16", err));
+    K(k->norm_kv, "rmsnorm", T, "kv_a norm", "N=%" PRId64 ",eps_e=%d", L, rt->eps6_e);
+    TRYS(copy_kernel(rt, &k->copy_kr, T, "k rope", ly->n_a, QL + L, R, R, 0, "f32", "bf16", err));
+    K(k->rope_kr, "rope", T, "k rope", "H=1,HD=%" PRId64 ",ROFF=0,R=%" PRId64 ",ln=0,theta=%"
+      PRId64 ",P=%" PRId64, R, R, (int64_t)llround(rt->cfg->rope_theta), rt->max_ctx);
+    K(k->store_kv, "ops_kv_store", T, "kv store", "W1=%" PRId64 ",W2=%" PRId64 ",kv=%s,P=%" PRId64,
+      L, R, kv, pool_rows);
+    if (ly->full) {
+        int64_t o = QL + L + R;
+        TRYS(copy_kernel(rt, &k->copy_ik, T, "index key", ly->n_a, o, ID, ID, 0, "f32", "bf16",
+                         err));
+        K(k->rope_ik, "rope", T, "index key", "H=1,HD=%" PRId64 ",ROFF=0,R=%" PRId64
+          ",ln=1,theta=%" PRId64 ",P=%" PRId64, ID, R, (int64_t)llround(rt->cfg->rope_theta),
+          rt->max_ctx);
+        K(k->store_ik, "ops_kv_store", T, "index store", "W1=%" PRId64 ",W2=0,kv=%s,P=%" PRId64,
+          ID, kv, pool_rows);
+        TRYS(copy_kernel(rt, &k->copy_iw, T, "index w", ly->n_a, o + ID, IH, IH, 0, "f32", "f32",
+                         err));
+    }
+    K(k->gemm_b, "gemm", T, "attn B", "N=%" PRId64 ",K=%" PRId64, ly->n_b, QL);
+    TRYS(copy_kernel(rt, &k->copy_q, T, "q", ly->n_b, 0, NH * (D + R), NH * (D + R), 0, "f32",
+                     "bf16", err));
+    K(k->rope_q, "rope", T, "q rope", "H=%" PRId64 ",HD=%" PRId64 ",ROFF=%" PRId64 ",R=%" PRId64
+      ",ln=0,theta=%" PRId64 ",P=%" PRId64, NH, D + R, D, R,
+      (int64_t)llround(rt->cfg->rope_theta), rt->max_ctx);
+    if (ly->full) {
+        TRYS(copy_kernel(rt, &k->copy_iq, T, "index q", ly->n_b, NH * (D + R), IH * ID, IH * ID, 0,
+                         "f32", "bf16", err));
+        K(k->rope_iq, "rope", T, "index q", "H=%" PRId64 ",HD=%" PRId64 ",ROFF=0,R=%" PRId64
+          ",ln=0,theta=%" PRId64 ",P=%" PRId64, IH, ID, R, (int64_t)llround(rt->cfg->rope_theta),
+          rt->max_ctx);
+        K(k->indexer, "dsa_indexer", T, "indexer", "IH=%" PRId64 ",ID=%" PRId64 ",topk=%" PRId64
+          ",ps=%d,kv=%s,C=%" PRId64, IH, ID, rt->TOPK, rt->ps, kv, ctx);
+    }
+    K(k->absorb, "ops_head_gemm", T, "q absorb", "H=%" PRId64 ",K=%" PRId64 ",KA=%" PRId64
+      ",N=%" PRId64 ",NO=%" PRId64, NH, D, D + R, L, L + R);
+    TRYS(copy_kernel(rt, &k->copy_qrope, T * NH, "q rope copy", D + R, D, R, L + R, L, "bf16",
+                     "bf16", err));
+    K(k->decode, "mla_decode", T, "attention", "H=%" PRId64 ",L=%" PRId64 ",R=%" PRId64
+      ",D=%" PRId64 ",topk=%" PRId64 ",ps=%d,kv=%s,sparse=1,C=%" PRId64, NH, L, R, D, rt->TOPK,
+      rt->ps, kv, ctx);
+    TRYS(copy_kernel(rt, &k->copy_o, T, "attn out", NH * L, 0, NH * L, NH * L, 0, "f32", "bf16",
+                     err));
+    K(k->vout, "ops_head_gemm", T, "v absorb", "H=%" PRId64 ",K=%" PRId64 ",KA=%" PRId64
+      ",N=%" PRId64 ",NO=%" PRId64, NH, L, L, VD, VD);
+    K(k->gemm_o, "gemm", T, "o_proj", "N=%" PRId64 ",K=%" PRId64, H, NH * VD);
+    K(k->resid, "ops_residual", T, "residual", "N=%" PRId64, H);
+    K(k->norm_post, "rmsnorm", T, "norm", "N=%" PRId64 ",eps_e=%d", H, rt->eps_e);
+    if (!ly->moe) {
+        K(k->gemm_gu, "gemm", T, "mlp gate/up", "N=%" PRId64 ",K=%" PRId64, 2 * ly->inter, H);
+        K(k->silu, "ops_silu_mul", T, "mlp act", "I=%" PRId64, ly->inter);
+        K(k->gemm_down, "gemm", T, "mlp down", "N=%" PRId64 ",K=%" PRId64, H, ly->inter);
+        return MT_OK;
+    }
+    const char *a = rt->a4 ? "mxfp4" : "bf16";
+    const model_config *c = rt->cfg;
+    K(k->route, "moe_route", T, "router", "H=%" PRId64 ",E=%" PRId64 ",topk=%" PRId64
+      ",ngroup=%" PRId64 ",topkg=%" PRId64 ",rsf=%d,norm=%d", H, rt->E, rt->TOPKE, c->n_group,
+      c->topk_group, (int)lround(c->routed_scaling_factor * 1000.0), c->norm_topk_prob ? 1 : 0);
+    K(k->align, "moe_align", T, "expert sort", "E=%" PRId64 ",topk=%" PRId64 ",bm=128,skew=0",
+      rt->E, rt->TOPKE);
+    K(k->up, "moe_gemm_up", T, "experts up", "H=%" PRId64 ",I=%" PRId64 ",E=%" PRId64
+      ",topk=%" PRId64 ",a=%s,cat=1,bm=128,skew=0", H, rt->IE, rt->E, rt->TOPKE, a);
+    K(k->down, "moe_gemm_down", T, "experts down", "H=%" PRId64 ",I=%" PRId64 ",E=%" PRId64
+      ",topk=%" PRId64 ",a=%s,comb=0,bm=128,skew=0", H, rt->IE, rt->E, rt->TOPKE, a);
+    if (!ly->sh_inter)
+        return MT_OK;
+    if (ly->sh_mxfp4) {
+        K(k->sh_align, "moe_align", T, "shared sort", "E=1,topk=1,bm=128,skew=0");
+        K(k->sh_up, "moe_gemm_up", T, "shared up", "H=%" PRId64 ",I=%" PRId64
+          ",E=1,topk=1,a=%s,cat=1,bm=128,skew=0", H, ly->sh_inter, a);
+        K(k->sh_down, "moe_gemm_down", T, "shared down", "H=%" PRId64 ",I=%" PRId64
+          ",E=1,topk=1,a=%s,comb=0,bm=128,skew=0", H, ly->sh_inter, a);
+    } else {
+        K(k->sh_gemm_gu, "gemm", T, "shared gate/up", "N=%" PRId64 ",K=%" PRId64,
+          2 * ly->sh_inter, H);
+        K(k->sh_silu, "ops_silu_mul", T, "shared act", "I=%" PRId64, ly->sh_inter);
+        K(k->sh_gemm_down, "gemm", T, "shared down", "N=%" PRId64 ",K=%" PRId64, H, ly->sh_inter);
+    }
+#undef TRYS
+    return MT_OK;
+}
+
+/* ---- layers ------------------------------------------------------------------ */
+
+static mt_status load_layer(model_runtime *rt, int64_t i, rt_layer *ly, mt_err *err)
+{
+    const model_config *c = rt->cfg;
+    int64_t H = rt->H, NH = rt->NH, QL = rt->QL, L = rt->L, R = rt->R, D = rt->D;
+    int64_t IH = rt->IH, ID = rt->ID, VD = rt->VD;
+    char p[96], a[128], n1[320], n2[320], n3[320], n4[320];
+    snprintf(p, sizeof p, "model.layers.%" PRId64 ".", i);
+    snprintf(a, sizeof a, "%sself_attn.", p);
+    ly->moe = c->layer_moe[i];
+    ly->full = model_weights_layer_indexer_full(rt->w, i);
+    mt_status st;
+#define TRYL(e)                                                                                  \
+    do {                                                                                         \
+        if ((st = (e)) != MT_OK)                                                                 \
+            return st;                                                                           \
+    } while (0)
+    snprintf(n1, sizeof n1, "%sinput_layernorm.weight", p);
+    TRYL(upload_vec(rt, n1, H, false, &ly->in_norm, err));
+    snprintf(n1, sizeof n1, "%spost_attention_layernorm.weight", p);
+    TRYL(upload_vec(rt, n1, H, false, &ly->post_norm, err));
+    snprintf(n1, sizeof n1, "%sq_a_layernorm.weight", a);
+    TRYL(upload_vec(rt, n1, QL, false, &ly->q_norm, err));
+    snprintf(n1, sizeof n1, "%skv_a_layernorm.weight", a);
+    TRYL(upload_vec(rt, n1, L, false, &ly->kv_norm, err));
+
+    snprintf(n1, sizeof n1, "%sq_a_proj", a);
+    snprintf(n2, sizeof n2, "%skv_a_proj_with_mqa", a);
+    snprintf(n3, sizeof n3, "%sindexer.wk", a);
+    snprintf(n4, sizeof n4, "%sindexer.weights_proj", a);
+    const char *amods[4] = {n1, n2, n3, n4};
+    int64_t aouts[4] = {QL, L + R, ID, IH};
+    int na = ly->full ? 4 : 2;
+    ly->n_a = QL + L + R + (ly->full ? ID + IH : 0);
+    TRYL(upload_fused(rt, amods, aouts, na, H, &ly->w_a, err));
+
+    snprintf(n1, sizeof n1, "%sq_b_proj", a);
+    snprintf(n2, sizeof n2, "%sindexer.wq_b", a);
+    const char *bmods[2] = {n1, n2};
+    int64_t bouts[2] = {NH * (D + R), IH * ID};
+    ly->n_b = NH * (D + R) + (ly->full ? IH * ID : 0);
+    TRYL(upload_fused(rt, bmods, bouts, ly->full ? 2 : 1, QL, &ly->w_b, err));
+    if (ly->full) {
+        snprintf(n1, sizeof n1, "%sindexer.k_norm.weight", a);
+        TRYL(upload_vec(rt, n1, ID, true, &ly->k_norm_w, err));
+        snprintf(n1, sizeof n1, "%sindexer.k_norm.bias", a);
+        TRYL(upload_vec(rt, n1, ID, true, &ly->k_norm_b, err));
+    }
+    snprintf(n1, sizeof n1, "%skv_b_proj", a);
+    TRYL(upload_kv_b(rt, n1, ly, err));
+    snprintf(n1, sizeof n1, "%so_proj", a);
+    const char *omods[1] = {n1};
+    int64_t oouts[1] = {H};
+    TRYL(upload_fused(rt, omods, oouts, 1, NH * VD, &ly->w_o, err));
+
+    if (!ly->moe) {
+        ly->inter = c->intermediate_size;
+        snprintf(n1, sizeof n1, "%smlp.gate_proj", p);
+        snprintf(n2, sizeof n2, "%smlp.up_proj", p);
+        snprintf(n3, sizeof n3, "%smlp.down_proj", p);
+        const char *gu[2] = {n1, n2};
+        int64_t guo[2] = {ly->inter, ly->inter};
+        TRYL(upload_fused(rt, gu, guo, 2, H, &ly->w_gu, err));
+        const char *dn[1] = {n3};
+        int64_t dno[1] = {H};
+        TRYL(upload_fused(rt, dn, dno, 1, ly->inter, &ly->w_down, err));
+    } else {
+        const model_tensor_info *t;
+        int64_t gs[2] = {rt->E, H};
+        snprintf(n1, sizeof n1, "%smlp.gate.weight", p);
+        TRYL(model_weights_tensor(rt->w, n1, MODEL_DTYPES_FLOAT, 2, gs, &t, err));
+        uint16_t *g = malloc((size_t)(rt->E * H) * 2);
+        if (!g)
+            return mt_fail(err, MT_E_NOMEM, "%s", n1);
+        for (int64_t j = 0; j < rt->E * H; j++)
+            g[j] = mt_f32_to_bf16(elem_f32(t, (size_t)j));
+        st = upload(rt, g, (size_t)(rt->E * H) * 2, &ly->gate, err);
+        free(g);
+        if (st != MT_OK)
+            return st;
+        snprintf(n1, sizeof n1, "%smlp.gate.e_score_correction_bias", p);
+        TRYL(upload_vec(rt, n1, rt->E, true, &ly->bias, err));
+        snprintf(n1, sizeof n1, "%smlp.experts.", p);
+        TRYL(upload_experts(rt, n1, false, rt->E, rt->IE, &ly->w13, &ly->s13, &ly->w2, &ly->s2,
+                            err));
+        ly->sh_inter = c->n_shared_experts * c->moe_intermediate_size;
+        if (ly->sh_inter) {
+            snprintf(n1, sizeof n1, "%smlp.shared_experts.gate_proj", p);
+            const model_linear *l;
+            TRYL(model_weights_linear(rt->w, n1, &l, err));
+            ly->sh_mxfp4 = l->fmt == MODEL_WFMT_MXFP4;
+            snprintf(n1, sizeof n1, "%smlp.shared_experts.", p);
+            if (ly->sh_mxfp4) {
+                TRYL(upload_experts(rt, n1, true, 1, ly->sh_inter, &ly->sh_w13, &ly->sh_s13,
+                                    &ly->sh_w2, &ly->sh_s2, err));
+            } else {
+                snprintf(n1, sizeof n1, "%smlp.shared_experts.gate_proj", p);
+                snprintf(n2, sizeof n2, "%smlp.shared_experts.up_proj", p);
+                snprintf(n3, sizeof n3, "%smlp.shared_experts.down_proj", p);
+                const char *gu[2] = {n1, n2};
+                int64_t guo[2] = {ly->sh_inter, ly->sh_inter};
+                TRYL(upload_fused(rt, gu, guo, 2, H, &ly->sh_gu, err));
+                const char *dn[1] = {n3};
+                int64_t dno[1] = {H};
+                TRYL(upload_fused(rt, dn, dno, 1, ly->sh_inter, &ly->sh_down, err));
+            }
+        }
+    }
+    kvc_opts ko = {.page_size = rt->ps, .n_pages = (int)rt->n_pages, .latent = (int)L,
+                   .rope = (int)R, .index_dim = ly->full ? (int)ID : 0, .dtype = rt->kv_dtype};
+    TRYL(kvc_create(rt->dev, &ko, &ly->kv, err));
+#undef TRYL
+    return layer_kernels(rt, ly, err);
+}
+
+static void free_layer(model_runtime *rt, rt_layer *ly)
+{
+    void *ptrs[] = {ly->in_norm, ly->post_norm, ly->w_a, ly->q_norm, ly->kv_norm, ly->w_b,
+                    ly->k_norm_w, ly->k_norm_b, ly->w_ukt, ly->w_uv, ly->w_o, ly->w_gu,
+                    ly->w_down, ly->gate, ly->bias, ly->w13, ly->s13, ly->w2, ly->s2,
+                    ly->sh_w13, ly->sh_s13, ly->sh_w2, ly->sh_s2, ly->sh_gu, ly->sh_down};
+    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
+        dev_free(rt->dev, ptrs[i]);
+    kvc_destroy(ly->kv);
+}
+
+mt_status rt_load(model_runtime *rt, mt_err *err)
+{
+    int64_t H = rt->H, V = rt->V;
+    mt_status st = upload_vec(rt, "model.norm.weight", H, false, &rt->final_norm, err);
+    const model_tensor_info *emb;
+    int64_t es[2] = {V, H};
+    if (st == MT_OK)
+        st = model_weights_tensor(rt->w, "model.embed_tokens.weight", MODEL_DTYPES_FLOAT, 2, es,
+                                  &emb, err);
+    if (st != MT_OK)
+        return st;
+    uint16_t *h = malloc((size_t)(V * H) * 2);
+    if (!h)
+        return mt_fail(err, MT_E_NOMEM, "embedding");
+    if (emb->dtype == MODEL_DTYPE_BF16)
+        memcpy(h, emb->data, (size_t)(V * H) * 2);
+    else
+        for (int64_t i = 0; i < V * H; i++)
+            h[i] = mt_f32_to_bf16(elem_f32(emb, (size_t)i));
+    st = upload(rt, h, (size_t)(V * H) * 2, &rt->embed, err);
+    if (st == MT_OK) {
+        const model_linear *l;
+        if (model_weights_linear(rt->w, "lm_head", &l, NULL) == MT_OK) {
+            const char *m[1] = {"lm_head"};
+            int64_t o[1] = {V};
+            st = upload_fused(rt, m, o, 1, H, &rt->lm_head, err);
+        } else {
+            st = upload(rt, h, (size_t)(V * H) * 2, &rt->lm_head, err); /* tied */
+        }
+    }
+    free(h);
+    if (st != MT_OK)
+        return st;
+
+    /* RoPE table for every position the runtime can hold. */
+    float *cs = malloc(sizeof(float) * (size_t)(rt->max_ctx * rt->R));
+    if (!cs)
+        return mt_fail(err, MT_E_NOMEM, "rope table");
+    attn_rope_table(rt->cfg->rope_theta, (int)rt->R, rt->max_ctx, cs);
+    st = upload(rt, cs, sizeof(float) * (size_t)(rt->max_ctx * rt->R), &rt->rope_cs, err);
+    free(cs);
+    if (st != MT_OK)
+        return st;
+
+    rt->layers = calloc((size_t)rt->n_layers, sizeof *rt->layers);
+    if (!rt->layers)
+        return mt_fail(err, MT_E_NOMEM, "layers");
+    for (int64_t i = 0; i < rt->n_layers; i++) {
+        st = load_layer(rt, i, &rt->layers[i], err);
+        if (st != MT_OK)
+            return mt_err_prefix(err, "layer %" PRId64, i);
+    }
+    int64_t T = rt->T;
+    K(rt->k_embed, "ops_embed", T, "embedding", "N=%" PRId64 ",V=%" PRId64, H, V);
+    K(rt->k_norm_final, "rmsnorm", T, "norm", "N=%" PRId64 ",eps_e=%d", H, rt->eps_e);
+    K(rt->k_gather, "ops_embed", T, "logit rows", "N=%" PRId64 ",V=%" PRId64, H, T);
+    K(rt->k_lm_head, "gemm", T, "lm_head", "N=%" PRId64 ",K=%" PRId64, V, H);
+    return MT_OK;
+}
+
+void rt_unload(model_runtime *rt)
+{
+    if (!rt->dev)
+        return;
+    for (int64_t i = 0; rt->layers && i < rt->n_layers; i++)
+        free_layer(rt, &rt->layers[i]);
+    free(rt->layers);
+    rt->layers = NULL;
+    dev_free(rt->dev, rt->embed);
+    dev_free(rt->dev, rt->final_norm);
+    dev_free(rt->dev, rt->lm_head);
+    dev_free(rt->dev, rt->rope_cs);
+    rt->embed = rt->final_norm = rt->lm_head = rt->rope_cs = NULL;
+}
+
+/* ---- activations ------------------------------------------------------------- */
+
+mt_status rt_bufs_alloc(model_runtime *rt, mt_err *err)
+{
+    rt_bufs *b = &rt->b;
+    int64_t T = rt->T, H = rt->H, NH = rt->NH, L = rt->L, R = rt->R, D = rt->D;
+    int64_t n_a = 0, n_b = 0, inter = 0;
+    for (int64_t i = 0; i < rt->n_layers; i++) {
+        rt_layer *ly = &rt->layers[i];
+        n_a = ly->n_a > n_a ? ly->n_a : n_a;
+        n_b = ly->n_b > n_b ? ly->n_b : n_b;
+        int64_t in = ly->moe ? (ly->sh_mxfp4 ? 0 : ly->sh_inter) : ly->inter;
+        inter = in > inter ? in : inter;
+    }
+    int64_t P = T * rt->TOPKE;
+    rt->moe_cap = rt->E ? moe_cap_rows(P, rt->E, 128) : 0;
+    rt->sh_cap = moe_cap_rows(T, 1, 128);
+    int64_t max_pages = (rt->max_ctx + rt->ps - 1) / rt->ps;
+    b->table_entries = T * max_pages;
+    size_t topk = (size_t)(rt->TOPK > 0 ? rt->TOPK : 1);
+    struct {
+        void **p;
+        size_t n;
+    } a[] = {
+        {&b->tok, (size_t)T * 4}, {&b->pos, (size_t)T * 4}, {&b->rows, (size_t)T * 4},
+        {&b->qseq, (size_t)T * 4}, {&b->ctx, (size_t)T * 4},
+        {&b->table, (size_t)b->table_entries * 4}, {&b->lrows, (size_t)T * 4},
+        {&b->idx, (size_t)T * topk * 4}, {&b->val, (size_t)T * topk * 4},
+        {&b->resid, (size_t)(T * H) * 4}, {&b->xb, (size_t)(T * H) * 2},
+        {&b->xn, (size_t)(T * H) * 2}, {&b->delta, (size_t)(T * H) * 4},
+        {&b->fa, (size_t)(T * n_a) * 4}, {&b->qa, (size_t)(T * rt->QL) * 2},
+        {&b->qn, (size_t)(T * rt->QL) * 2}, {&b->lat, (size_t)(T * L) * 2},
+        {&b->latn, (size_t)(T * L) * 2}, {&b->kr, (size_t)(T * R) * 2},
+        {&b->ik, (size_t)(T * rt->ID) * 2}, {&b->iw, (size_t)(T * rt->IH) * 4},
+        {&b->fb, (size_t)(T * n_b) * 4}, {&b->q, (size_t)(T * NH * (D + R)) * 2},
+        {&b->iq, (size_t)(T * rt->IH * rt->ID) * 2}, {&b->qabs, (size_t)(T * NH * (L + R)) * 2},
+        {&b->o, (size_t)(T * NH * L) * 4}, {&b->ob, (size_t)(T * NH * L) * 2},
+        {&b->v, (size_t)(T * NH * rt->VD) * 2}, {&b->gu, (size_t)(T * 2 * inter) * 4},
+        {&b->h, (size_t)(T * inter) * 2}, {&b->ids, (size_t)P * 4}, {&b->tw, (size_t)P * 4},
+        {&b->sorted, (size_t)rt->moe_cap * 4}, {&b->tile, (size_t)(rt->moe_cap / 128 + 1) * 4},
+        {&b->total, 4}, {&b->eh, (size_t)(P * rt->IE) * 2}, {&b->sh_ids, (size_t)T * 4},
+        {&b->sh_w, (size_t)T * 4}, {&b->sh_sorted, (size_t)rt->sh_cap * 4},
+        {&b->sh_tile, (size_t)(rt->sh_cap / 128 + 1) * 4}, {&b->sh_total, 4},
+        {&b->xg, (size_t)(T * H) * 2}, {&b->xgf, (size_t)(T * H) * 4},
+        {&b->logits, (size_t)(T * rt->V) * 4},
+    };
+    int64_t sh_max = 0;
+    for (int64_t i = 0; i < rt->n_layers; i++)
+        if (rt->layers[i].sh_mxfp4 && rt->layers[i].sh_inter > sh_max)
+            sh_max = rt->layers[i].sh_inter;
+    for (size_t i = 0; i < sizeof a / sizeof a[0]; i++) {
+        mt_status st = dev_alloc(rt->dev, a[i].n ? a[i].n : 4, a[i].p, err);
+        if (st != MT_OK)
+            return mt_err_prefix(err, "activation buffers for %" PRId64 " tokens", T);
+    }
+    mt_status st = dev_alloc(rt->dev, (size_t)(T * (sh_max ? sh_max : 1)) * 2, &b->sh_h, err);
+    /* The shared expert as a one-expert MoE: every token to expert 0 with weight 1. */
+    float *ones = malloc(sizeof(float) * (size_t)T);
+    if (st == MT_OK && !ones)
+        st = mt_fail(err, MT_E_NOMEM, "activation buffers");
+    for (int64_t i = 0; st == MT_OK && i < T; i++)
+        ones[i] = 1.0f;
+    if (st == MT_OK)
+        st = dev_memset(rt->dev, b->sh_ids, 0, (size_t)T * 4, err);
+    if (st == MT_OK)
+        st = dev_copy_to(rt->dev, b->sh_w, ones, sizeof(float) * (size_t)T, err);
+    free(ones);
+    return st;
+}
+
+void rt_bufs_free(model_runtime *rt)
+{
+    if (!rt->dev)
+        return;
+    /* Every member before table_entries is a device pointer. */
+    void **all = (void **)&rt->b;
+    size_t n = offsetof(rt_bufs, table_entries) / sizeof(void *);
+    for (size_t i = 0; i < n; i++) {
+        dev_free(rt->dev, all[i]);
+        all[i] = NULL;
+    }
+}

@@ -1,0 +1,321 @@
+/* runtime.c: opening and closing the model runtime (runtime.h), its
+ * sequences and accessors. The forward pass is in rt_forward.c, kernel
+ * selection in rt_select.c, weight upload in rt_load.c.
+ *
+ * KV cache: one kvcache per layer (latent, plus indexer keys on layers that
+ * run their own indexer). Every sequence has one kvc_seq per layer, and
+ * every operation is applied to all layers in the same order, so the
+ * caches hand out the same page ids: one page table serves every layer
+ * (rt_forward.c checks this after each reservation). */
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "rt_impl.h"
+
+static int eps_exponent(model_runtime *rt, double eps, const char *what)
+{
+    int e = (int)lround(-log10(eps));
+    if (e < 1)
+        e = 1;
+    if (e > 12)
+        e = 12;
+    if (fabs(pow(10.0, -e) - eps) > 1e-3 * eps)
+        fprintf(rt->log, "warning: %s eps %g is not a power of ten; the rmsnorm kernels run "
+                "eps 1e-%d\n", what, eps, e);
+    return e;
+}
+
+static mt_status check_config(model_runtime *rt, mt_err *err)
+{
+    const model_config *c = rt->cfg;
+    if (c->q_lora_rank <= 0)
+        return mt_fail(err, MT_E_UNSUPPORTED, "config.json: q_lora_rank 0 (a plain q_proj): this "
+                       "runtime runs the low-rank query path of GLM-5 only");
+    if (c->num_key_value_heads != c->num_attention_heads)
+        return mt_fail(err, MT_E_UNSUPPORTED, "config.json: num_key_value_heads %" PRId64
+                       " != num_attention_heads %" PRId64, c->num_key_value_heads,
+                       c->num_attention_heads);
+    if (c->attention_bias)
+        return mt_fail(err, MT_E_UNSUPPORTED, "config.json: attention_bias true");
+    if (strcmp(c->scoring_func, "sigmoid"))
+        return mt_fail(err, MT_E_UNSUPPORTED, "config.json: scoring_func \"%s\" (the router "
+                       "kernel is sigmoid, as GLM-5)", c->scoring_func);
+    if (c->num_hidden_layers < 1 || !model_weights_layer_indexer_full(rt->w, 0))
+        return mt_fail(err, MT_E_UNSUPPORTED, "config.json: layer 0 does not run its own DSA "
+                       "indexer, so shared layers would have no top-k to reuse");
+    if (c->index_head_dim < c->qk_rope_head_dim)
+        return mt_fail(err, MT_E_FORMAT, "config.json: index_head_dim < qk_rope_head_dim");
+    if (strcmp(c->rope_type, "default"))
+        fprintf(rt->log, "warning: rope_type \"%s\": this runtime applies plain RoPE (theta %g)"
+                " without scaling\n", c->rope_type, c->rope_theta);
+    if (!c->rope_interleave || !c->indexer_rope_interleave)
+        fprintf(rt->log, "warning: config asks for half-split RoPE; the kernels rotate "
+                "interleaved pairs\n");
+    return MT_OK;
+}
+
+static mt_status open_db(model_runtime *rt, mt_err *err)
+{
+    struct stat sb;
+    if (stat(rt->o.db_path, &sb) != 0)
+        return mt_fail(err, MT_E_IO, "tuning database %s does not exist", rt->o.db_path);
+    mt_err e2 = MT_ERR_INIT;
+    if (db_open(rt->o.db_path, DB_OPEN_NOCREATE, &rt->db, &e2) == MT_OK)
+        return MT_OK;
+    /* A database we may not write still serves lookups (misses are not recorded). */
+    mt_status st = db_open(rt->o.db_path, DB_OPEN_READONLY, &rt->db, err);
+    if (st == MT_OK)
+        fprintf(rt->log, "warning: %s opened read-only (%s): misses are not recorded\n",
+                rt->o.db_path, e2.msg);
+    return st;
+}
+
+static mt_status load_tokenizer(model_runtime *rt, mt_err *err)
+{
+    size_t n = strlen(rt->o.model_dir) + 32;
+    char *path = malloc(n);
+    if (!path)
+        return mt_fail(err, MT_E_NOMEM, "tokenizer path");
+    snprintf(path, n, "%s/tokenizer.json", rt->o.model_dir);
+    struct stat sb;
+    mt_status st = MT_OK;
+    if (stat(path, &sb) == 0)
+        st = model_tokenizer_load(path, &rt->tok, err);
+    free(path);
+    return st;
+}
+
+static bool act_quant_of_checkpoint(const model_runtime *rt)
+{
+    for (int64_t i = 0; i < rt->n_layers; i++) {
+        if (!rt->cfg->layer_moe[i])
+            continue;
+        char name[128];
+        snprintf(name, sizeof name, "model.layers.%" PRId64 ".mlp.experts.0.gate_proj", i);
+        const model_linear *l;
+        if (model_weights_linear(rt->w, name, &l, NULL) == MT_OK)
+            return l->act_mxfp4;
+    }
+    return false;
+}
+
+static mt_status setup(model_runtime *rt, mt_err *err)
+{
+    const model_runtime_opts *o = &rt->o;
+    if (!o->model_dir)
+        return mt_fail(err, MT_E_INVALID, "runtime: no model directory");
+    dev_open_opts dopt = {.threads = o->threads};
+    mt_status st = dev_open(o->device ? o->device : "auto", &dopt, &rt->dev, err);
+    if (st != MT_OK)
+        return st;
+    rt->props = dev_get_props(rt->dev);
+    if (rt->props->compile_only)
+        return mt_fail(err, MT_E_UNSUPPORTED, "device %s is compile-only (no GPU present)",
+                       rt->props->spec);
+    if ((st = model_weights_open(o->model_dir, &rt->w, err)) != MT_OK)
+        return st;
+    rt->cfg = model_weights_config(rt->w);
+    if ((st = load_tokenizer(rt, err)) != MT_OK || (st = check_config(rt, err)) != MT_OK)
+        return st;
+    const model_config *c = rt->cfg;
+    rt->H = c->hidden_size;
+    rt->V = c->vocab_size;
+    rt->NH = c->num_attention_heads;
+    rt->QL = c->q_lora_rank;
+    rt->L = c->kv_lora_rank;
+    rt->R = c->qk_rope_head_dim;
+    rt->D = c->qk_nope_head_dim;
+    rt->VD = c->v_head_dim;
+    rt->IH = c->index_n_heads;
+    rt->ID = c->index_head_dim;
+    rt->TOPK = c->index_topk;
+    rt->E = c->n_routed_experts;
+    rt->TOPKE = c->num_experts_per_tok;
+    rt->IE = c->moe_intermediate_size;
+    rt->n_layers = c->num_hidden_layers; /* MTP layers are not run */
+    rt->eps_e = eps_exponent(rt, c->rms_norm_eps, "rms_norm_eps");
+    rt->eps6_e = 6; /* q_a_layernorm / kv_a_layernorm: 1e-6 as in transformers */
+    rt->a4 = o->act_quant_set ? o->act_quant == MODEL_ACT_MXFP4 : act_quant_of_checkpoint(rt);
+    rt->kv_dtype = o->kv_dtype ? (kern_dtype)o->kv_dtype : KERN_DT_BF16;
+    if (rt->kv_dtype != KERN_DT_BF16 && rt->kv_dtype != KERN_DT_FP8E4M3)
+        return mt_fail(err, MT_E_INVALID, "kv_dtype %s: the cache holds bf16 or fp8",
+                       kern_dtype_name(rt->kv_dtype));
+    rt->ps = o->kv_page_size > 0 ? o->kv_page_size : RT_PAGE_TOKENS_DEFAULT;
+    int64_t ctx = c->max_position_embeddings;
+    rt->n_pages = o->kv_pages > 0 ? o->kv_pages : 8 * ((ctx + rt->ps - 1) / rt->ps);
+    if (rt->n_pages > INT32_MAX / rt->ps)
+        return mt_fail(err, MT_E_INVALID, "kv_pages %" PRId64 " x page %d overflows",
+                       rt->n_pages, rt->ps);
+    rt->max_ctx = ctx < rt->n_pages * rt->ps ? ctx : rt->n_pages * rt->ps;
+    rt->T = o->max_batch_tokens > 0 ? o->max_batch_tokens : 512;
+    if (o->max_batch_tokens < 0)
+        return mt_fail(err, MT_E_INVALID, "max_batch_tokens %d", o->max_batch_tokens);
+    if (o->db_path && (st = open_db(rt, err)) != MT_OK)
+        return st;
+    fprintf(rt->log, "model %s: %" PRId64 " layers, hidden %" PRId64 ", %" PRId64
+            " experts top-%" PRId64 ", vocab %" PRId64 "; device %s (%s); experts %s; kv cache "
+            "%s, %" PRId64 " pages of %d tokens; max context %" PRId64 "\n",
+            o->model_dir, rt->n_layers, rt->H, rt->E, rt->TOPKE, rt->V, rt->props->spec,
+            rt->props->name, rt->a4 ? "a4w4 (MXFP4 activations)" : "a16w4 (bf16 activations)",
+            kern_dtype_name(rt->kv_dtype), rt->n_pages, rt->ps, rt->max_ctx);
+    if ((st = rt_load(rt, err)) != MT_OK || (st = rt_select(rt, err)) != MT_OK ||
+        (st = rt_bufs_alloc(rt, err)) != MT_OK)
+        return st;
+    size_t stage = (size_t)rt->T * (size_t)(rt->TOPK > 8 ? rt->TOPK : 8) +
+                   (size_t)(rt->b.table_entries);
+    rt->h_i32 = malloc(sizeof(int32_t) * stage);
+    if (!rt->h_i32)
+        return mt_fail(err, MT_E_NOMEM, "runtime staging");
+    return MT_OK;
+}
+
+mt_status model_runtime_open(const model_runtime_opts *o, model_runtime **out, mt_err *err)
+{
+    *out = NULL;
+    model_runtime *rt = calloc(1, sizeof *rt);
+    if (!rt)
+        return mt_fail(err, MT_E_NOMEM, "runtime");
+    rt->o = *o;
+    rt->log = o->log ? o->log : stderr;
+    mt_status st = setup(rt, err);
+    if (st != MT_OK) {
+        model_runtime_close(rt);
+        return st;
+    }
+    *out = rt;
+    return MT_OK;
+}
+
+void model_runtime_close(model_runtime *rt)
+{
+    if (!rt)
+        return;
+    for (int i = 0; i < RT_MAX_SEQS; i++)
+        model_seq_free(rt, i);
+    rt_bufs_free(rt);
+    rt_unload(rt);
+    rt_kernels_free(rt);
+    free(rt->h_i32);
+    db_close(rt->db);
+    model_tokenizer_destroy(rt->tok);
+    model_weights_close(rt->w);
+    dev_close(rt->dev);
+    free(rt);
+}
+
+const model_config *model_runtime_config(const model_runtime *rt) { return rt->cfg; }
+const model_tokenizer *model_runtime_tokenizer(const model_runtime *rt) { return rt->tok; }
+int32_t model_runtime_vocab(const model_runtime *rt) { return (int32_t)rt->V; }
+int64_t model_runtime_max_context(const model_runtime *rt) { return rt->max_ctx; }
+
+int model_runtime_eos(const model_runtime *rt, int32_t *out, int cap)
+{
+    int n = 0;
+    for (int i = 0; i < rt->cfg->eos_count && n < cap; i++)
+        out[n++] = (int32_t)rt->cfg->eos_token_id[i];
+    if (rt->tok) {
+        int32_t id = model_tokenizer_token_id(rt->tok, "<|endoftext|>");
+        bool have = id < 0;
+        for (int i = 0; i < n && !have; i++)
+            have = out[i] == id;
+        if (!have && n < cap)
+            out[n++] = id;
+    }
+    return n;
+}
+
+/* ---- sequences ------------------------------------------------------------- */
+
+static mt_status new_slot(model_runtime *rt, int *seq, mt_err *err)
+{
+    for (int i = 0; i < RT_MAX_SEQS; i++)
+        if (!rt->seqs[i].used) {
+            rt->seqs[i].kv = calloc((size_t)rt->n_layers, sizeof(kvc_seq *));
+            if (!rt->seqs[i].kv)
+                return mt_fail(err, MT_E_NOMEM, "sequence");
+            rt->seqs[i].used = true;
+            rt->seqs[i].shared = false;
+            *seq = i;
+            return MT_OK;
+        }
+    return mt_fail(err, MT_E_BUSY, "all %d sequence slots are in use", RT_MAX_SEQS);
+}
+
+mt_status model_seq_create(model_runtime *rt, int *seq, mt_err *err)
+{
+    int s;
+    mt_status st = new_slot(rt, &s, err);
+    for (int64_t l = 0; st == MT_OK && l < rt->n_layers; l++)
+        st = kvc_seq_create(rt->layers[l].kv, &rt->seqs[s].kv[l], err);
+    if (st != MT_OK) {
+        if (st != MT_E_BUSY)
+            model_seq_free(rt, s);
+        return st;
+    }
+    *seq = s;
+    return MT_OK;
+}
+
+static bool seq_ok(const model_runtime *rt, int seq)
+{
+    return seq >= 0 && seq < RT_MAX_SEQS && rt->seqs[seq].used;
+}
+
+mt_status model_seq_fork(model_runtime *rt, int src, int64_t n, int *seq, mt_err *err)
+{
+    if (!seq_ok(rt, src))
+        return mt_fail(err, MT_E_INVALID, "fork: no sequence %d", src);
+    int64_t len = model_seq_len(rt, src);
+    if (n < 0 || n > len)
+        return mt_fail(err, MT_E_INVALID, "fork: %" PRId64 " tokens of sequence %d, which has %"
+                       PRId64, n, src, len);
+    int s;
+    mt_status st = new_slot(rt, &s, err);
+    for (int64_t l = 0; st == MT_OK && l < rt->n_layers; l++)
+        st = kvc_seq_fork(rt->layers[l].kv, rt->seqs[src].kv[l], n, &rt->seqs[s].kv[l], err);
+    if (st != MT_OK) {
+        if (st != MT_E_BUSY)
+            model_seq_free(rt, s);
+        return st;
+    }
+    rt->seqs[s].shared = rt->seqs[src].shared = true;
+    *seq = s;
+    return MT_OK;
+}
+
+void model_seq_free(model_runtime *rt, int seq)
+{
+    if (!rt || !seq_ok(rt, seq))
+        return;
+    rt_seq *s = &rt->seqs[seq];
+    for (int64_t l = 0; l < rt->n_layers; l++)
+        if (s->kv[l])
+            kvc_seq_destroy(rt->layers[l].kv, s->kv[l]);
+    free(s->kv);
+    s->kv = NULL;
+    s->used = false;
+}
+
+int64_t model_seq_len(const model_runtime *rt, int seq)
+{
+    return seq_ok(rt, seq) ? kvc_seq_len(rt->seqs[seq].kv[0]) : -1;
+}
+
+int64_t model_kv_free_pages(const model_runtime *rt) { return kvc_free_pages(rt->layers[0].kv); }
+int model_kv_page_size(const model_runtime *rt) { return rt->ps; }
+
+int64_t model_seq_pages_needed(const model_runtime *rt, int seq, int64_t n)
+{
+    if (!seq_ok(rt, seq) || n <= 0)
+        return 0;
+    int64_t len = model_seq_len(rt, seq), held = kvc_seq_pages(rt->seqs[seq].kv[0], NULL, 0);
+    int64_t need = (len + n + rt->ps - 1) / rt->ps - held;
+    /* A shared partial last page is copied before it is written (an upper
+     * bound: the other owner may be gone). */
+    if (rt->seqs[seq].shared && len % rt->ps)
+        need++;
+    return need;
+}

@@ -1,0 +1,98 @@
+/* sample.c: model_sample, picking the next token from logits on the host.
+ *
+ * Greedy (temperature <= 0): the largest logit, ties to the lower id.
+ * Otherwise: logits / temperature; top-k keeps the k largest (ties to the
+ * lower id); top-p keeps the smallest prefix of the descending order whose
+ * probability reaches p (at least one token); then one draw from the rng
+ * over the kept tokens' renormalized probabilities. NaN logits are never
+ * picked (a row of only NaN gives 0). Deterministic for a given rng state. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "runtime.h"
+
+typedef struct cand {
+    float v;
+    int32_t id;
+} cand;
+
+/* Descending by value, ascending id among equals. */
+static int cand_cmp(const void *a, const void *b)
+{
+    const cand *x = a, *y = b;
+    if (x->v != y->v)
+        return x->v > y->v ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+static int32_t argmax(const float *logits, int32_t vocab)
+{
+    int32_t best = -1;
+    for (int32_t i = 0; i < vocab; i++)
+        if (!isnan(logits[i]) && (best < 0 || logits[i] > logits[best]))
+            best = i;
+    return best < 0 ? 0 : best;
+}
+
+int32_t model_sample(const float *logits, int32_t vocab, const model_sampler *s, mt_rng *rng)
+{
+    if (vocab <= 0)
+        return 0;
+    if (!s || !(s->temperature > 0.0f) || s->top_k == 1)
+        return argmax(logits, vocab);
+    cand *c = malloc(sizeof(cand) * (size_t)vocab);
+    if (!c)
+        return argmax(logits, vocab);
+    int32_t n = 0;
+    for (int32_t i = 0; i < vocab; i++)
+        if (!isnan(logits[i]))
+            c[n++] = (cand){logits[i] / s->temperature, i};
+    if (n == 0) {
+        free(c);
+        return 0;
+    }
+    qsort(c, (size_t)n, sizeof(cand), cand_cmp);
+    if (s->top_k > 0 && s->top_k < n)
+        n = s->top_k;
+    /* Softmax over the kept tokens, in double, from the largest. */
+    double *p = malloc(sizeof(double) * (size_t)n), sum = 0.0;
+    if (!p) {
+        int32_t id = c[0].id;
+        free(c);
+        return id;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        p[i] = isinf(c[0].v) && c[0].v > 0 ? (c[i].v == c[0].v ? 1.0 : 0.0)
+                                            : exp((double)c[i].v - (double)c[0].v);
+        sum += p[i];
+    }
+    if (s->top_p > 0.0f && s->top_p < 1.0f) {
+        double acc = 0.0;
+        int32_t keep = n;
+        for (int32_t i = 0; i < n; i++) {
+            acc += p[i] / sum;
+            if (acc >= (double)s->top_p) {
+                keep = i + 1;
+                break;
+            }
+        }
+        n = keep;
+        sum = 0.0;
+        for (int32_t i = 0; i < n; i++)
+            sum += p[i];
+    }
+    /* 53 random bits: a uniform double in [0, sum). */
+    double u = (double)(mt_rng_u64(rng) >> 11) * (1.0 / 9007199254740992.0) * sum;
+    int32_t pick = c[n - 1].id;
+    double acc = 0.0;
+    for (int32_t i = 0; i < n; i++) {
+        acc += p[i];
+        if (u < acc) {
+            pick = c[i].id;
+            break;
+        }
+    }
+    free(p);
+    free(c);
+    return pick;
+}

@@ -1,0 +1,102 @@
+/* test_forward_util.h: helpers of the runtime tests (test_forward*.c,
+ * test_generate.c): a tiny checkpoint in a temporary folder, opening the
+ * runtime on a device, running prompts, and comparing logits. */
+#ifndef MT_TEST_FORWARD_UTIL_H
+#define MT_TEST_FORWARD_UTIL_H
+
+#include <criterion/criterion.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/rng.h"
+#include "kernels/family.h"
+#include "model/reference.h"
+#include "model/runtime.h"
+#include "model/tiny.h"
+
+static inline char *fw_tiny_dir(void)
+{
+    char *dir = strdup("/tmp/mt_fwd_XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(model_tiny_write(dir, 1, &err), MT_OK, "%s", err.msg);
+    return dir;
+}
+
+static inline void fw_rm_dir(char *dir)
+{
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    cr_assert_eq(system(cmd), 0);
+    free(dir);
+}
+
+typedef struct fw_open_args {
+    const char *device;
+    model_act_quant act;
+    int kv_dtype;
+    const char *db;
+    int max_batch_tokens;
+} fw_open_args;
+
+static inline model_runtime *fw_open(const char *dir, fw_open_args a)
+{
+    static FILE *quiet;
+    if (!quiet)
+        quiet = fopen("/dev/null", "w");
+    model_runtime_opts o = {.model_dir = dir, .device = a.device ? a.device : "cpu",
+                            .act_quant = a.act, .act_quant_set = true, .kv_dtype = a.kv_dtype,
+                            .db_path = a.db, .kv_pages = 64,
+                            .max_batch_tokens = a.max_batch_tokens ? a.max_batch_tokens : 64,
+                            .log = quiet};
+    model_runtime *rt = NULL;
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(model_runtime_open(&o, &rt, &err), MT_OK, "open %s on %s: %s", dir, o.device,
+                 err.msg);
+    return rt;
+}
+
+/* n random token ids in [0, vocab). */
+static inline int32_t *fw_tokens(uint64_t seed, int n, int32_t vocab)
+{
+    mt_rng r;
+    mt_rng_seed(&r, seed);
+    int32_t *t = malloc(sizeof(int32_t) * (size_t)n);
+    for (int i = 0; i < n; i++)
+        t[i] = (int32_t)mt_rng_below(&r, (uint64_t)vocab);
+    return t;
+}
+
+/* Prefills tokens into a new sequence; returns all positions' logits. */
+static inline float *fw_prefill(model_runtime *rt, const int32_t *tok, int n, int *seq_out)
+{
+    int seq;
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(model_seq_create(rt, &seq, &err), MT_OK, "%s", err.msg);
+    int32_t V = model_runtime_vocab(rt);
+    float *lg = malloc(sizeof(float) * (size_t)V * (size_t)n);
+    model_step_item it = {.seq = seq, .tokens = tok, .n_tokens = n, .all_logits = lg};
+    cr_assert_eq(model_step(rt, &it, 1, &err), MT_OK, "%s", err.msg);
+    if (seq_out)
+        *seq_out = seq;
+    else
+        model_seq_free(rt, seq);
+    return lg;
+}
+
+/* Relative L2 error of one row of logits against a reference row. */
+static inline double fw_rel_l2(const float *got, const float *want, int32_t n)
+{
+    double e = 0, w = 0;
+    for (int32_t i = 0; i < n; i++) {
+        double d = (double)got[i] - want[i];
+        e += d * d;
+        w += (double)want[i] * want[i];
+    }
+    return sqrt(e / (w > 0 ? w : 1));
+}
+
+#endif
