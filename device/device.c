@@ -235,7 +235,8 @@ static mt_status cache_get(dev_device *d, const char *key, void **bytes, size_t 
     return MT_OK;
 }
 
-static void cache_put(dev_device *d, const char *key, const void *bytes, size_t len)
+static void cache_put(dev_device *d, const char *key, const void *bytes, size_t len,
+                      const dev_code_info *info)
 {
     char path[4096];
     cache_path(d, key, path, sizeof path);
@@ -244,7 +245,34 @@ static void cache_put(dev_device *d, const char *key, const void *bytes, size_t 
     if (mt_mkdirs(path, NULL) != MT_OK)
         return; /* an unwritable cache only costs recompiles */
     *slash = '/';
+    /* The compiler's resource report sits beside the code object, for
+     * backends that cannot read it back from the bytes (cuda's ptxas log).
+     * Written first: a reader that finds the .bin finds its .info. */
+    char ipath[4200];
+    snprintf(ipath, sizeof ipath, "%s.info", path);
+    mt_file_write_atomic(ipath, info, sizeof *info, NULL);
     mt_file_write_atomic(path, bytes, len, NULL);
+}
+
+/* Resource report stored beside a cached code object, if any. */
+static void cache_get_info(dev_device *d, const char *key, dev_code_info *info)
+{
+    char path[4096], ipath[4200];
+    cache_path(d, key, path, sizeof path);
+    snprintf(ipath, sizeof ipath, "%s.info", path);
+    char *data = NULL;
+    size_t len = 0;
+    if (mt_file_read(ipath, &data, &len, NULL) != MT_OK)
+        return;
+    if (len == sizeof *info) {
+        dev_code_info stored;
+        memcpy(&stored, data, sizeof stored);
+        if (stored.n_kernels >= 0 && stored.n_kernels <= DEV_MAX_KERNELS_PER_CODE) {
+            info->n_kernels = stored.n_kernels;
+            memcpy(info->kernels, stored.kernels, sizeof info->kernels);
+        }
+    }
+    free(data);
 }
 
 static bool cache_disabled(void)
@@ -267,9 +295,10 @@ mt_status dev_compile(dev_device *d, const dev_compile_req *req, dev_code **out,
     bool use_cache = !req->no_cache && !cache_disabled();
     if (use_cache && cache_get(d, c->info.key, &c->bytes, &c->len) == MT_OK) {
         c->info.cache_hit = true;
-        if (d->ops->inspect &&
-            d->ops->inspect(d->ctx, c->bytes, c->len, &c->info, NULL) != MT_OK)
-            c->info.n_kernels = 0;
+        if (!d->ops->inspect ||
+            d->ops->inspect(d->ctx, c->bytes, c->len, &c->info, NULL) != MT_OK ||
+            c->info.n_kernels == 0)
+            cache_get_info(d, c->info.key, &c->info);
         *out = c;
         return MT_OK;
     }
@@ -282,7 +311,7 @@ mt_status dev_compile(dev_device *d, const dev_compile_req *req, dev_code **out,
         return st;
     }
     if (use_cache)
-        cache_put(d, c->info.key, c->bytes, c->len);
+        cache_put(d, c->info.key, c->bytes, c->len, &c->info);
     *out = c;
     return MT_OK;
 }
