@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The one prepared GPU check, for a lent NVIDIA GPU (an H200 here, now and
+# then, for a few minutes): build, list devices, run every family against its
+# reference on the GPU, tune the MoE stages at the glm5.2 shape for a few M,
+# and benchmark against the measured device-memory bandwidth. Results and
+# the database go under $OUT when set (else ./gpu-check-out).
+#
+# With no GPU it runs the same steps in compile-only mode (NVRTC for sm_90):
+# check compiles a sample of every family and prints registers and spills,
+# and tune --compile-only stores resource usage.
+#
+# Usage: bench/gpu-check.sh [--arch sm_90] [--budget 90s]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+arch=sm_90
+budget=90s
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --arch) arch="$2"; shift ;;
+    --budget) budget="$2"; shift ;;
+    *) echo "gpu-check.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+out=${OUT:-$PWD/gpu-check-out}
+mkdir -p "$out"
+log=$out/gpu-check.log
+exec > >(tee "$log") 2>&1
+
+step() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
+t0=$(date +%s)
+
+step "build"
+if [ ! -x build-gpu/moetune ]; then
+  cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DMOETUNE_TESTS=OFF >/dev/null &&
+    cmake --build build-gpu -j"$(nproc)" --target moetune >/dev/null || exit 1
+fi
+mt=build-gpu/moetune
+export MOETUNE_CACHE=$out/cache
+
+step "devices"
+$mt devices --json >"$out/devices.json"
+$mt devices
+if $mt devices --device cuda >/dev/null 2>&1; then
+  dev=(--device cuda)
+  mode=gpu
+else
+  dev=(--device cuda --arch "$arch")
+  mode=compile-only
+fi
+echo "mode: $mode"
+
+step "check every family on ${dev[*]}"
+$mt check "${dev[@]}" --samples 2 --json >"$out/check.json"
+check_rc=$?
+$mt check "${dev[@]}" --samples 0 | tail -3
+
+db=$out/gpu.db
+step "tune the MoE stages at glm5.2 (budget $budget per family)"
+extra=()
+[ $mode = compile-only ] && extra=(--compile-only)
+for fam in moe_gemm_up moe_gemm_down moe_route moe_align; do
+  $mt tune --family $fam --shape glm5.2 --m 1,16,64,256 "${dev[@]}" --db "$db" \
+    --strategy evolve --budget "$budget" --jobs "$(nproc)" --quiet "${extra[@]}" ||
+    echo "tune $fam failed (exit $?)"
+done
+$mt db best --db "$db" | tee "$out/best.txt"
+
+if [ $mode = gpu ]; then
+  step "bench: MoE at glm5.2 against measured device bandwidth"
+  $mt bench --family moe --shape glm5.2 --m 1,4,16,64,256 "${dev[@]}" --db "$db" \
+    | tee "$out/bench.txt"
+  $mt bench --family moe --shape glm5.2 --m 1,4,16,64,256 "${dev[@]}" --db "$db" --json \
+    >"$out/bench.json"
+fi
+
+step "done in $(( $(date +%s) - t0 )) s; results in $out"
+exit $check_rc
