@@ -259,6 +259,44 @@ static mt_status choose(model_runtime *rt, rt_kernel *k, const db_device *dd,
     return MT_OK;
 }
 
+/* One line per kernel: runs of buckets with the same provenance. */
+static void kernel_line(const rt_kernel *k, FILE *f)
+{
+    fprintf(f, "  %-13s %-40s %-13s", k->fam->name, k->key, k->use);
+    for (int b = 0; b < k->n;) {
+        int e = b;
+        while (e + 1 < k->n && k->ch[e + 1].prov == k->ch[b].prov &&
+               k->ch[e + 1].tuned_m == k->ch[b].tuned_m)
+            e++;
+        const rt_choice *c = &k->ch[b];
+        char range[48];
+        if (e == b)
+            snprintf(range, sizeof range, "M=%" PRId64, c->m);
+        else
+            snprintf(range, sizeof range, "M=%" PRId64 "..%" PRId64, c->m, k->ch[e].m);
+        switch (c->prov) {
+        case RT_PROV_NEAREST:
+            fprintf(f, " %s nearest (tuned M=%" PRId64 ");", range, c->tuned_m);
+            break;
+        case RT_PROV_OTHER_DEVICE:
+            fprintf(f, " %s other device (%s, M=%" PRId64 ");", range, c->note, c->tuned_m);
+            break;
+        case RT_PROV_MISS:
+            fprintf(f, " %s default (miss %s);", range,
+                    c->miss_recorded ? "recorded" : "not recorded");
+            break;
+        case RT_PROV_STALE:
+        case RT_PROV_REJECTED:
+            fprintf(f, " %s %s [%s];", range, rt_prov_name(c->prov), c->note);
+            break;
+        default:
+            fprintf(f, " %s %s;", range, rt_prov_name(c->prov));
+        }
+        b = e + 1;
+    }
+    fputc('\n', f);
+}
+
 mt_status rt_select(model_runtime *rt, mt_err *err)
 {
     db_device dd;
@@ -284,6 +322,9 @@ mt_status rt_select(model_runtime *rt, mt_err *err)
     mt_status st = build_modules(rt, err);
     if (st != MT_OK)
         return st;
+    if (rt->db)
+        for (int i = 0; i < rt->n_kerns; i++)
+            kernel_line(rt->kerns[i], rt->log);
     model_selection_counts n;
     model_runtime_selection(rt, &n);
     int total = n.tuned + n.nearest + n.other_device + n.stale + n.defaults;

@@ -1,0 +1,289 @@
+/* test_generate.c: sampling (greedy ties, temperature, top-k, top-p, seed),
+ * load-time kernel selection with and without a tuning database (tuned,
+ * nearest, other device, stale, miss recorded), and `moetune generate` end
+ * to end on the tiny checkpoint. */
+#include <sys/wait.h>
+
+#include "db/db.h"
+#include "device/device.h"
+#include "test_forward_util.h"
+
+/* ---- sampling ------------------------------------------------------------------ */
+
+Test(sample, greedy_takes_the_largest_and_ties_go_to_the_lower_id)
+{
+    float lg[6] = {0.5f, 2.0f, -1.0f, 2.0f, NAN, 1.0f};
+    model_sampler g = {.temperature = 0, .top_p = 1, .top_k = 0};
+    cr_assert_eq(model_sample(lg, 6, &g, NULL), 1);
+    lg[4] = 3.0f;
+    cr_assert_eq(model_sample(lg, 6, &g, NULL), 4);
+    /* top_k 1 is greedy whatever the temperature. */
+    mt_rng r;
+    mt_rng_seed(&r, 1);
+    model_sampler k1 = {.temperature = 5, .top_p = 1, .top_k = 1};
+    lg[4] = NAN;
+    cr_assert_eq(model_sample(lg, 6, &k1, &r), 1);
+}
+
+Test(sample, temperature_draws_follow_the_softmax)
+{
+    uint64_t seed = mt_seed_fresh();
+    mt_rng r;
+    mt_rng_seed(&r, seed);
+    float lg[4] = {1.0f, 0.0f, 2.0f, -1.0f};
+    model_sampler s = {.temperature = 2.0f, .top_p = 1, .top_k = 0};
+    enum { N = 40000 };
+    int count[4] = {0};
+    for (int i = 0; i < N; i++)
+        count[model_sample(lg, 4, &s, &r)]++;
+    double z = 0, p[4];
+    for (int i = 0; i < 4; i++)
+        z += exp(lg[i] / 2.0);
+    for (int i = 0; i < 4; i++) {
+        p[i] = exp(lg[i] / 2.0) / z;
+        double sd = sqrt(N * p[i] * (1 - p[i]));
+        cr_assert_leq(fabs(count[i] - N * p[i]), 5 * sd, "seed %" PRIu64 ": id %d drawn %d times,"
+                      " expected %.0f", seed, i, count[i], N * p[i]);
+    }
+}
+
+Test(sample, top_k_and_top_p_restrict_the_draw)
+{
+    uint64_t seed = mt_seed_fresh();
+    mt_rng r;
+    mt_rng_seed(&r, seed);
+    /* probabilities at temperature 1: about 0.66, 0.24, 0.09, 0.01 */
+    float lg[4] = {0.0f, 2.0f, 3.0f, -2.0f};
+    model_sampler k2 = {.temperature = 1, .top_p = 1, .top_k = 2};
+    model_sampler p5 = {.temperature = 1, .top_p = 0.5f, .top_k = 0};
+    model_sampler p8 = {.temperature = 1, .top_p = 0.8f, .top_k = 0};
+    bool seen[3][4] = {{0}};
+    for (int i = 0; i < 3000; i++) {
+        seen[0][model_sample(lg, 4, &k2, &r)] = true;
+        seen[1][model_sample(lg, 4, &p5, &r)] = true;
+        seen[2][model_sample(lg, 4, &p8, &r)] = true;
+    }
+    cr_assert(seen[0][2] && seen[0][1] && !seen[0][0] && !seen[0][3], "seed %" PRIu64, seed);
+    cr_assert(seen[1][2] && !seen[1][1] && !seen[1][0] && !seen[1][3], "seed %" PRIu64, seed);
+    cr_assert(seen[2][2] && seen[2][1] && !seen[2][0] && !seen[2][3], "seed %" PRIu64, seed);
+}
+
+Test(sample, same_seed_same_draws)
+{
+    uint64_t seed = mt_seed_fresh();
+    float lg[64];
+    mt_rng g;
+    mt_rng_seed(&g, seed);
+    for (int i = 0; i < 64; i++)
+        lg[i] = mt_rng_normal(&g);
+    model_sampler s = {.temperature = 1.3f, .top_p = 0.9f, .top_k = 20};
+    mt_rng a, b;
+    mt_rng_seed(&a, seed);
+    mt_rng_seed(&b, seed);
+    int differ = 0;
+    for (int i = 0; i < 200; i++)
+        differ += model_sample(lg, 64, &s, &a) != model_sample(lg, 64, &s, &b);
+    cr_assert_eq(differ, 0, "seed %" PRIu64, seed);
+}
+
+/* ---- kernel selection ------------------------------------------------------------ */
+
+Test(selection, without_a_database_every_kernel_is_the_default)
+{
+    char *dir = fw_tiny_dir();
+    model_runtime *rt = fw_open(dir, (fw_open_args){.act = MODEL_ACT_MXFP4});
+    model_selection_counts n;
+    model_runtime_selection(rt, &n);
+    cr_assert_gt(n.defaults, 40);
+    cr_assert_eq(n.tuned + n.nearest + n.other_device + n.stale, 0);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    model_runtime_report(rt, f);
+    fclose(f);
+    cr_assert(strstr(buf, "no database") && strstr(buf, "moe_gemm_up") &&
+              strstr(buf, "mla_decode") && strstr(buf, "dsa_indexer"), "%s", buf);
+    free(buf);
+    model_runtime_close(rt);
+    fw_rm_dir(dir);
+}
+
+typedef struct sel_count {
+    int misses;
+} sel_count;
+
+static int count_miss(void *ctx, const db_miss_row *row)
+{
+    (void)row;
+    ((sel_count *)ctx)->misses++;
+    return 0;
+}
+
+static void put_winner(db_t *db, const db_device *dv, const char *family, const char *hash,
+                       const char *shape, int64_t m, const char *cfg_key, const char *cfg_json)
+{
+    mt_err err = MT_ERR_INIT;
+    int64_t did, kid;
+    const kern_family *f = kern_family_find(family);
+    cr_assert_not_null(f);
+    cr_assert_eq(db_device_upsert(db, dv, &did, &err), MT_OK, "%s", err.msg);
+    db_kernel k = {.family = family, .version = f->version, .source_hash = hash};
+    cr_assert_eq(db_kernel_upsert(db, &k, &kid, &err), MT_OK, "%s", err.msg);
+    db_winner w = {.device_id = did, .kernel_id = kid, .shape_key = shape, .m = m,
+                   .config_key = cfg_key, .config_json = cfg_json, .time_ms = 0.01};
+    cr_assert_eq(db_winner_set(db, &w, &err), MT_OK, "%s", err.msg);
+}
+
+Test(selection, database_hits_nearest_other_device_stale_and_misses)
+{
+    char *dir = fw_tiny_dir();
+    char path[300];
+    snprintf(path, sizeof path, "%s/tune.db", dir);
+    mt_err err = MT_ERR_INIT;
+    dev_device *d = NULL;
+    cr_assert_eq(dev_open("cpu", NULL, &d, &err), MT_OK, "%s", err.msg);
+    const dev_props *p = dev_get_props(d);
+    db_device me = {.backend = (int)p->backend, .arch = p->arch, .name = p->name,
+                    .runtime_version = p->runtime_version, .driver_version = p->driver_version,
+                    .fingerprint = p->fingerprint, .compute_units = p->compute_units};
+    db_device other = me;
+    other.name = "another cpu model";
+    other.fingerprint = NULL;
+    char hash_norm[65], hash_silu[65];
+    kern_source_hash(kern_family_find("rmsnorm"), DEV_BACKEND_CPU, hash_norm);
+    kern_source_hash(kern_family_find("ops_silu_mul"), DEV_BACKEND_CPU, hash_silu);
+    db_t *db = NULL;
+    cr_assert_eq(db_open(path, DB_OPEN_DEFAULT, &db, &err), MT_OK, "%s", err.msg);
+    /* rmsnorm at the hidden size: tuned at M=4 here. */
+    put_winner(db, &me, "rmsnorm", hash_norm, "N=256", 4, "ROWS=4", "{\"ROWS\":4}");
+    /* the MLP activation: tuned on another cpu model only. */
+    put_winner(db, &other, "ops_silu_mul", hash_silu, "I=512", 8, "ROWS=4", "{\"ROWS\":4}");
+    /* lm_head: only for a source hash this build does not have. */
+    put_winner(db, &me, "gemm", "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+               "N=512,K=256", 16, "BM=4,BN=32,KB=256", "{\"BM\":4,\"BN\":32,\"KB\":256}");
+    db_close(db);
+    dev_close(d);
+
+    model_runtime *rt = fw_open(dir, (fw_open_args){.act = MODEL_ACT_MXFP4, .db = path,
+                                                    .max_batch_tokens = 64});
+    /* Buckets up to M=64: 1, 2, 4, 8, 16, 24, 32, 48, 64. */
+    model_selection_counts n;
+    model_runtime_selection(rt, &n);
+    cr_assert_eq(n.tuned, 1);
+    cr_assert_eq(n.nearest, 8);
+    cr_assert_eq(n.other_device, 9);
+    cr_assert_eq(n.stale, 9);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    model_runtime_report(rt, f);
+    fclose(f);
+    cr_assert(strstr(buf, "nearest (tuned at M=4)"), "%s", buf);
+    cr_assert(strstr(buf, "another cpu model"), "%s", buf);
+    cr_assert(strstr(buf, "stale: entries for source 0123456789ab"), "%s", buf);
+    cr_assert(strstr(buf, "default (miss recorded)"), "%s", buf);
+    free(buf);
+    /* The tuned and other-device configs are the ones that run. */
+    int32_t tok[3] = {1, 2, 3};
+    float *lg = fw_prefill(rt, tok, 3, NULL);
+    cr_assert(isfinite(lg[0]));
+    free(lg);
+    model_runtime_close(rt);
+    cr_assert_eq(db_open(path, DB_OPEN_READONLY, &db, &err), MT_OK, "%s", err.msg);
+    sel_count c = {0};
+    cr_assert_eq(db_misses_each(db, NULL, count_miss, &c, &err), MT_OK, "%s", err.msg);
+    cr_assert_gt(c.misses, 100, "misses recorded: %d", c.misses);
+    db_close(db);
+    fw_rm_dir(dir);
+}
+
+/* ---- moetune generate ------------------------------------------------------------ */
+
+/* Runs the CLI; returns its exit code and its stdout (and stderr) text. */
+static int run_cli(const char *args, char **out)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s generate %s 2>&1", MOETUNE_BIN, args);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    size_t r;
+    while ((r = fread(buf + n, 1, cap - 1 - n, p)) > 0) {
+        n += r;
+        if (n + 1 >= cap)
+            buf = realloc(buf, cap *= 2);
+    }
+    buf[n] = 0;
+    int st = pclose(p);
+    *out = buf;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+Test(generate_cli, tokens_in_ids_and_logits_out)
+{
+    char *dir = fw_tiny_dir();
+    char args[1024], *out;
+    snprintf(args, sizeof args, "--model %s --device cpu --tokens 5,6,7,8 --max-tokens 3 "
+             "--seed 1 --temperature 0.7 --logits %s/lg.bin", dir, dir);
+    int rc = run_cli(args, &out);
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "ids: "), "%s", out);
+    cr_assert(strstr(out, "no tuning database"), "%s", out);
+    char p[300];
+    snprintf(p, sizeof p, "%s/lg.bin", dir);
+    FILE *f = fopen(p, "rb");
+    cr_assert_not_null(f);
+    fseek(f, 0, SEEK_END);
+    cr_assert_eq(ftell(f), 4L * 512 * 4);
+    fclose(f);
+    /* The same seed gives the same ids. */
+    char *out2;
+    cr_assert_eq(run_cli(args, &out2), 0, "%s", out2);
+    cr_assert_str_eq(strstr(out, "ids: "), strstr(out2, "ids: "));
+    free(out);
+    free(out2);
+    fw_rm_dir(dir);
+}
+
+Test(generate_cli, bad_input_gives_clear_errors)
+{
+    char *dir = fw_tiny_dir();
+    char args[1024], *out;
+    snprintf(args, sizeof args, "--model %s --device cpu --tokens 1,99999", dir);
+    cr_assert_eq(run_cli(args, &out), 1, "%s", out);
+    cr_assert(strstr(out, "id 99999") && strstr(out, "outside the vocabulary"), "%s", out);
+    free(out);
+    snprintf(args, sizeof args, "--model %s --tokens 1,x", dir);
+    cr_assert_eq(run_cli(args, &out), 2, "%s", out);
+    free(out);
+    snprintf(args, sizeof args, "--model %s --prompt hi --tokens 1", dir);
+    cr_assert_eq(run_cli(args, &out), 2, "%s", out);
+    free(out);
+    char p[300];
+    snprintf(p, sizeof p, "%s/tokenizer.json", dir);
+    cr_assert_eq(remove(p), 0);
+    snprintf(args, sizeof args, "--model %s --device cpu --prompt hello", dir);
+    cr_assert_eq(run_cli(args, &out), 1, "%s", out);
+    cr_assert(strstr(out, "no tokenizer.json"), "%s", out);
+    free(out);
+    /* Token ids still work without a tokenizer. */
+    snprintf(args, sizeof args, "--model %s --device cpu --tokens 3,4 --max-tokens 2", dir);
+    cr_assert_eq(run_cli(args, &out), 0, "%s", out);
+    cr_assert(strstr(out, "ids: "), "%s", out);
+    free(out);
+    fw_rm_dir(dir);
+}
+
+Test(generate_cli, prompt_text_is_encoded_and_decoded)
+{
+    char *dir = fw_tiny_dir();
+    char args[1024], *out;
+    snprintf(args, sizeof args, "--model %s --device cpu --prompt \"He climbed the stairs\" "
+             "--max-tokens 4 --act-quant none --kv-dtype fp8", dir);
+    cr_assert_eq(run_cli(args, &out), 0, "%s", out);
+    cr_assert(strstr(out, "a16w4") && strstr(out, "kv cache fp8") && strstr(out, "ids: "), "%s",
+              out);
+    free(out);
+    fw_rm_dir(dir);
+}
