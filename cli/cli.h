@@ -22,6 +22,7 @@ int cmd_db(int argc, char **argv);
 int cmd_make_tiny_model(int argc, char **argv);
 int cmd_tune(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 int cmd_bench_serve(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 

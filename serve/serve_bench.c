@@ -298,13 +298,11 @@ static mt_status run_rate(const serve_bench_opts *o, const serve_url *u, double 
             pthread_join(th[i], NULL);
     /* The row. */
     dvec ttft = {0}, itl = {0};
-    uint64_t first = UINT64_MAX, last = 0;
+    uint64_t last = 0;
     int64_t tokens = 0, prompt = 0, cached = 0;
     for (int i = 0; i < n; i++) {
         req *r = &rs[i];
         row->sent++;
-        if (r->t_send && r->t_send < first)
-            first = r->t_send;
         if (r->t_end > last)
             last = r->t_end;
         if (!r->ok) {
@@ -320,7 +318,12 @@ static mt_status run_rate(const serve_bench_opts *o, const serve_url *u, double 
         for (size_t k = 0; k < r->itl.n; k++)
             dvec_push(&itl, r->itl.v[k]);
     }
-    row->elapsed_s = last > first ? (double)(last - first) * 1e-9 : 0;
+    /* Over the arrival window, or until the last answer when that is later:
+     * a rate that the server sustains reads as that rate. */
+    uint64_t span_end = t0 + (uint64_t)(o->duration_s * 1e9);
+    if (last > span_end)
+        span_end = last;
+    row->elapsed_s = (double)(span_end - t0) * 1e-9;
     row->req_s = row->elapsed_s > 0 ? row->ok / row->elapsed_s : 0;
     row->tok_s = row->elapsed_s > 0 ? (double)tokens / row->elapsed_s : 0;
     row->ttft_p50 = serve_percentile(ttft.v, ttft.n, 50);

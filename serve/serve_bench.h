@@ -14,7 +14,8 @@
  *
  * A row reports requests sent and succeeded (HTTP 200, a complete stream
  * ending in [DONE], output_len tokens), req/s and output tok/s over the span
- * from the first send to the last completion, TTFT and ITL p50/p95 over the
+ * from the rate's start to the end of its arrival window or the last
+ * completion, whichever is later, TTFT and ITL p50/p95 over the
  * successful requests, and the prefix-cache hit the server reported. The
  * knee is the highest rate whose TTFT p95 is within the limit with every
  * request succeeding.

@@ -205,12 +205,17 @@ static void remove_at(serve_gen **arr, int *n, int i)
     (*n)--;
 }
 
+static void update_gauges(serve_engine *e);
+
+/* The gauges are updated before the request's thread learns it finished,
+ * so that /metrics read after a response never shows it running. */
 static void finish_running(serve_engine *e, int i, serve_finish f, bool keep,
                            const serve_error *err)
 {
     serve_gen *g = e->running[i];
     drop_seq(e, g, keep);
     remove_at(e->running, &e->n_running, i);
+    update_gauges(e);
     publish_finish(e, g, f, err);
 }
 

@@ -1,0 +1,134 @@
+/* cmd_serve.c: `moetune serve`: the OpenAI-compatible server on a model
+ * folder, until SIGINT or SIGTERM. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../serve/serve_server.h"
+#include "cli.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: moetune serve --model DIR [--db FILE] [--device D] [--host 127.0.0.1]\n"
+            "                     [--port 8080] [--max-batch N] [--kv-pages N]\n"
+            "                     [--max-batch-tokens N] [--threads N] [--max-cached N]\n"
+            "                     [--served-model-name NAME] [--max-body BYTES]\n"
+            "Serves the checkpoint in DIR over HTTP with OpenAI's API: POST /v1/completions,\n"
+            "POST /v1/chat/completions (streaming or not), GET /v1/models, GET /health,\n"
+            "GET /metrics (Prometheus), POST /tokenize, POST /detokenize. Kernels come from\n"
+            "the tuning database FILE (default configs without one). Requests are batched\n"
+            "continuously: --max-batch running requests at most (default 64), steps of at\n"
+            "most --max-batch-tokens tokens (default 512), --kv-pages KV pages of 16 tokens\n"
+            "(default: the runtime's), --max-cached finished sequences kept for prefix\n"
+            "reuse (default 64, 0 to turn the prefix cache off). --port 0 picks a free port.\n"
+            "Runs until SIGINT or SIGTERM.\n");
+}
+
+static bool int_opt(const char *v, const char *name, long lo, long hi, long *out)
+{
+    char *end;
+    long x = strtol(v, &end, 10);
+    if (!*v || *end || x < lo || x > hi) {
+        cli_error("serve", "%s '%s' must be an integer in [%ld, %ld]", name, v, lo, hi);
+        return false;
+    }
+    *out = x;
+    return true;
+}
+
+int cmd_serve(int argc, char **argv)
+{
+    serve_server_opts o;
+    memset(&o, 0, sizeof o);
+    o.engine.rt.device = "auto";
+    o.host = "127.0.0.1";
+    o.port = 8080;
+    bool bad = false, cache_off = false;
+    const char *v;
+    long x;
+    for (int i = 1; i < argc && !bad; i++) {
+        if (cli_flag(argv[i], "--help") || cli_flag(argv[i], "-h")) {
+            usage(stdout);
+            return CLI_OK;
+        } else if ((v = cli_opt(argc, argv, &i, "--model", &bad))) {
+            o.engine.rt.model_dir = v;
+        } else if ((v = cli_opt(argc, argv, &i, "--db", &bad))) {
+            o.engine.rt.db_path = v;
+        } else if ((v = cli_opt(argc, argv, &i, "--device", &bad))) {
+            o.engine.rt.device = v;
+        } else if ((v = cli_opt(argc, argv, &i, "--host", &bad))) {
+            o.host = v;
+        } else if ((v = cli_opt(argc, argv, &i, "--port", &bad))) {
+            bad = !int_opt(v, "--port", 0, 65535, &x);
+            o.port = (int)x;
+        } else if ((v = cli_opt(argc, argv, &i, "--max-batch", &bad))) {
+            bad = !int_opt(v, "--max-batch", 1, 4096, &x);
+            o.engine.max_batch = (int)x;
+        } else if ((v = cli_opt(argc, argv, &i, "--kv-pages", &bad))) {
+            bad = !int_opt(v, "--kv-pages", 1, 1L << 30, &x);
+            o.engine.rt.kv_pages = (int)x;
+        } else if ((v = cli_opt(argc, argv, &i, "--max-batch-tokens", &bad))) {
+            bad = !int_opt(v, "--max-batch-tokens", 1, 1L << 20, &x);
+            o.engine.rt.max_batch_tokens = (int)x;
+        } else if ((v = cli_opt(argc, argv, &i, "--threads", &bad))) {
+            bad = !int_opt(v, "--threads", 0, 4096, &x);
+            o.engine.rt.threads = (int)x;
+        } else if ((v = cli_opt(argc, argv, &i, "--max-cached", &bad))) {
+            bad = !int_opt(v, "--max-cached", 0, 1 << 20, &x);
+            o.engine.max_cached = (int)x;
+            cache_off = x == 0;
+        } else if ((v = cli_opt(argc, argv, &i, "--served-model-name", &bad))) {
+            o.model_name = v;
+        } else if ((v = cli_opt(argc, argv, &i, "--max-body", &bad))) {
+            bad = !int_opt(v, "--max-body", 1024, 1L << 30, &x);
+            o.max_body = (size_t)x;
+        } else if (!bad) {
+            cli_error("serve", "unknown option '%s'", argv[i]);
+            bad = true;
+        }
+    }
+    if (bad || !o.engine.rt.model_dir) {
+        if (!bad)
+            cli_error("serve", "--model DIR is required");
+        usage(stderr);
+        return CLI_USAGE;
+    }
+    if (cache_off)
+        o.engine.max_cached = -1;
+
+    /* Every thread started from here on inherits the mask, so only sigwait
+     * below sees the signals. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+
+    serve_server *s = NULL;
+    mt_err err = MT_ERR_INIT;
+    if (serve_server_start(&o, &s, &err)) {
+        cli_error("serve", "%s", err.msg);
+        return CLI_FAIL;
+    }
+    fprintf(stderr, "moetune serve: listening on http://%s:%d (loading %s on %s)\n", o.host,
+            serve_server_port(s), o.engine.rt.model_dir, o.engine.rt.device);
+    int rc = CLI_OK;
+    if (serve_engine_wait_ready(serve_server_engine(s), 1e9, &err) == MT_OK) {
+        const serve_model_info *in = serve_engine_info(serve_server_engine(s));
+        fprintf(stderr,
+                "moetune serve: ready: context %lld tokens, %lld KV pages of %d tokens, "
+                "batch %d, step %d tokens\n",
+                (long long)in->max_context, (long long)in->kv_pages_total, in->page_size,
+                in->max_batch, in->token_budget);
+        int sig = 0;
+        sigwait(&sigs, &sig);
+        fprintf(stderr, "moetune serve: signal %d, stopping\n", sig);
+    } else {
+        cli_error("serve", "%s", err.msg);
+        rc = CLI_FAIL;
+    }
+    serve_server_stop(s);
+    return rc;
+}

@@ -1,0 +1,152 @@
+/* test_serve_bench.c: the load generator against the real server on the
+ * tiny model: a short sweep prints the WORKLOAD.md table, finds a knee,
+ * has no failed request at or below it, sees the shared prefix cached and
+ * leaves the server up; and the two commands end to end: `moetune serve`
+ * (ephemeral port, SIGTERM stops it with status 0) measured by `moetune
+ * bench-serve`. */
+#include <fcntl.h>
+#include <math.h>
+#include <sys/wait.h>
+
+#include "serve/serve_bench.h"
+#include "test_serve_util.h"
+
+Test(serve_bench, sweep_has_a_knee_and_no_failures_below_it)
+{
+    tsrv t;
+    tsrv_start(&t, NULL);
+    double rates[] = {1, 3, 6};
+    serve_bench_opts o;
+    memset(&o, 0, sizeof o);
+    o.url = t.url_text;
+    o.input_len = 96;
+    o.output_len = 12;
+    o.cache_hit = 0.5;
+    o.rates = rates;
+    o.n_rates = 3;
+    o.duration_s = 4;
+    o.ttft_limit_s = 5;
+    o.timeout_s = 120;
+    o.seed = mt_seed_fresh();
+    serve_bench_row rows[3];
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(serve_bench_run(&o, rows, &err), MT_OK, "%s", err.msg);
+    char *table = NULL;
+    size_t tl = 0;
+    FILE *f = open_memstream(&table, &tl);
+    serve_bench_print(f, &o, rows, 3);
+    fclose(f);
+    cr_log_info("seed %llu\n%s", (unsigned long long)o.seed, table);
+    cr_assert_not_null(strstr(table, "| rate | req/s | tok/s | TTFT p50 / p95 | ITL p50 / p95 |"));
+    cr_assert_not_null(strstr(table, "knee: "));
+    int knee = serve_bench_knee(rows, 3, o.ttft_limit_s);
+    cr_assert_geq(knee, 0, "no knee:\n%s", table);
+    for (int i = 0; i < 3; i++) {
+        cr_assert(rows[i].server_up, "the server stopped answering after rate %g", rows[i].rate);
+        cr_assert_gt(rows[i].sent, 0);
+        if (rows[i].rate <= rows[knee].rate)
+            cr_assert_eq(rows[i].ok, rows[i].sent, "failures below the knee: %s\n%s",
+                         rows[i].first_error, table);
+        if (rows[i].ok) {
+            cr_assert_leq(rows[i].ttft_p50, rows[i].ttft_p95);
+            cr_assert(!isnan(rows[i].itl_p50) && rows[i].itl_p50 <= rows[i].itl_p95);
+            cr_assert_gt(rows[i].tok_s, 0);
+            /* 48 of 96 tokens shared: 48 is three whole pages. */
+            cr_assert_float_eq(rows[i].cache_hit, 0.5, 1e-9, "cache hit %g", rows[i].cache_hit);
+        }
+    }
+    free(table);
+    tsrv_stop(&t);
+}
+
+/* Starts `moetune serve` on a model folder; returns its pid and port. */
+static pid_t spawn_server(const char *dir, int *port)
+{
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        dup2(fds[1], 2);
+        close(fds[0]);
+        close(fds[1]);
+        int devnull = open("/dev/null", O_WRONLY);
+        dup2(devnull, 1);
+        execl(MOETUNE_BIN, MOETUNE_BIN, "serve", "--model", dir, "--device", "cpu", "--port", "0",
+              "--max-batch", "16", (char *)NULL);
+        _exit(127);
+    }
+    close(fds[1]);
+    FILE *err = fdopen(fds[0], "r");
+    char line[1024];
+    *port = 0;
+    while (!*port && fgets(line, sizeof line, err)) {
+        const char *p = strstr(line, "listening on http://127.0.0.1:");
+        if (p)
+            *port = atoi(p + strlen("listening on http://127.0.0.1:"));
+    }
+    cr_assert_gt(*port, 0, "moetune serve printed no port");
+    /* Keep draining its log so that it never blocks on a full pipe. */
+    if (fork() == 0) {
+        while (fgets(line, sizeof line, err))
+            ;
+        _exit(0);
+    }
+    fclose(err);
+    return pid;
+}
+
+Test(serve_bench, serve_and_bench_serve_commands_end_to_end)
+{
+    signal(SIGPIPE, SIG_IGN);
+    char dir[] = "/tmp/mt_serve_cli_XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(model_tiny_write(dir, 2, &err), MT_OK, "%s", err.msg);
+    int port;
+    pid_t pid = spawn_server(dir, &port);
+    tsrv t;
+    memset(&t, 0, sizeof t);
+    snprintf(t.url_text, sizeof t.url_text, "http://127.0.0.1:%d", port);
+    cr_assert_eq(serve_url_parse(t.url_text, &t.url, NULL), MT_OK);
+    int st = 0;
+    for (int i = 0; i < 9000 && st != 200; i++) { /* a cold kernel cache takes a minute */
+        cJSON *j = NULL;
+        st = http(&t, "GET", "/health", NULL, &j, NULL);
+        cJSON_Delete(j);
+        if (st != 200) {
+            cr_assert_eq(st, 503, "/health while loading");
+            usleep(100000);
+        }
+    }
+    cr_assert_eq(st, 200);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd,
+             "%s bench-serve --url %s --input-len 64 --output-len 8 --cache-hit 0.5 --rates 2,4 "
+             "--duration 2 --seed 7 2>&1",
+             MOETUNE_BIN, t.url_text);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    char out[8192];
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    int rc = pclose(p);
+    cr_log_info("%s", out);
+    cr_assert(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "bench-serve failed:\n%s", out);
+    cr_assert_not_null(strstr(out, "| rate | req/s | tok/s | TTFT p50 / p95 | ITL p50 / p95 |"));
+    cr_assert_not_null(strstr(out, "| 2 | "));
+    cr_assert_not_null(strstr(out, "| 4 | "));
+    cr_assert_not_null(strstr(out, "knee: "));
+    cr_assert_not_null(strstr(out, "server: up after every rate"));
+    /* Bad usage is a usage error, not a crash. */
+    snprintf(cmd, sizeof cmd, "%s bench-serve --url %s --rates -1 >/dev/null 2>&1", MOETUNE_BIN,
+             t.url_text);
+    rc = system(cmd);
+    cr_assert(WIFEXITED(rc) && WEXITSTATUS(rc) == 2);
+    kill(pid, SIGTERM);
+    int ws;
+    cr_assert_eq(waitpid(pid, &ws, 0), pid);
+    cr_assert(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "moetune serve ended with %d", ws);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    cr_assert_eq(system(cmd), 0);
+}
