@@ -14,7 +14,8 @@
  *     their best gets to the exhaustive optimum, and how often they find
  *     it), and each also runs once for real.
  *
- * Usage: bench_tune [--budget N] [--ms 1,4,16,64] [--jobs J] [--quick] */
+ * Usage: bench_tune [--budget N] [--ms 1,4,16,64] [--jobs J] [--quick]
+ *                   [--only glm|strategies] */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -192,7 +193,7 @@ static double oracle(const trial_set *ts, const char *key)
 static double replay(const kern_family *f, const kern_shape *s, int64_t m, const dev_props *p,
                      tune_strategy st, uint64_t seed, int budget, const trial_set *ts)
 {
-    tune_search_args a = {f, f->cpu, s, m, p, st, seed, 0, 0, 4};
+    tune_search_args a = {f, f->cpu, s, m, p, st, seed, 0, 0, 8, budget};
     tune_search *srch = NULL;
     mt_err err = MT_ERR_INIT;
     if (tune_search_create(&a, &srch, &err) != MT_OK)
@@ -253,23 +254,26 @@ static void strategy_bench(int jobs, bool quick)
     dev_props props = *dev_get_props(d);
     dev_close(d);
     const int seeds = quick ? 20 : 200;
-    printf("  replayed over %d seeds against the exhaustive times:\n", seeds);
-    printf("  %-10s  %14s  %14s  %14s\n", "strategy", "mean opt/best", "worst opt/best",
-           "found optimum");
     const tune_strategy sts[] = {TUNE_RANDOM, TUNE_EVOLVE};
-    for (int k = 0; k < 2; k++) {
-        double sum = 0, worst = 1;
-        int hit = 0;
-        for (int sd = 1; sd <= seeds; sd++) {
-            double b = replay(f, &job.shape, 32, &props, sts[k], (uint64_t)sd * 7919, budget, &ts);
-            double q = opt / b;
-            sum += q;
-            worst = q < worst ? q : worst;
-            hit += b <= opt;
+    printf("  replayed over %d seeds against the exhaustive times:\n", seeds);
+    printf("  %-10s  %6s  %14s  %14s  %14s\n", "strategy", "budget", "mean opt/best",
+           "worst opt/best", "found optimum");
+    const int budgets[] = {budget, space / 3};
+    for (int bi = 0; bi < 2; bi++)
+        for (int k = 0; k < 2; k++) {
+            double sum = 0, worst = 1;
+            int hit = 0;
+            for (int sd = 1; sd <= seeds; sd++) {
+                double b = replay(f, &job.shape, 32, &props, sts[k], (uint64_t)sd * 7919,
+                                  budgets[bi], &ts);
+                double q = opt / b;
+                sum += q;
+                worst = q < worst ? q : worst;
+                hit += b <= opt;
+            }
+            printf("  %-10s  %6d  %14.3f  %14.3f  %13.0f%%\n", tune_strategy_name(sts[k]),
+                   budgets[bi], sum / seeds, worst, 100.0 * hit / seeds);
         }
-        printf("  %-10s  %14.3f  %14.3f  %13.0f%%\n", tune_strategy_name(sts[k]), sum / seeds,
-               worst, 100.0 * hit / seeds);
-    }
     /* One real run each (fresh database, its own measurements). */
     for (int k = 0; k < 2; k++) {
         char db2[256];
@@ -291,7 +295,7 @@ static void strategy_bench(int jobs, bool quick)
 int main(int argc, char **argv)
 {
     int budget = 12, jobs = 2;
-    bool quick = false;
+    bool quick = false, glm = true, strategies = true;
     int64_t ms[16] = {1, 4, 16, 64};
     int n_m = 4;
     for (int i = 1; i < argc; i++) {
@@ -301,13 +305,18 @@ int main(int argc, char **argv)
             jobs = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quick"))
             quick = true;
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc) {
+            const char *w = argv[++i];
+            glm = !strcmp(w, "glm");
+            strategies = !strcmp(w, "strategies");
+        }
         else if (!strcmp(argv[i], "--ms") && i + 1 < argc) {
             n_m = 0;
             for (char *t = strtok(argv[++i], ","); t && n_m < 16; t = strtok(NULL, ","))
                 ms[n_m++] = atoll(t);
         } else {
             fprintf(stderr, "usage: bench_tune [--budget N] [--ms 1,4,16,64] [--jobs J] "
-                            "[--quick]\n");
+                            "[--quick] [--only glm|strategies]\n");
             return 2;
         }
     }
@@ -319,7 +328,9 @@ int main(int argc, char **argv)
         budget = budget > 6 ? 6 : budget;
         n_m = n_m > 2 ? 2 : n_m;
     }
-    glm_bench(budget, ms, n_m, jobs);
-    strategy_bench(jobs, quick);
+    if (glm)
+        glm_bench(budget, ms, n_m, jobs);
+    if (strategies)
+        strategy_bench(jobs, quick);
     return 0;
 }

@@ -63,7 +63,7 @@ static tune_search *make(const kern_family *f, const kern_impl *im, const kern_s
                          int64_t m, const dev_props *p, tune_strategy st, uint64_t seed,
                          int shard, int shards)
 {
-    tune_search_args a = {f, im, s, m, p, st, seed, shard, shards, 8};
+    tune_search_args a = {f, im, s, m, p, st, seed, shard, shards, 8, 0};
     tune_search *out = NULL;
     mt_err err = MT_ERR_INIT;
     cr_assert_eq(tune_search_create(&a, &out, &err), MT_OK, "%s", err.msg);

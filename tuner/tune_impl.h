@@ -99,6 +99,8 @@ typedef struct tune_search_args {
     uint64_t seed;
     int shard_index, shard_count;
     int batch;            /* batch size for random and evolve */
+    int64_t budget;       /* trials the caller will ask for (0: unknown);
+                             evolve's first generation is a quarter of it */
 } tune_search_args;
 
 mt_status tune_search_create(const tune_search_args *a, tune_search **out, mt_err *err);

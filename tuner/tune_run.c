@@ -512,7 +512,7 @@ static mt_status tune_m(run_ctx *r, int mi, mt_err *err)
     }
     int batch = r->jobs * 4 > 8 ? r->jobs * 4 : 8;
     tune_search_args sa = {r->job->fam, r->im, &r->job->shape, r->m, &r->props, o->strategy,
-                           seed, o->shard_index, o->shard_count, batch};
+                           seed, o->shard_index, o->shard_count, batch, o->budget.trials};
     tune_search *s = NULL;
     mt_status st = tune_search_create(&sa, &s, err);
     if (st != MT_OK)

@@ -352,6 +352,12 @@ int tune_search_next(tune_search *s, kern_config *out, int cap)
     int want = s->a.strategy == TUNE_EXHAUSTIVE ? cap : (s->a.batch < cap ? s->a.batch : cap);
     if (s->a.strategy == TUNE_EVOLVE && s->generation++ > 0 && s->n_ok > 0)
         mutate(s, out, &n, want);
+    if (s->a.strategy == TUNE_EVOLVE && s->generation == 1 && s->a.budget > 0) {
+        /* A small random start leaves most of the budget for mutation. */
+        int first = (int)(s->a.budget / 4);
+        first = first < 4 ? 4 : first;
+        want = first < want ? first : want;
+    }
     if (n < want && (s->a.strategy != TUNE_EVOLVE || n == 0 || s->generation == 1))
         take_fresh(s, out, &n, want);
     return n;
