@@ -231,6 +231,74 @@ Test(serve_bad_input, a_full_kv_pool_makes_requests_wait_not_fail)
     tsrv_stop(&t);
 }
 
+/* Prompts fit, their growth does not: 3 x (40 + 150) tokens need 36 pages
+ * of a 20-page pool, so running requests must be preempted (freed and
+ * recomputed later); every one still finishes with its greedy tokens. */
+#define NGROW 3
+#define GROW_TOKENS 150
+
+typedef struct grow {
+    const tsrv *t;
+    int32_t prompt[40];
+    int status;
+    int32_t got[GROW_TOKENS];
+    int n_got;
+} grow;
+
+static void *grow_main(void *arg)
+{
+    grow *g = arg;
+    char *pj = ids_json(g->prompt, 40);
+    char body[1024];
+    snprintf(body, sizeof body,
+             "{\"prompt\":%s,\"max_tokens\":%d,\"temperature\":0,\"ignore_eos\":true,"
+             "\"return_token_ids\":true,\"stream\":true}",
+             pj, GROW_TOKENS);
+    free(pj);
+    tstream *s = calloc(1, sizeof *s);
+    g->status = tstream_run(g->t, "/v1/completions", body, s);
+    g->n_got = s->done ? s->n_ids : -1;
+    memcpy(g->got, s->ids, sizeof g->got);
+    cJSON_Delete(s->usage);
+    free(s);
+    return NULL;
+}
+
+Test(serve_bad_input, growth_past_the_pool_preempts_and_still_finishes)
+{
+    serve_server_opts o;
+    memset(&o, 0, sizeof o);
+    o.engine.rt.kv_pages = 20;
+    o.engine.max_cached = -1; /* no retained sequences to evict first */
+    tsrv t;
+    tsrv_start(&t, &o);
+    static grow gs[NGROW];
+    pthread_t th[NGROW];
+    for (int i = 0; i < NGROW; i++) {
+        gs[i].t = &t;
+        for (int k = 0; k < 40; k++)
+            gs[i].prompt[k] = 16 + (int32_t)((i * 97 + k * 13) % 480);
+        pthread_create(&th[i], NULL, grow_main, &gs[i]);
+    }
+    for (int i = 0; i < NGROW; i++)
+        pthread_join(th[i], NULL);
+    double preempted = metric(&t, "moetune_preemptions_total");
+    cr_assert_gt(preempted, 0, "the pool never ran short");
+    model_runtime *ref = reference_open(&t);
+    for (int i = 0; i < NGROW; i++) {
+        cr_assert_eq(gs[i].status, 200, "request %d", i);
+        cr_assert_eq(gs[i].n_got, GROW_TOKENS, "request %d", i);
+        int32_t want[GROW_TOKENS];
+        greedy_reference(ref, gs[i].prompt, 40, GROW_TOKENS, want);
+        cr_assert_arr_eq(gs[i].got, want, sizeof want, "request %d differs from greedy", i);
+    }
+    model_runtime_close(ref);
+    cr_log_info("preemptions: %g\n", preempted);
+    cr_assert_eq(metric(&t, "moetune_kv_pages_used"), 0);
+    still_serving(&t);
+    tsrv_stop(&t);
+}
+
 /* ---- while loading ------------------------------------------------------------------- */
 
 /* config.json is a FIFO: the loader blocks opening it, so the server is
