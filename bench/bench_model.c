@@ -1,0 +1,272 @@
+/* bench_model.c: the model runtime on the tiny GLM-5 checkpoint, on cpu.
+ *
+ *  1. Accuracy: relative L2 error of the logits of the a4w4 and a16w4
+ *     kernel paths against the float32 reference over dequantized weights
+ *     (model/reference.h without bf16 rounding or activation quantization),
+ *     and of the float reference with MXFP4 activations (the quantization
+ *     error alone, no kernels involved).
+ *  2. Speed: prefill and decode tokens per second with every kernel at its
+ *     default config, then with a database tuned in this run by the tuner's
+ *     C API (tuner/tuner.h; a small budget per shape) for the kernels that
+ *     carry the work (GEMMs, MoE stages, attention, norms), and the ratio.
+ *
+ * usage: bench_model [--budget TRIALS] [--prompt N] [--decode N] */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../common/clock.h"
+#include "../common/rng.h"
+#include "../model/reference.h"
+#include "../model/runtime.h"
+#include "../model/tiny.h"
+#include "../tuner/tuner.h"
+
+static FILE *quiet(void)
+{
+    static FILE *f;
+    if (!f)
+        f = fopen("/dev/null", "w");
+    return f;
+}
+
+static model_runtime *open_rt(const char *dir, const char *db, model_act_quant act, int T)
+{
+    model_runtime_opts o = {.model_dir = dir, .device = "cpu", .db_path = db, .act_quant = act,
+                            .act_quant_set = true, .kv_pages = 128, .max_batch_tokens = T,
+                            .log = quiet()};
+    model_runtime *rt = NULL;
+    mt_err err = MT_ERR_INIT;
+    if (model_runtime_open(&o, &rt, &err) != MT_OK) {
+        fprintf(stderr, "bench_model: %s\n", err.msg);
+        exit(1);
+    }
+    return rt;
+}
+
+static void step_or_die(model_runtime *rt, model_step_item *it)
+{
+    mt_err err = MT_ERR_INIT;
+    if (model_step(rt, it, 1, &err) != MT_OK) {
+        fprintf(stderr, "bench_model: %s\n", err.msg);
+        exit(1);
+    }
+}
+
+static float *prefill_logits(model_runtime *rt, const int32_t *tok, int n)
+{
+    int32_t V = model_runtime_vocab(rt);
+    float *lg = malloc(sizeof(float) * (size_t)V * (size_t)n);
+    int seq;
+    model_seq_create(rt, &seq, NULL);
+    model_step_item it = {.seq = seq, .tokens = tok, .n_tokens = n, .all_logits = lg};
+    step_or_die(rt, &it);
+    model_seq_free(rt, seq);
+    return lg;
+}
+
+static void rel_err(const float *got, const float *want, int n, int32_t V, double *mean,
+                    double *worst)
+{
+    *mean = *worst = 0;
+    for (int t = 0; t < n; t++) {
+        double e = 0, w = 0;
+        for (int32_t v = 0; v < V; v++) {
+            double d = (double)got[(size_t)t * V + v] - want[(size_t)t * V + v];
+            e += d * d;
+            w += (double)want[(size_t)t * V + v] * want[(size_t)t * V + v];
+        }
+        double r = sqrt(e / w);
+        *mean += r / n;
+        *worst = r > *worst ? r : *worst;
+    }
+}
+
+/* Best of 3: prefill of n tokens in one step, and decode of d tokens one
+ * per step after it. */
+static void speed(model_runtime *rt, const int32_t *tok, int n, int d, double *pre_tps,
+                  double *dec_tps)
+{
+    int32_t V = model_runtime_vocab(rt);
+    float *lg = malloc(sizeof(float) * (size_t)V);
+    *pre_tps = *dec_tps = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        int seq;
+        model_seq_create(rt, &seq, NULL);
+        model_step_item it = {.seq = seq, .tokens = tok, .n_tokens = n, .logits = lg};
+        double t0 = mt_now_ms();
+        step_or_die(rt, &it);
+        double t1 = mt_now_ms();
+        for (int i = 0; i < d; i++) {
+            model_step_item one = {.seq = seq, .tokens = tok + (i % n), .n_tokens = 1,
+                                   .logits = lg};
+            step_or_die(rt, &one);
+        }
+        double t2 = mt_now_ms();
+        model_seq_free(rt, seq);
+        double p = n / ((t1 - t0) / 1000.0), q = d / ((t2 - t1) / 1000.0);
+        *pre_tps = p > *pre_tps ? p : *pre_tps;
+        *dec_tps = q > *dec_tps ? q : *dec_tps;
+    }
+    free(lg);
+}
+
+/* The (family, shape) pairs the runtime selects for, from its report. */
+static int runtime_jobs(model_runtime *rt, const int64_t *ms, int n_m, tune_job *jobs, int cap)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    model_runtime_report(rt, f);
+    fclose(f);
+    static const char *const wanted[] = {"gemm", "moe_route", "moe_align", "moe_gemm_up",
+                                         "moe_gemm_down", "mla_decode", "dsa_indexer",
+                                         "rmsnorm", "ops_head_gemm"};
+    int n = 0;
+    char *save = NULL;
+    for (char *line = strtok_r(buf, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        char fam[64], shape[KERN_KEY_MAX];
+        if (sscanf(line, "%63s %511s", fam, shape) != 2)
+            continue;
+        bool want = false;
+        for (size_t i = 0; i < sizeof wanted / sizeof wanted[0]; i++)
+            want = want || !strcmp(fam, wanted[i]);
+        const kern_family *kf = kern_family_find(fam);
+        if (!want || !kf)
+            continue;
+        bool dup = false;
+        for (int j = 0; j < n && !dup; j++) {
+            char k[KERN_KEY_MAX];
+            kern_shape_key(jobs[j].fam, &jobs[j].shape, false, k, sizeof k);
+            dup = jobs[j].fam == kf && !strcmp(k, shape);
+        }
+        mt_err err = MT_ERR_INIT;
+        if (dup || n == cap || tune_job_make(kf, shape, ms, n_m, &jobs[n], &err) != MT_OK)
+            continue;
+        n++;
+    }
+    free(buf);
+    return n;
+}
+
+int main(int argc, char **argv)
+{
+    int budget = 6, n_prompt = 128, n_dec = 32;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--budget"))
+            budget = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--prompt"))
+            n_prompt = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--decode"))
+            n_dec = atoi(argv[i + 1]);
+    }
+    char dir[] = "/tmp/mt_bench_model_XXXXXX";
+    if (!mkdtemp(dir))
+        return 1;
+    mt_err err = MT_ERR_INIT;
+    if (model_tiny_write(dir, 1, &err) != MT_OK) {
+        fprintf(stderr, "bench_model: %s\n", err.msg);
+        return 1;
+    }
+    printf("bench_model: tiny GLM-5 checkpoint (hidden 256, 4 layers, 16 experts top-4, "
+           "MXFP4 experts) on cpu\n\n");
+
+    /* ---- accuracy ---- */
+    const int n_acc = 32;
+    mt_rng r;
+    mt_rng_seed(&r, 1);
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)(n_prompt > n_acc ? n_prompt : n_acc));
+    for (int i = 0; i < (n_prompt > n_acc ? n_prompt : n_acc); i++)
+        tok[i] = (int32_t)mt_rng_below(&r, 512);
+    model_ref *ref = NULL, *ref4 = NULL;
+    model_ref_opts fo = {0}, f4 = {.act_mxfp4 = true};
+    if (model_ref_open(dir, &fo, &ref, &err) != MT_OK ||
+        model_ref_open(dir, &f4, &ref4, &err) != MT_OK) {
+        fprintf(stderr, "bench_model: %s\n", err.msg);
+        return 1;
+    }
+    int32_t V = (int32_t)model_ref_vocab(ref);
+    float *want = malloc(sizeof(float) * (size_t)V * n_acc);
+    float *want4 = malloc(sizeof(float) * (size_t)V * n_acc);
+    model_ref_forward(ref, tok, n_acc, want, NULL);
+    model_ref_forward(ref4, tok, n_acc, want4, NULL);
+    printf("logits vs the float32 reference over dequantized weights (%d positions, context "
+           "past index_topk):\n", n_acc);
+    printf("  %-44s %12s %12s\n", "path", "mean rel L2", "worst");
+    double mean, worst;
+    rel_err(want4, want, n_acc, V, &mean, &worst);
+    printf("  %-44s %12.3g %12.3g\n", "float reference, MXFP4 activations", mean, worst);
+    for (int a = 0; a < 2; a++) {
+        model_runtime *rt = open_rt(dir, NULL, a ? MODEL_ACT_MXFP4 : MODEL_ACT_NONE, 64);
+        float *got = prefill_logits(rt, tok, n_acc);
+        rel_err(got, want, n_acc, V, &mean, &worst);
+        printf("  %-44s %12.3g %12.3g\n", a ? "kernels a4w4 (bf16 storage, MXFP4 activations)"
+                                            : "kernels a16w4 (bf16 storage)", mean, worst);
+        free(got);
+        model_runtime_close(rt);
+    }
+    model_ref_close(ref);
+    model_ref_close(ref4);
+    free(want);
+    free(want4);
+
+    /* ---- speed without a database ---- */
+    int T = n_prompt > 64 ? n_prompt : 64;
+    model_runtime *rt = open_rt(dir, NULL, MODEL_ACT_MXFP4, T);
+    double p0, d0;
+    speed(rt, tok, n_prompt, n_dec, &p0, &d0);
+
+    /* ---- tune a database with the tuner's C API ---- */
+    char db[300];
+    snprintf(db, sizeof db, "%s/tune.db", dir);
+    const int64_t ms[2] = {1, n_prompt};
+    tune_job jobs[TUNE_MAX_JOBS];
+    int n_jobs = runtime_jobs(rt, ms, 2, jobs, TUNE_MAX_JOBS);
+    model_runtime_close(rt);
+    tune_opts to;
+    tune_opts_default(&to);
+    to.device = "cpu";
+    to.db_path = db;
+    to.strategy = TUNE_RANDOM;
+    to.budget.trials = budget;
+    to.jobs = 2;
+    to.seed = 1;
+    to.timing.max_ms = 200;
+    to.timing.max_reps = 20;
+    printf("\ntuning %d (family, shape) pairs at M = 1 and %d, %d trials each (random), "
+           "into %s ...\n", n_jobs, n_prompt, budget, db);
+    double tt = mt_now_ms();
+    tune_report *rep = NULL;
+    mt_status st = tune_run(jobs, n_jobs, &to, &rep, &err);
+    tune_report_free(rep);
+    if (st != MT_OK) {
+        fprintf(stderr, "bench_model: tuning: %s\n", err.msg);
+        return 1;
+    }
+    printf("tuned in %.0f s\n", (mt_now_ms() - tt) / 1000.0);
+
+    /* ---- speed with it ---- */
+    rt = open_rt(dir, db, MODEL_ACT_MXFP4, T);
+    model_selection_counts c;
+    model_runtime_selection(rt, &c);
+    double p1, d1;
+    speed(rt, tok, n_prompt, n_dec, &p1, &d1);
+    model_runtime_close(rt);
+    printf("\ncpu, a4w4, best of 3; prompt %d tokens in one step, then %d decode steps\n",
+           n_prompt, n_dec);
+    printf("  %-34s %14s %14s\n", "kernels", "prefill tok/s", "decode tok/s");
+    printf("  %-34s %14.0f %14.1f\n", "defaults (no database)", p0, d0);
+    printf("  %-34s %14.0f %14.1f\n", "tuned database", p1, d1);
+    printf("  %-34s %13.2fx %13.2fx\n", "tuned / default", p1 / p0, d1 / d0);
+    printf("  selection with the database: %d tuned, %d nearest bucket, %d default (untuned "
+           "glue kernels and shapes)\n", c.tuned, c.nearest, c.defaults + c.stale);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "bench_model: could not remove %s\n", dir);
+    free(tok);
+    return 0;
+}
