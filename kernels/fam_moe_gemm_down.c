@@ -186,7 +186,7 @@ static bool cpu_valid(const kern_shape *s, int64_t m, const kern_config *cfg,
 static void cpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern_config *cfg)
 {
     (void)p;
-    moe_cpu_default(s->v[D_I], s->v[D_H], m * s->v[D_TOPK], s->v[D_E], cfg);
+    moe_cpu_default(s->v[D_I], s->v[D_H], m * s->v[D_TOPK], s->v[D_E], false, cfg);
 }
 
 static const kern_impl cpu_impl = {

@@ -88,8 +88,9 @@ typedef struct gemm_bench {
 
 /* The cpu sweep: register tile, K blocking, thread partition, prefetch. */
 static const int cpu_sweep[][MOE_CPU_NPARAMS] = {
-    {1, 1, 65536, 32, 0},  {1, 1, 65536, 128, 0}, {2, 1, 65536, 64, 0}, {1, 1, 65536, 64, 512},
-    {1, 2, 65536, 64, 0},  {1, 4, 1024, 64, 0},   {2, 4, 1024, 64, 0},  {1, 8, 2048, 64, 0},
+    {1, 1, 65536, 64, 0}, {1, 1, 65536, 128, 0}, {2, 1, 65536, 64, 0}, {2, 1, 65536, 128, 0},
+    {4, 1, 65536, 64, 0}, {1, 1, 65536, 64, 512}, {1, 2, 65536, 64, 0}, {2, 2, 65536, 64, 0},
+    {1, 4, 1024, 64, 0},  {2, 4, 1024, 64, 0},    {1, 8, 2048, 64, 0},
 };
 
 static mt_status fill_dev(dev_device *d, void *dst, int64_t rows, int64_t k, mt_rng *r,
@@ -193,6 +194,8 @@ mt_status moe_bench_run(dev_device *d, const moe_bench_opts *o, FILE *out, mt_er
         for (int c = 0; c < n_sweep && gb[g].n_cfg < MAX_CFG; c++) {
             kern_config cfg = {.n = MOE_CPU_NPARAMS};
             memcpy(cfg.v, cpu_sweep[c], sizeof cpu_sweep[c]);
+            if (!memcmp(cfg.v, moe_stage_config(gb[g].st[0])->v, sizeof cpu_sweep[c]))
+                continue; /* the default itself */
             mt_err e2 = MT_ERR_INIT;
             if (moe_stage_create(d, gb[g].fam, key, &cfg, 1, &gb[g].st[gb[g].n_cfg], &e2) == MT_OK)
                 gb[g].n_cfg++;
@@ -212,46 +215,60 @@ mt_status moe_bench_run(dev_device *d, const moe_bench_opts *o, FILE *out, mt_er
                 continue;
             int64_t K = gb[g].up ? H : I, N = gb[g].up ? 2 * I : H;
             double best = 0, dflt = 0, experts_sum = 0;
-            int best_c = 0;
+            int best_c = 0, nc = gb[g].n_cfg;
             int64_t experts_n = 0;
-            for (int c = 0; c < gb[g].n_cfg; c++) {
-                double t[200];
-                int n = 0;
-                double spent = 0;
-                while (n < 200 && (n < 3 || spent < max_ms)) {
-                    /* fresh random routing every call */
-                    moe_gen_ids(&r, M, (int)topk, (int)E, MOE_SKEW_UNIFORM, hids);
-                    moe_align_ref(hids, P, (int)E, BM, hsorted, htile, &htotal);
-                    for (int64_t q = 0; q < P; q++)
-                        htw[q] = 1.0f / (float)topk;
-                    bool used[1024] = {0};
-                    int nu = 0;
-                    for (int64_t q = 0; q < P; q++)
-                        if (!used[hids[q]]) {
-                            used[hids[q]] = true;
-                            nu++;
-                        }
-                    experts_sum += nu;
-                    experts_n++;
-                    int64_t capm = moe_cap_rows(P, E, BM);
-                    if ((st = dev_copy_to(d, ids, hids, (size_t)P * 4, err)) != MT_OK ||
-                        (st = dev_copy_to(d, sorted, hsorted, (size_t)capm * 4, err)) != MT_OK ||
-                        (st = dev_copy_to(d, tile, htile, (size_t)(capm / BM) * 4, err)) != MT_OK ||
-                        (st = dev_copy_to(d, total, &htotal, 4, err)) != MT_OK ||
-                        (st = dev_copy_to(d, tw, htw, (size_t)P * 4, err)) != MT_OK)
-                        goto out;
-                    void *bu[] = {x, ids, sorted, tile, total, w13, s13, h};
-                    void *bd[] = {h, ids, sorted, tile, total, tw, w2, s2, y};
+            /* Round robin over the configs, one fresh routing per round, so
+             * every config sees the same routings and the same machine
+             * load (other processes come and go). */
+            enum { MAX_REPS = 100 };
+            double *t = malloc(sizeof(double) * (size_t)(nc * MAX_REPS));
+            if (!t) {
+                st = mt_fail(err, MT_E_NOMEM, "bench: out of memory");
+                goto out;
+            }
+            int n = 0;
+            double spent = 0;
+            while (n < MAX_REPS && (n < 3 || spent < max_ms * nc)) {
+                moe_gen_ids(&r, M, (int)topk, (int)E, MOE_SKEW_UNIFORM, hids);
+                moe_align_ref(hids, P, (int)E, BM, hsorted, htile, &htotal);
+                for (int64_t q = 0; q < P; q++)
+                    htw[q] = 1.0f / (float)topk;
+                bool used[1024] = {0};
+                int nu = 0;
+                for (int64_t q = 0; q < P; q++)
+                    if (!used[hids[q]]) {
+                        used[hids[q]] = true;
+                        nu++;
+                    }
+                experts_sum += nu;
+                experts_n++;
+                int64_t capm = moe_cap_rows(P, E, BM);
+                if ((st = dev_copy_to(d, ids, hids, (size_t)P * 4, err)) != MT_OK ||
+                    (st = dev_copy_to(d, sorted, hsorted, (size_t)capm * 4, err)) != MT_OK ||
+                    (st = dev_copy_to(d, tile, htile, (size_t)(capm / BM) * 4, err)) != MT_OK ||
+                    (st = dev_copy_to(d, total, &htotal, 4, err)) != MT_OK ||
+                    (st = dev_copy_to(d, tw, htw, (size_t)P * 4, err)) != MT_OK) {
+                    free(t);
+                    goto out;
+                }
+                void *bu[] = {x, ids, sorted, tile, total, w13, s13, h};
+                void *bd[] = {h, ids, sorted, tile, total, tw, w2, s2, y};
+                for (int c = 0; c < nc; c++) {
                     double ms = 0;
                     if ((st = dev_event_record(d, e0, err)) != MT_OK ||
                         (st = moe_stage_run(gb[g].st[c], M, gb[g].up ? bu : bd, err)) != MT_OK ||
                         (st = dev_event_record(d, e1, err)) != MT_OK ||
-                        (st = dev_event_elapsed_ms(d, e0, e1, &ms, err)) != MT_OK)
+                        (st = dev_event_elapsed_ms(d, e0, e1, &ms, err)) != MT_OK) {
+                        free(t);
                         goto out;
-                    t[n++] = ms;
+                    }
+                    t[c * MAX_REPS + n] = ms;
                     spent += ms;
                 }
-                double med = median(t, n);
+                n++;
+            }
+            for (int c = 0; c < nc; c++) {
+                double med = median(t + c * MAX_REPS, n);
                 if (c == 0)
                     dflt = best = med;
                 if (med < best) {
@@ -259,6 +276,7 @@ mt_status moe_bench_run(dev_device *d, const moe_bench_opts *o, FILE *out, mt_er
                     best_c = c;
                 }
             }
+            free(t);
             double experts = experts_sum / (double)experts_n;
             double wbytes = experts * (double)N * (double)K * (0.5 + 1.0 / 32);
             double flops = 2.0 * (double)P * (double)N * (double)K;

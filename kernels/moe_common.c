@@ -309,12 +309,13 @@ static int pick(const int *vals, int n, int want)
     return best;
 }
 
-void moe_cpu_default(int64_t k, int64_t n, int64_t npairs, int64_t n_experts,
+void moe_cpu_default(int64_t k, int64_t n, int64_t npairs, int64_t n_experts, bool up,
                      kern_config *cfg)
 {
     double per_expert = (double)npairs / (double)(n_experts < npairs ? n_experts : npairs);
     cfg->n = MOE_CPU_NPARAMS;
-    cfg->v[MOE_CPU_NR] = 1;
+    /* Two weight streams in flight (measured best for decode on Zen 3). */
+    cfg->v[MOE_CPU_NR] = up ? 1 : 2;
     cfg->v[MOE_CPU_MR] = per_expert >= 4 ? 4 : per_expert >= 2 ? 2 : 1;
     cfg->v[MOE_CPU_KB] = per_expert >= 4 ? 1024 : 65536;
     cfg->v[MOE_CPU_NT] = pick(nt_vals, 6, 64);
