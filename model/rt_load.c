@@ -6,7 +6,8 @@
  * weights_proj; B: q_b | indexer wq_b; MLP: gate | up); kv_b is split per
  * head into W_UK^T [L][nope] and W_UV [V][L] for the absorbed attention.
  * Linears outside the experts run as bf16 GEMMs: bf16 is uploaded as is,
- * f16/f32/fp8/MXFP4 are converted to bf16 here (and said so in the log).
+ * f16/f32/fp8/MXFP4 are converted to bf16 here (MXFP4 exactly; the others
+ * round to nearest even).
  * Routed experts must be MXFP4 (the MoE GEMMs read Quark's layout: per
  * expert the gate rows, then the up rows); the shared expert runs on the
  * MoE GEMMs when it is MXFP4, else as a bf16 MLP. */
