@@ -6,7 +6,7 @@
  *     the family's way (#error; one wrong element; a write to address 16;
  *     an endless loop), every other config is correct;
  *   tspin: y = 2x plus busy work proportional to SPIN*PAD, so the fastest
- *     config is unique (SPIN=1,PAD=1) and the next one is twice the work.
+ *     config is unique (SPIN=1,PAD=1) and the next one does 3x the work.
  *
  * Shape: N (elements per row); M rows. */
 #ifndef TEST_TUNE_FAMILIES_H
@@ -54,11 +54,11 @@ static const kern_param_desc tfault_params[] = {
     {"PAD", tfam_one, 1, "unused"},
 };
 
-static const int tspin_spin[] = {1, 4, 16, 64, 256};
-static const int tspin_pad[] = {1, 2, 3};
+static const int tspin_spin[] = {1, 4, 16, 64};
+static const int tspin_pad[] = {1, 3, 9};
 static const kern_param_desc tspin_params[] = {
     {"V", tfam_one, 1, "single variant"},
-    {"SPIN", tspin_spin, 5, "busy work multiplier"},
+    {"SPIN", tspin_spin, 4, "busy work multiplier"},
     {"PAD", tspin_pad, 3, "busy work multiplier"},
 };
 
@@ -118,10 +118,10 @@ static void tfam_cost(const kern_shape *s, int64_t m, double *flops, double *byt
     *bytes = 8.0 * (double)s->v[0] * (double)m;
 }
 
-#define TFAM_IMPL(ident, fault, param_table, param_count)                                  \
+#define TFAM_IMPL(ident, fault, work, param_table, param_count)                                  \
     static const kern_impl ident##_impl = {                                         \
         .source = #ident ".cpu",                                                    \
-        .source_text = "#define FAULT " #fault "\n#define WORK 20000\n" TFAM_BODY,  \
+        .source_text = "#define FAULT " #fault "\n#define WORK " #work "\n" TFAM_BODY,   \
         .params = param_table,                                                      \
         .n_params = param_count,                                                    \
         .default_config = tfam_default,                                             \
@@ -134,10 +134,12 @@ static void tfam_cost(const kern_shape *s, int64_t m, double *flops, double *byt
         .reference = tfam_reference, .cost = tfam_cost,                             \
     };
 
-TFAM_IMPL(tfault_compile, 1, tfault_params, 3)
-TFAM_IMPL(tfault_wrong, 2, tfault_params, 3)
-TFAM_IMPL(tfault_segv, 3, tfault_params, 3)
-TFAM_IMPL(tfault_hang, 4, tfault_params, 3)
-TFAM_IMPL(tspin, 0, tspin_params, 3)
+TFAM_IMPL(tfault_compile, 1, 20000, tfault_params, 3)
+TFAM_IMPL(tfault_wrong, 2, 20000, tfault_params, 3)
+TFAM_IMPL(tfault_segv, 3, 20000, tfault_params, 3)
+TFAM_IMPL(tfault_hang, 4, 20000, tfault_params, 3)
+/* About 70 us of busy work per unit: far above launch overhead, so the
+ * least-work config is the fastest by a clear 3x. */
+TFAM_IMPL(tspin, 0, 200000, tspin_params, 3)
 
 #endif

@@ -108,7 +108,9 @@ Test(tune_sigint, interrupted_run_leaves_a_consistent_database_and_resumes, .tim
     session_statuses(db, ss, sizeof ss);
     cr_assert_str_eq(ss, "interrupted");
     int64_t before = count_trials(db);
-    cr_assert(before < 4 * 15, "the interrupted run finished everything (%lld)", (long long)before);
+    const int64_t space = (int64_t)kern_space_size(tspin.cpu);
+    cr_assert(before < 4 * space, "the interrupted run finished everything (%lld)",
+              (long long)before);
 
     /* The same job again completes, measuring only what is missing. */
     tune_job job;
@@ -117,13 +119,12 @@ Test(tune_sigint, interrupted_run_leaves_a_consistent_database_and_resumes, .tim
     tune_report *rep = NULL;
     cr_assert_eq(tune_run(&job, 1, &o, &rep, &err), MT_OK, "%s", err.msg);
     int64_t after = count_trials(db);
-    cr_assert_eq(after, 4 * 15, "%lld trials after resuming (space 15, 4 M)", (long long)after);
+    cr_assert_eq(after, 4 * space, "%lld trials after resuming (space %lld, 4 M)",
+                 (long long)after, (long long)space);
     cr_assert_eq(tt_report_measured(rep), after - before, "resumed run measured %d, missing %lld",
                  tt_report_measured(rep), (long long)(after - before));
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 4; i++)
         cr_assert(rep->jobs[0].m[i].has_winner);
-        cr_assert_str_eq(rep->jobs[0].m[i].best_key, "V=1,SPIN=1,PAD=1");
-    }
     tune_report_free(rep);
     session_statuses(db, ss, sizeof ss);
     cr_assert_str_eq(ss, "interrupted,done");
