@@ -17,6 +17,7 @@
 #include <hip/hip_runtime_api.h>
 #include <hip/hiprtc.h>
 #include <signal.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -240,9 +241,38 @@ static char *program_log(hiprtcProgram prog)
     return log;
 }
 
+/* hipRTC and comgr set up LLVM lazily on their first use in a process;
+ * two threads doing that at once can abort the process ("CommandLine
+ * Error: Option 'h' registered more than once", seen under parallel
+ * tuning). The first compile of the process runs alone; the rest run in
+ * parallel. */
+static pthread_mutex_t first_lock = PTHREAD_MUTEX_INITIALIZER;
+static bool first_done;
+
+static mt_status hip_compile_unlocked(void *ctx, const dev_props *props,
+                                      const dev_compile_req *req, void **bytes,
+                                      size_t *len, char **log, dev_code_info *info,
+                                      mt_err *err);
+
 static mt_status hip_compile(void *ctx, const dev_props *props, const dev_compile_req *req,
                              void **bytes, size_t *len, char **log, dev_code_info *info,
                              mt_err *err)
+{
+    pthread_mutex_lock(&first_lock);
+    if (first_done) {
+        pthread_mutex_unlock(&first_lock);
+        return hip_compile_unlocked(ctx, props, req, bytes, len, log, info, err);
+    }
+    mt_status st = hip_compile_unlocked(ctx, props, req, bytes, len, log, info, err);
+    first_done = true;
+    pthread_mutex_unlock(&first_lock);
+    return st;
+}
+
+static mt_status hip_compile_unlocked(void *ctx, const dev_props *props,
+                                      const dev_compile_req *req, void **bytes,
+                                      size_t *len, char **log, dev_code_info *info,
+                                      mt_err *err)
 {
     (void)props;
     hip_ctx *c = ctx;
@@ -341,7 +371,13 @@ static mt_status hip_inspect(void *ctx, const void *bytes, size_t len, dev_code_
 {
     hip_ctx *c = ctx;
     char target[64];
+    pthread_mutex_lock(&first_lock); /* comgr's own first use: see hip_compile */
+    bool alone = !first_done;
+    if (!alone)
+        pthread_mutex_unlock(&first_lock);
     mt_status st = hip_comgr_inspect(bytes, len, info, target, sizeof target, err);
+    if (alone)
+        pthread_mutex_unlock(&first_lock);
     if (st == MT_OK && target[0] && strcmp(target, c->arch) != 0)
         return mt_fail(err, MT_E_INVALID, "code object is for %s, the device is %s",
                        target, c->arch);

@@ -2,6 +2,8 @@
  * (see runner.h). */
 #include "runner.h"
 
+#include "../common/clock.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +25,7 @@ struct kern_problem {
     size_t scratch_bytes;
     void *flush;                 /* > LLC buffer touched between timed runs */
     size_t flush_bytes;
+    bool has_reference;
 };
 
 const kern_family *kern_problem_family(const kern_problem *p) { return p->fam; }
@@ -50,6 +53,34 @@ void kern_problem_destroy(kern_problem *p)
 
 mt_status kern_problem_create(dev_device *d, const kern_family *f, const kern_shape *s,
                               int64_t m, uint64_t seed, kern_problem **out, mt_err *err)
+{
+    return kern_problem_create_ex(d, f, s, m, seed, 0, out, err);
+}
+
+int64_t kern_verify_m(const kern_family *f, const kern_shape *s, int64_t m,
+                      double max_flops)
+{
+    double flops = 0, bytes = 0;
+    f->cost(s, m, &flops, &bytes);
+    if (flops <= max_flops || m <= 1)
+        return m;
+    /* Cost grows with M (at most linearly for every family here): scale
+     * down, then step until it fits. */
+    int64_t v = (int64_t)((double)m * max_flops / flops);
+    if (v < 1)
+        v = 1;
+    while (v > 1) {
+        f->cost(s, v, &flops, &bytes);
+        if (flops <= max_flops)
+            break;
+        v--;
+    }
+    return v;
+}
+
+mt_status kern_problem_create_ex(dev_device *d, const kern_family *f,
+                                 const kern_shape *s, int64_t m, uint64_t seed,
+                                 unsigned flags, kern_problem **out, mt_err *err)
 {
     *out = NULL;
     const dev_props *props = dev_get_props(d);
@@ -107,7 +138,10 @@ mt_status kern_problem_create(dev_device *d, const kern_family *f, const kern_sh
             memcpy(p->init[i], p->host[i], p->bufs[i].bytes);
         }
     }
-    f->reference(s, m, p->host);
+    if (!(flags & KERN_PROBLEM_NO_REFERENCE)) {
+        f->reference(s, m, p->host);
+        p->has_reference = true;
+    }
     *out = p;
     return MT_OK;
 fail:
@@ -202,6 +236,9 @@ mt_status kern_problem_download(kern_problem *p, int b, void *dst, mt_err *err)
 
 mt_status kern_problem_verify(kern_problem *p, mt_err *err)
 {
+    if (!p->has_reference)
+        return mt_fail(err, MT_E_INVALID, "%s: problem at M=%lld was made without a "
+                       "reference and cannot verify", p->fam->name, (long long)p->m);
     for (int i = 0; i < p->n; i++) {
         if (p->bufs[i].role == KERN_BUF_IN)
             continue;
@@ -291,7 +328,7 @@ mt_status kern_problem_time(kern_problem *p, dev_module *mod, const kern_config 
     st = dev_event_create(p->dev, &a, err);
     if (st == MT_OK)
         st = dev_event_create(p->dev, &b, err);
-    double total = 0;
+    uint64_t wall0 = mt_now_ns();
     int n = 0;
     while (st == MT_OK && n < cap) {
         /* In-out buffers accumulate (y += ...); restore them so a long
@@ -313,7 +350,6 @@ mt_status kern_problem_time(kern_problem *p, dev_module *mod, const kern_config 
             st = dev_event_elapsed_ms(p->dev, a, b, &ms[n], err);
         if (st != MT_OK)
             break;
-        total += ms[n];
         n++;
         memcpy(sorted, ms, sizeof(double) * (size_t)n);
         qsort(sorted, (size_t)n, sizeof(double), cmp_double);
@@ -324,7 +360,8 @@ mt_status kern_problem_time(kern_problem *p, dev_module *mod, const kern_config 
         }
         if (n >= o->min_reps) {
             double spread = (pct(sorted, n, 0.9) - pct(sorted, n, 0.1)) / med;
-            if (spread < o->target_spread || total > o->max_ms)
+            double wall = (double)(mt_now_ns() - wall0) * 1e-6;
+            if (spread < o->target_spread || wall > o->max_ms)
                 break;
         }
     }

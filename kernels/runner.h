@@ -22,6 +22,26 @@ mt_status kern_problem_create(dev_device *d, const kern_family *f,
                               kern_problem **out, mt_err *err);
 void kern_problem_destroy(kern_problem *p);
 
+/* Flags for kern_problem_create_ex. */
+enum {
+    /* Skip the reference: the problem can run and be timed, not verified
+     * (kern_problem_verify fails with MT_E_INVALID). For timing at an M
+     * whose reference would take minutes. */
+    KERN_PROBLEM_NO_REFERENCE = 1u,
+};
+mt_status kern_problem_create_ex(dev_device *d, const kern_family *f,
+                                 const kern_shape *s, int64_t m, uint64_t seed,
+                                 unsigned flags, kern_problem **out, mt_err *err);
+
+/* The M at which to verify a candidate timed at m: m itself when the
+ * reference's work (the family's flop count) at m is at most max_flops,
+ * else the largest smaller M that fits (at least 1). Every tile path of a
+ * kernel is exercised well below the large M buckets, while a plain C
+ * reference at M = 4096 of the glm5.2 experts would take hours. */
+int64_t kern_verify_m(const kern_family *f, const kern_shape *s, int64_t m,
+                      double max_flops);
+#define KERN_VERIFY_MAX_FLOPS 2e9
+
 const kern_family *kern_problem_family(const kern_problem *p);
 const kern_shape *kern_problem_shape(const kern_problem *p);
 int64_t kern_problem_m(const kern_problem *p);
@@ -53,7 +73,8 @@ mt_status kern_problem_download(kern_problem *p, int b, void *dst, mt_err *err);
 typedef struct kern_time_opts {
     int warmup;              /* runs before timing (default 2) */
     int min_reps, max_reps;  /* default 5 / 200 */
-    double max_ms;           /* stop after this much timed work (default 2000) */
+    double max_ms;           /* stop after this much wall time, flushes and
+                              * restores included (default 2000) */
     double target_spread;    /* stop when (p90-p10)/median < this (default 0.05) */
     double abandon_ms;       /* stop early once the median exceeds this; 0 = never */
     bool flush_cache;        /* rotate inputs / touch a buffer > LLC between runs */

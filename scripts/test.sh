@@ -13,7 +13,7 @@ quick=0
 [ "${1:-}" = "--quick" ] && quick=1
 
 echo "== build (Release, -Werror)"
-cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOETUNE_WERROR=ON >/dev/null
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOETUNE_WERROR=ON -DMOETUNE_TESTS=ON >/dev/null
 cmake --build build -j"$jobs"
 echo "== tests"
 ctest --test-dir build -j"$jobs" --output-on-failure
@@ -21,7 +21,7 @@ ctest --test-dir build -j"$jobs" --output-on-failure
 if [ $quick -eq 0 ]; then
   echo "== build (ASan + UBSan)"
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DMOETUNE_WERROR=ON \
-        -DMOETUNE_SANITIZE=ON >/dev/null
+        -DMOETUNE_SANITIZE=ON -DMOETUNE_TESTS=ON >/dev/null
   cmake --build build-asan -j"$jobs"
   echo "== tests under ASan + UBSan"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \

@@ -136,16 +136,33 @@ typedef struct measure_msg {
 
 typedef struct worker_state {
     dev_device *dev;
-    kern_problem *prob;
+    kern_problem *prob;  /* at the tuned M: timing, determinism */
+    kern_problem *vprob; /* with the reference, at kern_verify_m: verification;
+                          * the same object as prob when that is M itself */
 } worker_state;
 
+static void worker_drop_problems(worker_state *w)
+{
+    if (w->vprob != w->prob)
+        kern_problem_destroy(w->vprob);
+    kern_problem_destroy(w->prob);
+    w->prob = w->vprob = NULL;
+}
+
+/* Verification runs at the largest M whose plain C reference stays cheap
+ * (kern_verify_m); timing always runs at the tuned M. */
 static void worker_prepare(worker_state *w, const prepare_msg *rq, reply_msg *rp)
 {
     mt_err err = MT_ERR_INIT;
-    kern_problem_destroy(w->prob);
-    w->prob = NULL;
-    rp->status = kern_problem_create(w->dev, (const kern_family *)rq->fam, &rq->shape, rq->m,
-                                     rq->seed, &w->prob, &err);
+    worker_drop_problems(w);
+    const kern_family *f = (const kern_family *)rq->fam;
+    int64_t vm = kern_verify_m(f, &rq->shape, rq->m, KERN_VERIFY_MAX_FLOPS);
+    rp->status = kern_problem_create(w->dev, f, &rq->shape, vm, rq->seed, &w->vprob, &err);
+    if (rp->status == MT_OK && vm == rq->m)
+        w->prob = w->vprob;
+    else if (rp->status == MT_OK)
+        rp->status = kern_problem_create_ex(w->dev, f, &rq->shape, rq->m, rq->seed ^ 0x5eed,
+                                            KERN_PROBLEM_NO_REFERENCE, &w->prob, &err);
     snprintf(rp->msg, sizeof rp->msg, "%.1500s", err.msg);
 }
 
@@ -195,10 +212,10 @@ static void worker_measure(worker_state *w, const measure_msg *rq, const void *b
     dev_set_launch_timeout(w->dev, rq->timeout_ms);
     if (st == MT_OK && (rq->flags & TUNE_W_VERIFY)) {
         snprintf(rp->step, sizeof rp->step, "run");
-        st = kern_problem_run(w->prob, mod, &rq->cfg, &err);
+        st = kern_problem_run(w->vprob, mod, &rq->cfg, &err);
         if (st == MT_OK) {
             snprintf(rp->step, sizeof rp->step, "verify");
-            st = kern_problem_verify(w->prob, &err);
+            st = kern_problem_verify(w->vprob, &err);
         }
     }
     if (st == MT_OK && (rq->flags & TUNE_W_TIME)) {
@@ -266,7 +283,7 @@ static void worker_main(int fd, const char *spec, const char *arch)
             break; /* protocol error: the tuner sees EOF */
         }
     }
-    kern_problem_destroy(w.prob);
+    worker_drop_problems(&w);
     dev_close(w.dev);
     _exit(0);
 }
