@@ -276,6 +276,97 @@ __attribute__((unused)) static void greedy_reference(model_runtime *rt, const in
     free(lg);
 }
 
+/* Greedy tokens of n prompts run together under a schedule of our own:
+ * mode 0 gives every prompt min(rest, 512 / n) tokens per step (prompts split,
+ * every step batched); mode 1 random chunk sizes and a random subset of the
+ * sequences in each step. out[i * steps + k]. */
+__attribute__((unused)) static void greedy_scheduled(model_runtime *rt, const int32_t *const *prompts,
+                                                     const int *lens, int n, int steps, int mode,
+                                                     mt_rng *rng, int32_t *out)
+{
+    mt_err err = MT_ERR_INIT;
+    int32_t v = model_runtime_vocab(rt);
+    float *lg = malloc(sizeof(float) * (size_t)v * (size_t)n);
+    int *seq = calloc((size_t)n, sizeof *seq), *fed = calloc((size_t)n, sizeof *fed),
+        *ng = calloc((size_t)n, sizeof *ng), *who = calloc((size_t)n, sizeof *who);
+    model_step_item *it = calloc((size_t)n, sizeof *it);
+    for (int i = 0; i < n; i++)
+        cr_assert_eq(model_seq_create(rt, &seq[i], &err), MT_OK, "%s", err.msg);
+    for (;;) {
+        int m = 0;
+        for (int i = 0; i < n; i++) {
+            if (ng[i] >= steps || (mode == 1 && mt_rng_below(rng, 3) == 0))
+                continue;
+            int rest = lens[i] - fed[i];
+            if (rest > 0) {
+                int c = mode == 0 ? 512 / n : 1 + (int)mt_rng_below(rng, (uint64_t)rest);
+                c = c < 1 ? 1 : c > rest ? rest : c;
+                it[m] = (model_step_item){seq[i], prompts[i] + fed[i], c,
+                                          c == rest ? lg + (size_t)m * (size_t)v : NULL, NULL};
+                fed[i] += c;
+            } else {
+                it[m] = (model_step_item){seq[i], &out[i * steps + ng[i] - 1], 1,
+                                          lg + (size_t)m * (size_t)v, NULL};
+            }
+            who[m++] = i;
+        }
+        if (m == 0) {
+            bool all = true;
+            for (int i = 0; i < n; i++)
+                all = all && ng[i] >= steps;
+            if (all)
+                break;
+            continue;
+        }
+        cr_assert_eq(model_step(rt, it, m, &err), MT_OK, "%s", err.msg);
+        for (int k = 0; k < m; k++)
+            if (it[k].logits) {
+                int i = who[k];
+                out[i * steps + ng[i]] = argmax(it[k].logits, v);
+                ng[i]++;
+            }
+    }
+    for (int i = 0; i < n; i++)
+        model_seq_free(rt, seq[i]);
+    free(lg);
+    free(seq);
+    free(fed);
+    free(ng);
+    free(who);
+    free(it);
+}
+
+/* The greedy tokens of each prompt alone (ref[i * steps + k]), and whether
+ * they are the same under two batched schedules as well. The runtime's
+ * results can depend on how a step is composed (a near-tie in a discrete
+ * choice, e.g. a top-k, flips with the accumulation order of a larger M);
+ * a prompt whose greedy tokens move that way in the runtime itself cannot
+ * test the server's batching, so callers compare stable prompts only and
+ * report how many were left out. Returns the number of stable prompts. */
+__attribute__((unused)) static int greedy_stable(model_runtime *rt, const int32_t *const *prompts,
+                                                 const int *lens, int n, int steps, int32_t *ref,
+                                                 bool *stable)
+{
+    mt_rng rng;
+    mt_rng_seed(&rng, 12345);
+    int32_t *a = malloc(sizeof(int32_t) * (size_t)(n * steps)),
+            *b = malloc(sizeof(int32_t) * (size_t)(n * steps));
+    for (int i = 0; i < n; i++)
+        greedy_reference(rt, prompts[i], lens[i], steps, ref + i * steps);
+    greedy_scheduled(rt, prompts, lens, n, steps, 0, &rng, a);
+    greedy_scheduled(rt, prompts, lens, n, steps, 1, &rng, b);
+    int count = 0;
+    for (int i = 0; i < n; i++) {
+        size_t sz = sizeof(int32_t) * (size_t)steps;
+        stable[i] = !memcmp(ref + i * steps, a + i * steps, sz) &&
+                    !memcmp(ref + i * steps, b + i * steps, sz);
+        count += stable[i];
+    }
+    free(a);
+    free(b);
+    return count;
+}
+
 __attribute__((unused)) static model_runtime *reference_open(const tsrv *t)
 {
     model_runtime_opts o;
