@@ -1,12 +1,15 @@
 /* cmd_tune.c: `moetune tune`: parses options, builds the jobs (one family
- * and shape, or every shape a model's config.json needs), runs the tuner
- * with Ctrl-C wired to a clean stop, and prints the table. */
+ * and shape, or with --model every kernel of the runtime's kernel plan for
+ * that checkpoint, model/plan.h, so the database covers exactly what
+ * model_runtime_open looks up), runs the tuner with Ctrl-C wired to a
+ * clean stop, and prints the table. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "../model/plan.h"
 #include "../tuner/tuner.h"
 #include "cli.h"
 
@@ -31,7 +34,13 @@ static void usage(void)
         "command again resumes (measured configs are not measured again).\n\n"
         "  --family F          kernel family (moetune kernels lists them)\n"
         "  --shape KEY|PRESET  shape key (\"N=2048,K=6144\") or preset name (\"tiny\")\n"
-        "  --model DIR         tune every (family, shape) DIR/config.json needs\n"
+        "  --model DIR         tune every kernel the runtime runs for the checkpoint DIR\n"
+        "                      (its kernel plan, from DIR/config.json alone); an M above\n"
+        "                      a kernel's largest M is skipped for that kernel\n"
+        "  --act-quant Q       with --model: none (a16w4) or mxfp4 (a4w4); default: the\n"
+        "                      checkpoint's Quark config, as the runtime\n"
+        "  --kv-dtype T        with --model: bf16 (default) or fp8 KV cache\n"
+        "  --max-batch-tokens N  with --model: the runtime's largest step (default 512)\n"
         "  --m LIST            token counts, e.g. 1,16,128 (default 1,2,4,...,4096)\n"
         "  --device D          cpu, emu, emu:wave32, hip, hip:N, cuda (default auto)\n"
         "  --arch A            GPU arch; with no such GPU: compile-only\n"
@@ -51,6 +60,8 @@ static void usage(void)
 typedef struct tune_cli {
     const char *family, *shape, *model, *mlist;
     bool quiet;
+    model_plan_opts plan;  /* --model: the runtime options that change kernels */
+    bool plan_opts_given;
 } tune_cli;
 
 static int parse(int argc, char **argv, tune_opts *o, tune_cli *c)
@@ -76,6 +87,35 @@ static int parse(int argc, char **argv, tune_opts *o, tune_cli *c)
             c->model = v;
         else if ((v = cli_opt(argc, argv, &i, "--m", &bad)))
             c->mlist = v;
+        else if ((v = cli_opt(argc, argv, &i, "--act-quant", &bad))) {
+            c->plan_opts_given = true;
+            c->plan.act_quant_set = true;
+            if (!strcmp(v, "none"))
+                c->plan.act_quant = MODEL_ACT_NONE;
+            else if (!strcmp(v, "mxfp4"))
+                c->plan.act_quant = MODEL_ACT_MXFP4;
+            else {
+                cli_error("tune", "--act-quant '%s': none or mxfp4", v);
+                return CLI_USAGE;
+            }
+        } else if ((v = cli_opt(argc, argv, &i, "--kv-dtype", &bad))) {
+            c->plan_opts_given = true;
+            if (!strcmp(v, "bf16"))
+                c->plan.kv_dtype = KERN_DT_BF16;
+            else if (!strcmp(v, "fp8"))
+                c->plan.kv_dtype = KERN_DT_FP8E4M3;
+            else {
+                cli_error("tune", "--kv-dtype '%s': bf16 or fp8", v);
+                return CLI_USAGE;
+            }
+        } else if ((v = cli_opt(argc, argv, &i, "--max-batch-tokens", &bad))) {
+            c->plan_opts_given = true;
+            c->plan.max_batch_tokens = atoi(v);
+            if (c->plan.max_batch_tokens < 1) {
+                cli_error("tune", "--max-batch-tokens must be a positive number of tokens");
+                return CLI_USAGE;
+            }
+        }
         else if ((v = cli_opt(argc, argv, &i, "--device", &bad)))
             o->device = v;
         else if ((v = cli_opt(argc, argv, &i, "--arch", &bad)))
@@ -136,7 +176,64 @@ static int parse(int argc, char **argv, tune_opts *o, tune_cli *c)
                           "--family/--shape");
         return CLI_USAGE;
     }
+    if (!c->model && c->plan_opts_given) {
+        cli_error("tune", "--act-quant, --kv-dtype and --max-batch-tokens go with --model");
+        return CLI_USAGE;
+    }
     return 0;
+}
+
+/* One job per kernel of the runtime's plan, each at the Ms of the list up
+ * to its largest M. */
+static int model_jobs(const tune_cli *c, const int64_t *ms, int n_m, tune_job *jobs,
+                      int *n_jobs)
+{
+    model_plan_entry *plan = NULL;
+    int n_plan = 0;
+    mt_err err = MT_ERR_INIT;
+    if (model_kernel_plan(c->model, &c->plan, &plan, &n_plan, &err) != MT_OK) {
+        cli_error("tune", "%s", err.msg);
+        return CLI_FAIL;
+    }
+    int rc = 0, skipped = 0;
+    for (int i = 0; i < n_plan && !rc; i++) {
+        const model_plan_entry *e = &plan[i];
+        int64_t mine[TUNE_MAX_M];
+        int n_mine = 0;
+        for (int j = 0; j < n_m; j++)
+            if (ms[j] <= e->m_max)
+                mine[n_mine++] = ms[j];
+        if (!n_mine) {
+            if (!c->quiet)
+                fprintf(stderr, "moetune tune: %s %s (%s): every M listed is above its largest "
+                        "M %lld: not tuned\n", e->fam->name, e->key, e->purpose,
+                        (long long)e->m_max);
+            skipped++;
+            continue;
+        }
+        if (*n_jobs == TUNE_MAX_JOBS) {
+            cli_error("tune", "%s: the kernel plan has more than %d kernels", c->model,
+                      TUNE_MAX_JOBS);
+            rc = CLI_FAIL;
+        } else if (tune_job_make(e->fam, e->shape_text, mine, n_mine, &jobs[*n_jobs], &err) !=
+                   MT_OK) {
+            cli_error("tune", "%s %s (%s): %s", e->fam->name, e->shape_text, e->purpose,
+                      err.msg);
+            rc = CLI_FAIL;
+        } else {
+            (*n_jobs)++;
+        }
+    }
+    if (!rc && !c->quiet)
+        fprintf(stderr, "moetune tune: %s: the runtime's kernel plan has %d kernels; tuning %d"
+                "%s\n", c->model, n_plan, *n_jobs,
+                skipped ? " (the others see no M of the list)" : "");
+    if (!rc && *n_jobs == 0) {
+        cli_error("tune", "%s: no kernel of the plan sees an M of the list", c->model);
+        rc = CLI_USAGE;
+    }
+    free(plan);
+    return rc;
 }
 
 static int build_jobs(const tune_cli *c, tune_job *jobs, int *n_jobs)
@@ -155,22 +252,9 @@ static int build_jobs(const tune_cli *c, tune_job *jobs, int *n_jobs)
             ms[i] = mv[i];
     }
     mt_err err = MT_ERR_INIT;
-    if (c->model) {
-        char path[4096], missing[256];
-        snprintf(path, sizeof path, "%s/config.json", c->model);
-        if (tune_plan_from_config(path, n_m ? ms : NULL, n_m, jobs, TUNE_MAX_JOBS, n_jobs,
-                                  missing, sizeof missing, &err) != MT_OK) {
-            cli_error("tune", "%s", err.msg);
-            return CLI_FAIL;
-        }
-        if (missing[0])
-            fprintf(stderr, "moetune tune: this build has no %s: not tuned\n", missing);
-        if (*n_jobs == 0) {
-            cli_error("tune", "%s: no family this build has applies", path);
-            return CLI_FAIL;
-        }
-        return 0;
-    }
+    if (c->model)
+        return model_jobs(c, n_m ? ms : tune_default_ms, n_m ? n_m : tune_default_n_ms, jobs,
+                          n_jobs);
     const kern_family *f = kern_family_find(c->family);
     if (!f) {
         cli_error("tune", "unknown family '%s' (moetune kernels lists them)", c->family);

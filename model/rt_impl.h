@@ -8,7 +8,9 @@
  * family through rt_run: an rt_kernel is one (family, shape) the forward
  * uses; at open it gets one config per M bucket (rt_choice), each compiled
  * once into a module shared by every kernel with the same family, tuning
- * key and config. Not part of the public interface. */
+ * key and config. The kernels are the entries of the checkpoint's kernel
+ * plan (plan.h), registered in its order: rt->kerns[i] is entry i. Not part
+ * of the public interface. */
 #ifndef MT_MODEL_RT_IMPL_H
 #define MT_MODEL_RT_IMPL_H
 
@@ -20,6 +22,7 @@
 #include "../device/device.h"
 #include "../kernels/family.h"
 #include "../kernels/kvcache.h"
+#include "plan.h"
 #include "runtime.h"
 #include "weights.h"
 
@@ -29,7 +32,6 @@
 extern const int64_t rt_buckets[RT_N_BUCKETS];
 
 #define RT_MAX_SEQS 256
-#define RT_PAGE_TOKENS_DEFAULT 16
 
 /* Where a bucket's config came from. */
 typedef enum rt_prov {
@@ -74,7 +76,8 @@ typedef struct rt_module {
     dev_module *mod;
 } rt_module;
 
-/* Kernels of one layer (several layers point at the same rt_kernel). */
+/* Kernels of one layer (several layers point at the same rt_kernel); one
+ * field per model_plan_slot (rt_load.c maps them). */
 typedef struct rt_layer_kernels {
     rt_kernel *norm_in, *gemm_a, *copy_qa, *norm_q, *copy_lat, *norm_kv, *copy_kr, *rope_kr,
         *store_kv;
@@ -141,6 +144,8 @@ struct model_runtime {
     const model_config *cfg;
     model_tokenizer *tok;
 
+    model_plan *plan;            /* what the kernels are (settings below come from it) */
+
     /* dims */
     int64_t H, V, NH, QL, L, R, D, VD, IH, ID, TOPK, E, TOPKE, IE, n_layers;
     int eps_e, eps6_e;           /* rms_norm_eps and the q/kv latent norms' 1e-6 */
@@ -170,11 +175,11 @@ struct model_runtime {
 
 /* ---- rt_select.c ---- */
 
-/* Registers (or finds) the kernel of family `family` at shape_text (a full
- * key; runtime dims give the representative values used for defaults and
- * validity); m_max is the largest M the forward will pass. */
-mt_status rt_kernel_get(model_runtime *rt, const char *family, const char *shape_text,
-                        int64_t m_max, const char *use, rt_kernel **out, mt_err *err);
+/* Registers one kernel per entry of rt->plan, in plan order (rt->kerns[i]
+ * is entry i; its runtime dims are the representative values used for
+ * defaults and validity). Fails naming the family when it has no
+ * implementation for the device's backend. */
+mt_status rt_kernels_register(model_runtime *rt, mt_err *err);
 /* Chooses a config for every registered kernel and bucket (database or
  * default), compiles and loads every distinct one, and logs a summary. */
 mt_status rt_select(model_runtime *rt, mt_err *err);
@@ -184,12 +189,14 @@ mt_status rt_run(model_runtime *rt, rt_kernel *k, int64_t m, const kern_shape *s
                  void *const *bufs, mt_err *err);
 /* Sets runtime dim `name` of a copy of k's shape. */
 void rt_shape_set(const rt_kernel *k, kern_shape *s, const char *name, int64_t v);
+/* Frees kernels, modules, scratch and the plan. */
 void rt_kernels_free(model_runtime *rt);
 const char *rt_prov_name(rt_prov p);
 
 /* ---- rt_load.c ---- */
 
-/* Uploads every weight the forward reads; registers the kernels. */
+/* Uploads every weight the forward reads (layer facts from rt->plan);
+ * registers the plan's kernels and points each layer at its own. */
 mt_status rt_load(model_runtime *rt, mt_err *err);
 void rt_unload(model_runtime *rt);
 /* Allocates the activation buffers for rt->T tokens. */

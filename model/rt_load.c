@@ -1,5 +1,7 @@
 /* rt_load.c: the checkpoint's weights as device buffers in the layouts the
- * kernels read, the kernels each layer runs, and the activation buffers.
+ * kernels read, each layer's kernels (registered from the kernel plan,
+ * plan.h, which also says which layers are MoE, run their own indexer or
+ * have an MXFP4 shared expert), and the activation buffers.
  *
  * Layouts (see rt_impl.h): linears that read the same input are fused by
  * concatenating their rows (attention A: q_a | kv_a | indexer wk |
@@ -223,136 +225,47 @@ static mt_status upload_kv_b(model_runtime *rt, const char *module, rt_layer *ly
 
 /* ---- kernels of a layer --------------------------------------------------- */
 
-#define K(field, fam, m, use, ...)                                                               \
-    do {                                                                                         \
-        char sh_[KERN_KEY_MAX];                                                                  \
-        snprintf(sh_, sizeof sh_, __VA_ARGS__);                                                  \
-        mt_status s_ = rt_kernel_get(rt, fam, sh_, m, use, &(field), err);                       \
-        if (s_ != MT_OK)                                                                         \
-            return s_;                                                                           \
-    } while (0)
+/* The rt_layer_kernels field of each plan slot, offset + 1 (0: missing). */
+#define SLOT(s, f) [MODEL_KS_##s] = offsetof(rt_layer_kernels, f) + 1
+static const size_t slot_field[MODEL_KS_COUNT] = {
+    SLOT(NORM_IN, norm_in), SLOT(GEMM_A, gemm_a), SLOT(COPY_QA, copy_qa),
+    SLOT(NORM_Q, norm_q), SLOT(COPY_LAT, copy_lat), SLOT(NORM_KV, norm_kv),
+    SLOT(COPY_KR, copy_kr), SLOT(ROPE_KR, rope_kr), SLOT(STORE_KV, store_kv),
+    SLOT(COPY_IK, copy_ik), SLOT(ROPE_IK, rope_ik), SLOT(STORE_IK, store_ik),
+    SLOT(COPY_IW, copy_iw), SLOT(GEMM_B, gemm_b), SLOT(COPY_Q, copy_q), SLOT(ROPE_Q, rope_q),
+    SLOT(COPY_IQ, copy_iq), SLOT(ROPE_IQ, rope_iq), SLOT(INDEXER, indexer),
+    SLOT(ABSORB, absorb), SLOT(COPY_QROPE, copy_qrope), SLOT(DECODE, decode),
+    SLOT(COPY_O, copy_o), SLOT(VOUT, vout), SLOT(GEMM_O, gemm_o), SLOT(RESID, resid),
+    SLOT(NORM_POST, norm_post), SLOT(GEMM_GU, gemm_gu), SLOT(SILU, silu),
+    SLOT(GEMM_DOWN, gemm_down), SLOT(SH_GEMM_GU, sh_gemm_gu), SLOT(SH_SILU, sh_silu),
+    SLOT(SH_GEMM_DOWN, sh_gemm_down), SLOT(ROUTE, route), SLOT(ALIGN, align), SLOT(UP, up),
+    SLOT(DOWN, down), SLOT(SH_ALIGN, sh_align), SLOT(SH_UP, sh_up), SLOT(SH_DOWN, sh_down),
+};
+#undef SLOT
 
-static mt_status copy_kernel(model_runtime *rt, rt_kernel **k, int64_t m, const char *use,
-                             int64_t sw, int64_t so, int64_t n, int64_t dw, int64_t doff,
-                             const char *s, const char *d, mt_err *err)
+/* Points the layer's kernel fields at the registered kernels of its slots. */
+static void layer_kernels(model_runtime *rt, const model_plan_layer *pl, rt_layer *ly)
 {
-    K(*k, "ops_copy", m, use, "SW=%" PRId64 ",SO=%" PRId64 ",N=%" PRId64 ",DW=%" PRId64
-      ",DO=%" PRId64 ",s=%s,d=%s", sw, so, n, dw, doff, s, d);
-    return MT_OK;
-}
-
-static mt_status layer_kernels(model_runtime *rt, rt_layer *ly, mt_err *err)
-{
-    rt_layer_kernels *k = &ly->k;
-    int64_t T = rt->T, H = rt->H, NH = rt->NH, QL = rt->QL, L = rt->L, R = rt->R, D = rt->D;
-    int64_t IH = rt->IH, ID = rt->ID, VD = rt->VD;
-    const char *kv = kern_dtype_name(rt->kv_dtype);
-    int64_t pool_rows = rt->n_pages * rt->ps, ctx = rt->max_ctx < 4096 ? rt->max_ctx : 4096;
-    mt_status st;
-#define TRYS(e)                                                                                  \
-    do {                                                                                         \
-        if ((st = (e)) != MT_OK)                                                                 \
-            return st;                                                                           \
-    } while (0)
-    K(k->norm_in, "rmsnorm", T, "norm", "N=%" PRId64 ",eps_e=%d", H, rt->eps_e);
-    K(k->gemm_a, "gemm", T, "attn A", "N=%" PRId64 ",K=%" PRId64, ly->n_a, H);
-    TRYS(copy_kernel(rt, &k->copy_qa, T, "q latent", ly->n_a, 0, QL, QL, 0, "f32", "bf16", err));
-    K(k->norm_q, "rmsnorm", T, "q_a norm", "N=%" PRId64 ",eps_e=%d", QL, rt->eps6_e);
-    TRYS(copy_kernel(rt, &k->copy_lat, T, "kv latent", ly->n_a, QL, L, L, 0, "f32", "bf16", err));
-    K(k->norm_kv, "rmsnorm", T, "kv_a norm", "N=%" PRId64 ",eps_e=%d", L, rt->eps6_e);
-    TRYS(copy_kernel(rt, &k->copy_kr, T, "k rope", ly->n_a, QL + L, R, R, 0, "f32", "bf16", err));
-    K(k->rope_kr, "rope", T, "k rope", "H=1,HD=%" PRId64 ",ROFF=0,R=%" PRId64 ",ln=0,theta=%"
-      PRId64 ",P=%" PRId64, R, R, (int64_t)llround(rt->cfg->rope_theta), rt->max_ctx);
-    K(k->store_kv, "ops_kv_store", T, "kv store", "W1=%" PRId64 ",W2=%" PRId64 ",kv=%s,P=%" PRId64,
-      L, R, kv, pool_rows);
-    if (ly->full) {
-        int64_t o = QL + L + R;
-        TRYS(copy_kernel(rt, &k->copy_ik, T, "index key", ly->n_a, o, ID, ID, 0, "f32", "bf16",
-                         err));
-        K(k->rope_ik, "rope", T, "index key", "H=1,HD=%" PRId64 ",ROFF=0,R=%" PRId64
-          ",ln=1,theta=%" PRId64 ",P=%" PRId64, ID, R, (int64_t)llround(rt->cfg->rope_theta),
-          rt->max_ctx);
-        K(k->store_ik, "ops_kv_store", T, "index store", "W1=%" PRId64 ",W2=0,kv=%s,P=%" PRId64,
-          ID, kv, pool_rows);
-        TRYS(copy_kernel(rt, &k->copy_iw, T, "index w", ly->n_a, o + ID, IH, IH, 0, "f32", "f32",
-                         err));
+    for (int s = 0; s < MODEL_KS_COUNT; s++) {
+        if (!slot_field[s])
+            abort(); /* a slot added to plan.h without its field here */
+        rt_kernel **f = (rt_kernel **)((char *)&ly->k + slot_field[s] - 1);
+        *f = pl->k[s] >= 0 ? rt->kerns[pl->k[s]] : NULL;
     }
-    K(k->gemm_b, "gemm", T, "attn B", "N=%" PRId64 ",K=%" PRId64, ly->n_b, QL);
-    TRYS(copy_kernel(rt, &k->copy_q, T, "q", ly->n_b, 0, NH * (D + R), NH * (D + R), 0, "f32",
-                     "bf16", err));
-    K(k->rope_q, "rope", T, "q rope", "H=%" PRId64 ",HD=%" PRId64 ",ROFF=%" PRId64 ",R=%" PRId64
-      ",ln=0,theta=%" PRId64 ",P=%" PRId64, NH, D + R, D, R,
-      (int64_t)llround(rt->cfg->rope_theta), rt->max_ctx);
-    if (ly->full) {
-        TRYS(copy_kernel(rt, &k->copy_iq, T, "index q", ly->n_b, NH * (D + R), IH * ID, IH * ID, 0,
-                         "f32", "bf16", err));
-        K(k->rope_iq, "rope", T, "index q", "H=%" PRId64 ",HD=%" PRId64 ",ROFF=0,R=%" PRId64
-          ",ln=0,theta=%" PRId64 ",P=%" PRId64, IH, ID, R, (int64_t)llround(rt->cfg->rope_theta),
-          rt->max_ctx);
-        K(k->indexer, "dsa_indexer", T, "indexer", "IH=%" PRId64 ",ID=%" PRId64 ",topk=%" PRId64
-          ",ps=%d,kv=%s,C=%" PRId64, IH, ID, rt->TOPK, rt->ps, kv, ctx);
-    }
-    K(k->absorb, "ops_head_gemm", T, "q absorb", "H=%" PRId64 ",K=%" PRId64 ",KA=%" PRId64
-      ",N=%" PRId64 ",NO=%" PRId64, NH, D, D + R, L, L + R);
-    TRYS(copy_kernel(rt, &k->copy_qrope, T * NH, "q rope copy", D + R, D, R, L + R, L, "bf16",
-                     "bf16", err));
-    K(k->decode, "mla_decode", T, "attention", "H=%" PRId64 ",L=%" PRId64 ",R=%" PRId64
-      ",D=%" PRId64 ",topk=%" PRId64 ",ps=%d,kv=%s,sparse=1,C=%" PRId64, NH, L, R, D, rt->TOPK,
-      rt->ps, kv, ctx);
-    TRYS(copy_kernel(rt, &k->copy_o, T, "attn out", NH * L, 0, NH * L, NH * L, 0, "f32", "bf16",
-                     err));
-    K(k->vout, "ops_head_gemm", T, "v absorb", "H=%" PRId64 ",K=%" PRId64 ",KA=%" PRId64
-      ",N=%" PRId64 ",NO=%" PRId64, NH, L, L, VD, VD);
-    K(k->gemm_o, "gemm", T, "o_proj", "N=%" PRId64 ",K=%" PRId64, H, NH * VD);
-    K(k->resid, "ops_residual", T, "residual", "N=%" PRId64, H);
-    K(k->norm_post, "rmsnorm", T, "norm", "N=%" PRId64 ",eps_e=%d", H, rt->eps_e);
-    if (!ly->moe) {
-        K(k->gemm_gu, "gemm", T, "mlp gate/up", "N=%" PRId64 ",K=%" PRId64, 2 * ly->inter, H);
-        K(k->silu, "ops_silu_mul", T, "mlp act", "I=%" PRId64, ly->inter);
-        K(k->gemm_down, "gemm", T, "mlp down", "N=%" PRId64 ",K=%" PRId64, H, ly->inter);
-        return MT_OK;
-    }
-    const char *a = rt->a4 ? "mxfp4" : "bf16";
-    const model_config *c = rt->cfg;
-    K(k->route, "moe_route", T, "router", "H=%" PRId64 ",E=%" PRId64 ",topk=%" PRId64
-      ",ngroup=%" PRId64 ",topkg=%" PRId64 ",rsf=%d,norm=%d", H, rt->E, rt->TOPKE, c->n_group,
-      c->topk_group, (int)lround(c->routed_scaling_factor * 1000.0), c->norm_topk_prob ? 1 : 0);
-    K(k->align, "moe_align", T, "expert sort", "E=%" PRId64 ",topk=%" PRId64 ",bm=128,skew=0",
-      rt->E, rt->TOPKE);
-    K(k->up, "moe_gemm_up", T, "experts up", "H=%" PRId64 ",I=%" PRId64 ",E=%" PRId64
-      ",topk=%" PRId64 ",a=%s,cat=1,bm=128,skew=0", H, rt->IE, rt->E, rt->TOPKE, a);
-    K(k->down, "moe_gemm_down", T, "experts down", "H=%" PRId64 ",I=%" PRId64 ",E=%" PRId64
-      ",topk=%" PRId64 ",a=%s,comb=0,bm=128,skew=0", H, rt->IE, rt->E, rt->TOPKE, a);
-    if (!ly->sh_inter)
-        return MT_OK;
-    if (ly->sh_mxfp4) {
-        K(k->sh_align, "moe_align", T, "shared sort", "E=1,topk=1,bm=128,skew=0");
-        K(k->sh_up, "moe_gemm_up", T, "shared up", "H=%" PRId64 ",I=%" PRId64
-          ",E=1,topk=1,a=%s,cat=1,bm=128,skew=0", H, ly->sh_inter, a);
-        K(k->sh_down, "moe_gemm_down", T, "shared down", "H=%" PRId64 ",I=%" PRId64
-          ",E=1,topk=1,a=%s,comb=0,bm=128,skew=0", H, ly->sh_inter, a);
-    } else {
-        K(k->sh_gemm_gu, "gemm", T, "shared gate/up", "N=%" PRId64 ",K=%" PRId64,
-          2 * ly->sh_inter, H);
-        K(k->sh_silu, "ops_silu_mul", T, "shared act", "I=%" PRId64, ly->sh_inter);
-        K(k->sh_gemm_down, "gemm", T, "shared down", "N=%" PRId64 ",K=%" PRId64, H, ly->sh_inter);
-    }
-#undef TRYS
-    return MT_OK;
 }
 
 /* ---- layers ------------------------------------------------------------------ */
 
 static mt_status load_layer(model_runtime *rt, int64_t i, rt_layer *ly, mt_err *err)
 {
-    const model_config *c = rt->cfg;
     int64_t H = rt->H, NH = rt->NH, QL = rt->QL, L = rt->L, R = rt->R, D = rt->D;
     int64_t IH = rt->IH, ID = rt->ID, VD = rt->VD;
     char p[96], a[128], n1[320], n2[320], n3[320], n4[320];
     snprintf(p, sizeof p, "model.layers.%" PRId64 ".", i);
     snprintf(a, sizeof a, "%sself_attn.", p);
-    ly->moe = c->layer_moe[i];
-    ly->full = model_weights_layer_indexer_full(rt->w, i);
+    const model_plan_layer *pl = &rt->plan->layers[i];
+    ly->moe = pl->moe;
+    ly->full = pl->full;
     mt_status st;
 #define TRYL(e)                                                                                  \
     do {                                                                                         \
@@ -375,14 +288,14 @@ static mt_status load_layer(model_runtime *rt, int64_t i, rt_layer *ly, mt_err *
     const char *amods[4] = {n1, n2, n3, n4};
     int64_t aouts[4] = {QL, L + R, ID, IH};
     int na = ly->full ? 4 : 2;
-    ly->n_a = QL + L + R + (ly->full ? ID + IH : 0);
+    ly->n_a = pl->n_a;
     TRYL(upload_fused(rt, amods, aouts, na, H, &ly->w_a, err));
 
     snprintf(n1, sizeof n1, "%sq_b_proj", a);
     snprintf(n2, sizeof n2, "%sindexer.wq_b", a);
     const char *bmods[2] = {n1, n2};
     int64_t bouts[2] = {NH * (D + R), IH * ID};
-    ly->n_b = NH * (D + R) + (ly->full ? IH * ID : 0);
+    ly->n_b = pl->n_b;
     TRYL(upload_fused(rt, bmods, bouts, ly->full ? 2 : 1, QL, &ly->w_b, err));
     if (ly->full) {
         snprintf(n1, sizeof n1, "%sindexer.k_norm.weight", a);
@@ -398,7 +311,7 @@ static mt_status load_layer(model_runtime *rt, int64_t i, rt_layer *ly, mt_err *
     TRYL(upload_fused(rt, omods, oouts, 1, NH * VD, &ly->w_o, err));
 
     if (!ly->moe) {
-        ly->inter = c->intermediate_size;
+        ly->inter = pl->inter;
         snprintf(n1, sizeof n1, "%smlp.gate_proj", p);
         snprintf(n2, sizeof n2, "%smlp.up_proj", p);
         snprintf(n3, sizeof n3, "%smlp.down_proj", p);
@@ -427,12 +340,9 @@ static mt_status load_layer(model_runtime *rt, int64_t i, rt_layer *ly, mt_err *
         snprintf(n1, sizeof n1, "%smlp.experts.", p);
         TRYL(upload_experts(rt, n1, false, rt->E, rt->IE, &ly->w13, &ly->s13, &ly->w2, &ly->s2,
                             err));
-        ly->sh_inter = c->n_shared_experts * c->moe_intermediate_size;
+        ly->sh_inter = pl->sh_inter;
         if (ly->sh_inter) {
-            snprintf(n1, sizeof n1, "%smlp.shared_experts.gate_proj", p);
-            const model_linear *l;
-            TRYL(model_weights_linear(rt->w, n1, &l, err));
-            ly->sh_mxfp4 = l->fmt == MODEL_WFMT_MXFP4;
+            ly->sh_mxfp4 = pl->sh_mxfp4; /* from the file (the plan was built with the weights) */
             snprintf(n1, sizeof n1, "%smlp.shared_experts.", p);
             if (ly->sh_mxfp4) {
                 TRYL(upload_experts(rt, n1, true, 1, ly->sh_inter, &ly->sh_w13, &ly->sh_s13,
@@ -454,7 +364,8 @@ static mt_status load_layer(model_runtime *rt, int64_t i, rt_layer *ly, mt_err *
                    .rope = (int)R, .index_dim = ly->full ? (int)ID : 0, .dtype = rt->kv_dtype};
     TRYL(kvc_create(rt->dev, &ko, &ly->kv, err));
 #undef TRYL
-    return layer_kernels(rt, ly, err);
+    layer_kernels(rt, pl, ly);
+    return MT_OK;
 }
 
 static void free_layer(model_runtime *rt, rt_layer *ly)
@@ -512,6 +423,8 @@ mt_status rt_load(model_runtime *rt, mt_err *err)
     if (st != MT_OK)
         return st;
 
+    if ((st = rt_kernels_register(rt, err)) != MT_OK)
+        return st;
     rt->layers = calloc((size_t)rt->n_layers, sizeof *rt->layers);
     if (!rt->layers)
         return mt_fail(err, MT_E_NOMEM, "layers");
@@ -520,11 +433,11 @@ mt_status rt_load(model_runtime *rt, mt_err *err)
         if (st != MT_OK)
             return mt_err_prefix(err, "layer %" PRId64, i);
     }
-    int64_t T = rt->T;
-    K(rt->k_embed, "ops_embed", T, "embedding", "N=%" PRId64 ",V=%" PRId64, H, V);
-    K(rt->k_norm_final, "rmsnorm", T, "norm", "N=%" PRId64 ",eps_e=%d", H, rt->eps_e);
-    K(rt->k_gather, "ops_embed", T, "logit rows", "N=%" PRId64 ",V=%" PRId64, H, T);
-    K(rt->k_lm_head, "gemm", T, "lm_head", "N=%" PRId64 ",K=%" PRId64, V, H);
+    const int *g = rt->plan->g;
+    rt->k_embed = rt->kerns[g[MODEL_GS_EMBED]];
+    rt->k_norm_final = rt->kerns[g[MODEL_GS_NORM_FINAL]];
+    rt->k_gather = rt->kerns[g[MODEL_GS_GATHER]];
+    rt->k_lm_head = rt->kerns[g[MODEL_GS_LM_HEAD]];
     return MT_OK;
 }
 

@@ -1,7 +1,8 @@
 /* rt_select.c: load-time kernel selection of the model runtime, module
  * sharing, launches and the selection report.
  *
- * Selection: every (family, shape) the forward runs is an rt_kernel; for
+ * Selection: every (family, shape) of the kernel plan (plan.h) is an
+ * rt_kernel, registered here in plan order; for
  * each M bucket up to the first bucket >= the largest M that kernel sees,
  * the database is asked (db_lookup: exact, nearest tuned M, other device of
  * the same arch, stale, miss). A config from the database that is not valid
@@ -34,58 +35,31 @@ _Static_assert(sizeof prov_names / sizeof prov_names[0] == RT_PROV_COUNT, "prov 
 
 const char *rt_prov_name(rt_prov p) { return p < RT_PROV_COUNT ? prov_names[p] : "?"; }
 
-mt_status rt_kernel_get(model_runtime *rt, const char *family, const char *shape_text,
-                        int64_t m_max, const char *use, rt_kernel **out, mt_err *err)
+mt_status rt_kernels_register(model_runtime *rt, mt_err *err)
 {
-    const kern_family *f = kern_family_find(family);
-    if (!f)
-        return mt_fail(err, MT_E_NOT_FOUND, "runtime: no kernel family '%s'", family);
-    const kern_impl *im = kern_family_impl(f, rt->props->backend);
-    if (!im)
-        return mt_fail(err, MT_E_UNSUPPORTED, "runtime: family %s has no %s implementation",
-                       family, dev_backend_name(rt->props->backend));
-    kern_shape s;
-    mt_status st = kern_shape_parse(f, shape_text, &s, NULL, err);
-    if (st != MT_OK)
-        return mt_err_prefix(err, "runtime: %s shape for %s", family, use);
-    char why[256];
-    if (f->shape_ok && !f->shape_ok(&s, 1, why, sizeof why))
-        return mt_fail(err, MT_E_UNSUPPORTED, "runtime: %s (%s) shape %s: %s", family, use,
-                       shape_text, why);
-    char key[KERN_KEY_MAX];
-    kern_shape_key(f, &s, false, key, sizeof key);
-    for (int i = 0; i < rt->n_kerns; i++) {
-        rt_kernel *k = rt->kerns[i];
-        if (k->fam == f && !strcmp(k->key, key)) {
-            if (m_max > k->m_max)
-                k->m_max = m_max;
-            /* Keep the largest representative runtime dims. */
-            for (int d = 0; d < f->n_dims; d++)
-                if (f->dims[d].runtime && s.v[d] > k->shape.v[d])
-                    k->shape.v[d] = s.v[d];
-            *out = k;
-            return MT_OK;
-        }
-    }
-    if (rt->n_kerns == rt->cap_kerns) {
-        int cap = rt->cap_kerns ? 2 * rt->cap_kerns : 64;
-        rt_kernel **p = realloc(rt->kerns, sizeof *p * (size_t)cap);
-        if (!p)
-            return mt_fail(err, MT_E_NOMEM, "runtime: kernel table");
-        rt->kerns = p;
-        rt->cap_kerns = cap;
-    }
-    rt_kernel *k = calloc(1, sizeof *k);
-    if (!k)
+    const model_plan *pl = rt->plan;
+    rt->kerns = calloc((size_t)(pl->n_entries ? pl->n_entries : 1), sizeof *rt->kerns);
+    if (!rt->kerns)
         return mt_fail(err, MT_E_NOMEM, "runtime: kernel table");
-    k->fam = f;
-    k->impl = im;
-    k->shape = s;
-    snprintf(k->key, sizeof k->key, "%s", key);
-    snprintf(k->use, sizeof k->use, "%s", use);
-    k->m_max = m_max;
-    rt->kerns[rt->n_kerns++] = k;
-    *out = k;
+    rt->cap_kerns = pl->n_entries;
+    for (int i = 0; i < pl->n_entries; i++) {
+        const model_plan_entry *e = &pl->entries[i];
+        const kern_impl *im = kern_family_impl(e->fam, rt->props->backend);
+        if (!im)
+            return mt_fail(err, MT_E_UNSUPPORTED, "runtime: family %s (%s) has no %s "
+                           "implementation", e->fam->name, e->purpose,
+                           dev_backend_name(rt->props->backend));
+        rt_kernel *k = calloc(1, sizeof *k);
+        if (!k)
+            return mt_fail(err, MT_E_NOMEM, "runtime: kernel table");
+        k->fam = e->fam;
+        k->impl = im;
+        k->shape = e->shape;
+        snprintf(k->key, sizeof k->key, "%s", e->key);
+        snprintf(k->use, sizeof k->use, "%s", e->purpose);
+        k->m_max = e->m_max;
+        rt->kerns[rt->n_kerns++] = k;
+    }
     return MT_OK;
 }
 
@@ -383,6 +357,8 @@ void rt_kernels_free(model_runtime *rt)
     free(rt->kerns);
     rt->kerns = NULL;
     rt->n_kerns = rt->cap_kerns = 0;
+    model_plan_free(rt->plan);
+    rt->plan = NULL;
     if (rt->dev)
         dev_free(rt->dev, rt->scratch);
     rt->scratch = NULL;

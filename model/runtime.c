@@ -17,44 +17,24 @@
 
 static int eps_exponent(model_runtime *rt, double eps, const char *what)
 {
-    int e = (int)lround(-log10(eps));
-    if (e < 1)
-        e = 1;
-    if (e > 12)
-        e = 12;
-    if (fabs(pow(10.0, -e) - eps) > 1e-3 * eps)
+    bool exact;
+    int e = model_plan_eps_exponent(eps, &exact);
+    if (!exact)
         fprintf(rt->log, "warning: %s eps %g is not a power of ten; the rmsnorm kernels run "
                 "eps 1e-%d\n", what, eps, e);
     return e;
 }
 
-static mt_status check_config(model_runtime *rt, mt_err *err)
+/* Warnings only: what the runtime cannot run fails model_plan_build. */
+static void check_config(model_runtime *rt)
 {
     const model_config *c = rt->cfg;
-    if (c->q_lora_rank <= 0)
-        return mt_fail(err, MT_E_UNSUPPORTED, "config.json: q_lora_rank 0 (a plain q_proj): this "
-                       "runtime runs the low-rank query path of GLM-5 only");
-    if (c->num_key_value_heads != c->num_attention_heads)
-        return mt_fail(err, MT_E_UNSUPPORTED, "config.json: num_key_value_heads %" PRId64
-                       " != num_attention_heads %" PRId64, c->num_key_value_heads,
-                       c->num_attention_heads);
-    if (c->attention_bias)
-        return mt_fail(err, MT_E_UNSUPPORTED, "config.json: attention_bias true");
-    if (strcmp(c->scoring_func, "sigmoid"))
-        return mt_fail(err, MT_E_UNSUPPORTED, "config.json: scoring_func \"%s\" (the router "
-                       "kernel is sigmoid, as GLM-5)", c->scoring_func);
-    if (c->num_hidden_layers < 1 || !model_weights_layer_indexer_full(rt->w, 0))
-        return mt_fail(err, MT_E_UNSUPPORTED, "config.json: layer 0 does not run its own DSA "
-                       "indexer, so shared layers would have no top-k to reuse");
-    if (c->index_head_dim < c->qk_rope_head_dim)
-        return mt_fail(err, MT_E_FORMAT, "config.json: index_head_dim < qk_rope_head_dim");
     if (strcmp(c->rope_type, "default"))
         fprintf(rt->log, "warning: rope_type \"%s\": this runtime applies plain RoPE (theta %g)"
                 " without scaling\n", c->rope_type, c->rope_theta);
     if (!c->rope_interleave || !c->indexer_rope_interleave)
         fprintf(rt->log, "warning: config asks for half-split RoPE; the kernels rotate "
                 "interleaved pairs\n");
-    return MT_OK;
 }
 
 static mt_status open_db(model_runtime *rt, mt_err *err)
@@ -88,20 +68,6 @@ static mt_status load_tokenizer(model_runtime *rt, mt_err *err)
     return st;
 }
 
-static bool act_quant_of_checkpoint(const model_runtime *rt)
-{
-    for (int64_t i = 0; i < rt->n_layers; i++) {
-        if (!rt->cfg->layer_moe[i])
-            continue;
-        char name[128];
-        snprintf(name, sizeof name, "model.layers.%" PRId64 ".mlp.experts.0.gate_proj", i);
-        const model_linear *l;
-        if (model_weights_linear(rt->w, name, &l, NULL) == MT_OK)
-            return l->act_mxfp4;
-    }
-    return false;
-}
-
 static mt_status setup(model_runtime *rt, mt_err *err)
 {
     const model_runtime_opts *o = &rt->o;
@@ -118,9 +84,17 @@ static mt_status setup(model_runtime *rt, mt_err *err)
     if ((st = model_weights_open(o->model_dir, &rt->w, err)) != MT_OK)
         return st;
     rt->cfg = model_weights_config(rt->w);
-    if ((st = load_tokenizer(rt, err)) != MT_OK || (st = check_config(rt, err)) != MT_OK)
+    if ((st = load_tokenizer(rt, err)) != MT_OK)
         return st;
+    check_config(rt);
     const model_config *c = rt->cfg;
+    /* The kernel plan decides the settings and the kernels (plan.h). */
+    model_plan_opts po;
+    model_plan_opts_from_runtime(o, &po);
+    po.weights = rt->w;
+    if ((st = model_plan_build(c, &po, &rt->plan, err)) != MT_OK)
+        return st;
+    const model_plan_params *pp = &rt->plan->p;
     rt->H = c->hidden_size;
     rt->V = c->vocab_size;
     rt->NH = c->num_attention_heads;
@@ -137,22 +111,13 @@ static mt_status setup(model_runtime *rt, mt_err *err)
     rt->IE = c->moe_intermediate_size;
     rt->n_layers = c->num_hidden_layers; /* MTP layers are not run */
     rt->eps_e = eps_exponent(rt, c->rms_norm_eps, "rms_norm_eps");
-    rt->eps6_e = 6; /* q_a_layernorm / kv_a_layernorm: 1e-6 as in transformers */
-    rt->a4 = o->act_quant_set ? o->act_quant == MODEL_ACT_MXFP4 : act_quant_of_checkpoint(rt);
-    rt->kv_dtype = o->kv_dtype ? (kern_dtype)o->kv_dtype : KERN_DT_BF16;
-    if (rt->kv_dtype != KERN_DT_BF16 && rt->kv_dtype != KERN_DT_FP8E4M3)
-        return mt_fail(err, MT_E_INVALID, "kv_dtype %s: the cache holds bf16 or fp8",
-                       kern_dtype_name(rt->kv_dtype));
-    rt->ps = o->kv_page_size > 0 ? o->kv_page_size : RT_PAGE_TOKENS_DEFAULT;
-    int64_t ctx = c->max_position_embeddings;
-    rt->n_pages = o->kv_pages > 0 ? o->kv_pages : 8 * ((ctx + rt->ps - 1) / rt->ps);
-    if (rt->n_pages > INT32_MAX / rt->ps)
-        return mt_fail(err, MT_E_INVALID, "kv_pages %" PRId64 " x page %d overflows",
-                       rt->n_pages, rt->ps);
-    rt->max_ctx = ctx < rt->n_pages * rt->ps ? ctx : rt->n_pages * rt->ps;
-    rt->T = o->max_batch_tokens > 0 ? o->max_batch_tokens : 512;
-    if (o->max_batch_tokens < 0)
-        return mt_fail(err, MT_E_INVALID, "max_batch_tokens %d", o->max_batch_tokens);
+    rt->eps6_e = pp->eps6_e;
+    rt->a4 = pp->a4;
+    rt->kv_dtype = (kern_dtype)pp->kv_dtype;
+    rt->ps = pp->ps;
+    rt->n_pages = pp->n_pages;
+    rt->max_ctx = pp->max_ctx;
+    rt->T = pp->T;
     if (o->db_path && (st = open_db(rt, err)) != MT_OK)
         return st;
     fprintf(rt->log, "model %s: %" PRId64 " layers, hidden %" PRId64 ", %" PRId64

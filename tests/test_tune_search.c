@@ -2,7 +2,8 @@
  * device run: shards split the valid space disjointly and completely,
  * exhaustive covers it, random is a reproducible permutation, evolve
  * proposes neighbours of the best, known configs are never proposed,
- * budgets and shards parse, and a model's config.json becomes jobs. */
+ * budgets and shards parse. (A model's jobs come from the runtime's kernel
+ * plan: test_plan.c.) */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -223,74 +224,4 @@ Test(tune_parse, budgets_shards_and_strategies)
     }
     for (int k = 0; k < 4; k++)
         cr_assert(hits[k] > 50, "shard %d got %d of 400 keys", k, hits[k]);
-}
-
-static void write_file(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "w");
-    cr_assert_not_null(f);
-    fputs(text, f);
-    fclose(f);
-}
-
-Test(tune_plan, glm5_config_becomes_the_families_and_shapes_it_needs)
-{
-    char dir[] = "/tmp/mt_plan_XXXXXX", path[256];
-    cr_assert_not_null(mkdtemp(dir));
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    write_file(path, "{\"architectures\":[\"GlmMoeDsaForCausalLM\"],\"hidden_size\":6144,"
-                     "\"moe_intermediate_size\":2048,\"n_routed_experts\":256,"
-                     "\"num_experts_per_tok\":8,\"q_lora_rank\":2048,\"kv_lora_rank\":512,"
-                     "\"rms_norm_eps\":1e-05}");
-    tune_job jobs[TUNE_MAX_JOBS];
-    int n = 0;
-    char missing[256];
-    mt_err err = MT_ERR_INIT;
-    static const int64_t ms[] = {1, 16};
-    cr_assert_eq(tune_plan_from_config(path, ms, 2, jobs, TUNE_MAX_JOBS, &n, missing,
-                                       sizeof missing, &err),
-                 MT_OK, "%s", err.msg);
-    int norms = 0, moe = 0;
-    for (int j = 0; j < n; j++) {
-        char key[KERN_KEY_MAX];
-        kern_shape_key(jobs[j].fam, &jobs[j].shape, false, key, sizeof key);
-        cr_assert_eq(jobs[j].n_m, 2);
-        if (!strcmp(jobs[j].fam->name, "rmsnorm")) {
-            norms++;
-            int64_t nn = kern_shape_get(jobs[j].fam, &jobs[j].shape, "N");
-            cr_assert(nn == 6144 || nn == 2048 || nn == 512, "rmsnorm N=%lld", (long long)nn);
-        } else {
-            moe++;
-            /* Each dim the family has takes the config's value. */
-            const char *dn[] = {"H", "I", "E", "topk"};
-            const int64_t want[] = {6144, 2048, 256, 8};
-            for (int d = 0; d < 4; d++) {
-                int64_t v = kern_shape_get(jobs[j].fam, &jobs[j].shape, dn[d]);
-                cr_assert(v == -1 || v == want[d], "%s %s: %s=%lld", jobs[j].fam->name, key,
-                          dn[d], (long long)v);
-            }
-        }
-    }
-    cr_assert_eq(norms, 3);
-    const char *moe_names[] = {"moe_route", "moe_align", "moe_gemm_up", "moe_gemm_down"};
-    int have = 0;
-    for (int k = 0; k < 4; k++) {
-        if (kern_family_find(moe_names[k]))
-            have++;
-        else
-            cr_assert(strstr(missing, moe_names[k]), "%s absent but not reported", moe_names[k]);
-    }
-    cr_assert_eq(moe, have);
-
-    /* A missing key is named. */
-    write_file(path, "{\"hidden_size\":6144}");
-    err = (mt_err)MT_ERR_INIT;
-    mt_status st = tune_plan_from_config(path, NULL, 0, jobs, TUNE_MAX_JOBS, &n, NULL, 0, &err);
-    if (have > 0) {
-        cr_assert_eq(st, MT_E_FORMAT);
-        cr_assert(strstr(err.msg, "moe_intermediate_size"), "%s", err.msg);
-    }
-    write_file(path, "[1,2]");
-    cr_assert_eq(tune_plan_from_config(path, NULL, 0, jobs, TUNE_MAX_JOBS, &n, NULL, 0, NULL),
-                 MT_E_FORMAT);
 }

@@ -40,7 +40,7 @@
 #include "../kernels/runner.h"
 
 #define TUNE_MAX_M 64
-#define TUNE_MAX_JOBS 32
+#define TUNE_MAX_JOBS 128
 
 /* The default M list of `moetune tune`. */
 extern const int64_t tune_default_ms[];
@@ -88,18 +88,6 @@ typedef struct tune_job {
  * n_m 0 takes the default list (or the M given in the key, "M=16"). */
 mt_status tune_job_make(const kern_family *f, const char *shape_text, const int64_t *ms,
                         int n_m, tune_job *out, mt_err *err);
-
-/* Reads only config.json (a Hugging Face config of the GLM-5 family) and
- * lists the jobs the model needs: moe_route, moe_align, moe_gemm_up,
- * moe_gemm_down at H=hidden_size, I=moe_intermediate_size,
- * E=n_routed_experts, topk=num_experts_per_tok, and rmsnorm at hidden_size
- * (and at q_lora_rank and kv_lora_rank when the config has them). Families
- * this build lacks are left out and named in `missing` (may be NULL; comma
- * separated). ms as in tune_job_make. A missing or malformed file or key is
- * MT_E_IO / MT_E_FORMAT naming the path and key. */
-mt_status tune_plan_from_config(const char *config_json_path, const int64_t *ms, int n_m,
-                                tune_job *jobs, int cap, int *n_jobs, char *missing,
-                                size_t missing_cap, mt_err *err);
 
 typedef struct tune_opts {
     const char *device;      /* device spec ("cpu", "emu", "hip"); NULL: "auto" */
