@@ -2,13 +2,19 @@
  * table, E8M0 edge codes, Quark's nibble order, pack/unpack round trips,
  * round-half-to-even on the E2M1 grid, saturation, and the "even" scale
  * rule (amax rounded up at the mantissa's top bits) including blocks whose
- * amax mantissa is >= 1.75. */
+ * amax mantissa is >= 1.75; and the kernel preludes' mt_f32_to_e2m1 (cpu
+ * prelude on the cpu backend, GPU prelude on emu) against the host encoder
+ * on every float of magnitude 2^-2 .. 8, the float edge cases and a stride
+ * through all 2^32 bit patterns. */
 #include <criterion/criterion.h>
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/rng.h"
+#include "device/device.h"
 #include "kernels/mxfp4.h"
 
 Test(mxfp4, e2m1_codes_decode_to_the_spec_table)
@@ -193,4 +199,200 @@ Test(mxfp4, quantize_random_rows_stay_within_half_a_step)
                       (unsigned long long)seed);
         }
     }
+}
+
+/* ---- the preludes' mt_f32_to_e2m1 against mxfp4_e2m1_encode ------------ */
+
+/* enc_list encodes n given floats; enc_range the n floats whose bit
+ * patterns follow base (so no input buffer is needed for long sweeps). */
+static const char enc_cpu_src[] =
+    "MT_CPU_KERNEL void enc_list(const float *x, uint8_t *out, int32_t n)\n"
+    "{\n"
+    "    for (int32_t i = (int32_t)itemIdx.x * 4096; i < n && i < ((int32_t)itemIdx.x + 1) * 4096; i++)\n"
+    "        out[i] = (uint8_t)mt_f32_to_e2m1(x[i]);\n"
+    "}\n"
+    "MT_CPU_KERNEL void enc_range(uint8_t *out, uint32_t base, int32_t n)\n"
+    "{\n"
+    "    for (int32_t i = (int32_t)itemIdx.x * 65536; i < n && i < ((int32_t)itemIdx.x + 1) * 65536; i++)\n"
+    "        out[i] = (uint8_t)mt_f32_to_e2m1(mt_uint_as_float(base + (uint32_t)i));\n"
+    "}\n";
+
+static const char enc_gpu_src[] =
+    "MT_KERNEL void enc_list(const float *x, unsigned char *out, int n)\n"
+    "{\n"
+    "    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)\n"
+    "        out[i] = (unsigned char)mt_f32_to_e2m1(x[i]);\n"
+    "}\n"
+    "MT_KERNEL void enc_range(unsigned char *out, unsigned base, int n)\n"
+    "{\n"
+    "    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)\n"
+    "        out[i] = (unsigned char)mt_f32_to_e2m1(mt_uint_as_float(base + (unsigned)i));\n"
+    "}\n";
+
+#define ENC_CHUNK (1 << 22)
+
+typedef struct enc_dev {
+    dev_device *d;
+    dev_module *m;
+    dev_kernel *list, *range;
+    bool gpu; /* the emu backend: grid of blocks of 64 threads */
+} enc_dev;
+
+static enc_dev enc_open(const char *spec)
+{
+    enc_dev e = {.gpu = strncmp(spec, "cpu", 3) != 0};
+    mt_err err = MT_ERR_INIT;
+    dev_open_opts o = {.threads = 2};
+    cr_assert_eq(dev_open(spec, &o, &e.d, &err), MT_OK, "dev_open(%s): %s", spec, err.msg);
+    dev_compile_req req = {.name = e.gpu ? "enc.hip" : "enc.c",
+                           .source = e.gpu ? enc_gpu_src : enc_cpu_src};
+    dev_code *code = NULL;
+    cr_assert_eq(dev_compile(e.d, &req, &code, &err), MT_OK, "%s: %s", spec, err.msg);
+    cr_assert_eq(dev_module_load(e.d, code, &e.m, &err), MT_OK, "%s: %s", spec, err.msg);
+    dev_code_free(code);
+    cr_assert_eq(dev_module_get_kernel(e.m, "enc_list", "ppi", &e.list, &err), MT_OK,
+                 "%s", err.msg);
+    cr_assert_eq(dev_module_get_kernel(e.m, "enc_range", "pui", &e.range, &err), MT_OK,
+                 "%s", err.msg);
+    return e;
+}
+
+static void enc_close(enc_dev *e)
+{
+    dev_module_unload(e->m);
+    dev_close(e->d);
+}
+
+static void enc_launch(enc_dev *e, dev_kernel *k, int n, int per_item, void **args)
+{
+    dev_dim3 grid = {(unsigned)((n + per_item - 1) / per_item), 1, 1}, block = {1, 1, 1};
+    if (e->gpu) {
+        grid.x = 8;
+        block.x = 64;
+    }
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(dev_launch(e->d, k, grid, block, 0, args, &err), MT_OK, "%s", err.msg);
+    cr_assert_eq(dev_synchronize(e->d, &err), MT_OK, "%s", err.msg);
+}
+
+static float f32_of(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static uint32_t bits_of(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+/* Codes of n floats on the device, through enc_list. */
+static void enc_run_list(enc_dev *e, const float *x, int n, uint8_t *out)
+{
+    void *dx = NULL, *dout = NULL;
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(dev_alloc(e->d, (size_t)n * 4, &dx, &err), MT_OK, "%s", err.msg);
+    cr_assert_eq(dev_alloc(e->d, (size_t)n, &dout, &err), MT_OK, "%s", err.msg);
+    cr_assert_eq(dev_copy_to(e->d, dx, x, (size_t)n * 4, &err), MT_OK, "%s", err.msg);
+    cr_assert_eq(dev_memset(e->d, dout, 0xee, (size_t)n, &err), MT_OK, "%s", err.msg);
+    void *args[] = {&dx, &dout, &n};
+    enc_launch(e, e->list, n, 4096, args);
+    cr_assert_eq(dev_copy_from(e->d, out, dout, (size_t)n, &err), MT_OK, "%s", err.msg);
+    dev_free(e->d, dx);
+    dev_free(e->d, dout);
+}
+
+/* Every float edge case of the rule: each grid midpoint (the ties) and
+ * grid value with both neighbours, zeros, the smallest and largest
+ * subnormals and normals, the saturation boundary, infinities, quiet and
+ * signalling NaNs of both signs; then a stride through all bit patterns. */
+static int edge_values(float *x, int cap)
+{
+    const float pts[] = {0.25f, 0.5f, 0.75f, 1.0f, 1.25f, 1.5f, 1.75f, 2.0f, 2.5f, 3.0f,
+                         3.5f, 4.0f, 5.0f, 6.0f, 7.0f, 8.0f, FLT_MIN, FLT_MAX};
+    const uint32_t raw[] = {0x00000000u, 0x00000001u, 0x00000002u, 0x007fffffu,
+                            0x00400000u, 0x7f800000u, 0x7f800001u, 0x7fbfffffu,
+                            0x7fc00000u, 0x7fffffffu};
+    int n = 0;
+    for (size_t i = 0; i < sizeof pts / sizeof pts[0]; i++) {
+        float v[3] = {nextafterf(pts[i], 0.0f), pts[i], nextafterf(pts[i], INFINITY)};
+        for (int j = 0; j < 3; j++) {
+            x[n++] = v[j];
+            x[n++] = -v[j];
+        }
+    }
+    for (size_t i = 0; i < sizeof raw / sizeof raw[0]; i++) {
+        x[n++] = f32_of(raw[i]);
+        x[n++] = f32_of(raw[i] | 0x80000000u);
+    }
+    for (uint64_t u = 12345; u < (1ull << 32) && n < cap; u += 65521)
+        x[n++] = f32_of((uint32_t)u);
+    return n;
+}
+
+static void expect_codes(const char *spec, const float *x, int n, const uint8_t *got)
+{
+    int bad = 0;
+    for (int i = 0; i < n; i++) {
+        unsigned want = mxfp4_e2m1_encode(x[i]);
+        if (got[i] != want && bad++ < 8)
+            cr_expect_eq(got[i], want, "%s: mt_f32_to_e2m1(%.9g, bits 0x%08x) = %u, the host "
+                         "rule gives %u", spec, x[i], bits_of(x[i]), got[i], want);
+    }
+    cr_expect_eq(bad, 0, "%s: %d of %d codes differ", spec, bad, n);
+}
+
+static void check_prelude_encoder(const char *spec)
+{
+    enc_dev e = enc_open(spec);
+    enum { CAP = 70000 };
+    float *x = malloc(CAP * sizeof *x);
+    uint8_t *got = malloc(ENC_CHUNK);
+    cr_assert(x && got);
+    int n = edge_values(x, CAP);
+    enc_run_list(&e, x, n, got);
+    expect_codes(spec, x, n, got);
+    free(x);
+
+    /* Every float of magnitude [2^-2, 8) (biased exponents 125..129), both
+     * signs: all ties, all rounding boundaries, the saturation at 6. */
+    void *dout = NULL;
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(dev_alloc(e.d, ENC_CHUNK, &dout, &err), MT_OK, "%s", err.msg);
+    int64_t bad = 0;
+    for (uint32_t sign = 0; sign < 2; sign++) {
+        uint32_t lo = (sign << 31) | (125u << 23), hi = (sign << 31) | (130u << 23);
+        for (uint32_t base = lo; base < hi; base += ENC_CHUNK) {
+            int cn = ENC_CHUNK;
+            void *args[] = {&dout, &base, &cn};
+            cr_assert_eq(dev_memset(e.d, dout, 0xee, ENC_CHUNK, &err), MT_OK, "%s", err.msg);
+            enc_launch(&e, e.range, cn, 65536, args);
+            cr_assert_eq(dev_copy_from(e.d, got, dout, ENC_CHUNK, &err), MT_OK, "%s",
+                         err.msg);
+            for (uint32_t i = 0; i < ENC_CHUNK; i++) {
+                float v = f32_of(base + i);
+                unsigned want = mxfp4_e2m1_encode(v);
+                if (got[i] != want && bad++ < 8)
+                    cr_expect_eq(got[i], want, "%s: mt_f32_to_e2m1(%.9g, bits 0x%08x) = %u, "
+                                 "the host rule gives %u", spec, v, base + i, got[i], want);
+            }
+        }
+    }
+    cr_expect_eq(bad, 0, "%s: %lld codes of the sweep differ", spec, (long long)bad);
+    dev_free(e.d, dout);
+    free(got);
+    enc_close(&e);
+}
+
+Test(mxfp4, cpu_prelude_encoder_matches_host_rule_bit_for_bit, .timeout = 120)
+{
+    check_prelude_encoder("cpu");
+}
+
+Test(mxfp4, gpu_prelude_encoder_on_emu_matches_host_rule_bit_for_bit, .timeout = 120)
+{
+    check_prelude_encoder("emu");
 }

@@ -6,8 +6,8 @@
  *
  *   itemIdx    (mt_uint3) this work item's index in the grid
  *   itemCount  (mt_uint3) the grid's size
- *   mt_bf16, mt_bf16_to_f32, mt_f32_to_bf16, mt_e2m1_to_f32, mt_e8m0_to_f32,
- *   mt_fp8e4m3_to_f32: the same helpers as the GPU prelude.
+ *   mt_bf16, mt_bf16_to_f32, mt_f32_to_bf16, mt_e2m1_to_f32, mt_f32_to_e2m1,
+ *   mt_e8m0_to_f32, mt_fp8e4m3_to_f32: the same helpers as the GPU prelude.
  *
  * SIMD follows -march=native: use GCC vector extensions or intrinsics from
  * <immintrin.h> behind __AVX512F__ / __AVX2__ checks. */
@@ -57,6 +57,25 @@ MT_INLINE float mt_e2m1_to_f32(unsigned c)
     unsigned e = (c >> 1) & 3u, mbit = c & 1u;
     uint32_t bits = e ? (((e + 126u) << 23) | (mbit << 22)) : (mbit ? 0x3f000000u : 0u);
     return mt_uint_as_float(bits | ((uint32_t)(c & 8u) << 28));
+}
+
+/* Nearest E2M1 code of v (already divided by its block scale): ties to the
+ * even code, saturating at +-6, sign in bit 3, zero and NaN give code 0.
+ * The same as prelude_gpu.h's and bit for bit kernels/mxfp4.h's rule. */
+MT_INLINE unsigned mt_f32_to_e2m1(float v)
+{
+    float a = fabsf(v);
+    unsigned c;
+    if (!(a > 0.25f)) /* also NaN */
+        return 0u;
+    else if (a < 0.75f) c = 1u;
+    else if (a <= 1.25f) c = 2u;
+    else if (a < 1.75f) c = 3u;
+    else if (a <= 2.5f) c = 4u;
+    else if (a < 3.5f) c = 5u;
+    else if (a <= 5.0f) c = 6u;
+    else c = 7u;
+    return c | ((mt_float_as_uint(v) >> 28) & 8u);
 }
 
 MT_INLINE float mt_e8m0_to_f32(unsigned c)

@@ -16,6 +16,7 @@
  *   mt_ballot(pred) -> unsigned long long, mt_any(pred), mt_all(pred)
  *   mt_bf16 (unsigned short), mt_bf16_to_f32, mt_f32_to_bf16 (RNE)
  *   mt_e2m1_to_f32(code4), mt_e8m0_to_f32(code8), mt_fp8e4m3_to_f32(code8)
+ *   mt_f32_to_e2m1(v) -> code4 (RNE, saturating; kernels/mxfp4.h's rule)
  *   mt_float_as_uint, mt_uint_as_float, mt_expf, mt_sqrtf, mt_rsqrtf, mt_fmaxf
  *
  * No vendor #ifdef may appear in a kernel source: only here. */
@@ -103,6 +104,27 @@ MT_DEVICE float mt_e2m1_to_f32(unsigned c)
     unsigned e = (c >> 1) & 3u, mbit = c & 1u;
     unsigned bits = e ? (((e + 126u) << 23) | (mbit << 22)) : (mbit ? 0x3f000000u : 0u);
     return mt_uint_as_float(bits | ((c & 8u) << 28));
+}
+
+/* Nearest E2M1 code of v (v already divided by its block scale): ties to
+ * the even code, |v| > 6 saturates to +-6, sign in bit 3; a magnitude that
+ * rounds to zero and NaN give code 0 (never -0: the block's scale carries a
+ * NaN). Bit for bit kernels/mxfp4.h's mxfp4_e2m1_encode; the thresholds are
+ * the midpoints of the grid, exact in float, so no arithmetic can round. */
+MT_DEVICE unsigned mt_f32_to_e2m1(float v)
+{
+    float a = v < 0.0f ? -v : v;
+    unsigned c;
+    if (!(a > 0.25f)) /* also NaN */
+        return 0u;
+    else if (a < 0.75f) c = 1u;
+    else if (a <= 1.25f) c = 2u;
+    else if (a < 1.75f) c = 3u;
+    else if (a <= 2.5f) c = 4u;
+    else if (a < 3.5f) c = 5u;
+    else if (a <= 5.0f) c = 6u;
+    else c = 7u;
+    return c | ((mt_float_as_uint(v) >> 28) & 8u);
 }
 
 /* E8M0 block scale: 2^(c-127); 0xFF is NaN; 0 is 2^-127 (subnormal). */

@@ -36,22 +36,6 @@
 #define G_N (MOE_UP ? S_I : S_H)
 #define G_LD (BK + 1)
 
-MT_DEVICE unsigned g_e2m1(float v)
-{
-    float a = v < 0.0f ? -v : v;
-    unsigned c;
-    if (!(a > 0.25f))
-        return 0u;
-    else if (a < 0.75f) c = 1u;
-    else if (a <= 1.25f) c = 2u;
-    else if (a < 1.75f) c = 3u;
-    else if (a <= 2.5f) c = 4u;
-    else if (a < 3.5f) c = 5u;
-    else if (a <= 5.0f) c = 6u;
-    else c = 7u;
-    return c | ((mt_float_as_uint(v) >> 28) & 8u);
-}
-
 /* Loads 32 activations of one row (bf16) into dst as floats; for a4w4 as
  * their MXFP4 round trip. */
 MT_DEVICE void g_load_act(const mt_bf16 *src, float *dst)
@@ -74,7 +58,7 @@ MT_DEVICE void g_load_act(const mt_bf16 *src, float *dst)
                                : mt_uint_as_float((unsigned)(ex + 127) << 23);
         float sc = mt_e8m0_to_f32((unsigned)(nan ? 255 : code));
         for (int i = 0; i < 32; i++)
-            dst[i] = nan ? sc : mt_e2m1_to_f32(g_e2m1(dst[i] * inv)) * sc;
+            dst[i] = nan ? sc : mt_e2m1_to_f32(mt_f32_to_e2m1(dst[i] * inv)) * sc;
     }
 }
 

@@ -6,22 +6,6 @@
  * group); each lane quantizes 32/LPB elements. Params: THREADS, LPB.
  * Dims: S_K, S_a (dtype of x: 0 f32, 1 bf16). */
 
-MT_DEVICE unsigned q_e2m1(float v)
-{
-    float a = v < 0.0f ? -v : v;
-    unsigned c;
-    if (!(a > 0.25f))
-        return 0u;
-    else if (a < 0.75f) c = 1u;
-    else if (a <= 1.25f) c = 2u;
-    else if (a < 1.75f) c = 3u;
-    else if (a <= 2.5f) c = 4u;
-    else if (a < 3.5f) c = 5u;
-    else if (a <= 5.0f) c = 6u;
-    else c = 7u;
-    return c | ((mt_float_as_uint(v) >> 28) & 8u);
-}
-
 MT_DEVICE float q_load(const void *x, long long i)
 {
     if (S_a == 1)
@@ -62,7 +46,7 @@ MT_KERNEL void mxfp4_quant(const void *x, unsigned char *q, unsigned char *s, in
     if (!ok)
         return;
     for (int i = 0; i < EPL; i += 2) {
-        unsigned lo = q_e2m1(v[i] * inv), hi = q_e2m1(v[i + 1] * inv);
+        unsigned lo = mt_f32_to_e2m1(v[i] * inv), hi = mt_f32_to_e2m1(v[i + 1] * inv);
         q[(base + i) / 2] = (unsigned char)(lo | (hi << 4));
     }
     if (lane == 0)
