@@ -5,8 +5,11 @@
  *     until the next token completes (or breaks) it; invalid UTF-8 becomes
  *     U+FFFD per maximal invalid subpart, as Rust's from_utf8_lossy does;
  *   - stop strings: text that could be the start of a stop string is held
- *     back; when one appears, the text before it is emitted, the stop string
- *     and anything after it are dropped, and the stream is stopped.
+ *     back; after each token the held text is searched, and the first token
+ *     that completes a stop string ends the output at the earliest stop
+ *     string then present (the text before it is emitted, the rest dropped),
+ *     as a streaming server must: it cannot wait for a longer stop string
+ *     that might start earlier and complete later.
  * So the concatenation of everything emitted is the same however the
  * tokens arrive.
  *
