@@ -145,8 +145,8 @@ static mt_status cpu_open(const char *arg, const dev_open_opts *opts, dev_props 
     /* The cache key holds the arch, but -march=native is spelled out here
      * too: two machines share a cache only when the compiler targets both
      * the same way. */
-    snprintf(c->compiler_id, sizeof c->compiler_id, "%s %s [native=%s]",
-             dev_host_cc_id(), compile_flags_text, props->arch);
+    snprintf(c->compiler_id, sizeof c->compiler_id, "%s %s [native=%s] %s",
+             dev_host_cc_id(), compile_flags_text, props->arch, DEV_HOST_CC_OUTPUT);
     *ctx_out = c;
     return MT_OK;
 }
@@ -296,6 +296,9 @@ static mt_status cpu_get_kernel(void *ctx, void *mod, const char *name, const ch
     if (!sym)
         return mt_fail(err, MT_E_NOT_FOUND, "kernel %s not found in the module (is it "
                        "declared MT_CPU_KERNEL?)", name);
+    mt_status st = dev_host_check_sig(m->dl, name, sig, err);
+    if (st != MT_OK)
+        return st;
     cpu_kernel *k = calloc(1, sizeof *k);
     if (!k)
         return mt_fail(err, MT_E_NOMEM, "kernel %s", name);

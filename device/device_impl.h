@@ -66,9 +66,18 @@ extern const dev_backend_ops dev_cuda_ops; /* loads libcuda/NVRTC at run time */
 
 /* Host C compiler driver shared by cpu and emu: compiles `text` (a complete
  * C translation unit) with flags into a shared object and returns its bytes.
- * log is malloc'd (may be NULL). */
+ * log is malloc'd (may be NULL). With GCC the object also exports, for
+ * every extern function the text defines, `const char mt__sig_<name>[]`:
+ * its parameters as signature letters ('?' for a type without a letter). */
 mt_status dev_host_cc(const char *text, const char *const *flags, int n_flags,
                       void **bytes, size_t *len, char **log, mt_err *err);
+/* Part of the cpu and emu compiler ids: what dev_host_cc's objects hold,
+ * so the compile cache never returns one built without the table. */
+#define DEV_HOST_CC_OUTPUT "sig-table-1"
+/* MT_E_INVALID naming the kernel when the module dl (dev_host_dlopen) has
+ * a signature table entry for name that differs from sig in length or in
+ * a known letter; MT_OK when they agree or the module has no entry. */
+mt_status dev_host_check_sig(void *dl, const char *name, const char *sig, mt_err *err);
 /* Identity of the host compiler ("cc (Debian 12.2.0-14) 12.2.0"), cached. */
 const char *dev_host_cc_id(void);
 /* Writes bytes to a private temporary file and dlopen()s it. */

@@ -111,8 +111,8 @@ static mt_status emu_open(const char *arg, const dev_open_opts *opts, dev_props 
     memcpy(d->prelude, pe, lp);
     memcpy(d->prelude + lp, pg, lg + 1);
 
-    int n = snprintf(d->compiler_id, sizeof d->compiler_id, "emu abi %d; %s;", MT_EMU_ABI,
-                     dev_host_cc_id());
+    int n = snprintf(d->compiler_id, sizeof d->compiler_id, "emu abi %d; %s; %s;",
+                     MT_EMU_ABI, dev_host_cc_id(), DEV_HOST_CC_OUTPUT);
     for (int i = 0; i < N_CC_FLAGS && n > 0 && (size_t)n < sizeof d->compiler_id; i++)
         n += snprintf(d->compiler_id + n, sizeof d->compiler_id - (size_t)n, " %s",
                       cc_flags[i]);
@@ -427,6 +427,11 @@ static mt_status emu_get_kernel(void *ctx, void *mod, const char *name, const ch
     if (!fn || !strncmp(name, "mt__", 4))
         return mt_fail(err, MT_E_NOT_FOUND, "emu: no kernel '%s' in the module (is it "
                        "declared MT_KERNEL?)", name);
+    mt_status st = dev_host_check_sig(m->dl, name, sig, err);
+    if (st != MT_OK) {
+        mt_err_prefix(err, "emu");
+        return st;
+    }
     emu_kern *k = calloc(1, sizeof *k);
     if (!k || !(k->name = strdup(name))) {
         free(k);

@@ -1,11 +1,17 @@
 /* host_cc.c: runs the host C compiler for the cpu and emu backends, and
- * loads the shared objects it makes. The compiler is $MOETUNE_CC, else cc. */
+ * loads the shared objects it makes. The compiler is $MOETUNE_CC, else cc.
+ * With GCC every module also carries a table of its kernels' parameter
+ * letters (from -aux-info), so a launch asked for with the wrong argument
+ * list fails at dev_module_get_kernel instead of calling the C function
+ * with garbage. */
 #define _GNU_SOURCE
 #include "device_impl.h"
 
+#include <ctype.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,44 +55,20 @@ static char *slurp_or_null(const char *path)
     return d;
 }
 
-mt_status dev_host_cc(const char *text, const char *const *flags, int n_flags,
-                      void **bytes, size_t *len, char **log, mt_err *err)
+/* GCC writes every function's prototype with -aux-info; clang has no such
+ * option, so modules it compiles carry no signature table. */
+static bool cc_writes_prototypes(void)
 {
-    *bytes = NULL;
-    *len = 0;
-    if (log)
-        *log = NULL;
-    char dir[] = "/tmp/moetune-cc-XXXXXX";
-    if (!mkdtemp(dir))
-        return mt_fail(err, MT_E_IO, "cannot create a temporary folder: %s",
-                       strerror(errno));
-    char src[64], so[64], lg[64];
-    snprintf(src, sizeof src, "%s/k.c", dir);
-    snprintf(so, sizeof so, "%s/k.so", dir);
-    snprintf(lg, sizeof lg, "%s/log", dir);
+    return !strstr(dev_host_cc_id(), "clang");
+}
 
-    mt_status st = mt_file_write_atomic(src, text, strlen(text), err);
-    if (st != MT_OK)
-        goto out;
-
-    const char *argv[96];
-    int n = 0;
-    argv[n++] = cc_path();
-    for (int i = 0; i < n_flags && n < 88; i++)
-        argv[n++] = flags[i];
-    argv[n++] = "-fPIC";
-    argv[n++] = "-shared";
-    argv[n++] = "-o";
-    argv[n++] = so;
-    argv[n++] = src;
-    argv[n++] = "-lm";
-    argv[n] = NULL;
-
+/* Runs argv (NULL-terminated) with stdout and stderr into the file lg;
+ * appends what it wrote to *log. MT_E_COMPILE with that text on failure. */
+static mt_status run_cc(const char *const *argv, const char *lg, char **log, mt_err *err)
+{
     pid_t pid = fork();
-    if (pid < 0) {
-        st = mt_fail(err, MT_E_IO, "fork failed: %s", strerror(errno));
-        goto out;
-    }
+    if (pid < 0)
+        return mt_fail(err, MT_E_IO, "fork failed: %s", strerror(errno));
     if (pid == 0) {
         FILE *f = freopen(lg, "w", stderr);
         if (f)
@@ -98,28 +80,270 @@ mt_status dev_host_cc(const char *text, const char *const *flags, int n_flags,
     int ws = 0;
     while (waitpid(pid, &ws, 0) < 0 && errno == EINTR)
         ;
-    char *logtext = slurp_or_null(lg);
+    char *text = slurp_or_null(lg);
     if (!WIFEXITED(ws) || WEXITSTATUS(ws) != 0) {
-        st = mt_fail(err, MT_E_COMPILE, "%s failed (exit %d):\n%s", argv[0],
-                     WIFEXITED(ws) ? WEXITSTATUS(ws) : -1,
-                     logtext ? logtext : "(no output)");
-        free(logtext);
-        goto out;
+        mt_status st = mt_fail(err, MT_E_COMPILE, "%s failed (exit %d):\n%s", argv[0],
+                               WIFEXITED(ws) ? WEXITSTATUS(ws) : -1,
+                               text && *text ? text : "(no output)");
+        free(text);
+        return st;
     }
+    if (text && *text && *log) {
+        size_t a = strlen(*log), b = strlen(text);
+        char *both = realloc(*log, a + b + 1);
+        if (both) {
+            memcpy(both + a, text, b + 1);
+            *log = both;
+        }
+        free(text);
+    } else if (text && *text) {
+        *log = text;
+    } else {
+        free(text);
+    }
+    return MT_OK;
+}
+
+/* The signature letter of one parameter as -aux-info prints it ("const
+ * float *x", "int32_t m", "unsigned int"): 'p' for pointers, arrays and
+ * functions, the letter of a 32- or 64-bit integer, float or double, and
+ * '?' for a type it cannot name (a typedef of the kernel's own, a struct,
+ * char or short); 0 for "..." (no table for that function). */
+static char param_letter(const char *p, size_t n)
+{
+    if (memchr(p, '*', n) || memchr(p, '[', n) || memchr(p, '(', n))
+        return 'p';
+    char words[8][24];
+    int nw = 0;
+    for (size_t i = 0; i < n;) {
+        while (i < n && (p[i] == ' ' || p[i] == '\t'))
+            i++;
+        size_t b = i;
+        while (i < n && p[i] != ' ' && p[i] != '\t')
+            i++;
+        if (i == b)
+            break;
+        if (i - b >= sizeof words[0] || nw == 8)
+            return '?';
+        memcpy(words[nw], p + b, i - b);
+        words[nw][i - b] = 0;
+        if (!strcmp(words[nw], "..."))
+            return 0;
+        if (strcmp(words[nw], "const") && strcmp(words[nw], "volatile") &&
+            strcmp(words[nw], "restrict") && strcmp(words[nw], "register"))
+            nw++;
+    }
+    static const char *const type_words[] = {"int", "unsigned", "signed", "long", "short",
+                                             "char", "float", "double", NULL};
+    bool last_is_type = false;
+    for (int i = 0; nw && type_words[i]; i++)
+        last_is_type |= !strcmp(words[nw - 1], type_words[i]);
+    if (nw > 1 && !last_is_type)
+        nw--; /* the parameter's name */
+    char t[96] = "";
+    for (int i = 0; i < nw; i++) {
+        if (i)
+            strcat(t, " ");
+        strcat(t, words[i]);
+    }
+    static const struct { const char *type; char letter; } known[] = {
+        {"int", 'i'}, {"signed int", 'i'}, {"signed", 'i'}, {"int32_t", 'i'},
+        {"unsigned int", 'u'}, {"unsigned", 'u'}, {"uint32_t", 'u'},
+        /* one letter for 64-bit integers: the ABI passes both alike */
+        {"long int", 'l'}, {"long long int", 'l'}, {"long", 'l'}, {"long long", 'l'},
+        {"int64_t", 'l'}, {"long unsigned int", 'l'}, {"long long unsigned int", 'l'},
+        {"unsigned long", 'l'}, {"unsigned long long", 'l'}, {"uint64_t", 'l'},
+        {"float", 'f'}, {"double", 'd'},
+    };
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+        if (!strcmp(t, known[i].type))
+            return known[i].letter;
+    return '?';
+}
+
+/* One line of -aux-info output: "/" "* file:line:NF *" "/ extern void f (int a,
+ * float *b); ...". Appends "const char mt__sig_f[] = \"ip\";" to *out for
+ * an extern definition from the kernel's own text (not a system header,
+ * not the runtime's mt__ functions). */
+static void sig_line(const char *line, char **out, size_t *len, size_t *cap)
+{
+    const char *tag = strstr(line, "*/ extern ");
+    const char *file = line + 3;
+    if (strncmp(line, "/* ", 3) || !tag || *file == '/' || tag < file + 2 || tag[-2] != 'F')
+        return;
+    const char *open = strchr(tag, '(');
+    if (!open)
+        return;
+    const char *ne = open;
+    while (ne > tag && ne[-1] == ' ')
+        ne--;
+    const char *nb = ne;
+    while (nb > tag && (isalnum((unsigned char)nb[-1]) || nb[-1] == '_'))
+        nb--;
+    if (nb == ne || ne - nb > 200 || !strncmp(nb, "mt__", 4))
+        return;
+    char letters[64];
+    int nl = 0, depth = 0;
+    const char *p = open + 1, *pb = p;
+    for (; *p; p++) {
+        if (*p == '(')
+            depth++;
+        else if ((*p == ',' || *p == ')') && depth == 0) {
+            size_t n = (size_t)(p - pb);
+            bool is_void = n == 4 && !strncmp(pb, "void", 4) && *p == ')' && nl == 0;
+            if (!is_void) {
+                char c = param_letter(pb, n);
+                if (!c || nl == (int)sizeof letters - 1)
+                    return;
+                letters[nl++] = c;
+            }
+            if (*p == ')')
+                break;
+            pb = p + 1;
+        } else if (*p == ')')
+            depth--;
+    }
+    if (*p != ')')
+        return;
+    letters[nl] = 0;
+    char buf[400];
+    int n = snprintf(buf, sizeof buf, "__attribute__((visibility(\"default\"))) const char "
+                     "mt__sig_%.*s[] = \"%s\";\n", (int)(ne - nb), nb, letters);
+    if (n <= 0 || (size_t)n >= sizeof buf)
+        return;
+    if (*len + (size_t)n + 1 > *cap) {
+        size_t nc = (*cap + (size_t)n + 1) * 2;
+        char *g = realloc(*out, nc);
+        if (!g)
+            return;
+        *out = g;
+        *cap = nc;
+    }
+    memcpy(*out + *len, buf, (size_t)n + 1);
+    *len += (size_t)n;
+}
+
+/* The C text of the signature table from an -aux-info file (never NULL
+ * unless out of memory; empty when the file lists no kernel). */
+static char *sig_table(const char *aux_path)
+{
+    char *aux = slurp_or_null(aux_path);
+    size_t len = 0, cap = 256;
+    char *out = malloc(cap);
+    if (out)
+        strcpy(out, "/* signature table: kernel parameters as dev_launch letters */\n");
+    len = out ? strlen(out) : 0;
+    for (char *line = aux, *next; out && line && *line; line = next) {
+        next = strchr(line, '\n');
+        if (next)
+            *next++ = 0;
+        sig_line(line, &out, &len, &cap);
+    }
+    free(aux);
+    return out;
+}
+
+mt_status dev_host_cc(const char *text, const char *const *flags, int n_flags,
+                      void **bytes, size_t *len, char **log, mt_err *err)
+{
+    *bytes = NULL;
+    *len = 0;
     if (log)
-        *log = logtext;
-    else
-        free(logtext);
+        *log = NULL;
+    char dir[] = "/tmp/moetune-cc-XXXXXX";
+    if (!mkdtemp(dir))
+        return mt_fail(err, MT_E_IO, "cannot create a temporary folder: %s",
+                       strerror(errno));
+    char src[64], obj[64], aux[64], sig[64], so[64], lg[64];
+    snprintf(src, sizeof src, "%s/k.c", dir);
+    snprintf(obj, sizeof obj, "%s/k.o", dir);
+    snprintf(aux, sizeof aux, "%s/k.aux", dir);
+    snprintf(sig, sizeof sig, "%s/sig.c", dir);
+    snprintf(so, sizeof so, "%s/k.so", dir);
+    snprintf(lg, sizeof lg, "%s/log", dir);
+    char *logtext = NULL, *table = NULL;
+
+    mt_status st = mt_file_write_atomic(src, text, strlen(text), err);
+    if (st != MT_OK)
+        goto out;
+
+    /* With GCC: compile with -aux-info, then link the object with a table
+     * of its kernels' parameter letters (mt__sig_<name>), which
+     * dev_host_check_sig compares with what a launch is asked for. */
+    bool with_sigs = cc_writes_prototypes();
+    const char *argv[96];
+    int n = 0;
+    argv[n++] = cc_path();
+    for (int i = 0; i < n_flags && n < 86; i++)
+        argv[n++] = flags[i];
+    argv[n++] = "-fPIC";
+    int common = n;
+    if (with_sigs) {
+        argv[n++] = "-c";
+        argv[n++] = "-aux-info";
+        argv[n++] = aux;
+        argv[n++] = "-o";
+        argv[n++] = obj;
+        argv[n++] = src;
+        argv[n] = NULL;
+        if ((st = run_cc(argv, lg, &logtext, err)) != MT_OK)
+            goto out;
+        table = sig_table(aux);
+        if (!table) {
+            st = mt_fail(err, MT_E_NOMEM, "signature table");
+            goto out;
+        }
+        if ((st = mt_file_write_atomic(sig, table, strlen(table), err)) != MT_OK)
+            goto out;
+        n = common;
+    }
+    argv[n++] = "-shared";
+    argv[n++] = "-o";
+    argv[n++] = so;
+    argv[n++] = with_sigs ? obj : src;
+    if (with_sigs)
+        argv[n++] = sig;
+    argv[n++] = "-lm";
+    argv[n] = NULL;
+    if ((st = run_cc(argv, lg, &logtext, err)) != MT_OK)
+        goto out;
     char *data = NULL;
     st = mt_file_read(so, &data, len, err);
     if (st == MT_OK)
         *bytes = data;
 out:
+    if (log && st == MT_OK)
+        *log = logtext;
+    else
+        free(logtext);
+    free(table);
     unlink(src);
+    unlink(obj);
+    unlink(aux);
+    unlink(sig);
     unlink(so);
     unlink(lg);
     rmdir(dir);
     return st;
+}
+
+mt_status dev_host_check_sig(void *dl, const char *name, const char *sig, mt_err *err)
+{
+    char sym[256];
+    if (snprintf(sym, sizeof sym, "mt__sig_%s", name) >= (int)sizeof sym)
+        return MT_OK;
+    dlerror();
+    const char *want = dlsym(dl, sym);
+    if (!want)
+        return MT_OK; /* compiled without a table (clang, or an older build) */
+    bool same = strlen(want) == strlen(sig);
+    for (size_t i = 0; same && sig[i]; i++)
+        same = want[i] == '?' || want[i] == sig[i];
+    if (!same)
+        return mt_fail(err, MT_E_INVALID, "kernel %s: launched with signature '%s', but its "
+                       "C parameters are '%s' (%zu; p pointer, i int32, u uint32, l int64, "
+                       "f float, d double, ? any)", name, sig, want, strlen(want));
+    return MT_OK;
 }
 
 mt_status dev_host_dlopen(const void *bytes, size_t len, void **handle, mt_err *err)

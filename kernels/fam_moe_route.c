@@ -233,7 +233,8 @@ static void gpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern
 static mt_status gpu_run(const kern_ctx *c, mt_err *err)
 {
     unsigned threads = (unsigned)(c->cfg->v[0] * c->props->warp_size);
-    return launch(c, "pppppfi", (dev_dim3){(unsigned)c->m, 1, 1}, (dev_dim3){threads, 1, 1},
+    /* one block per token: the GPU kernel takes no m (launch's last arg) */
+    return launch(c, "pppppf", (dev_dim3){(unsigned)c->m, 1, 1}, (dev_dim3){threads, 1, 1},
                   gpu_shared(c->shape), err);
 }
 
