@@ -11,6 +11,7 @@
 #include "../common/rng.h"
 #include "moe.h"
 #include "moe_common.h"
+#include "runner.h"
 
 /* ---- memory bandwidth --------------------------------------------------- */
 
@@ -209,7 +210,11 @@ mt_status moe_bench_run(dev_device *d, const moe_bench_opts *o, FILE *out, mt_er
                 "best config");
     for (int mi = 0; mi < o->n_ms; mi++) {
         int64_t M = o->ms[mi], P = M * topk;
-        double bw = cpu ? moe_bench_mem_bw(threads) : 0;
+        double bw = 0;
+        if (cpu)
+            bw = moe_bench_mem_bw(threads);
+        else if (kern_device_bandwidth(d, (size_t)1 << 30, &bw, NULL) != MT_OK)
+            bw = 0;
         for (int g = 0; g < 2; g++) {
             if (!want[g])
                 continue;

@@ -423,3 +423,42 @@ mt_status kern_check_one(dev_device *d, const kern_family *f, const char *shape_
     dev_code_free(code);
     return st;
 }
+
+mt_status kern_device_bandwidth(dev_device *d, size_t bytes, double *gbps, mt_err *err)
+{
+    *gbps = 0;
+    void *a = NULL, *b = NULL;
+    dev_event *e0 = NULL, *e1 = NULL;
+    double ms[5];
+    mt_status st = dev_alloc(d, bytes, &a, err);
+    if (st == MT_OK)
+        st = dev_alloc(d, bytes, &b, err);
+    if (st == MT_OK)
+        st = dev_memset(d, a, 1, bytes, err);
+    if (st == MT_OK)
+        st = dev_event_create(d, &e0, err);
+    if (st == MT_OK)
+        st = dev_event_create(d, &e1, err);
+    if (st == MT_OK) /* warm-up */
+        st = dev_copy_dev(d, b, a, bytes, err);
+    for (int i = 0; i < 5 && st == MT_OK; i++) {
+        st = dev_event_record(d, e0, err);
+        if (st == MT_OK)
+            st = dev_copy_dev(d, b, a, bytes, err);
+        if (st == MT_OK)
+            st = dev_event_record(d, e1, err);
+        if (st == MT_OK)
+            st = dev_synchronize(d, err);
+        if (st == MT_OK)
+            st = dev_event_elapsed_ms(d, e0, e1, &ms[i], err);
+    }
+    if (st == MT_OK) {
+        qsort(ms, 5, sizeof ms[0], cmp_double);
+        *gbps = ms[2] > 0 ? 2.0 * (double)bytes / (ms[2] * 1e6) : 0;
+    }
+    dev_event_destroy(d, e0);
+    dev_event_destroy(d, e1);
+    dev_free(d, a);
+    dev_free(d, b);
+    return st;
+}

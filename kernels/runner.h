@@ -92,6 +92,12 @@ void kern_time_opts_default(kern_time_opts *o);
 mt_status kern_problem_time(kern_problem *p, dev_module *mod, const kern_config *cfg,
                             const kern_time_opts *o, kern_timing *t, mt_err *err);
 
+/* Device-memory bandwidth in GB/s: the median of 5 timed device-to-device
+ * copies of `bytes` (each copy reads and writes them, counted as 2x bytes),
+ * with device events. For GPU backends, where host-side probes measure the
+ * wrong memory. */
+mt_status kern_device_bandwidth(dev_device *d, size_t bytes, double *gbps, mt_err *err);
+
 /* One-call check for tests and `moetune check`: parse shape_text, build a
  * problem with seed, compile cfg (the default config when NULL), run,
  * verify. MT_OK when the output matches the reference. */
