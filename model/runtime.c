@@ -211,12 +211,12 @@ static mt_status new_slot(model_runtime *rt, int *seq, mt_err *err)
 
 mt_status model_seq_create(model_runtime *rt, int *seq, mt_err *err)
 {
-    int s;
+    int s = -1;
     mt_status st = new_slot(rt, &s, err);
     for (int64_t l = 0; st == MT_OK && l < rt->n_layers; l++)
         st = kvc_seq_create(rt->layers[l].kv, &rt->seqs[s].kv[l], err);
     if (st != MT_OK) {
-        if (st != MT_E_BUSY)
+        if (s >= 0)
             model_seq_free(rt, s);
         return st;
     }
@@ -237,12 +237,12 @@ mt_status model_seq_fork(model_runtime *rt, int src, int64_t n, int *seq, mt_err
     if (n < 0 || n > len)
         return mt_fail(err, MT_E_INVALID, "fork: %" PRId64 " tokens of sequence %d, which has %"
                        PRId64, n, src, len);
-    int s;
+    int s = -1;
     mt_status st = new_slot(rt, &s, err);
     for (int64_t l = 0; st == MT_OK && l < rt->n_layers; l++)
         st = kvc_seq_fork(rt->layers[l].kv, rt->seqs[src].kv[l], n, &rt->seqs[s].kv[l], err);
     if (st != MT_OK) {
-        if (st != MT_E_BUSY)
+        if (s >= 0)
             model_seq_free(rt, s);
         return st;
     }
