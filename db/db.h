@@ -31,7 +31,7 @@
 #include "../common/status.h"
 
 /* Schema version written to PRAGMA user_version and meta.schema_version. */
-#define DB_SCHEMA_VERSION 2
+#define DB_SCHEMA_VERSION 3
 /* Version of the JSON export format (docs/DB.md). */
 #define DB_EXPORT_FORMAT_VERSION 1
 
@@ -138,10 +138,12 @@ typedef enum db_trial_status {
     DB_TRIAL_CRASH = 4,
     DB_TRIAL_TIMEOUT = 5,
     DB_TRIAL_SKIPPED = 6,       /* slower than 2x the best so far; abandoned */
+    DB_TRIAL_COMPILED = 7,      /* compile-only: compiled, resources stored, never
+                                 * run; carries no time (schema 3) */
     DB_TRIAL_STATUS_COUNT
 } db_trial_status;
 /* "ok", "compile_error", "invalid", "wrong_result", "crash", "timeout",
- * "skipped"; "unknown" out of range. */
+ * "skipped", "compiled"; "unknown" out of range. */
 const char *db_trial_status_str(db_trial_status s);
 bool db_trial_status_parse(const char *s, db_trial_status *out);
 
@@ -151,7 +153,8 @@ bool db_trial_status_parse(const char *s, db_trial_status *out);
 #define DB_CONFIG_KEY_MAX 255
 
 /* One measured candidate. Unknown doubles are NAN (stored as NULL);
- * repetitions <= 0 is stored as NULL. Status ok requires time_median_ms > 0.
+ * repetitions <= 0 is stored as NULL. Status ok requires time_median_ms > 0;
+ * status compiled has no time (NAN or 0).
  * created_ms 0 means now. */
 typedef struct db_trial {
     int64_t device_id, kernel_id; /* from db_device_upsert / db_kernel_upsert */

@@ -22,6 +22,7 @@ static const char *const trial_names[DB_TRIAL_STATUS_COUNT] = {
     [DB_TRIAL_CRASH] = "crash",
     [DB_TRIAL_TIMEOUT] = "timeout",
     [DB_TRIAL_SKIPPED] = "skipped",
+    [DB_TRIAL_COMPILED] = "compiled",
 };
 _Static_assert(sizeof trial_names / sizeof trial_names[0] == DB_TRIAL_STATUS_COUNT,
                "one name per trial status");

@@ -1,4 +1,4 @@
-/* db_schema.c: the current schema (version 2) and the migration from each
+/* db_schema.c: the current schema (version 3) and the migration from each
  * older version. docs/DB.md describes every table and column; keep the two in
  * step. Versions are only appended; each migration runs inside the opening
  * transaction, so a failed upgrade leaves the file as it was.
@@ -10,13 +10,16 @@
  *   2  devices keyed by fingerprint (+ driver version); integer trial status,
  *      p10/p90, resources, compile time, session, origin; winners with config
  *      key, runner-ups, verification and origin; misses with first/last seen
- *      and reason; sessions; code objects. */
+ *      and reason; sessions; code objects.
+ *   3  trial status 7 (compiled: compile-only, never run); version 2 stored
+ *      those as 6 (skipped) with the note "compile-only: compiled, not
+ *      timed", and the upgrade turns exactly those into 7. */
 #include <inttypes.h>
 #include <stdio.h>
 
 #include "db_impl.h"
 
-static const char schema_v2[] =
+static const char schema_v3[] =
     "CREATE TABLE meta(\n"
     "  key TEXT PRIMARY KEY,\n"
     "  value TEXT NOT NULL\n"
@@ -58,7 +61,7 @@ static const char schema_v2[] =
     "  m INTEGER NOT NULL CHECK(m >= 1),\n"
     "  config_key TEXT NOT NULL,\n"
     "  config_json TEXT NOT NULL,\n"
-    "  status INTEGER NOT NULL CHECK(status BETWEEN 0 AND 6),\n"
+    "  status INTEGER NOT NULL CHECK(status BETWEEN 0 AND 7),\n"
     "  time_min_ms REAL,\n"
     "  time_median_ms REAL,\n"
     "  time_p10_ms REAL,\n"
@@ -220,6 +223,49 @@ static const char migrate_1_2[] =
     "UPDATE misses SET first_seen_ms = :now, last_seen_ms = :now;\n"
     "INSERT OR IGNORE INTO meta(key, value) VALUES('uid', lower(hex(randomblob(8))));\n";
 
+/* Version 2 -> 3. SQLite cannot change a CHECK constraint in place, so
+ * trials is rebuilt (create, copy every column, drop, rename; foreign keys
+ * are off during the open, so winners keep their trial ids), then the
+ * compile-only trials version 2 had to store as skipped become compiled. */
+static const char migrate_2_3[] =
+    "CREATE TABLE trials_v3(\n"
+    "  id INTEGER PRIMARY KEY,\n"
+    "  device_id INTEGER NOT NULL REFERENCES devices(id),\n"
+    "  kernel_id INTEGER NOT NULL REFERENCES kernels(id),\n"
+    "  session_id INTEGER REFERENCES sessions(id) ON DELETE SET NULL,\n"
+    "  shape TEXT NOT NULL,\n"
+    "  m INTEGER NOT NULL CHECK(m >= 1),\n"
+    "  config_key TEXT NOT NULL,\n"
+    "  config_json TEXT NOT NULL,\n"
+    "  status INTEGER NOT NULL CHECK(status BETWEEN 0 AND 7),\n"
+    "  time_min_ms REAL,\n"
+    "  time_median_ms REAL,\n"
+    "  time_p10_ms REAL,\n"
+    "  time_p90_ms REAL,\n"
+    "  repetitions INTEGER,\n"
+    "  gflops REAL,\n"
+    "  gbps REAL,\n"
+    "  resources_json TEXT,\n"
+    "  error TEXT,\n"
+    "  compile_ms REAL,\n"
+    "  created_ms INTEGER NOT NULL,\n"
+    "  origin TEXT,\n"
+    "  UNIQUE(device_id, kernel_id, shape, m, config_key));\n"
+    "INSERT INTO trials_v3(id, device_id, kernel_id, session_id, shape, m, config_key,\n"
+    "    config_json, status, time_min_ms, time_median_ms, time_p10_ms, time_p90_ms,\n"
+    "    repetitions, gflops, gbps, resources_json, error, compile_ms, created_ms, origin)\n"
+    "  SELECT id, device_id, kernel_id, session_id, shape, m, config_key,\n"
+    "    config_json, status, time_min_ms, time_median_ms, time_p10_ms, time_p90_ms,\n"
+    "    repetitions, gflops, gbps, resources_json, error, compile_ms, created_ms, origin\n"
+    "  FROM trials;\n"
+    "DROP TABLE trials;\n"
+    "ALTER TABLE trials_v3 RENAME TO trials;\n"
+    "CREATE INDEX trials_by_kernel ON trials(kernel_id);\n"
+    "CREATE INDEX trials_by_session ON trials(session_id);\n"
+    "UPDATE trials SET status = 7, error = NULL\n"
+    "  WHERE status = 6 AND error = 'compile-only: compiled, not timed'\n"
+    "    AND time_median_ms IS NULL;\n";
+
 /* Runs a multi-statement script, binding :now in each statement. */
 static mt_status run_script(db_t *db, const char *sql, const char *what, mt_err *err)
 {
@@ -275,7 +321,7 @@ static mt_status set_version(db_t *db, mt_err *err)
 
 mt_status db_schema_create(db_t *db, mt_err *err)
 {
-    mt_status st = run_script(db, schema_v2, "creating the schema", err);
+    mt_status st = run_script(db, schema_v3, "creating the schema", err);
     if (st)
         return st;
     char buf[64];
@@ -338,6 +384,9 @@ mt_status db_schema_migrate(db_t *db, int from, mt_err *err)
             st = check_v1_statuses(db, err);
             if (st == MT_OK)
                 st = run_script(db, migrate_1_2, "upgrading schema 1 -> 2", err);
+            break;
+        case 2:
+            st = run_script(db, migrate_2_3, "upgrading schema 2 -> 3", err);
             break;
         default:
             st = mt_fail(err, MT_E_UNSUPPORTED, "%s: no migration from schema version %d",

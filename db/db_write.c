@@ -264,6 +264,8 @@ mt_status db_check_trial(const db_trial *t, mt_err *err)
         what = "status out of range";
     else if (t->status == DB_TRIAL_OK && !(isfinite(t->time_median_ms) && t->time_median_ms > 0))
         what = "an ok trial needs a median time > 0";
+    else if (t->status == DB_TRIAL_COMPILED && (t->time_median_ms > 0 || t->time_min_ms > 0))
+        what = "a compiled trial was never run and has no time";
     if (what)
         return mt_fail(err, MT_E_INVALID, "db: trial %s M=%lld %s: %s",
                        t->shape_key ? t->shape_key : "(null)", (long long)t->m,

@@ -464,3 +464,76 @@ Test(db_winners, sessions_and_code_objects_round_trip)
     cr_expect_null(got);
     free(blob);
 }
+
+static int compiled_row_fn(void *ctx, const db_trial_row *r)
+{
+    db_trial *out = ctx;
+    if (!strcmp(r->t.config_key, "BM=8")) {
+        *out = r->t;
+        out->resources_json = NULL; /* the row's strings die with the call */
+        out->config_key = NULL;
+        out->config_json = NULL;
+        out->shape_key = NULL;
+        out->error = r->t.error ? "(set)" : NULL;
+        cr_expect(r->t.resources_json && strstr(r->t.resources_json, "\"vgprs\":24"),
+                  "resources kept: %s", r->t.resources_json ? r->t.resources_json : "(null)");
+    }
+    return 0;
+}
+
+Test(db_winners, compiled_status_round_trips_and_never_wins)
+{
+    db_trial_status s;
+    cr_expect_str_eq(db_trial_status_str(DB_TRIAL_COMPILED), "compiled");
+    cr_assert(db_trial_status_parse("compiled", &s));
+    cr_expect_eq(s, DB_TRIAL_COMPILED);
+    cr_expect_eq((int)DB_TRIAL_COMPILED, 7, "persisted value: the next after skipped");
+
+    /* A compiled trial: resources, no time. Next to it an ok one at another M. */
+    db_trial c = ok_trial(dev, ker, SHAPE_A, 8, "BM=8", "{\"BM\":8}", NAN);
+    c.status = DB_TRIAL_COMPILED;
+    c.time_min_ms = c.time_p10_ms = c.time_p90_ms = c.gflops = c.gbps = NAN;
+    c.repetitions = 0;
+    c.resources_json = "{\"kernels\":[{\"name\":\"k\",\"vgprs\":24}]}";
+    insert_ok(db, &c);
+    db_trial with_time = c;
+    with_time.config_key = "BM=9";
+    with_time.time_median_ms = 0.5;
+    mt_err e = MT_ERR_INIT;
+    cr_expect_eq(db_trial_insert(db, &with_time, &e), MT_E_INVALID, "a compiled trial with a time");
+    cr_expect(strstr(e.msg, "no time"), "%s", e.msg);
+
+    bool ex = false;
+    cr_assert_eq(db_trial_exists(db, dev, ker, SHAPE_A, 8, "BM=8", &ex, &s, &e), MT_OK, "%s", e.msg);
+    cr_expect(ex);
+    cr_expect_eq(s, DB_TRIAL_COMPILED, "read back as %s", db_trial_status_str(s));
+    db_trial got = {.status = DB_TRIAL_STATUS_COUNT};
+    cr_assert_eq(db_trials_each(db, NULL, compiled_row_fn, &got, &e), MT_OK, "%s", e.msg);
+    cr_expect_eq(got.status, DB_TRIAL_COMPILED);
+    cr_expect(isnan(got.time_median_ms) && isnan(got.time_min_ms), "a compiled trial has no time");
+    db_stats st;
+    cr_assert_eq(db_stats_get(db, &st, &e), MT_OK, "%s", e.msg);
+    cr_expect_eq(st.trials_by_status[DB_TRIAL_COMPILED], 1);
+
+    /* Never a winner: recompute finds no ok trial at M=8. */
+    int64_t changed = -1;
+    cr_assert_eq(db_winners_recompute(db, dev, ker, SHAPE_A, 8, &changed, &e), MT_OK, "%s", e.msg);
+    cr_expect_eq(changed, 0);
+    cr_expect_eq(sql_int(path, "SELECT count(*) FROM winners"), 0);
+
+    /* Export names it, import restores it. */
+    char *text = export_text(db);
+    cr_expect(strstr(text, "\"status\":\"compiled\""), "export: %s", text);
+    char jp[160], other[160];
+    snprintf(jp, sizeof jp, "%s/c.json", dir);
+    snprintf(other, sizeof other, "%s/other.db", dir);
+    write_bytes(jp, text, strlen(text));
+    db_t *o = open_ok(other, DB_OPEN_DEFAULT);
+    db_merge_stats ms;
+    cr_assert_eq(db_import(o, jp, &ms, &e), MT_OK, "%s", e.msg);
+    cr_expect_eq(ms.trials_added, 1);
+    db_close(o);
+    cr_expect_eq(sql_int(other, "SELECT status FROM trials WHERE config_key='BM=8'"), 7);
+    cr_expect_eq(sql_int(other, "SELECT count(*) FROM trials WHERE time_median_ms IS NULL"), 1);
+    free(text);
+}

@@ -1,5 +1,5 @@
 /* test_db_schema.c: schema creation, migration from the committed version-1
- * fixture, and refusal of bad files (not a database, truncated, newer
+ * and version-2 fixtures, and refusal of bad files (not a database, truncated, newer
  * schema, someone else's SQLite file) without changing a byte. */
 #include "test_db_util.h"
 
@@ -83,8 +83,9 @@ Test(db_schema, migrates_the_v1_fixture)
 
     db_t *db = open_ok(path, DB_OPEN_DEFAULT);
     db_close(db);
-    cr_assert_eq(sql_int(path, "PRAGMA user_version"), 2);
+    cr_assert_eq(sql_int(path, "PRAGMA user_version"), 3, "1 -> 2 -> 3");
     cr_expect_eq(sql_int(path, "SELECT count(*) FROM meta WHERE key='migrated_1_to_2_ms'"), 1);
+    cr_expect_eq(sql_int(path, "SELECT count(*) FROM meta WHERE key='migrated_2_to_3_ms'"), 1);
     cr_expect_eq(sql_int(path, "SELECT count(*) FROM trials"), sql_int(ref, "SELECT count(*) FROM trials"));
     cr_expect_eq(sql_int(path, "SELECT count(*) FROM devices"), sql_int(ref, "SELECT count(*) FROM devices"));
 
@@ -138,6 +139,112 @@ Test(db_schema, migrates_the_v1_fixture)
     db_close(db);
 }
 
+/* Rows of trials in the migrated file (path) equal to the same id in the
+ * reference (ref) in every column but status and error. */
+static long long same_trials(const char *ref)
+{
+    sqlite3 *s;
+    cr_assert_eq(sqlite3_open_v2(path, &s, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    char sql[1024];
+    snprintf(sql, sizeof sql, "ATTACH '%s' AS ref", ref);
+    cr_assert_eq(sqlite3_exec(s, sql, NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(s));
+    sqlite3_stmt *st;
+    const char *q =
+        "SELECT count(*) FROM trials t JOIN ref.trials r USING(id) WHERE "
+        "t.device_id IS r.device_id AND t.kernel_id IS r.kernel_id AND "
+        "t.session_id IS r.session_id AND t.shape IS r.shape AND t.m IS r.m AND "
+        "t.config_key IS r.config_key AND t.config_json IS r.config_json AND "
+        "t.time_min_ms IS r.time_min_ms AND t.time_median_ms IS r.time_median_ms AND "
+        "t.time_p10_ms IS r.time_p10_ms AND t.time_p90_ms IS r.time_p90_ms AND "
+        "t.repetitions IS r.repetitions AND t.gflops IS r.gflops AND t.gbps IS r.gbps AND "
+        "t.resources_json IS r.resources_json AND t.compile_ms IS r.compile_ms AND "
+        "t.created_ms IS r.created_ms AND t.origin IS r.origin";
+    cr_assert_eq(sqlite3_prepare_v2(s, q, -1, &st, NULL), SQLITE_OK, "%s", sqlite3_errmsg(s));
+    cr_assert_eq(sqlite3_step(st), SQLITE_ROW);
+    long long n = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    sqlite3_close(s);
+    return n;
+}
+
+Test(db_schema, migrates_the_v2_fixture)
+{
+    char ref[160];
+    snprintf(ref, sizeof ref, "%s/ref.db", dir);
+    load_sql(DB_V2_FIXTURE, path);
+    load_sql(DB_V2_FIXTURE, ref);
+    cr_assert_eq(sql_int(path, "PRAGMA user_version"), 2);
+    const long long n = sql_int(ref, "SELECT count(*) FROM trials");
+    cr_assert_gt(n, 0);
+
+    db_t *db = open_ok(path, DB_OPEN_DEFAULT);
+    db_close(db);
+    cr_assert_eq(sql_int(path, "PRAGMA user_version"), 3);
+    cr_expect_eq(sql_int(path, "SELECT CAST(value AS INTEGER) FROM meta WHERE key='schema_version'"), 3);
+    cr_expect_eq(sql_int(path, "SELECT count(*) FROM meta WHERE key='migrated_2_to_3_ms'"), 1);
+    cr_expect_eq(sql_int(path, "SELECT count(*) FROM trials"), n);
+    cr_expect_eq(same_trials(ref), n, "a column other than status/error changed");
+
+    /* The compile-only trials v2 stored as skipped with the note are
+     * compiled now; the abandoned skip and every other status stay. */
+    cr_expect_eq(sql_int(ref, "SELECT count(*) FROM trials WHERE status = 6 AND "
+                              "error = 'compile-only: compiled, not timed'"), 3);
+    cr_expect_eq(sql_int(path, "SELECT count(*) FROM trials WHERE status = 7"), 3);
+    cr_expect_eq(sql_int(path, "SELECT count(*) FROM trials WHERE status = 7 AND error IS NULL "
+                               "AND time_median_ms IS NULL AND resources_json LIKE '%vgprs%'"), 3);
+    cr_expect_eq(sql_int(path, "SELECT status FROM trials WHERE error LIKE 'abandoned%'"), 6);
+    cr_expect_eq(sql_int(path, "SELECT count(*) FROM trials WHERE status NOT IN (6, 7)"),
+                 sql_int(ref, "SELECT count(*) FROM trials WHERE status NOT IN (6, 7)"));
+
+    /* Winners still point at their trials; the indexes are back. */
+    cr_expect_eq(sql_int(path, "SELECT count(*) FROM winners w JOIN trials t ON t.id = w.trial_id "
+                               "AND t.config_key = w.config_key"),
+                 sql_int(ref, "SELECT count(*) FROM winners"));
+    cr_expect_eq(sql_int(path, "SELECT count(*) FROM sqlite_master WHERE type='index' AND "
+                               "name IN ('trials_by_kernel','trials_by_session')"), 2);
+    cr_expect_eq(sql_int(path, "SELECT count(*) FROM sqlite_master WHERE name='trials_v3'"), 0);
+
+    /* The new CHECK: 7 is stored through the API, 8 is refused by SQLite. */
+    db = open_ok(path, DB_OPEN_DEFAULT);
+    db_trial c = {.device_id = 2, .kernel_id = 2, .shape_key = "N=256", .m = 8,
+                  .config_key = "THREADS=64,ROWS=1", .config_json = "{\"THREADS\":64,\"ROWS\":1}",
+                  .status = DB_TRIAL_COMPILED, .time_min_ms = NAN, .time_median_ms = NAN,
+                  .time_p10_ms = NAN, .time_p90_ms = NAN, .gflops = NAN, .gbps = NAN,
+                  .compile_ms = NAN};
+    insert_ok(db, &c);
+    char msg[256];
+    bool ok;
+    mt_err e = MT_ERR_INIT;
+    cr_assert_eq(db_integrity_check(db, &ok, msg, sizeof msg, &e), MT_OK, "%s", e.msg);
+    cr_expect(ok, "%s", msg);
+    db_close(db);
+    sqlite3 *s;
+    cr_assert_eq(sqlite3_open(path, &s), SQLITE_OK);
+    cr_expect_neq(sqlite3_exec(s, "UPDATE trials SET status = 8 WHERE id = 1", NULL, NULL, NULL),
+                  SQLITE_OK, "status 8 passed the CHECK");
+    sqlite3_close(s);
+}
+
+Test(db_schema, readonly_open_of_v2_upgrades_a_memory_copy_only)
+{
+    load_sql(DB_V2_FIXTURE, path);
+    size_t n0, n1;
+    char *before = slurp(path, &n0);
+    db_t *db = open_ok(path, DB_OPEN_READONLY);
+    db_stats st;
+    mt_err e = MT_ERR_INIT;
+    cr_assert_eq(db_stats_get(db, &st, &e), MT_OK, "%s", e.msg);
+    cr_expect_eq(st.schema_version, 3);
+    cr_expect_eq(st.trials_by_status[DB_TRIAL_COMPILED], 3);
+    cr_expect_eq(st.trials_by_status[DB_TRIAL_SKIPPED], 1);
+    db_close(db);
+    char *after = slurp(path, &n1);
+    cr_assert(n0 == n1 && !memcmp(before, after, n0), "read-only open changed the file");
+    cr_expect_eq(sql_int(path, "PRAGMA user_version"), 2);
+    free(before);
+    free(after);
+}
+
 Test(db_schema, readonly_open_of_v1_upgrades_a_memory_copy_only)
 {
     load_sql(DB_V1_FIXTURE, path);
@@ -147,7 +254,7 @@ Test(db_schema, readonly_open_of_v1_upgrades_a_memory_copy_only)
     db_stats st;
     mt_err e = MT_ERR_INIT;
     cr_assert_eq(db_stats_get(db, &st, &e), MT_OK, "%s", e.msg);
-    cr_expect_eq(st.schema_version, 2);
+    cr_expect_eq(st.schema_version, 3);
     cr_expect_eq(st.trials, 8);
     db_device d = dev_mi210();
     int64_t id;
@@ -265,9 +372,10 @@ Test(db_bad_input, a_newer_schema)
     make_populated(path);
     sqlite3 *s;
     cr_assert_eq(sqlite3_open(path, &s), SQLITE_OK);
-    cr_assert_eq(sqlite3_exec(s, "PRAGMA journal_mode=DELETE; PRAGMA user_version=3", NULL, NULL,
-                              NULL),
-                 SQLITE_OK);
+    char sql[96];
+    snprintf(sql, sizeof sql, "PRAGMA journal_mode=DELETE; PRAGMA user_version=%d",
+             DB_SCHEMA_VERSION + 1);
+    cr_assert_eq(sqlite3_exec(s, sql, NULL, NULL, NULL), SQLITE_OK);
     sqlite3_close(s);
     expect_refused(path, DB_OPEN_DEFAULT, MT_E_UNSUPPORTED, "newer");
     expect_refused(path, DB_OPEN_READONLY, MT_E_UNSUPPORTED, "newer");

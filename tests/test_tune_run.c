@@ -48,3 +48,57 @@ Test(tune_run, time_budget_stops_early_but_always_times_the_default, .timeout = 
     }
     tune_report_free(rep);
 }
+
+/* --compile-only on the cpu stores every config as compiled (no time); a
+ * second compile-only run finds them all known, but a timing run does not
+ * count a compiled trial as measured: it times every config. */
+Test(tune_run, compile_only_trials_are_compiled_and_a_timing_run_measures_them, .timeout = 120)
+{
+    char db[256];
+    tt_db_path(db, sizeof db, "compiled.db");
+    const kern_family *f = kern_family_find("rmsnorm");
+    static const int64_t ms[] = {4};
+    tune_job job;
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(tune_job_make(f, "tiny", ms, 1, &job, &err), MT_OK, "%s", err.msg);
+    tune_opts o;
+    tt_opts(&o, "cpu", db);
+    o.compile_only = true;
+    tune_report *rep = NULL;
+    cr_assert_eq(tune_run(&job, 1, &o, &rep, &err), MT_OK, "%s", err.msg);
+    const int space = rep->jobs[0].m[0].space;
+    cr_assert_gt(space, 1);
+    cr_assert_eq(rep->jobs[0].m[0].measured, space);
+    cr_expect_eq(rep->jobs[0].m[0].counts[DB_TRIAL_COMPILED], space);
+    tune_report_free(rep);
+    tt_trials *ts = calloc(1, sizeof *ts);
+    tt_read_trials(db, "rmsnorm", ts);
+    cr_assert_eq(ts->n, space);
+    for (int i = 0; i < ts->n; i++) {
+        cr_expect_eq(ts->t[i].status, DB_TRIAL_COMPILED, "%s: %s (%s)", ts->t[i].config_key,
+                     db_trial_status_str(ts->t[i].status), ts->t[i].error);
+        cr_expect(isnan(ts->t[i].median_ms), "%s has a time", ts->t[i].config_key);
+    }
+    tt_winners *ws = calloc(1, sizeof *ws);
+    tt_read_winners(db, "rmsnorm", ws);
+    cr_expect_eq(ws->n, 0, "a compile-only run made a winner");
+
+    cr_assert_eq(tune_run(&job, 1, &o, &rep, &err), MT_OK, "%s", err.msg);
+    cr_expect_eq(tt_report_measured(rep), 0, "compile-only rerun compiled again");
+    tune_report_free(rep);
+
+    o.compile_only = false;
+    cr_assert_eq(tune_run(&job, 1, &o, &rep, &err), MT_OK, "%s", err.msg);
+    cr_expect_eq(tt_report_measured(rep), space, "the timing run skipped compiled trials");
+    cr_expect(rep->jobs[0].m[0].has_winner);
+    tune_report_free(rep);
+    tt_read_trials(db, "rmsnorm", ts);
+    cr_assert_eq(ts->n, space);
+    for (int i = 0; i < ts->n; i++)
+        cr_expect(ts->t[i].status == DB_TRIAL_OK || ts->t[i].status == DB_TRIAL_SKIPPED,
+                  "%s still %s", ts->t[i].config_key, db_trial_status_str(ts->t[i].status));
+    tt_read_winners(db, "rmsnorm", ws);
+    cr_expect_eq(ws->n, 1);
+    free(ts);
+    free(ws);
+}

@@ -12,7 +12,7 @@ static const char *const short_names[DB_TRIAL_STATUS_COUNT] = {
     [DB_TRIAL_OK] = "ok",        [DB_TRIAL_COMPILE_ERROR] = "cerr",
     [DB_TRIAL_INVALID] = "inv",  [DB_TRIAL_WRONG_RESULT] = "wrong",
     [DB_TRIAL_CRASH] = "crash",  [DB_TRIAL_TIMEOUT] = "tmo",
-    [DB_TRIAL_SKIPPED] = "skip",
+    [DB_TRIAL_SKIPPED] = "skip", [DB_TRIAL_COMPILED] = "comp",
 };
 _Static_assert(sizeof short_names / sizeof short_names[0] == DB_TRIAL_STATUS_COUNT,
                "one short name per trial status");

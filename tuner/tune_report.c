@@ -12,7 +12,7 @@ static int failed_count(const tune_m_report *m)
 {
     int n = 0;
     for (int i = 0; i < DB_TRIAL_STATUS_COUNT; i++)
-        if (i != DB_TRIAL_OK && i != DB_TRIAL_SKIPPED)
+        if (i != DB_TRIAL_OK && i != DB_TRIAL_SKIPPED && i != DB_TRIAL_COMPILED)
             n += m->counts[i];
     return n;
 }
@@ -23,7 +23,7 @@ static void print_compile_only(const tune_job_report *j, FILE *out)
     for (int i = 0; i < j->n_m; i++) {
         const tune_m_report *m = &j->m[i];
         fprintf(out, "  %6lld  %8d  %8d  %8d  %8d\n", (long long)m->m,
-                m->counts[DB_TRIAL_SKIPPED], m->counts[DB_TRIAL_INVALID],
+                m->counts[DB_TRIAL_COMPILED], m->counts[DB_TRIAL_INVALID],
                 m->counts[DB_TRIAL_COMPILE_ERROR], m->resumed);
     }
 }

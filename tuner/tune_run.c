@@ -304,9 +304,7 @@ static mt_status record_compiled(run_ctx *r, cand *c, mt_err *err)
                      r->props.shared_mem_per_block);
             return record(r, c, DB_TRIAL_INVALID, NULL, why, err);
         }
-    /* No time: a compile-only trial is recorded as skipped, with resources
-     * (the database has no "compiled" status; ok requires a time). */
-    return record(r, c, DB_TRIAL_SKIPPED, NULL, "compile-only: compiled, not timed", err);
+    return record(r, c, DB_TRIAL_COMPILED, NULL, NULL, err);
 }
 
 /* ---- one batch ----------------------------------------------------------- */
@@ -314,14 +312,15 @@ static mt_status record_compiled(run_ctx *r, cand *c, mt_err *err)
 static bool past(double deadline_ms) { return deadline_ms > 0 && mt_now_ms() >= deadline_ms; }
 
 /* Resume: true when the database already has this config (another process
- * may have measured it since the search was built). */
+ * may have measured it since the search was built). A trial that was only
+ * compiled counts for a compile-only run, not for one that times. */
 static mt_status already(run_ctx *r, cand *c, mt_err *err)
 {
     bool exists = false;
     db_trial_status st;
     mt_status s = db_trial_exists(r->db, r->device_id, r->kernel_id, r->shape_key, r->m, c->key,
                                   &exists, &st, err);
-    if (s == MT_OK && exists) {
+    if (s == MT_OK && exists && (st != DB_TRIAL_COMPILED || r->compile_only)) {
         c->resumed = true;
         r->mr->resumed++;
         r->prog.resumed++;
@@ -402,6 +401,8 @@ typedef struct known_arg {
 static void on_known(void *arg, const char *key, db_trial_status st, double median_ms)
 {
     known_arg *k = arg;
+    if (st == DB_TRIAL_COMPILED && !k->r->compile_only)
+        return; /* compiled, never run: a timing run still measures it */
     bool ok = st == DB_TRIAL_OK && isfinite(median_ms);
     tune_search_known(k->s, key, ok, median_ms);
     k->count++;
