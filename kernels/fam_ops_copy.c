@@ -10,6 +10,7 @@
 #include "../common/numeric.h"
 #include "../common/rng.h"
 #include "family.h"
+#include "rows.h"
 
 enum { D_SW, D_SO, D_N, D_DW, D_DO, D_S, D_D, D_COUNT };
 
@@ -100,53 +101,24 @@ static void cost(const kern_shape *s, int64_t m, double *flops, double *bytes)
 
 static mt_status run(const kern_ctx *c, mt_err *err)
 {
-    bool gpu = dev_backend_is_gpu(c->props->backend);
-    dev_kernel *k;
-    mt_status st = kern_get(c, "ops_copy", "ppi", &k, err);
-    if (st != MT_OK)
-        return st;
-    int m = (int)c->m, rows = kern_config_get(c->impl, c->cfg, "ROWS", 1);
+    int m = (int)c->m;
     void *args[] = {(void *)&c->bufs[B_SRC], (void *)&c->bufs[B_DST], &m};
-    dev_dim3 grid = {kern_cdiv(m, rows), 1, 1};
-    dev_dim3 block = {gpu ? (unsigned)kern_config_get(c->impl, c->cfg, "THREADS", 64) : 1, 1, 1};
-    return dev_launch(c->dev, k, grid, block, 0, args, err);
-}
-
-static const int threads_v[] = {64, 128, 256};
-static const int rows_v[] = {1, 4};
-static const kern_param_desc gpu_params[] = {
-    {"THREADS", threads_v, 3, "threads per block"},
-    {"ROWS", rows_v, 2, "rows per block"},
-};
-
-static bool gpu_valid(const kern_shape *s, int64_t m, const kern_config *c,
-                      const dev_props *p, char *why, size_t cap)
-{
-    (void)s;
-    (void)m;
-    if (c->v[0] > p->max_threads_per_block || c->v[0] % p->warp_size) {
-        snprintf(why, cap, "THREADS=%d: more than %d or not a multiple of the warp (%d)",
-                 c->v[0], p->max_threads_per_block, p->warp_size);
-        return false;
-    }
-    return true;
+    return kern_rows_launch(c, "ops_copy", "ppi", args, err);
 }
 
 static void gpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern_config *c)
 {
     (void)m;
     c->n = 2;
-    c->v[0] = s->v[D_N] >= 1024 && p->max_threads_per_block >= 256 ? 256 : 64;
-    if (c->v[0] % p->warp_size || c->v[0] > p->max_threads_per_block)
-        c->v[0] = p->warp_size;
+    c->v[0] = kern_rows_default_threads(s->v[D_N] >= 1024, p);
     c->v[1] = 1;
 }
 
 static const kern_impl gpu_impl = {
     .source = "ops_copy.hip",
-    .params = gpu_params,
-    .n_params = 2,
-    .valid = gpu_valid,
+    .params = kern_rows_gpu_params,
+    .n_params = KERN_ROWS_GPU_N_PARAMS,
+    .valid = kern_rows_gpu_valid,
     .default_config = gpu_default,
     .run = run,
 };

@@ -4,11 +4,11 @@
  * for the token embedding and to pick the rows whose logits are wanted.
  * An id outside [0, V) gives a zero row (the runtime rejects such ids
  * before a step; the kernel never reads outside the table). */
-#include <stdio.h>
 
 #include "../common/numeric.h"
 #include "../common/rng.h"
 #include "family.h"
+#include "rows.h"
 
 enum { D_N, D_V, D_COUNT };
 
@@ -76,76 +76,34 @@ static void cost(const kern_shape *s, int64_t m, double *flops, double *bytes)
 
 static mt_status run(const kern_ctx *c, mt_err *err)
 {
-    bool gpu = dev_backend_is_gpu(c->props->backend);
-    dev_kernel *k;
-    mt_status st = kern_get(c, "ops_embed", "ppppii", &k, err);
-    if (st != MT_OK)
-        return st;
     int m = (int)c->m, v = (int)c->shape->v[D_V];
-    int rows = kern_config_get(c->impl, c->cfg, "ROWS", 1);
     void *args[] = {(void *)&c->bufs[B_TABLE], (void *)&c->bufs[B_IDS], (void *)&c->bufs[B_XF],
                     (void *)&c->bufs[B_XB], &m, &v};
-    dev_dim3 grid = {kern_cdiv(m, rows), 1, 1};
-    dev_dim3 block = {gpu ? (unsigned)kern_config_get(c->impl, c->cfg, "THREADS", 64) : 1, 1, 1};
-    return dev_launch(c->dev, k, grid, block, 0, args, err);
-}
-
-static const int threads_v[] = {64, 128, 256};
-static const int rows_v[] = {1, 4};
-static const kern_param_desc gpu_params[] = {
-    {"THREADS", threads_v, 3, "threads per block"},
-    {"ROWS", rows_v, 2, "rows per block"},
-};
-
-static bool gpu_valid(const kern_shape *s, int64_t m, const kern_config *c,
-                      const dev_props *p, char *why, size_t cap)
-{
-    (void)s;
-    (void)m;
-    if (c->v[0] > p->max_threads_per_block || c->v[0] % p->warp_size) {
-        snprintf(why, cap, "THREADS=%d: more than %d or not a multiple of the warp (%d)",
-                 c->v[0], p->max_threads_per_block, p->warp_size);
-        return false;
-    }
-    return true;
+    return kern_rows_launch(c, "ops_embed", "ppppii", args, err);
 }
 
 static void gpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern_config *c)
 {
     (void)m;
     c->n = 2;
-    c->v[0] = s->v[D_N] >= 1024 && p->max_threads_per_block >= 256 ? 256 : 64;
-    if (c->v[0] % p->warp_size || c->v[0] > p->max_threads_per_block)
-        c->v[0] = p->warp_size;
+    c->v[0] = kern_rows_default_threads(s->v[D_N] >= 1024, p);
     c->v[1] = 1;
 }
 
 static const kern_impl gpu_impl = {
     .source = "ops_embed.hip",
-    .params = gpu_params,
-    .n_params = 2,
-    .valid = gpu_valid,
+    .params = kern_rows_gpu_params,
+    .n_params = KERN_ROWS_GPU_N_PARAMS,
+    .valid = kern_rows_gpu_valid,
     .default_config = gpu_default,
     .run = run,
 };
 
-static const int cpu_rows_v[] = {1, 4, 16};
-static const kern_param_desc cpu_params[] = {
-    {"ROWS", cpu_rows_v, 3, "rows per work item"},
-};
-
-static void cpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern_config *c)
-{
-    (void)s;
-    c->n = 1;
-    c->v[0] = m >= 16 * (int64_t)p->compute_units ? 16 : 1;
-}
-
 static const kern_impl cpu_impl = {
     .source = "ops_embed.cpu",
-    .params = cpu_params,
-    .n_params = 1,
-    .default_config = cpu_default,
+    .params = kern_rows_cpu_params,
+    .n_params = KERN_ROWS_CPU_N_PARAMS,
+    .default_config = kern_rows_cpu_default,
     .run = run,
 };
 

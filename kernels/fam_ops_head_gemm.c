@@ -15,6 +15,7 @@
 #include "../common/numeric.h"
 #include "../common/rng.h"
 #include "family.h"
+#include "rows.h"
 
 enum { D_H, D_K, D_KA, D_N, D_NO, D_COUNT };
 
@@ -136,11 +137,8 @@ static bool gpu_valid(const kern_shape *s, int64_t m, const kern_config *c,
                       const dev_props *p, char *why, size_t cap)
 {
     (void)m;
-    if (c->v[0] > p->max_threads_per_block || c->v[0] % p->warp_size) {
-        snprintf(why, cap, "THREADS=%d: more than %d or not a multiple of the warp (%d)",
-                 c->v[0], p->max_threads_per_block, p->warp_size);
+    if (!kern_rows_threads_ok(c->v[0], p, why, cap))
         return false;
-    }
     size_t shm = (size_t)c->v[1] * (size_t)s->v[D_K] * 4;
     if (shm > p->shared_mem_per_block) {
         snprintf(why, cap, "needs %zu bytes of shared memory, the device has %zu", shm,
@@ -153,9 +151,7 @@ static bool gpu_valid(const kern_shape *s, int64_t m, const kern_config *c,
 static void gpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern_config *c)
 {
     c->n = 2;
-    c->v[0] = s->v[D_N] >= 256 && p->max_threads_per_block >= 256 ? 256 : 64;
-    if (c->v[0] % p->warp_size || c->v[0] > p->max_threads_per_block)
-        c->v[0] = p->warp_size;
+    c->v[0] = kern_rows_default_threads(s->v[D_N] >= 256, p);
     c->v[1] = m >= 8 ? 8 : m >= 4 ? 4 : 1;
     while (c->v[1] > 1 && (size_t)c->v[1] * (size_t)s->v[D_K] * 4 > p->shared_mem_per_block)
         c->v[1] /= 2;

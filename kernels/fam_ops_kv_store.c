@@ -13,6 +13,7 @@
 #include "../common/rng.h"
 #include "attn_common.h"
 #include "family.h"
+#include "rows.h"
 
 enum { D_W1, D_W2, D_KV, D_P, D_COUNT };
 
@@ -120,17 +121,11 @@ static void cost(const kern_shape *s, int64_t m, double *flops, double *bytes)
 
 static mt_status run(const kern_ctx *c, mt_err *err)
 {
-    bool gpu = dev_backend_is_gpu(c->props->backend);
-    dev_kernel *k;
-    mt_status st = kern_get(c, "ops_kv_store", "pppppi", &k, err);
-    if (st != MT_OK)
-        return st;
     int m = (int)c->m;
     void *args[] = {(void *)&c->bufs[B_A], (void *)&c->bufs[B_B], (void *)&c->bufs[B_ROWS],
                     (void *)&c->bufs[B_POOL], (void *)&c->bufs[B_SCALE], &m};
-    dev_dim3 grid = {(unsigned)m, 1, 1};
-    dev_dim3 block = {gpu ? (unsigned)kern_config_get(c->impl, c->cfg, "THREADS", 64) : 1, 1, 1};
-    return dev_launch(c->dev, k, grid, block, 0, args, err);
+    /* no ROWS parameter: one token per block (per work item on the cpu) */
+    return kern_rows_launch(c, "ops_kv_store", "pppppi", args, err);
 }
 
 static const int threads_v[] = {32, 64, 128, 256};
@@ -138,33 +133,18 @@ static const kern_param_desc gpu_params[] = {
     {"THREADS", threads_v, 4, "threads per token"},
 };
 
-static bool gpu_valid(const kern_shape *s, int64_t m, const kern_config *c,
-                      const dev_props *p, char *why, size_t cap)
-{
-    (void)s;
-    (void)m;
-    if (c->v[0] > p->max_threads_per_block || c->v[0] % p->warp_size) {
-        snprintf(why, cap, "THREADS=%d: more than %d or not a multiple of the warp (%d)",
-                 c->v[0], p->max_threads_per_block, p->warp_size);
-        return false;
-    }
-    return true;
-}
-
 static void gpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern_config *c)
 {
     (void)m;
     c->n = 1;
-    c->v[0] = s->v[D_W1] + s->v[D_W2] >= 256 && p->max_threads_per_block >= 256 ? 256 : 64;
-    if (c->v[0] % p->warp_size || c->v[0] > p->max_threads_per_block)
-        c->v[0] = p->warp_size;
+    c->v[0] = kern_rows_default_threads(s->v[D_W1] + s->v[D_W2] >= 256, p);
 }
 
 static const kern_impl gpu_impl = {
     .source = "ops_kv_store.hip",
     .params = gpu_params,
     .n_params = 1,
-    .valid = gpu_valid,
+    .valid = kern_rows_gpu_valid,
     .default_config = gpu_default,
     .run = run,
 };

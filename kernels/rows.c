@@ -1,0 +1,65 @@
+/* rows.c: parameters, validity, defaults and the launch shared by the
+ * row-wise families (see rows.h). */
+#include "rows.h"
+
+#include <stdio.h>
+
+static const int threads_v[] = {64, 128, 256};
+static const int rows_v[] = {1, 4};
+const kern_param_desc kern_rows_gpu_params[KERN_ROWS_GPU_N_PARAMS] = {
+    {"THREADS", threads_v, 3, "threads per block"},
+    {"ROWS", rows_v, 2, "rows per block"},
+};
+
+static const int cpu_rows_v[] = {1, 4, 16};
+const kern_param_desc kern_rows_cpu_params[KERN_ROWS_CPU_N_PARAMS] = {
+    {"ROWS", cpu_rows_v, 3, "rows per work item"},
+};
+
+bool kern_rows_threads_ok(int threads, const dev_props *p, char *why, size_t cap)
+{
+    if (threads > p->max_threads_per_block || threads % p->warp_size) {
+        snprintf(why, cap, "THREADS=%d: more than %d or not a multiple of the warp (%d)",
+                 threads, p->max_threads_per_block, p->warp_size);
+        return false;
+    }
+    return true;
+}
+
+bool kern_rows_gpu_valid(const kern_shape *s, int64_t m, const kern_config *c,
+                         const dev_props *p, char *why, size_t cap)
+{
+    (void)s;
+    (void)m;
+    return kern_rows_threads_ok(c->v[0], p, why, cap);
+}
+
+int kern_rows_default_threads(bool wide, const dev_props *p)
+{
+    int t = wide && p->max_threads_per_block >= 256 ? 256 : 64;
+    if (t % p->warp_size || t > p->max_threads_per_block)
+        t = p->warp_size;
+    return t;
+}
+
+void kern_rows_cpu_default(const kern_shape *s, int64_t m, const dev_props *p,
+                           kern_config *c)
+{
+    (void)s;
+    c->n = 1;
+    c->v[0] = m >= 16 * (int64_t)p->compute_units ? 16 : 1;
+}
+
+mt_status kern_rows_launch(const kern_ctx *c, const char *name, const char *sig, void **args,
+                           mt_err *err)
+{
+    dev_kernel *k;
+    mt_status st = kern_get(c, name, sig, &k, err);
+    if (st != MT_OK)
+        return st;
+    bool gpu = dev_backend_is_gpu(c->props->backend);
+    int rows = kern_config_get(c->impl, c->cfg, "ROWS", 1);
+    dev_dim3 grid = {kern_cdiv(c->m, rows), 1, 1};
+    dev_dim3 block = {gpu ? (unsigned)kern_config_get(c->impl, c->cfg, "THREADS", 64) : 1, 1, 1};
+    return dev_launch(c->dev, k, grid, block, 0, args, err);
+}
