@@ -61,11 +61,12 @@ step "tune the MoE stages at glm5.2 (budget $budget per family)"
 extra=()
 [ $mode = compile-only ] && extra=(--compile-only)
 for fam in moe_gemm_up moe_gemm_down moe_route moe_align; do
-  $mt tune --family $fam --shape glm5.2 --m 1,16,64,256 "${dev[@]}" \
+  $mt tune --family $fam --shape glm5.2 --m 1,16,64,256 "${dev[@]}" --db "$db" \
     --strategy evolve --budget "$budget" --jobs "$(nproc)" --quiet "${extra[@]}" ||
     echo "tune $fam failed (exit $?)"
 done
-$mt db best --db "$db" | tee "$out/best.txt"
+$mt db show --db "$db" | tee "$out/db.txt"
+[ $mode = gpu ] && $mt db best --db "$db" | tee "$out/best.txt"
 
 if [ $mode = gpu ]; then
   step "bench: MoE at glm5.2 against measured device bandwidth"
