@@ -10,46 +10,12 @@
 
 #include "common/rng.h"
 #include "device/device.h"
+#include "test_dev_util.h"
 
-static dev_device *open_cpu(const char *spec)
-{
-    dev_device *d = NULL;
-    mt_err err = MT_ERR_INIT;
-    mt_status st = dev_open(spec, NULL, &d, &err);
-    cr_assert_eq(st, MT_OK, "dev_open(%s): %s", spec, err.msg);
-    return d;
-}
-
-static dev_module *build(dev_device *d, const char *name, const char *src,
-                         const dev_define *defs, int n_defs)
-{
-    dev_compile_req req = {.name = name, .source = src, .defines = defs,
-                           .n_defines = n_defs, .no_cache = true};
-    dev_code *code = NULL;
-    mt_err err = MT_ERR_INIT;
-    mt_status st = dev_compile(d, &req, &code, &err);
-    cr_assert_eq(st, MT_OK, "compile %s: %s", name, err.msg);
-    dev_module *m = NULL;
-    st = dev_module_load(d, code, &m, &err);
-    cr_assert_eq(st, MT_OK, "load %s: %s", name, err.msg);
-    dev_code_free(code);
-    return m;
-}
-
-static dev_kernel *kernel(dev_module *m, const char *name, const char *sig)
-{
-    dev_kernel *k = NULL;
-    mt_err err = MT_ERR_INIT;
-    cr_assert_eq(dev_module_get_kernel(m, name, sig, &k, &err), MT_OK, "%s: %s", name,
-                 err.msg);
-    return k;
-}
-
+/* The cpu backend ignores the block size. */
 static void launch(dev_device *d, dev_kernel *k, dev_dim3 grid, void **args)
 {
-    mt_err err = MT_ERR_INIT;
-    mt_status st = dev_launch(d, k, grid, (dev_dim3){1, 1, 1}, 0, args, &err);
-    cr_assert_eq(st, MT_OK, "launch: %s", err.msg);
+    td_launch(d, k, grid, (dev_dim3){1, 1, 1}, 0, args);
 }
 
 static const char vadd_src[] =
@@ -65,10 +31,10 @@ Test(device_cpu, vector_add_matches_reference_on_odd_sizes)
     uint64_t seed = mt_seed_fresh();
     mt_rng r;
     mt_rng_seed(&r, seed);
-    dev_device *d = open_cpu("cpu");
+    dev_device *d = td_open("cpu", NULL);
     dev_define defs[] = {{"CHUNK", "13"}};
-    dev_module *m = build(d, "vadd.c", vadd_src, defs, 1);
-    dev_kernel *k = kernel(m, "vadd", "pppi");
+    dev_module *m = td_build(d, "vadd.c", vadd_src, defs, 1, true);
+    dev_kernel *k = td_kernel(m, "vadd", "pppi");
     for (int round = 0; round < 3; round++) {
         int n = 1 + 2 * (int)mt_rng_below(&r, 20000); /* odd */
         size_t bytes = (size_t)n * sizeof(float);
@@ -77,18 +43,16 @@ Test(device_cpu, vector_add_matches_reference_on_odd_sizes)
             a[i] = mt_rng_normal(&r);
             b[i] = mt_rng_normal(&r);
         }
-        void *da, *db, *dc;
-        mt_err err = MT_ERR_INIT;
-        cr_assert_eq(dev_alloc(d, bytes, &da, &err), MT_OK, "%s", err.msg);
-        cr_assert_eq(dev_alloc(d, bytes, &db, &err), MT_OK, "%s", err.msg);
-        cr_assert_eq(dev_alloc(d, bytes, &dc, &err), MT_OK, "%s", err.msg);
+        void *da = td_alloc(d, bytes);
+        void *db = td_alloc(d, bytes);
+        void *dc = td_alloc(d, bytes);
         cr_assert_eq((uintptr_t)da % 64, 0, "allocations are 64-byte aligned");
-        dev_copy_to(d, da, a, bytes, &err);
-        dev_copy_to(d, db, b, bytes, &err);
-        dev_memset(d, dc, 0xff, bytes, &err); /* poison: NaNs */
+        td_copy_to(d, da, a, bytes);
+        td_copy_to(d, db, b, bytes);
+        td_fill(d, dc, 0xff, bytes); /* poison: NaNs */
         void *args[] = {&dc, &da, &db, &n};
         launch(d, k, (dev_dim3){(unsigned)((n + 12) / 13), 1, 1}, args);
-        cr_assert_eq(dev_copy_from(d, c, dc, bytes, &err), MT_OK, "%s", err.msg);
+        td_download(d, c, dc, bytes);
         for (int i = 0; i < n; i++)
             cr_assert_eq(c[i], a[i] + b[i], "seed %" PRIu64 " n %d: c[%d] = %g, want %g",
                          seed, n, i, c[i], a[i] + b[i]);
@@ -122,24 +86,22 @@ static const char reduce_src[] =
 
 static double reduce_on(const char *spec, const float *x, long n, unsigned slice)
 {
-    dev_device *d = open_cpu(spec);
-    dev_module *m = build(d, "reduce.c", reduce_src, NULL, 0);
-    dev_kernel *kp = kernel(m, "partial", "pplu");
-    dev_kernel *kt = kernel(m, "total", "ppid");
+    dev_device *d = td_open(spec, NULL);
+    dev_module *m = td_build(d, "reduce.c", reduce_src, NULL, 0, true);
+    dev_kernel *kp = td_kernel(m, "partial", "pplu");
+    dev_kernel *kt = td_kernel(m, "total", "ppid");
     int items = (int)((n + slice - 1) / slice);
-    void *dx, *dp, *dout;
-    mt_err err = MT_ERR_INIT;
-    cr_assert_eq(dev_alloc(d, (size_t)n * 4, &dx, &err), MT_OK);
-    cr_assert_eq(dev_alloc(d, (size_t)items * 8, &dp, &err), MT_OK);
-    cr_assert_eq(dev_alloc(d, 8, &dout, &err), MT_OK);
-    dev_copy_to(d, dx, x, (size_t)n * 4, &err);
+    void *dx = td_alloc(d, (size_t)n * 4);
+    void *dp = td_alloc(d, (size_t)items * 8);
+    void *dout = td_alloc(d, 8);
+    td_copy_to(d, dx, x, (size_t)n * 4);
     void *a1[] = {&dp, &dx, &n, &slice};
     launch(d, kp, (dev_dim3){(unsigned)items, 1, 1}, a1);
     double scale = 1.0;
     void *a2[] = {&dout, &dp, &items, &scale};
     launch(d, kt, (dev_dim3){1, 1, 1}, a2);
     double out = NAN;
-    dev_copy_from(d, &out, dout, 8, &err);
+    td_download(d, &out, dout, 8);
     dev_free(d, dx);
     dev_free(d, dp);
     dev_free(d, dout);
@@ -191,19 +153,17 @@ Test(device_cpu, every_item_of_a_3d_grid_runs_exactly_once)
     uint64_t seed = mt_seed_fresh();
     mt_rng r;
     mt_rng_seed(&r, seed);
-    dev_device *d = open_cpu("cpu:3");
-    dev_module *m = build(d, "grid.c", grid_src, NULL, 0);
-    dev_kernel *k = kernel(m, "mark", "pp");
+    dev_device *d = td_open("cpu:3", NULL);
+    dev_module *m = td_build(d, "grid.c", grid_src, NULL, 0, true);
+    dev_kernel *k = td_kernel(m, "mark", "pp");
     for (int round = 0; round < 4; round++) {
         dev_dim3 g = {1 + (unsigned)mt_rng_below(&r, 37), 1 + (unsigned)mt_rng_below(&r, 11),
                       1 + (unsigned)mt_rng_below(&r, 7)};
         size_t n = (size_t)g.x * g.y * g.z;
-        void *hits, *bad;
-        mt_err err = MT_ERR_INIT;
-        cr_assert_eq(dev_alloc(d, n * 4, &hits, &err), MT_OK);
-        cr_assert_eq(dev_alloc(d, 4, &bad, &err), MT_OK);
-        dev_memset(d, hits, 0, n * 4, &err);
-        dev_memset(d, bad, 0, 4, &err);
+        void *hits = td_alloc(d, n * 4);
+        void *bad = td_alloc(d, 4);
+        td_fill(d, hits, 0, n * 4);
+        td_fill(d, bad, 0, 4);
         void *args[] = {&hits, &bad};
         launch(d, k, g, args);
         unsigned *h = hits;
@@ -229,12 +189,10 @@ Test(device_cpu, every_argument_type_reaches_the_kernel)
     uint64_t seed = mt_seed_fresh();
     mt_rng r;
     mt_rng_seed(&r, seed);
-    dev_device *d = open_cpu("cpu:2");
-    dev_module *m = build(d, "args.c", args_src, NULL, 0);
-    dev_kernel *k = kernel(m, "pack", "piulfd");
-    void *o;
-    mt_err err = MT_ERR_INIT;
-    cr_assert_eq(dev_alloc(d, 5 * 8, &o, &err), MT_OK);
+    dev_device *d = td_open("cpu:2", NULL);
+    dev_module *m = td_build(d, "args.c", args_src, NULL, 0, true);
+    dev_kernel *k = td_kernel(m, "pack", "piulfd");
+    void *o = td_alloc(d, 5 * 8);
     int i = -(int)mt_rng_below(&r, 1000000);
     unsigned u = 3000000000u + (unsigned)mt_rng_below(&r, 1000);
     long l = -(long)(mt_rng_u64(&r) >> 12);
@@ -268,9 +226,9 @@ Test(device_cpu, kernels_with_more_arguments_than_registers_get_every_value)
     uint64_t seed = mt_seed_fresh();
     mt_rng r;
     mt_rng_seed(&r, seed);
-    dev_device *d = open_cpu("cpu:2");
-    dev_module *m = build(d, "many.c", many_src, NULL, 0);
-    dev_kernel *k = kernel(m, "many", "piiiiiilffffffffdu");
+    dev_device *d = td_open("cpu:2", NULL);
+    dev_module *m = td_build(d, "many.c", many_src, NULL, 0, true);
+    dev_kernel *k = td_kernel(m, "many", "piiiiiilffffffffdu");
     int iv[6];
     float fv[8];
     for (int i = 0; i < 6; i++)
@@ -307,13 +265,11 @@ static const char count_src[] =
 
 Test(device_cpu, many_launches_in_a_row_all_complete)
 {
-    dev_device *d = open_cpu("cpu:4");
-    dev_module *m = build(d, "count.c", count_src, NULL, 0);
-    dev_kernel *k = kernel(m, "bump", "p");
-    void *c;
-    mt_err err = MT_ERR_INIT;
-    cr_assert_eq(dev_alloc(d, 8, &c, &err), MT_OK);
-    dev_memset(d, c, 0, 8, &err);
+    dev_device *d = td_open("cpu:4", NULL);
+    dev_module *m = td_build(d, "count.c", count_src, NULL, 0, true);
+    dev_kernel *k = td_kernel(m, "bump", "p");
+    void *c = td_alloc(d, 8);
+    td_fill(d, c, 0, 8);
     void *args[] = {&c};
     long want = 0;
     for (int i = 0; i < 3000; i++) {
@@ -331,7 +287,7 @@ Test(device_cpu, many_launches_in_a_row_all_complete)
 
 Test(device_cpu, compile_error_returns_the_compiler_log_naming_the_source)
 {
-    dev_device *d = open_cpu("cpu");
+    dev_device *d = td_open("cpu", NULL);
     dev_compile_req req = {.name = "broken_kernel.c",
                            .source = "MT_CPU_KERNEL void f(int *x) {\n  x[0] = undefined_thing;\n}\n",
                            .no_cache = true};
@@ -349,7 +305,7 @@ Test(device_cpu, compile_error_returns_the_compiler_log_naming_the_source)
 
 Test(device_cpu, second_compile_of_the_same_text_is_a_cache_hit)
 {
-    dev_device *d = open_cpu("cpu");
+    dev_device *d = td_open("cpu", NULL);
     char src[256];
     /* A fresh text, so the first compile cannot hit an older entry. */
     snprintf(src, sizeof src,
@@ -372,7 +328,7 @@ Test(device_cpu, second_compile_of_the_same_text_is_a_cache_hit)
     /* The cached code runs. */
     dev_module *m = NULL;
     cr_assert_eq(dev_module_load(d, c2, &m, &err), MT_OK, "%s", err.msg);
-    dev_kernel *k = kernel(m, "z", "p");
+    dev_kernel *k = td_kernel(m, "z", "p");
     float out[5] = {0};
     void *p = out;
     void *args[] = {&p};
@@ -394,7 +350,7 @@ Test(device_cpu, second_compile_of_the_same_text_is_a_cache_hit)
 
 Test(device_cpu, properties_describe_this_machine)
 {
-    dev_device *d = open_cpu("cpu:3");
+    dev_device *d = td_open("cpu:3", NULL);
     const dev_props *p = dev_get_props(d);
     cr_assert_eq(p->backend, DEV_BACKEND_CPU);
     cr_assert_str_eq(p->spec, "cpu:3");
@@ -417,8 +373,8 @@ Test(device_cpu, bad_thread_counts_and_missing_kernels_are_errors)
     cr_assert_eq(dev_open("cpu:0", NULL, &d, &err), MT_E_INVALID);
     cr_assert_eq(dev_open("cpu:two", NULL, &d, &err), MT_E_INVALID);
     cr_assert(strstr(err.msg, "cpu:two"), "%s", err.msg);
-    d = open_cpu("cpu:2");
-    dev_module *m = build(d, "count.c", count_src, NULL, 0);
+    d = td_open("cpu:2", NULL);
+    dev_module *m = td_build(d, "count.c", count_src, NULL, 0, true);
     dev_kernel *k = NULL;
     cr_assert_eq(dev_module_get_kernel(m, "no_such_kernel", "p", &k, &err), MT_E_NOT_FOUND);
     cr_assert(strstr(err.msg, "no_such_kernel"), "%s", err.msg);

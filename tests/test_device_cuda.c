@@ -9,6 +9,7 @@
 
 #include "common/rng.h"
 #include "device/device.h"
+#include "test_dev_util.h"
 
 /* Opens compile-only cuda for arch, or skips the test when NVRTC is absent. */
 static dev_device *open_or_skip(const char *arch)
@@ -21,16 +22,6 @@ static dev_device *open_or_skip(const char *arch)
         cr_skip_test("%s", err.msg);
     cr_assert_eq(st, MT_OK, "dev_open(cuda, arch %s): %s", arch, err.msg);
     return d;
-}
-
-static const dev_kernel_res *find(const dev_code *c, const char *name)
-{
-    const dev_code_info *info = dev_code_get_info(c);
-    for (int i = 0; i < info->n_kernels; i++)
-        if (!strcmp(info->kernels[i].name, name))
-            return &info->kernels[i];
-    cr_assert_fail("kernel %s not in the resource list (%d kernels)", name, info->n_kernels);
-    return NULL;
 }
 
 static const char src[] =
@@ -79,12 +70,12 @@ Test(device_cuda, compile_only_sm90_reports_registers_shared_memory_and_spills)
     dev_code *c = NULL;
     mt_err err = MT_ERR_INIT;
     cr_assert_eq(dev_compile(d, &req, &c, &err), MT_OK, "%s", err.msg);
-    const dev_kernel_res *k = find(c, "tile_sum");
+    const dev_kernel_res *k = td_find_res(c, "tile_sum");
     cr_assert_gt(k->vgprs, 0, "registers");
     cr_assert_leq(k->vgprs, 255);
     cr_assert_eq(k->lds_bytes, (int64_t)tile * 4, "seed %" PRIu64 ": TILE %d", seed, tile);
     cr_assert_eq(k->spill_vgprs, 0);
-    const dev_kernel_res *s = find(c, "spiller");
+    const dev_kernel_res *s = td_find_res(c, "spiller");
     cr_assert_leq(s->vgprs, 64, "__launch_bounds__(1024) caps registers at 64");
     cr_assert_gt(s->spill_vgprs, 0, "spiller did not spill: %s", dev_code_get_log(c));
     cr_assert_gt(s->private_bytes, 0);

@@ -10,6 +10,7 @@
 
 #include "common/rng.h"
 #include "device/device.h"
+#include "test_dev_util.h"
 
 #ifdef MOETUNE_HAVE_HIP
 #define NEED_HIP() ((void)0)
@@ -17,36 +18,10 @@
 #define NEED_HIP() cr_skip_test("this build has no HIP backend")
 #endif
 
+/* Compile-only hip for arch (no GPU needed). */
 static dev_device *open_arch(const char *arch)
 {
-    dev_open_opts o = {.arch = arch};
-    dev_device *d = NULL;
-    mt_err err = MT_ERR_INIT;
-    mt_status st = dev_open("hip", &o, &d, &err);
-    cr_assert_eq(st, MT_OK, "dev_open(hip, arch %s): %s", arch, err.msg);
-    return d;
-}
-
-static dev_code *compile(dev_device *d, const char *name, const char *src,
-                         const dev_define *defs, int n_defs, bool no_cache)
-{
-    dev_compile_req req = {.name = name, .source = src, .defines = defs,
-                           .n_defines = n_defs, .no_cache = no_cache};
-    dev_code *code = NULL;
-    mt_err err = MT_ERR_INIT;
-    mt_status st = dev_compile(d, &req, &code, &err);
-    cr_assert_eq(st, MT_OK, "compile %s: %s", name, err.msg);
-    return code;
-}
-
-static const dev_kernel_res *find(const dev_code *c, const char *name)
-{
-    const dev_code_info *info = dev_code_get_info(c);
-    for (int i = 0; i < info->n_kernels; i++)
-        if (!strcmp(info->kernels[i].name, name))
-            return &info->kernels[i];
-    cr_assert_fail("kernel %s not in the resource list (%d kernels)", name, info->n_kernels);
-    return NULL;
+    return td_open("hip", &(dev_open_opts){.arch = arch});
 }
 
 /* A block reduction through a static shared tile of TILE floats. */
@@ -79,11 +54,11 @@ Test(device_hip, compile_only_gfx90a_reports_plausible_resources)
     char tile_text[16];
     snprintf(tile_text, sizeof tile_text, "%d", tile);
     dev_define defs[] = {{"TILE", tile_text}};
-    dev_code *c = compile(d, "tile_sum.hip", tile_src, defs, 1, true);
+    dev_code *c = td_compile(d, "tile_sum.hip", tile_src, defs, 1, true);
     const dev_code_info *info = dev_code_get_info(c);
     cr_assert_not(info->cache_hit);
     cr_assert_gt(info->compile_ms, 0.0);
-    const dev_kernel_res *k = find(c, "tile_sum");
+    const dev_kernel_res *k = td_find_res(c, "tile_sum");
     cr_assert_gt(k->vgprs, 0);
     cr_assert_leq(k->vgprs, 512);
     cr_assert_gt(k->sgprs, 0);
@@ -104,7 +79,7 @@ Test(device_hip, compile_only_gfx90a_reports_plausible_resources)
     mt_err err = MT_ERR_INIT;
     cr_assert_eq(dev_code_from_bytes(d, dev_code_get_bytes(c, &len), len, &again, &err),
                  MT_OK, "%s", err.msg);
-    const dev_kernel_res *k2 = find(again, "tile_sum");
+    const dev_kernel_res *k2 = td_find_res(again, "tile_sum");
     cr_assert_eq(k2->vgprs, k->vgprs);
     cr_assert_eq(k2->lds_bytes, k->lds_bytes);
     dev_code_free(again);
@@ -134,8 +109,8 @@ Test(device_hip, a_kernel_forced_to_spill_reports_spills)
 {
     NEED_HIP();
     dev_device *d = open_arch("gfx90a");
-    dev_code *c = compile(d, "spiller.hip", spill_src, NULL, 0, true);
-    const dev_kernel_res *k = find(c, "spiller");
+    dev_code *c = td_compile(d, "spiller.hip", spill_src, NULL, 0, true);
+    const dev_kernel_res *k = td_find_res(c, "spiller");
     cr_assert_eq(k->max_threads, 256);
     cr_assert_leq(k->vgprs, 64);
     cr_assert_gt(k->spill_vgprs, 0, "vgprs %d agprs %d spills %d private %" PRId64,
@@ -210,8 +185,8 @@ Test(device_hip, compile_only_device_refuses_memory_and_modules)
     cr_assert(strstr(err.msg, "compile-only"), "%s", err.msg);
     char defs_text[] = "128";
     dev_define defs[] = {{"TILE", defs_text}};
-    dev_code *c = compile(d, "tile_sum.hip", tile_src, defs, 1, true);
-    cr_assert_eq(find(c, "tile_sum")->lds_bytes, 512);
+    dev_code *c = td_compile(d, "tile_sum.hip", tile_src, defs, 1, true);
+    cr_assert_eq(td_find_res(c, "tile_sum")->lds_bytes, 512);
     dev_module *m = NULL;
     cr_assert_eq(dev_module_load(d, c, &m, &err), MT_E_UNSUPPORTED);
     dev_code_free(c);
@@ -226,11 +201,11 @@ Test(device_hip, cache_hit_reports_the_same_resources)
     /* A fresh define value keeps the first compile a miss. */
     snprintf(tile_text, sizeof tile_text, "(64 + %u)", (unsigned)(mt_seed_fresh() % 1000));
     dev_define defs[] = {{"TILE", tile_text}};
-    dev_code *c1 = compile(d, "tile_sum.hip", tile_src, defs, 1, false);
-    dev_code *c2 = compile(d, "tile_sum.hip", tile_src, defs, 1, false);
+    dev_code *c1 = td_compile(d, "tile_sum.hip", tile_src, defs, 1, false);
+    dev_code *c2 = td_compile(d, "tile_sum.hip", tile_src, defs, 1, false);
     cr_assert_not(dev_code_get_info(c1)->cache_hit);
     cr_assert(dev_code_get_info(c2)->cache_hit);
-    const dev_kernel_res *a = find(c1, "tile_sum"), *b = find(c2, "tile_sum");
+    const dev_kernel_res *a = td_find_res(c1, "tile_sum"), *b = td_find_res(c2, "tile_sum");
     cr_assert_eq(a->vgprs, b->vgprs);
     cr_assert_eq(a->sgprs, b->sgprs);
     cr_assert_eq(a->lds_bytes, b->lds_bytes);

@@ -13,93 +13,15 @@
 
 #include "common/rng.h"
 #include "device/device.h"
+#include "test_dev_util.h"
 
 /* ---- helpers ------------------------------------------------------------ */
 
 static dev_device *open_emu(const char *spec, int threads)
 {
-    dev_device *d = NULL;
-    mt_err err = MT_ERR_INIT;
-    dev_open_opts o = {.threads = threads};
-    mt_status st = dev_open(spec, &o, &d, &err);
-    cr_assert_eq(st, MT_OK, "dev_open(%s): %s", spec, err.msg);
+    dev_device *d = td_open(spec, &(dev_open_opts){.threads = threads});
     dev_set_launch_timeout(d, 20000); /* a broken emulator fails, never hangs */
     return d;
-}
-
-static mt_status try_build(dev_device *d, const char *name, const char *src,
-                           const dev_define *defs, int n_defs, dev_module **out, mt_err *err)
-{
-    dev_compile_req req = {.name = name, .source = src, .defines = defs, .n_defines = n_defs};
-    dev_code *code = NULL;
-    *out = NULL;
-    mt_status st = dev_compile(d, &req, &code, err);
-    if (st != MT_OK)
-        return st;
-    st = dev_module_load(d, code, out, err);
-    dev_code_free(code);
-    return st;
-}
-
-static dev_module *build(dev_device *d, const char *name, const char *src,
-                         const dev_define *defs, int n_defs)
-{
-    dev_module *m = NULL;
-    mt_err err = MT_ERR_INIT;
-    mt_status st = try_build(d, name, src, defs, n_defs, &m, &err);
-    cr_assert_eq(st, MT_OK, "build %s: %s", name, err.msg);
-    return m;
-}
-
-static dev_kernel *kernel(dev_module *m, const char *name, const char *sig)
-{
-    dev_kernel *k = NULL;
-    mt_err err = MT_ERR_INIT;
-    cr_assert_eq(dev_module_get_kernel(m, name, sig, &k, &err), MT_OK, "%s: %s", name,
-                 err.msg);
-    return k;
-}
-
-static void *dalloc(dev_device *d, size_t bytes)
-{
-    void *p = NULL;
-    mt_err err = MT_ERR_INIT;
-    cr_assert_eq(dev_alloc(d, bytes, &p, &err), MT_OK, "alloc %zu: %s", bytes, err.msg);
-    return p;
-}
-
-static void *upload(dev_device *d, const void *host, size_t bytes)
-{
-    void *p = dalloc(d, bytes);
-    mt_err err = MT_ERR_INIT;
-    cr_assert_eq(dev_copy_to(d, p, host, bytes, &err), MT_OK, "%s", err.msg);
-    return p;
-}
-
-static void download(dev_device *d, void *host, const void *dev, size_t bytes)
-{
-    mt_err err = MT_ERR_INIT;
-    cr_assert_eq(dev_copy_from(d, host, dev, bytes, &err), MT_OK, "%s", err.msg);
-}
-
-static void poison(dev_device *d, void *dev, size_t bytes)
-{
-    mt_err err = MT_ERR_INIT;
-    cr_assert_eq(dev_memset(d, dev, 0xa5, bytes, &err), MT_OK, "%s", err.msg);
-}
-
-static mt_status run(dev_device *d, dev_kernel *k, dev_dim3 g, dev_dim3 b, size_t dyn,
-                     void **args, mt_err *err)
-{
-    return dev_launch(d, k, g, b, dyn, args, err);
-}
-
-static void run_ok(dev_device *d, dev_kernel *k, dev_dim3 g, dev_dim3 b, size_t dyn,
-                   void **args)
-{
-    mt_err err = MT_ERR_INIT;
-    mt_status st = run(d, k, g, b, dyn, args, &err);
-    cr_assert_eq(st, MT_OK, "launch: %s: %s", mt_status_str(st), err.msg);
 }
 
 /* ---- barriers ------------------------------------------------------------ */
@@ -131,8 +53,8 @@ static int reduce_errors(const dev_define *defs, int n_defs, uint64_t seed)
     mt_rng r;
     mt_rng_seed(&r, seed);
     dev_device *d = open_emu("emu", 2);
-    dev_module *m = build(d, "reduce.hip", reduce_src, defs, n_defs);
-    dev_kernel *k = kernel(m, "block_sum", "pp");
+    dev_module *m = td_build(d, "reduce.hip", reduce_src, defs, n_defs, false);
+    dev_kernel *k = td_kernel(m, "block_sum", "pp");
     const int nb = 7, nt = 256;
     float *in = malloc(sizeof(float) * nb * nt), out[7], want[7];
     for (int b = 0; b < nb; b++) {
@@ -142,11 +64,11 @@ static int reduce_errors(const dev_define *defs, int n_defs, uint64_t seed)
             want[b] += in[b * nt + t];
         }
     }
-    void *din = upload(d, in, sizeof(float) * nb * nt), *dout = dalloc(d, sizeof out);
-    poison(d, dout, sizeof out);
+    void *din = td_upload(d, in, sizeof(float) * nb * nt), *dout = td_alloc(d, sizeof out);
+    td_fill(d, dout, 0xa5, sizeof out);
     void *args[] = {&dout, &din};
-    run_ok(d, k, (dev_dim3){nb, 1, 1}, (dev_dim3){nt, 1, 1}, 0, args);
-    download(d, out, dout, sizeof out);
+    td_launch(d, k, (dev_dim3){nb, 1, 1}, (dev_dim3){nt, 1, 1}, 0, args);
+    td_download(d, out, dout, sizeof out);
     int bad = 0;
     for (int b = 0; b < nb; b++)
         bad += out[b] != want[b];
@@ -205,8 +127,8 @@ static void check_shuffles(const char *spec, int ws)
     mt_rng_seed(&r, seed);
     dev_device *d = open_emu(spec, 2);
     cr_assert_eq(dev_get_props(d)->warp_size, ws);
-    dev_module *m = build(d, "shuffles.hip", shfl_src, NULL, 0);
-    dev_kernel *k = kernel(m, "shuffles", "ppppiii");
+    dev_module *m = td_build(d, "shuffles.hip", shfl_src, NULL, 0, false);
+    dev_kernel *k = td_kernel(m, "shuffles", "ppppiii");
     const int n = 4 * ws; /* four full waves */
     float vf[256], of[5 * 256];
     int vi[256], oi[4 * 256];
@@ -214,18 +136,18 @@ static void check_shuffles(const char *spec, int ws)
         vf[t] = (float)((int)mt_rng_below(&r, 2001) - 1000);
         vi[t] = (int)mt_rng_u64(&r);
     }
-    void *dvf = upload(d, vf, sizeof vf), *dvi = upload(d, vi, sizeof vi);
-    void *dof = dalloc(d, sizeof of), *doi = dalloc(d, sizeof oi);
+    void *dvf = td_upload(d, vf, sizeof vf), *dvi = td_upload(d, vi, sizeof vi);
+    void *dof = td_alloc(d, sizeof of), *doi = td_alloc(d, sizeof oi);
     for (int round = 0; round < 4; round++) {
         int mask = 1 + (int)mt_rng_below(&r, (uint64_t)ws - 1);
         int delta = (int)mt_rng_below(&r, (uint64_t)ws);
         int mul = 1 + 2 * (int)mt_rng_below(&r, 16);
-        poison(d, dof, sizeof of);
-        poison(d, doi, sizeof oi);
+        td_fill(d, dof, 0xa5, sizeof of);
+        td_fill(d, doi, 0xa5, sizeof oi);
         void *args[] = {&dof, &doi, &dvf, &dvi, &mask, &delta, &mul};
-        run_ok(d, k, (dev_dim3){1, 1, 1}, (dev_dim3){(unsigned)n, 1, 1}, 0, args);
-        download(d, of, dof, sizeof of);
-        download(d, oi, doi, sizeof oi);
+        td_launch(d, k, (dev_dim3){1, 1, 1}, (dev_dim3){(unsigned)n, 1, 1}, 0, args);
+        td_download(d, of, dof, sizeof of);
+        td_download(d, oi, doi, sizeof oi);
         for (int t = 0; t < n; t++) {
             int lane = t % ws, base = t - lane;
             int x = lane ^ mask;
@@ -274,8 +196,8 @@ static void check_votes(const char *spec, int ws)
     mt_rng r;
     mt_rng_seed(&r, seed);
     dev_device *d = open_emu(spec, 2);
-    dev_module *m = build(d, "votes.hip", vote_src, NULL, 0);
-    dev_kernel *k = kernel(m, "votes", "pppp");
+    dev_module *m = td_build(d, "votes.hip", vote_src, NULL, 0, false);
+    dev_kernel *k = td_kernel(m, "votes", "pppp");
     const int n = 3 * ws;
     int pred[192], any[192], all[192];
     unsigned long long ballot[192];
@@ -283,13 +205,13 @@ static void check_votes(const char *spec, int ws)
     for (int t = 0; t < n; t++)
         pred[t] = t < ws ? (int)mt_rng_below(&r, 2) * (1 + (int)mt_rng_below(&r, 5))
                          : t >= 2 * ws;
-    void *dp = upload(d, pred, sizeof pred), *db = dalloc(d, sizeof ballot);
-    void *dany = dalloc(d, sizeof any), *dall = dalloc(d, sizeof all);
+    void *dp = td_upload(d, pred, sizeof pred), *db = td_alloc(d, sizeof ballot);
+    void *dany = td_alloc(d, sizeof any), *dall = td_alloc(d, sizeof all);
     void *args[] = {&db, &dany, &dall, &dp};
-    run_ok(d, k, (dev_dim3){1, 1, 1}, (dev_dim3){(unsigned)n, 1, 1}, 0, args);
-    download(d, ballot, db, sizeof ballot);
-    download(d, any, dany, sizeof any);
-    download(d, all, dall, sizeof all);
+    td_launch(d, k, (dev_dim3){1, 1, 1}, (dev_dim3){(unsigned)n, 1, 1}, 0, args);
+    td_download(d, ballot, db, sizeof ballot);
+    td_download(d, any, dany, sizeof any);
+    td_download(d, all, dall, sizeof all);
     for (int w = 0; w < 3; w++) {
         unsigned long long want = 0;
         for (int l = 0; l < ws; l++)
@@ -334,19 +256,19 @@ Test(emu, dynamic_shared_memory_holds_a_block_row)
     mt_rng r;
     mt_rng_seed(&r, seed);
     dev_device *d = open_emu("emu", 3);
-    dev_module *m = build(d, "dyn.hip", dyn_src, NULL, 0);
-    dev_kernel *k = kernel(m, "reverse_rows", "ppi");
+    dev_module *m = td_build(d, "dyn.hip", dyn_src, NULL, 0, false);
+    dev_kernel *k = td_kernel(m, "reverse_rows", "ppi");
     int rows = 5, n = 1000 + 2 * (int)mt_rng_below(&r, 7000) + 1; /* odd, up to 60 KB */
     size_t bytes = sizeof(float) * (size_t)rows * (size_t)n;
     float *in = malloc(bytes), *out = malloc(bytes);
     for (size_t i = 0; i < (size_t)rows * (size_t)n; i++)
         in[i] = mt_rng_normal(&r);
-    void *din = upload(d, in, bytes), *dout = dalloc(d, bytes);
-    poison(d, dout, bytes);
+    void *din = td_upload(d, in, bytes), *dout = td_alloc(d, bytes);
+    td_fill(d, dout, 0xa5, bytes);
     void *args[] = {&dout, &din, &n};
-    run_ok(d, k, (dev_dim3){(unsigned)rows, 1, 1}, (dev_dim3){96, 1, 1},
-           sizeof(float) * (size_t)n, args);
-    download(d, out, dout, bytes);
+    td_launch(d, k, (dev_dim3){(unsigned)rows, 1, 1}, (dev_dim3){96, 1, 1},
+              sizeof(float) * (size_t)n, args);
+    td_download(d, out, dout, bytes);
     for (int b = 0; b < rows; b++)
         for (int i = 0; i < n; i++)
             cr_assert_eq(out[b * n + i], in[b * n + n - 1 - i] * 2.0f,
@@ -389,16 +311,16 @@ Test(emu, static_shared_memory_is_private_to_each_block)
     mt_rng r;
     mt_rng_seed(&r, seed);
     dev_device *d = open_emu("emu", 4);
-    dev_module *m = build(d, "static.hip", static_src, NULL, 0);
-    dev_kernel *k = kernel(m, "private_shared", "pi");
+    dev_module *m = td_build(d, "static.hip", static_src, NULL, 0, false);
+    dev_kernel *k = td_kernel(m, "private_shared", "pi");
     int nb = 16 + (int)mt_rng_below(&r, 16), nt = 128, rounds = 20 + (int)mt_rng_below(&r, 20);
     size_t bytes = sizeof(int) * (size_t)(nb * nt + nb);
     int *out = malloc(bytes);
-    void *dout = dalloc(d, bytes);
-    poison(d, dout, bytes);
+    void *dout = td_alloc(d, bytes);
+    td_fill(d, dout, 0xa5, bytes);
     void *args[] = {&dout, &rounds};
-    run_ok(d, k, (dev_dim3){(unsigned)nb, 1, 1}, (dev_dim3){(unsigned)nt, 1, 1}, 0, args);
-    download(d, out, dout, bytes);
+    td_launch(d, k, (dev_dim3){(unsigned)nb, 1, 1}, (dev_dim3){(unsigned)nt, 1, 1}, 0, args);
+    td_download(d, out, dout, bytes);
     for (int b = 0; b < nb; b++) {
         for (int t = 0; t < nt; t++)
             cr_assert_eq(out[b * nt + t], rounds * ((t + 1) % nt),
@@ -443,8 +365,8 @@ Test(emu, atomics_from_many_blocks_match_c)
     mt_rng r;
     mt_rng_seed(&r, seed);
     dev_device *d = open_emu("emu", 4);
-    dev_module *m = build(d, "atomics.hip", atomic_src, NULL, 0);
-    dev_kernel *k = kernel(m, "atomics", "ppppi");
+    dev_module *m = td_build(d, "atomics.hip", atomic_src, NULL, 0, false);
+    dev_kernel *k = td_kernel(m, "atomics", "ppppi");
     int n = 5000 + (int)mt_rng_below(&r, 5000);
     int *v = malloc(sizeof(int) * (size_t)n);
     for (int i = 0; i < n; i++)
@@ -452,14 +374,14 @@ Test(emu, atomics_from_many_blocks_match_c)
     int ci[7] = {0, INT32_MAX, INT32_MIN, 0, 0, 0, 0};
     unsigned cu[3] = {0, UINT32_MAX, 0};
     float cf[2] = {0.0f, -1.0f};
-    void *dv = upload(d, v, sizeof(int) * (size_t)n), *dci = upload(d, ci, sizeof ci);
-    void *dcu = upload(d, cu, sizeof cu), *dcf = upload(d, cf, sizeof cf);
+    void *dv = td_upload(d, v, sizeof(int) * (size_t)n), *dci = td_upload(d, ci, sizeof ci);
+    void *dcu = td_upload(d, cu, sizeof cu), *dcf = td_upload(d, cf, sizeof cf);
     void *args[] = {&dci, &dcu, &dcf, &dv, &n};
     unsigned blocks = (unsigned)(n + 127) / 128;
-    run_ok(d, k, (dev_dim3){blocks, 1, 1}, (dev_dim3){128, 1, 1}, 0, args);
-    download(d, ci, dci, sizeof ci);
-    download(d, cu, dcu, sizeof cu);
-    download(d, cf, dcf, sizeof cf);
+    td_launch(d, k, (dev_dim3){blocks, 1, 1}, (dev_dim3){128, 1, 1}, 0, args);
+    td_download(d, ci, dci, sizeof ci);
+    td_download(d, cu, dcu, sizeof cu);
+    td_download(d, cf, dcf, sizeof cf);
     int64_t sum = 0, fsum = 0;
     int mn = INT32_MAX, mx = INT32_MIN;
     unsigned usum = 0, umn = UINT32_MAX, umx = 0;
@@ -519,8 +441,8 @@ Test(emu, grids_and_blocks_in_2d_and_3d_index_correctly)
     mt_rng r;
     mt_rng_seed(&r, seed);
     dev_device *d = open_emu("emu", 3);
-    dev_module *m = build(d, "index.hip", index_src, NULL, 0);
-    dev_kernel *k = kernel(m, "where", "p");
+    dev_module *m = td_build(d, "index.hip", index_src, NULL, 0, false);
+    dev_kernel *k = td_kernel(m, "where", "p");
     for (int round = 0; round < 3; round++) {
         dev_dim3 g = {1 + (unsigned)mt_rng_below(&r, 5), 1 + (unsigned)mt_rng_below(&r, 4),
                       round == 0 ? 1 : 1 + (unsigned)mt_rng_below(&r, 3)};
@@ -529,11 +451,11 @@ Test(emu, grids_and_blocks_in_2d_and_3d_index_correctly)
         size_t nb = (size_t)g.x * g.y * g.z, nt = (size_t)b.x * b.y * b.z;
         size_t bytes = 4 * sizeof(unsigned) * nb * nt;
         unsigned *out = malloc(bytes);
-        void *dout = dalloc(d, bytes);
-        poison(d, dout, bytes);
+        void *dout = td_alloc(d, bytes);
+        td_fill(d, dout, 0xa5, bytes);
         void *args[] = {&dout};
-        run_ok(d, k, g, b, 0, args);
-        download(d, out, dout, bytes);
+        td_launch(d, k, g, b, 0, args);
+        td_download(d, out, dout, bytes);
         for (unsigned bz = 0; bz < g.z; bz++)
             for (unsigned by = 0; by < g.y; by++)
                 for (unsigned bx = 0; bx < g.x; bx++)
@@ -571,20 +493,20 @@ Test(emu, out_of_bounds_write_is_a_fault_naming_the_kernel_and_next_launch_works
     mt_rng r;
     mt_rng_seed(&r, seed);
     dev_device *d = open_emu("emu", 2);
-    dev_module *m = build(d, "oob.hip", oob_src, NULL, 0);
-    dev_kernel *k = kernel(m, "scale_oob", "ppi");
+    dev_module *m = td_build(d, "oob.hip", oob_src, NULL, 0, false);
+    dev_kernel *k = td_kernel(m, "scale_oob", "ppi");
     int n = 1000 + (int)mt_rng_below(&r, 3000);
     if (n % 64 == 0)
         n++; /* the last block must run past the end */
     float *x = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * (size_t)n);
     for (int i = 0; i < n; i++)
         x[i] = mt_rng_normal(&r);
-    void *dx = upload(d, x, sizeof(float) * (size_t)n);
-    void *dy = dalloc(d, sizeof(float) * (size_t)n);
+    void *dx = td_upload(d, x, sizeof(float) * (size_t)n);
+    void *dy = td_alloc(d, sizeof(float) * (size_t)n);
     void *args[] = {&dy, &dx, &n};
     mt_err err = MT_ERR_INIT;
-    mt_status st = run(d, k, (dev_dim3){(unsigned)(n + 63) / 64, 1, 1}, (dev_dim3){64, 1, 1},
-                       0, args, &err);
+    mt_status st = dev_launch(d, k, (dev_dim3){(unsigned)(n + 63) / 64, 1, 1},
+                              (dev_dim3){64, 1, 1}, 0, args, &err);
     cr_assert_eq(st, MT_E_FAULT, "got %s: %s (seed %" PRIu64 ")", mt_status_str(st), err.msg,
                  seed);
     cr_assert(strstr(err.msg, "scale_oob"), "message does not name the kernel: %s", err.msg);
@@ -593,9 +515,9 @@ Test(emu, out_of_bounds_write_is_a_fault_naming_the_kernel_and_next_launch_works
     /* The device still works: an in-bounds launch of the same size. */
     int blocks = n / 64;
     void *args2[] = {&dy, &dx, &n};
-    poison(d, dy, sizeof(float) * (size_t)n);
-    run_ok(d, k, (dev_dim3){(unsigned)blocks, 1, 1}, (dev_dim3){64, 1, 1}, 0, args2);
-    download(d, y, dy, sizeof(float) * (size_t)n);
+    td_fill(d, dy, 0xa5, sizeof(float) * (size_t)n);
+    td_launch(d, k, (dev_dim3){(unsigned)blocks, 1, 1}, (dev_dim3){64, 1, 1}, 0, args2);
+    td_download(d, y, dy, sizeof(float) * (size_t)n);
     for (int i = 0; i < blocks * 64; i++)
         cr_assert_eq(y[i], 2.0f * x[i], "element %d after the fault", i);
     dev_free(d, dx);
@@ -628,24 +550,24 @@ Test(emu, deadlock_is_reported_within_a_timeout)
 {
     dev_device *d = open_emu("emu", 2);
     dev_set_launch_timeout(d, 10000);
-    dev_module *m = build(d, "deadlock.hip", deadlock_src, NULL, 0);
-    dev_kernel *k = kernel(m, "half_barrier", "p");
-    void *dout = dalloc(d, 256 * sizeof(int));
+    dev_module *m = td_build(d, "deadlock.hip", deadlock_src, NULL, 0, false);
+    dev_kernel *k = td_kernel(m, "half_barrier", "p");
+    void *dout = td_alloc(d, 256 * sizeof(int));
     void *args[] = {&dout};
     mt_err err = MT_ERR_INIT;
-    mt_status st = run(d, k, (dev_dim3){3, 1, 1}, (dev_dim3){128, 1, 1}, 0, args, &err);
+    mt_status st = dev_launch(d, k, (dev_dim3){3, 1, 1}, (dev_dim3){128, 1, 1}, 0, args, &err);
     cr_assert_eq(st, MT_E_DEADLOCK, "got %s: %s", mt_status_str(st), err.msg);
     cr_assert(strstr(err.msg, "half_barrier") && strstr(err.msg, "__syncthreads"), "%s",
               err.msg);
 
-    dev_kernel *k2 = kernel(m, "early_exit", "pi");
+    dev_kernel *k2 = td_kernel(m, "early_exit", "pi");
     int n = 100;
     void *args2[] = {&dout, &n};
-    st = run(d, k2, (dev_dim3){1, 1, 1}, (dev_dim3){128, 1, 1}, 0, args2, &err);
+    st = dev_launch(d, k2, (dev_dim3){1, 1, 1}, (dev_dim3){128, 1, 1}, 0, args2, &err);
     cr_assert_eq(st, MT_E_DEADLOCK, "got %s: %s", mt_status_str(st), err.msg);
     cr_assert(strstr(err.msg, "early_exit") && strstr(err.msg, "exited"), "%s", err.msg);
     n = 128; /* every thread reaches the barrier: fine */
-    run_ok(d, k2, (dev_dim3){2, 1, 1}, (dev_dim3){128, 1, 1}, 0, args2);
+    td_launch(d, k2, (dev_dim3){2, 1, 1}, (dev_dim3){128, 1, 1}, 0, args2);
     dev_free(d, dout);
     dev_module_unload(m);
     dev_close(d);
@@ -663,20 +585,20 @@ Test(emu, endless_loop_is_stopped_by_the_launch_timeout)
 {
     dev_device *d = open_emu("emu", 2);
     dev_set_launch_timeout(d, 300);
-    dev_module *m = build(d, "spin.hip", spin_src, NULL, 0);
-    dev_kernel *k = kernel(m, "spin", "pp");
+    dev_module *m = td_build(d, "spin.hip", spin_src, NULL, 0, false);
+    dev_kernel *k = td_kernel(m, "spin", "pp");
     int zero = 0, seven = 7, out[64];
-    void *dflag = upload(d, &zero, sizeof zero), *dout = dalloc(d, sizeof out);
+    void *dflag = td_upload(d, &zero, sizeof zero), *dout = td_alloc(d, sizeof out);
     void *args[] = {&dflag, &dout};
     mt_err err = MT_ERR_INIT;
-    mt_status st = run(d, k, (dev_dim3){4, 1, 1}, (dev_dim3){64, 1, 1}, 0, args, &err);
+    mt_status st = dev_launch(d, k, (dev_dim3){4, 1, 1}, (dev_dim3){64, 1, 1}, 0, args, &err);
     cr_assert_eq(st, MT_E_TIMEOUT, "got %s: %s", mt_status_str(st), err.msg);
     cr_assert(strstr(err.msg, "spin"), "%s", err.msg);
     /* With the flag set the same kernel finishes. */
     mt_err e2 = MT_ERR_INIT;
     cr_assert_eq(dev_copy_to(d, dflag, &seven, sizeof seven, &e2), MT_OK);
-    run_ok(d, k, (dev_dim3){4, 1, 1}, (dev_dim3){64, 1, 1}, 0, args);
-    download(d, out, dout, sizeof out);
+    td_launch(d, k, (dev_dim3){4, 1, 1}, (dev_dim3){64, 1, 1}, 0, args);
+    td_download(d, out, dout, sizeof out);
     for (int i = 0; i < 64; i++)
         cr_assert_eq(out[i], 7);
     dev_free(d, dflag);
@@ -692,9 +614,9 @@ Test(emu, compile_error_returns_the_log_naming_the_source)
     snprintf(name, sizeof name, "broken_%" PRIu64 ".hip", mt_seed_fresh() % 100000);
     dev_module *m = NULL;
     mt_err err = MT_ERR_INIT;
-    mt_status st = try_build(d, name,
-                             "MT_KERNEL void broken(float *y)\n{\n    y[0] = undeclared_x;\n}\n",
-                             NULL, 0, &m, &err);
+    mt_status st = td_try_build(d, name,
+                                "MT_KERNEL void broken(float *y)\n{\n    y[0] = undeclared_x;\n}\n",
+                                NULL, 0, false, &m, &err);
     cr_assert_eq(st, MT_E_COMPILE, "got %s: %s", mt_status_str(st), err.msg);
     cr_assert(strstr(err.msg, name), "log does not name %s: %s", name, err.msg);
     cr_assert(strstr(err.msg, "undeclared_x"), "log lacks the error: %s", err.msg);

@@ -16,6 +16,7 @@
 #include "device/device.h"
 #include "kernels/family.h"
 #include "kernels/runner.h"
+#include "test_dev_util.h"
 
 static bool cc_is_clang(void)
 {
@@ -25,11 +26,7 @@ static bool cc_is_clang(void)
 
 static dev_device *open_dev(const char *spec)
 {
-    dev_device *d = NULL;
-    mt_err err = MT_ERR_INIT;
-    dev_open_opts o = {.threads = 2};
-    cr_assert_eq(dev_open(spec, &o, &d, &err), MT_OK, "dev_open(%s): %s", spec, err.msg);
-    return d;
+    return td_open(spec, &(dev_open_opts){.threads = 2});
 }
 
 /* `handle` has a typedef of its own (no letter: '?', any letter goes);
@@ -54,9 +51,7 @@ static void check_letters(const char *spec, const char *src)
         cr_skip_test("MOETUNE_CC is clang: no -aux-info, modules carry no signature table");
     dev_device *d = open_dev(spec);
     mt_err err = MT_ERR_INIT;
-    dev_compile_req req = {.name = "sigs", .source = src, .no_cache = true};
-    dev_code *code = NULL;
-    cr_assert_eq(dev_compile(d, &req, &code, &err), MT_OK, "%s: %s", spec, err.msg);
+    dev_code *code = td_compile(d, "sigs", src, NULL, 0, true);
 
     const struct { const char *name, *sig; bool ok; } t[] = {
         {"k", "ppifuldi", true},

@@ -16,6 +16,7 @@
 #include "common/rng.h"
 #include "device/device.h"
 #include "kernels/mxfp4.h"
+#include "test_dev_util.h"
 
 Test(mxfp4, e2m1_codes_decode_to_the_spec_table)
 {
@@ -241,19 +242,11 @@ typedef struct enc_dev {
 static enc_dev enc_open(const char *spec)
 {
     enc_dev e = {.gpu = strncmp(spec, "cpu", 3) != 0};
-    mt_err err = MT_ERR_INIT;
-    dev_open_opts o = {.threads = 2};
-    cr_assert_eq(dev_open(spec, &o, &e.d, &err), MT_OK, "dev_open(%s): %s", spec, err.msg);
-    dev_compile_req req = {.name = e.gpu ? "enc.hip" : "enc.c",
-                           .source = e.gpu ? enc_gpu_src : enc_cpu_src};
-    dev_code *code = NULL;
-    cr_assert_eq(dev_compile(e.d, &req, &code, &err), MT_OK, "%s: %s", spec, err.msg);
-    cr_assert_eq(dev_module_load(e.d, code, &e.m, &err), MT_OK, "%s: %s", spec, err.msg);
-    dev_code_free(code);
-    cr_assert_eq(dev_module_get_kernel(e.m, "enc_list", "ppi", &e.list, &err), MT_OK,
-                 "%s", err.msg);
-    cr_assert_eq(dev_module_get_kernel(e.m, "enc_range", "pui", &e.range, &err), MT_OK,
-                 "%s", err.msg);
+    e.d = td_open(spec, &(dev_open_opts){.threads = 2});
+    e.m = td_build(e.d, e.gpu ? "enc.hip" : "enc.c", e.gpu ? enc_gpu_src : enc_cpu_src, NULL, 0,
+                   false);
+    e.list = td_kernel(e.m, "enc_list", "ppi");
+    e.range = td_kernel(e.m, "enc_range", "pui");
     return e;
 }
 
@@ -270,8 +263,8 @@ static void enc_launch(enc_dev *e, dev_kernel *k, int n, int per_item, void **ar
         grid.x = 8;
         block.x = 64;
     }
+    td_launch(e->d, k, grid, block, 0, args);
     mt_err err = MT_ERR_INIT;
-    cr_assert_eq(dev_launch(e->d, k, grid, block, 0, args, &err), MT_OK, "%s", err.msg);
     cr_assert_eq(dev_synchronize(e->d, &err), MT_OK, "%s", err.msg);
 }
 
@@ -292,15 +285,11 @@ static uint32_t bits_of(float f)
 /* Codes of n floats on the device, through enc_list. */
 static void enc_run_list(enc_dev *e, const float *x, int n, uint8_t *out)
 {
-    void *dx = NULL, *dout = NULL;
-    mt_err err = MT_ERR_INIT;
-    cr_assert_eq(dev_alloc(e->d, (size_t)n * 4, &dx, &err), MT_OK, "%s", err.msg);
-    cr_assert_eq(dev_alloc(e->d, (size_t)n, &dout, &err), MT_OK, "%s", err.msg);
-    cr_assert_eq(dev_copy_to(e->d, dx, x, (size_t)n * 4, &err), MT_OK, "%s", err.msg);
-    cr_assert_eq(dev_memset(e->d, dout, 0xee, (size_t)n, &err), MT_OK, "%s", err.msg);
+    void *dx = td_upload(e->d, x, (size_t)n * 4), *dout = td_alloc(e->d, (size_t)n);
+    td_fill(e->d, dout, 0xee, (size_t)n);
     void *args[] = {&dx, &dout, &n};
     enc_launch(e, e->list, n, 4096, args);
-    cr_assert_eq(dev_copy_from(e->d, out, dout, (size_t)n, &err), MT_OK, "%s", err.msg);
+    td_download(e->d, out, dout, (size_t)n);
     dev_free(e->d, dx);
     dev_free(e->d, dout);
 }
@@ -359,19 +348,16 @@ static void check_prelude_encoder(const char *spec)
 
     /* Every float of magnitude [2^-2, 8) (biased exponents 125..129), both
      * signs: all ties, all rounding boundaries, the saturation at 6. */
-    void *dout = NULL;
-    mt_err err = MT_ERR_INIT;
-    cr_assert_eq(dev_alloc(e.d, ENC_CHUNK, &dout, &err), MT_OK, "%s", err.msg);
+    void *dout = td_alloc(e.d, ENC_CHUNK);
     int64_t bad = 0;
     for (uint32_t sign = 0; sign < 2; sign++) {
         uint32_t lo = (sign << 31) | (125u << 23), hi = (sign << 31) | (130u << 23);
         for (uint32_t base = lo; base < hi; base += ENC_CHUNK) {
             int cn = ENC_CHUNK;
             void *args[] = {&dout, &base, &cn};
-            cr_assert_eq(dev_memset(e.d, dout, 0xee, ENC_CHUNK, &err), MT_OK, "%s", err.msg);
+            td_fill(e.d, dout, 0xee, ENC_CHUNK);
             enc_launch(&e, e.range, cn, 65536, args);
-            cr_assert_eq(dev_copy_from(e.d, got, dout, ENC_CHUNK, &err), MT_OK, "%s",
-                         err.msg);
+            td_download(e.d, got, dout, ENC_CHUNK);
             for (uint32_t i = 0; i < ENC_CHUNK; i++) {
                 float v = f32_of(base + i);
                 unsigned want = mxfp4_e2m1_encode(v);
