@@ -224,7 +224,7 @@ static int model_jobs(const tune_cli *c, const int64_t *ms, int n_m, tune_job *j
             (*n_jobs)++;
         }
     }
-    if (!rc && !c->quiet)
+    if (!rc && *n_jobs > 0 && !c->quiet)
         fprintf(stderr, "moetune tune: %s: the runtime's kernel plan has %d kernels; tuning %d"
                 "%s\n", c->model, n_plan, *n_jobs,
                 skipped ? " (the others see no M of the list)" : "");
