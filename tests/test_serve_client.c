@@ -46,12 +46,16 @@ static void *server_main(void *arg)
         const char *cl = strcasestr(s->request, "Content-Length:");
         size_t want = cl ? strtoul(cl + 15, NULL, 10) : 0;
         size_t have = s->request_len - (size_t)(strstr(s->request, "\r\n\r\n") + 4 - s->request);
-        char sink[4096];
-        while (have < want) {
-            ssize_t r = recv(fd, sink, sizeof sink, 0);
+        /* Kept in request[] too: the client may send the body in its own
+         * segment, after the head. */
+        while (have < want && s->request_len < sizeof s->request - 1) {
+            ssize_t r = recv(fd, s->request + s->request_len,
+                             sizeof s->request - 1 - s->request_len, 0);
             if (r <= 0)
                 break;
             have += (size_t)r;
+            s->request_len += (size_t)r;
+            s->request[s->request_len] = 0;
         }
     }
     if (s->delay_s > 0)
