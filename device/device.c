@@ -429,7 +429,7 @@ mt_status dev_launch(dev_device *d, dev_kernel *k, dev_dim3 grid, dev_dim3 block
     if (!grid.x || !grid.y || !grid.z || !block.x || !block.y || !block.z)
         return mt_fail(err, MT_E_LAUNCH, "kernel %s: empty grid or block (%ux%ux%u, %ux%ux%u)",
                        k->name, grid.x, grid.y, grid.z, block.x, block.y, block.z);
-    if (dev_backend_is_gpu(d->props.backend)) {
+    if (dev_backend_runs_hip_source(d->props.backend)) {
         uint64_t threads = (uint64_t)block.x * block.y * block.z;
         if (threads > (uint64_t)d->props.max_threads_per_block)
             return mt_fail(err, MT_E_LAUNCH,

@@ -37,8 +37,9 @@ typedef enum dev_backend {
 /* "cpu", "emu", "hip", "cuda". */
 const char *dev_backend_name(dev_backend b);
 
-/* Which kind of kernel source a backend runs: GPU (HIP text) or CPU (C). */
-static inline bool dev_backend_is_gpu(dev_backend b) { return b != DEV_BACKEND_CPU; }
+/* Which kind of kernel source a backend runs: HIP text (hip, cuda and the
+ * emulator, which runs HIP text on the host) or C (cpu). */
+static inline bool dev_backend_runs_hip_source(dev_backend b) { return b != DEV_BACKEND_CPU; }
 
 typedef struct dev_props {
     dev_backend backend;

@@ -293,7 +293,7 @@ static size_t score_shared(const kern_shape *s, int bt)
 static mt_status run(const kern_ctx *c, mt_err *err)
 {
     const kern_shape *s = c->shape;
-    bool gpu = dev_backend_is_gpu(c->props->backend);
+    bool gpu = dev_backend_runs_hip_source(c->props->backend);
     dev_kernel *ks, *kt;
     mt_status st = kern_get(c, "dsa_scores", "pppppipppiif", &ks, err);
     if (st == MT_OK)

@@ -223,7 +223,7 @@ static size_t gpu_shared(const kern_shape *s, int hb, int bn)
 static mt_status run(const kern_ctx *c, mt_err *err)
 {
     const kern_shape *s = c->shape;
-    bool gpu = dev_backend_is_gpu(c->props->backend);
+    bool gpu = dev_backend_runs_hip_source(c->props->backend);
     dev_kernel *ks, *kr;
     mt_status st = kern_get(c, "mla_decode_split", "ppppippppf", &ks, err);
     if (st == MT_OK)

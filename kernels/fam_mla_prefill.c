@@ -166,7 +166,7 @@ static size_t expand_shared(void) { return (size_t)(ET + EN) * EK * 4; }
 static mt_status run(const kern_ctx *c, mt_err *err)
 {
     const kern_shape *s = c->shape;
-    bool gpu = dev_backend_is_gpu(c->props->backend);
+    bool gpu = dev_backend_runs_hip_source(c->props->backend);
     dev_kernel *ke, *ka;
     mt_status st = kern_get(c, "mla_prefill_expand", "ppppppi", &ke, err);
     if (st == MT_OK)

@@ -107,7 +107,7 @@ static int param(const kern_ctx *c, const char *name)
 
 static mt_status run(const kern_ctx *c, mt_err *err)
 {
-    bool gpu = dev_backend_is_gpu(c->props->backend);
+    bool gpu = dev_backend_runs_hip_source(c->props->backend);
     dev_kernel *k;
     mt_status st = kern_get(c, "ops_head_gemm", "pppi", &k, err);
     if (st != MT_OK)

@@ -141,7 +141,7 @@ static void cost(const kern_shape *s, int64_t m, double *flops, double *bytes)
 
 static mt_status run(const kern_ctx *c, mt_err *err)
 {
-    bool gpu = dev_backend_is_gpu(c->props->backend);
+    bool gpu = dev_backend_runs_hip_source(c->props->backend);
     dev_kernel *k;
     mt_status st = kern_get(c, "rope_apply", "pppppi", &k, err);
     if (st != MT_OK)

@@ -202,7 +202,7 @@ mt_status moe_create(dev_device *dev, const moe_dims *dims, const moe_weights *w
      * (the largest BM of the given configs, or 128 for defaults, which are
      * chosen to divide it); the cpu GEMMs walk whole tiles, 128 rows each. */
     m->bm = 128;
-    if (dev_backend_is_gpu(p->backend)) {
+    if (dev_backend_runs_hip_source(p->backend)) {
         const kern_config *g[] = {cfgs->up, cfgs->down, cfgs->sh_up, cfgs->sh_down};
         int bm = 16;
         bool any = false;

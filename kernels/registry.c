@@ -57,5 +57,5 @@ const kern_family *kern_family_find(const char *name)
 
 const kern_impl *kern_family_impl(const kern_family *f, dev_backend b)
 {
-    return dev_backend_is_gpu(b) ? f->gpu : f->cpu;
+    return dev_backend_runs_hip_source(b) ? f->gpu : f->cpu;
 }

@@ -57,7 +57,7 @@ mt_status kern_rows_launch(const kern_ctx *c, const char *name, const char *sig,
     mt_status st = kern_get(c, name, sig, &k, err);
     if (st != MT_OK)
         return st;
-    bool gpu = dev_backend_is_gpu(c->props->backend);
+    bool gpu = dev_backend_runs_hip_source(c->props->backend);
     int rows = kern_config_get(c->impl, c->cfg, "ROWS", 1);
     dev_dim3 grid = {kern_cdiv(c->m, rows), 1, 1};
     dev_dim3 block = {gpu ? (unsigned)kern_config_get(c->impl, c->cfg, "THREADS", 64) : 1, 1, 1};

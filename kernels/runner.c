@@ -87,7 +87,7 @@ mt_status kern_problem_create_ex(dev_device *d, const kern_family *f,
     const kern_impl *im = kern_family_impl(f, props->backend);
     if (!im)
         return mt_fail(err, MT_E_UNSUPPORTED, "family %s has no %s implementation",
-                       f->name, dev_backend_is_gpu(props->backend) ? "GPU" : "CPU");
+                       f->name, dev_backend_runs_hip_source(props->backend) ? "GPU" : "CPU");
     if (f->shape_ok) {
         char why[256] = "";
         if (!f->shape_ok(s, m, why, sizeof why))

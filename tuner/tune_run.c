@@ -340,7 +340,7 @@ static mt_status submit(run_ctx *r, cand *c, mt_err *err)
 static mt_status run_batch(run_ctx *r, tune_search *s, cand *cs, int n, bool *out_of_time,
                            mt_err *err)
 {
-    const bool host = !dev_backend_is_gpu(r->props.backend) && !r->compile_only;
+    const bool host = !dev_backend_runs_hip_source(r->props.backend) && !r->compile_only;
     const int window = r->jobs * 4 > 8 ? r->jobs * 4 : 8;
     int sub = 0;
     mt_status st = MT_OK;
@@ -647,7 +647,7 @@ static mt_status run_job(run_ctx *r, const tune_job *job, tune_job_report *jr, m
     snprintf(jr->shape_key, sizeof jr->shape_key, "%s", r->shape_key);
     if (!r->im)
         return mt_fail(err, MT_E_UNSUPPORTED, "family %s has no %s implementation",
-                       job->fam->name, dev_backend_is_gpu(r->props.backend) ? "GPU" : "CPU");
+                       job->fam->name, dev_backend_runs_hip_source(r->props.backend) ? "GPU" : "CPU");
     if (r->im->n_params == 0) {
         /* One fixed kernel: nothing to choose, nothing to store. */
         snprintf(jr->note, sizeof jr->note, "no parameters on %s: nothing to tune",

@@ -1,4 +1,4 @@
-/* fam_moe_quant.c: the `mxfp4_quant` family: dynamic MXFP4 quantization of
+/* fam_mxfp4_quant.c: the `mxfp4_quant` family: dynamic MXFP4 quantization of
  * activation rows [M, K] (bf16 or f32) into Quark layout (packed [M, K/2],
  * element 2i in the low nibble; E8M0 scales [M, K/32]) by the "even" rule
  * of kernels/mxfp4.h. Compared bit for bit with mxfp4_quantize_row. */
@@ -153,7 +153,7 @@ static mt_status gpu_run(const kern_ctx *c, mt_err *err)
 }
 
 static const kern_impl gpu_impl = {
-    .source = "moe_quant.hip",
+    .source = "mxfp4_quant.hip",
     .params = gpu_params,
     .n_params = 2,
     .valid = gpu_valid,
@@ -182,7 +182,7 @@ static mt_status cpu_run(const kern_ctx *c, mt_err *err)
 }
 
 static const kern_impl cpu_impl = {
-    .source = "moe_quant.cpu",
+    .source = "mxfp4_quant.cpu",
     .params = cpu_params,
     .n_params = 1,
     .default_config = cpu_default,

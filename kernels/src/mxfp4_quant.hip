@@ -1,4 +1,4 @@
-/* moe_quant.hip: the mxfp4_quant family on GPUs: dynamic MXFP4
+/* mxfp4_quant.hip: the mxfp4_quant family on GPUs: dynamic MXFP4
  * quantization of activation rows [M, K] (bf16 or f32) into Quark layout
  * (packed [M, K/2], element 2i in the low nibble; E8M0 scales [M, K/32])
  * by the "even" rule of kernels/mxfp4.h, bit for bit.
