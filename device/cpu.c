@@ -163,18 +163,6 @@ static void cpu_close(void *ctx)
 static const char *cpu_compiler_id(void *ctx) { return ((cpu_ctx *)ctx)->compiler_id; }
 static const char *cpu_prelude(void *ctx) { return ((cpu_ctx *)ctx)->prelude; }
 
-/* The translation unit: prelude, then the source with its own line numbers
- * and name so compiler messages point into it. */
-static char *join_source(const char *prelude, const char *name, const char *source)
-{
-    size_t n = strlen(prelude) + strlen(name) + strlen(source) + 64;
-    char *t = malloc(n);
-    if (t)
-        snprintf(t, n, "#line 1 \"prelude_cpu.h\"\n%s\n#line 1 \"%s\"\n%s\n", prelude,
-                 name, source);
-    return t;
-}
-
 static mt_status cpu_compile(void *ctx, const dev_props *props, const dev_compile_req *req,
                              void **bytes, size_t *len, char **log, dev_code_info *info,
                              mt_err *err)
@@ -186,45 +174,17 @@ static mt_status cpu_compile(void *ctx, const dev_props *props, const dev_compil
     *log = NULL;
     info->n_kernels = 0;
     const char *name = req->name ? req->name : "kernel.c";
-    if (req->n_defines < 0 || req->n_options < 0 || req->n_defines + req->n_options > 64)
-        return mt_fail(err, MT_E_INVALID, "compile of %s: %d defines and %d options "
-                       "(at most 64 together)", name, req->n_defines, req->n_options);
-
-    int n_flags = 3 + req->n_defines + req->n_options;
-    const char **flags = calloc((size_t)n_flags, sizeof *flags);
-    char **defs = calloc((size_t)req->n_defines + 1, sizeof *defs);
-    char *text = join_source(c->prelude, name, req->source);
-    mt_status st = MT_OK;
-    if (!flags || !defs || !text) {
-        st = mt_fail(err, MT_E_NOMEM, "compile of %s", name);
-        goto out;
-    }
-    int n = 0;
-    flags[n++] = "-O3";
-    flags[n++] = "-march=native";
-    flags[n++] = "-std=gnu11";
-    for (int i = 0; i < req->n_defines; i++) {
-        const dev_define *d = &req->defines[i];
-        if (asprintf(&defs[i], d->value ? "-D%s=%s" : "-D%s", d->name, d->value) < 0) {
-            defs[i] = NULL;
-            st = mt_fail(err, MT_E_NOMEM, "compile of %s", name);
-            goto out;
-        }
-        flags[n++] = defs[i];
-    }
-    for (int i = 0; i < req->n_options; i++)
-        flags[n++] = req->options[i];
-
-    st = dev_host_cc(text, flags, n, bytes, len, log, err);
+    static const char *const fixed[] = {"-O3", "-march=native", "-std=gnu11"};
+    dev_compile_args a;
+    mt_status st = dev_compile_args_build(req, name, "prelude_cpu.h", c->prelude, fixed,
+                                          (int)(sizeof fixed / sizeof *fixed), 64, &a,
+                                          err);
+    if (st != MT_OK)
+        return st;
+    st = dev_host_cc(a.text, a.opts, a.n_opts, bytes, len, log, err);
     if (st != MT_OK)
         mt_err_prefix(err, "compiling %s", name);
-out:
-    if (defs)
-        for (int i = 0; i < req->n_defines; i++)
-            free(defs[i]);
-    free(defs);
-    free(flags);
-    free(text);
+    dev_compile_args_release(&a);
     return st;
 }
 

@@ -524,41 +524,19 @@ static mt_status cuda_compile(void *ctx, const dev_props *props, const dev_compi
     *log = NULL;
     info->n_kernels = 0;
     const char *name = req->name ? req->name : "kernel.cu";
-    if (req->n_defines < 0 || req->n_options < 0 || req->n_defines + req->n_options > 256)
-        return mt_fail(err, MT_E_INVALID, "compile of %s: %d defines and %d options",
-                       name, req->n_defines, req->n_options);
-    mt_status st = MT_OK;
-    nvrtcProgram prog = NULL;
-    char *text = NULL, *code = NULL;
-    char **defs = calloc((size_t)req->n_defines + 1, sizeof *defs);
-    const char **opts = calloc((size_t)(3 + req->n_defines + req->n_options), sizeof *opts);
-    if (!defs || !opts ||
-        asprintf(&text, "#line 1 \"prelude_gpu.h\"\n%s\n#line 1 \"%s\"\n%s\n", c->prelude,
-                 name, req->source) < 0) {
-        text = NULL;
-        st = mt_fail(err, MT_E_NOMEM, "compile of %s", name);
-        goto out;
-    }
-    int n = 0;
-    opts[n++] = c->arch_option;
-    opts[n++] = "-Xptxas=-v";
     /* The prelude's helpers are static: unused ones are not worth a warning. */
-    opts[n++] = "--diag-suppress=177";
-    for (int i = 0; i < req->n_defines; i++) {
-        const dev_define *d = &req->defines[i];
-        if (asprintf(&defs[i], d->value ? "-D%s=%s" : "-D%s", d->name, d->value) < 0) {
-            defs[i] = NULL;
-            st = mt_fail(err, MT_E_NOMEM, "compile of %s", name);
-            goto out;
-        }
-        opts[n++] = defs[i];
-    }
-    for (int i = 0; i < req->n_options; i++)
-        opts[n++] = req->options[i];
-
-    NVRTC_CHECK(c, c->api.nvrtcCreateProgram(&prog, text, name, 0, NULL, NULL), err, st,
+    const char *fixed[] = {c->arch_option, "-Xptxas=-v", "--diag-suppress=177"};
+    dev_compile_args a;
+    mt_status st = dev_compile_args_build(req, name, "prelude_gpu.h", c->prelude, fixed,
+                                          (int)(sizeof fixed / sizeof *fixed), 256, &a,
+                                          err);
+    if (st != MT_OK)
+        return st;
+    nvrtcProgram prog = NULL;
+    char *code = NULL;
+    NVRTC_CHECK(c, c->api.nvrtcCreateProgram(&prog, a.text, name, 0, NULL, NULL), err, st,
                 out, "NVRTC program for %s", name);
-    nvrtcResult rr = c->api.nvrtcCompileProgram(prog, n, opts);
+    nvrtcResult rr = c->api.nvrtcCompileProgram(prog, a.n_opts, a.opts);
     *log = nvrtc_log(c, prog);
     if (rr != 0) {
         st = mt_fail(err, MT_E_COMPILE, "NVRTC failed to compile %s for %s (%s):\n%s",
@@ -592,12 +570,7 @@ out:
         *log = NULL;
     }
     free(code);
-    if (defs)
-        for (int i = 0; i < req->n_defines; i++)
-            free(defs[i]);
-    free(defs);
-    free(opts);
-    free(text);
+    dev_compile_args_release(&a);
     return st;
 }
 

@@ -64,6 +64,27 @@ extern const dev_backend_ops dev_hip_ops;
 #endif
 extern const dev_backend_ops dev_cuda_ops; /* loads libcuda/NVRTC at run time */
 
+/* The translation unit and option list of one compile (cpu, hip, cuda).
+ * Everything is owned by the struct except the fixed options and
+ * req->options, which opts points at and which must outlive it. */
+typedef struct dev_compile_args {
+    char *text;        /* "#line 1 <prelude_file>", prelude, "#line 1 <name>", source */
+    const char **opts; /* fixed options, -DNAME[=VALUE] per define, req->options */
+    int n_opts;
+    char **defs;       /* the -D strings opts points into */
+    int n_defs;
+} dev_compile_args;
+/* Fills args from req for a compile of the file called name. Fails with
+ * MT_E_INVALID when a count is negative or n_defines + n_options exceeds
+ * max_extra, MT_E_NOMEM when out of memory; on failure args holds nothing
+ * (releasing it again is harmless). */
+mt_status dev_compile_args_build(const dev_compile_req *req, const char *name,
+                                 const char *prelude_file, const char *prelude,
+                                 const char *const *fixed, int n_fixed, int max_extra,
+                                 dev_compile_args *args, mt_err *err);
+/* Frees what args owns and zeroes it. */
+void dev_compile_args_release(dev_compile_args *args);
+
 /* Host C compiler driver shared by cpu and emu: compiles `text` (a complete
  * C translation unit) with flags into a shared object and returns its bytes.
  * log is malloc'd (may be NULL). With GCC the object also exports, for

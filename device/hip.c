@@ -281,45 +281,23 @@ static mt_status hip_compile_unlocked(void *ctx, const dev_props *props,
     *log = NULL;
     info->n_kernels = 0;
     const char *name = req->name ? req->name : "kernel.hip";
-    if (req->n_defines < 0 || req->n_options < 0 || req->n_defines + req->n_options > 256)
-        return mt_fail(err, MT_E_INVALID, "compile of %s: %d defines and %d options",
-                       name, req->n_defines, req->n_options);
-
-    mt_status st = MT_OK;
+    const char *fixed[] = {c->arch_option, "-O3"};
+    dev_compile_args a;
+    mt_status st = dev_compile_args_build(req, name, "prelude_gpu.h", c->prelude, fixed,
+                                          (int)(sizeof fixed / sizeof *fixed), 256, &a,
+                                          err);
+    if (st != MT_OK)
+        return st;
     hiprtcProgram prog = NULL;
-    char *text = NULL, *code = NULL;
-    char **defs = calloc((size_t)req->n_defines + 1, sizeof *defs);
-    const char **opts = calloc((size_t)(2 + req->n_defines + req->n_options), sizeof *opts);
-    if (!defs || !opts ||
-        asprintf(&text, "#line 1 \"prelude_gpu.h\"\n%s\n#line 1 \"%s\"\n%s\n", c->prelude,
-                 name, req->source) < 0) {
-        text = NULL;
-        st = mt_fail(err, MT_E_NOMEM, "compile of %s", name);
-        goto out;
-    }
-    int n = 0;
-    opts[n++] = c->arch_option;
-    opts[n++] = "-O3";
-    for (int i = 0; i < req->n_defines; i++) {
-        const dev_define *d = &req->defines[i];
-        if (asprintf(&defs[i], d->value ? "-D%s=%s" : "-D%s", d->name, d->value) < 0) {
-            defs[i] = NULL;
-            st = mt_fail(err, MT_E_NOMEM, "compile of %s", name);
-            goto out;
-        }
-        opts[n++] = defs[i];
-    }
-    for (int i = 0; i < req->n_options; i++)
-        opts[n++] = req->options[i];
-
-    RTC_CHECK(hiprtcCreateProgram(&prog, text, name, 0, NULL, NULL), err, st, out,
+    char *code = NULL;
+    RTC_CHECK(hiprtcCreateProgram(&prog, a.text, name, 0, NULL, NULL), err, st, out,
               "hipRTC program for %s", name);
     /* hipRTC's LLVM swaps in its own malloc'd signal stack on the first
      * thread that compiles; AddressSanitizer then fails to unmap it when
      * that thread exits. Put the thread's own stack back. */
     stack_t alt;
     bool have_alt = sigaltstack(NULL, &alt) == 0;
-    hiprtcResult rr = hiprtcCompileProgram(prog, n, opts);
+    hiprtcResult rr = hiprtcCompileProgram(prog, a.n_opts, a.opts);
     if (have_alt)
         sigaltstack(&alt, NULL);
     *log = program_log(prog);
@@ -357,12 +335,7 @@ out:
         *log = NULL;
     }
     free(code);
-    if (defs)
-        for (int i = 0; i < req->n_defines; i++)
-            free(defs[i]);
-    free(defs);
-    free(opts);
-    free(text);
+    dev_compile_args_release(&a);
     return st;
 }
 
