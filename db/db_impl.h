@@ -50,15 +50,27 @@ mt_status db_schema_migrate(db_t *db, int from, mt_err *err);
 mt_status db_sql_fail(db_t *db, mt_err *err, int rc, const char *file, int line,
                       const char *what);
 #define DB_FAIL(db, err, rc, what) db_sql_fail((db), (err), (rc), __FILE__, __LINE__, (what))
-/* Runs SQL that returns no rows we need. */
-mt_status db_exec(db_t *db, const char *sql, mt_err *err);
 
+/* Running SQL (db_stmt.c). */
 /* The cached statement for id in *out, reset and with bindings cleared.
  * Not re-entrant per id: finish one use before the next, and sqlite3_reset
  * it when done so that no read snapshot stays open between calls. */
 mt_status db_stmt(db_t *db, db_stmt_id id, sqlite3_stmt **out, mt_err *err);
-/* SQL text of a cached statement (db_stmt.c). */
+/* SQL text of a cached statement. */
 const char *db_stmt_sql(db_stmt_id id);
+/* Runs SQL that returns no rows we need. */
+mt_status db_exec(db_t *db, const char *sql, mt_err *err);
+/* The first column of the first row of sql as an integer in *out (left
+ * unchanged when there is no row); ?1, when sql has it, is bound to param. */
+mt_status db_scalar(db_t *db, const char *sql, int64_t param, int64_t *out, mt_err *err);
+/* Called by db_rows_each for one result row: a non-OK return stops with
+ * that status; setting *stop stops early with MT_OK. */
+typedef mt_status (*db_row_fn)(sqlite3_stmt *s, void *ctx, bool *stop, mt_err *err);
+/* Prepares sql (uncached) and calls row for each result row. When sql has
+ * parameters, ?1..?4 are a db_filter's family, shape key, m and device
+ * (f NULL: match everything). SQLite failures name `what`. */
+mt_status db_rows_each(db_t *db, const char *sql, const db_filter *f, db_row_fn row,
+                       void *ctx, const char *what, mt_err *err);
 
 /* Transactions used by every write (db_open.c): begin takes the write lock
  * (BEGIN IMMEDIATE with retries) or opens a savepoint when nested. */
@@ -70,14 +82,14 @@ mt_status db_tx_end(db_t *db, mt_status st, mt_err *err);
 /* MT_E_INVALID when the handle is read-only (names the operation). */
 mt_status db_check_writable(db_t *db, const char *what, mt_err *err);
 
-/* Binding helpers: NULL text and NAN doubles bind SQL NULL. */
+/* Binding helpers (db_stmt.c): NULL text and NAN doubles bind SQL NULL. */
 int db_bind_text(sqlite3_stmt *s, int i, const char *v);
 int db_bind_real(sqlite3_stmt *s, int i, double v);
 /* Column helpers: SQL NULL reads as NULL text / NAN / 0. */
 const char *db_col_text(sqlite3_stmt *s, int i);
 double db_col_real(sqlite3_stmt *s, int i);
 
-/* Unix time in milliseconds. */
+/* Unix time in milliseconds (db_stmt.c). */
 int64_t db_now_ms(void);
 /* Fills dev_fp (cap bytes) with dev->fingerprint or the derived one. */
 void db_device_fingerprint(const db_device *dev, char *out, size_t cap);
@@ -108,6 +120,9 @@ mt_status db_winner_put(db_t *db, const db_winner *w, int64_t trial_id, int64_t 
                         int64_t verified_ms, double verified_time_ms, const char *origin,
                         mt_err *err);
 mt_status db_check_winner(const db_winner *w, mt_err *err);
+/* Binds w's key to ?1 device id, ?2 kernel id, ?3 shape, ?4 m (the
+ * numbering of ST_WINNER_GET and ST_WINNER_UPSERT); the shape is not copied. */
+void db_winner_key_bind(sqlite3_stmt *s, const db_winner *w);
 /* Fills a db_device_row from columns first.. first+7 of a statement in the
  * order id, backend, arch, name, runtime_version, driver_version,
  * fingerprint, compute_units (db_query.c). */
@@ -115,6 +130,13 @@ mt_status db_check_winner(const db_winner *w, mt_err *err);
     "d.id, d.backend, d.arch, d.name, d.runtime_version, d.driver_version, " \
     "d.fingerprint, d.compute_units"
 void db_device_row_read(sqlite3_stmt *s, int first, db_device_row *row);
+/* Fills a db_trial's measured fields (not its ids) from columns first..
+ * first+15 in the order of DB_TRIAL_COLUMNS (db_query.c). */
+#define DB_TRIAL_COLUMNS                                                            \
+    "t.shape, t.m, t.config_key, t.config_json, t.status, t.time_min_ms, "         \
+    "t.time_median_ms, t.time_p10_ms, t.time_p90_ms, coalesce(t.repetitions, 0), " \
+    "t.gflops, t.gbps, t.resources_json, t.error, t.compile_ms, t.created_ms"
+void db_trial_read(sqlite3_stmt *s, int first, db_trial *t);
 
 /* Internal miss counter with an explicit reason (db_write.c). */
 mt_status db_miss_record_reason(db_t *db, const db_device *dev, const char *family,

@@ -83,20 +83,10 @@ static mt_status count_by_kernel(db_t *db, const char *table, int64_t kernel_id,
 {
     char sql[96];
     snprintf(sql, sizeof sql, "SELECT count(*) FROM %s WHERE kernel_id = ?1", table);
-    sqlite3_stmt *s;
-    int rc = sqlite3_prepare_v2(db->sql, sql, -1, &s, NULL);
-    if (rc == SQLITE_OK) {
-        sqlite3_bind_int64(s, 1, kernel_id);
-        rc = sqlite3_step(s);
-        if (rc == SQLITE_ROW) {
-            *n += sqlite3_column_int64(s, 0);
-            rc = SQLITE_DONE;
-        }
-        sqlite3_finalize(s);
-    }
-    if (rc != SQLITE_DONE)
-        return DB_FAIL(db, err, rc, sql);
-    return MT_OK;
+    int64_t c = 0;
+    mt_status st = db_scalar(db, sql, kernel_id, &c, err);
+    *n += c;
+    return st;
 }
 
 static mt_status delete_kernel(db_t *db, int64_t kernel_id, mt_err *err)

@@ -4,7 +4,6 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,13 +31,6 @@ static void sleep_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
-int64_t db_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 mt_status db_sql_fail(db_t *db, mt_err *err, int rc, const char *file, int line,
                       const char *what)
 {
@@ -55,57 +47,11 @@ mt_status db_sql_fail(db_t *db, mt_err *err, int rc, const char *file, int line,
                       db && db->path ? db->path : "(db)", what, msg, sqlite3_errstr(rc));
 }
 
-mt_status db_exec(db_t *db, const char *sql, mt_err *err)
-{
-    int rc = sqlite3_exec(db->sql, sql, NULL, NULL, NULL);
-    if (rc != SQLITE_OK)
-        return DB_FAIL(db, err, rc, sql);
-    return MT_OK;
-}
-
 mt_status db_check_writable(db_t *db, const char *what, mt_err *err)
 {
     if (db->readonly)
         return mt_fail(err, MT_E_INVALID, "%s: %s: database opened read-only", db->path, what);
     return MT_OK;
-}
-
-mt_status db_stmt(db_t *db, db_stmt_id id, sqlite3_stmt **out, mt_err *err)
-{
-    *out = NULL;
-    sqlite3_stmt *s = db->stmts[id];
-    if (!s) {
-        int rc = sqlite3_prepare_v3(db->sql, db_stmt_sql(id), -1, SQLITE_PREPARE_PERSISTENT,
-                                    &s, NULL);
-        if (rc != SQLITE_OK)
-            return DB_FAIL(db, err, rc, "preparing a cached statement");
-        db->stmts[id] = s;
-    } else {
-        sqlite3_reset(s);
-        sqlite3_clear_bindings(s);
-    }
-    *out = s;
-    return MT_OK;
-}
-
-int db_bind_text(sqlite3_stmt *s, int i, const char *v)
-{
-    return v ? sqlite3_bind_text(s, i, v, -1, SQLITE_STATIC) : sqlite3_bind_null(s, i);
-}
-
-int db_bind_real(sqlite3_stmt *s, int i, double v)
-{
-    return isfinite(v) ? sqlite3_bind_double(s, i, v) : sqlite3_bind_null(s, i);
-}
-
-const char *db_col_text(sqlite3_stmt *s, int i)
-{
-    return (const char *)sqlite3_column_text(s, i);
-}
-
-double db_col_real(sqlite3_stmt *s, int i)
-{
-    return sqlite3_column_type(s, i) == SQLITE_NULL ? NAN : sqlite3_column_double(s, i);
 }
 
 /* ---- transactions -------------------------------------------------------- */
@@ -260,19 +206,10 @@ static mt_status check_file(const char *path, bool *exists, mt_err *err)
 
 static mt_status read_int_pragma(db_t *db, const char *sql, int *out, mt_err *err)
 {
-    sqlite3_stmt *s;
-    int rc = sqlite3_prepare_v2(db->sql, sql, -1, &s, NULL);
-    if (rc == SQLITE_OK) {
-        rc = sqlite3_step(s);
-        if (rc == SQLITE_ROW) {
-            *out = sqlite3_column_int(s, 0);
-            rc = SQLITE_OK;
-        }
-        sqlite3_finalize(s);
-    }
-    if (rc != SQLITE_OK)
-        return DB_FAIL(db, err, rc, sql);
-    return MT_OK;
+    int64_t v = *out;
+    mt_status st = db_scalar(db, sql, 0, &v, err);
+    *out = (int)v;
+    return st;
 }
 
 /* A version-0 file with tables in it is someone else's SQLite database. */

@@ -21,28 +21,24 @@ const char *db_merge_rule(void) { return merge_rule; }
 
 /* ---- reading ------------------------------------------------------------- */
 
-typedef mt_status (*row_fn)(db_t *db, sqlite3_stmt *s, const db_visitor *v, void *ctx,
-                            mt_err *err);
+typedef mt_status (*row_fn)(sqlite3_stmt *s, const db_visitor *v, void *ctx, mt_err *err);
 
-static mt_status each_row(db_t *db, const char *sql, row_fn fn, const db_visitor *v, void *ctx,
-                          mt_err *err)
+/* One section of db_visit: its row function and the caller's visitor. */
+typedef struct section {
+    row_fn fn;
+    const db_visitor *v;
+    void *ctx;
+} section;
+
+static mt_status section_row(sqlite3_stmt *s, void *arg, bool *stop, mt_err *err)
 {
-    sqlite3_stmt *s;
-    int rc = sqlite3_prepare_v2(db->sql, sql, -1, &s, NULL);
-    if (rc != SQLITE_OK)
-        return DB_FAIL(db, err, rc, "reading records");
-    mt_status st = MT_OK;
-    while (st == MT_OK && (rc = sqlite3_step(s)) == SQLITE_ROW)
-        st = fn(db, s, v, ctx, err);
-    sqlite3_finalize(s);
-    if (st == MT_OK && rc != SQLITE_DONE)
-        st = DB_FAIL(db, err, rc, "reading records");
-    return st;
+    (void)stop;
+    const section *x = arg;
+    return x->fn(s, x->v, x->ctx, err);
 }
 
-static mt_status row_device(db_t *db, sqlite3_stmt *s, const db_visitor *v, void *ctx, mt_err *err)
+static mt_status row_device(sqlite3_stmt *s, const db_visitor *v, void *ctx, mt_err *err)
 {
-    (void)db;
     db_device d = {
         .backend = sqlite3_column_int(s, 0),
         .arch = db_col_text(s, 1),
@@ -55,17 +51,14 @@ static mt_status row_device(db_t *db, sqlite3_stmt *s, const db_visitor *v, void
     return v->device(ctx, &d, err);
 }
 
-static mt_status row_kernel(db_t *db, sqlite3_stmt *s, const db_visitor *v, void *ctx, mt_err *err)
+static mt_status row_kernel(sqlite3_stmt *s, const db_visitor *v, void *ctx, mt_err *err)
 {
-    (void)db;
     db_kernel k = {db_col_text(s, 0), sqlite3_column_int(s, 1), db_col_text(s, 2)};
     return v->kernel(ctx, &k, err);
 }
 
-static mt_status row_session(db_t *db, sqlite3_stmt *s, const db_visitor *v, void *ctx,
-                             mt_err *err)
+static mt_status row_session(sqlite3_stmt *s, const db_visitor *v, void *ctx, mt_err *err)
 {
-    (void)db;
     db_session_rec r = {
         .uid = db_col_text(s, 0),
         .argv_json = db_col_text(s, 1),
@@ -81,38 +74,20 @@ static mt_status row_session(db_t *db, sqlite3_stmt *s, const db_visitor *v, voi
     return v->session(ctx, &r, err);
 }
 
-static mt_status row_trial(db_t *db, sqlite3_stmt *s, const db_visitor *v, void *ctx, mt_err *err)
+static mt_status row_trial(sqlite3_stmt *s, const db_visitor *v, void *ctx, mt_err *err)
 {
-    (void)db;
     db_trial_rec r = {
         .device_fp = db_col_text(s, 0),
         .kernel = {db_col_text(s, 1), sqlite3_column_int(s, 2), db_col_text(s, 3)},
         .session_uid = db_col_text(s, 4),
         .origin = db_col_text(s, 5),
     };
-    db_trial *t = &r.t;
-    t->shape_key = db_col_text(s, 6);
-    t->m = sqlite3_column_int64(s, 7);
-    t->config_key = db_col_text(s, 8);
-    t->config_json = db_col_text(s, 9);
-    t->status = (db_trial_status)sqlite3_column_int(s, 10);
-    t->time_min_ms = db_col_real(s, 11);
-    t->time_median_ms = db_col_real(s, 12);
-    t->time_p10_ms = db_col_real(s, 13);
-    t->time_p90_ms = db_col_real(s, 14);
-    t->repetitions = sqlite3_column_int(s, 15);
-    t->gflops = db_col_real(s, 16);
-    t->gbps = db_col_real(s, 17);
-    t->resources_json = db_col_text(s, 18);
-    t->error = db_col_text(s, 19);
-    t->compile_ms = db_col_real(s, 20);
-    t->created_ms = sqlite3_column_int64(s, 21);
+    db_trial_read(s, 6, &r.t);
     return v->trial(ctx, &r, err);
 }
 
-static mt_status row_winner(db_t *db, sqlite3_stmt *s, const db_visitor *v, void *ctx, mt_err *err)
+static mt_status row_winner(sqlite3_stmt *s, const db_visitor *v, void *ctx, mt_err *err)
 {
-    (void)db;
     db_winner_rec r = {
         .device_fp = db_col_text(s, 0),
         .kernel = {db_col_text(s, 1), sqlite3_column_int(s, 2), db_col_text(s, 3)},
@@ -130,9 +105,8 @@ static mt_status row_winner(db_t *db, sqlite3_stmt *s, const db_visitor *v, void
     return v->winner(ctx, &r, err);
 }
 
-static mt_status row_miss(db_t *db, sqlite3_stmt *s, const db_visitor *v, void *ctx, mt_err *err)
+static mt_status row_miss(sqlite3_stmt *s, const db_visitor *v, void *ctx, mt_err *err)
 {
-    (void)db;
     db_miss_rec r = {
         .device_fp = db_col_text(s, 0),
         .family = db_col_text(s, 1),
@@ -146,9 +120,8 @@ static mt_status row_miss(db_t *db, sqlite3_stmt *s, const db_visitor *v, void *
     return v->miss(ctx, &r, err);
 }
 
-static mt_status row_code(db_t *db, sqlite3_stmt *s, const db_visitor *v, void *ctx, mt_err *err)
+static mt_status row_code(sqlite3_stmt *s, const db_visitor *v, void *ctx, mt_err *err)
 {
-    (void)db;
     db_code_rec r = {
         .target = db_col_text(s, 0),
         .cache_key = db_col_text(s, 1),
@@ -175,10 +148,8 @@ mt_status db_visit(db_t *db, const db_visitor *v, void *ctx, mt_err *err)
          "SELECT uid, argv, tool_version, host, strategy, budget, started_ms, "
          "coalesce(ended_ms, 0), status, origin FROM sessions ORDER BY started_ms, uid"},
         {v->trial != NULL, row_trial,
-         "SELECT d.fingerprint, k.family, k.version, k.source_hash, se.uid, t.origin, t.shape, "
-         "t.m, t.config_key, t.config_json, t.status, t.time_min_ms, t.time_median_ms, "
-         "t.time_p10_ms, t.time_p90_ms, coalesce(t.repetitions, 0), t.gflops, t.gbps, "
-         "t.resources_json, t.error, t.compile_ms, t.created_ms "
+         "SELECT d.fingerprint, k.family, k.version, k.source_hash, se.uid, t.origin, "
+         DB_TRIAL_COLUMNS " "
          "FROM trials t JOIN devices d ON d.id = t.device_id JOIN kernels k ON k.id = t.kernel_id "
          "LEFT JOIN sessions se ON se.id = t.session_id "
          "ORDER BY d.fingerprint, k.family, k.version, k.source_hash, t.shape, t.m, t.config_key"},
@@ -196,9 +167,11 @@ mt_status db_visit(db_t *db, const db_visitor *v, void *ctx, mt_err *err)
          "SELECT target, cache_key, blob, created_ms FROM code_objects ORDER BY target, cache_key"},
     };
     mt_status st = MT_OK;
-    for (size_t i = 0; st == MT_OK && i < sizeof parts / sizeof parts[0]; i++)
+    for (size_t i = 0; st == MT_OK && i < sizeof parts / sizeof parts[0]; i++) {
+        section x = {parts[i].fn, v, ctx};
         if (parts[i].on)
-            st = each_row(db, parts[i].sql, parts[i].fn, v, ctx, err);
+            st = db_rows_each(db, parts[i].sql, NULL, section_row, &x, "reading records", err);
+    }
     return st;
 }
 
@@ -351,10 +324,7 @@ static mt_status sink_winner(void *ctx, const db_winner_rec *r, mt_err *err)
     sqlite3_stmt *s;
     if ((st = db_stmt(k->db, ST_WINNER_GET, &s, err)))
         return st;
-    sqlite3_bind_int64(s, 1, w.device_id);
-    sqlite3_bind_int64(s, 2, w.kernel_id);
-    sqlite3_bind_text(s, 3, w.shape_key, -1, SQLITE_STATIC);
-    sqlite3_bind_int64(s, 4, w.m);
+    db_winner_key_bind(s, &w);
     int rc = sqlite3_step(s);
     bool exists = rc == SQLITE_ROW;
     double have = exists ? sqlite3_column_double(s, 1) : NAN;

@@ -1,10 +1,17 @@
-/* db_stmt.c: the SQL of the statements cached on every handle (see
- * db_stmt_id). Parameters are numbered; the lookup statements share one
- * numbering: ?1 family, ?2 version, ?3 source hash, ?4 shape, ?5 m,
+/* db_stmt.c: running SQL. The statements cached on every handle (see
+ * db_stmt_id) and db_stmt, which prepares them once; db_exec, db_scalar and
+ * db_rows_each for one-off SQL; the binding and column helpers; db_now_ms,
+ * the clock every stored time comes from.
+ *
+ * The cached statements' parameters are numbered; the lookup statements
+ * share one numbering: ?1 family, ?2 version, ?3 source hash, ?4 shape, ?5 m,
  * ?6 backend, ?7 arch, ?8 device name, ?9 compute units, ?10 fingerprint
  * (a statement that does not filter on one still names it, so that every
  * index is bound). The lookups have no ORDER BY: db_lookup.c picks the
  * preferred row itself, which saves SQLite a sort per lookup. */
+#include <math.h>
+#include <time.h>
+
 #include "db_impl.h"
 
 #define LOOKUP_COLUMNS                                                                   \
@@ -93,3 +100,105 @@ static const char *const stmt_sql[ST_STMT_COUNT] = {
 _Static_assert(sizeof stmt_sql / sizeof stmt_sql[0] == ST_STMT_COUNT, "one SQL per statement id");
 
 const char *db_stmt_sql(db_stmt_id id) { return stmt_sql[id]; }
+
+/* ---- statements --------------------------------------------------------- */
+
+mt_status db_stmt(db_t *db, db_stmt_id id, sqlite3_stmt **out, mt_err *err)
+{
+    *out = NULL;
+    sqlite3_stmt *s = db->stmts[id];
+    if (!s) {
+        int rc = sqlite3_prepare_v3(db->sql, db_stmt_sql(id), -1, SQLITE_PREPARE_PERSISTENT,
+                                    &s, NULL);
+        if (rc != SQLITE_OK)
+            return DB_FAIL(db, err, rc, "preparing a cached statement");
+        db->stmts[id] = s;
+    } else {
+        sqlite3_reset(s);
+        sqlite3_clear_bindings(s);
+    }
+    *out = s;
+    return MT_OK;
+}
+
+int db_bind_text(sqlite3_stmt *s, int i, const char *v)
+{
+    return v ? sqlite3_bind_text(s, i, v, -1, SQLITE_STATIC) : sqlite3_bind_null(s, i);
+}
+
+int db_bind_real(sqlite3_stmt *s, int i, double v)
+{
+    return isfinite(v) ? sqlite3_bind_double(s, i, v) : sqlite3_bind_null(s, i);
+}
+
+const char *db_col_text(sqlite3_stmt *s, int i)
+{
+    return (const char *)sqlite3_column_text(s, i);
+}
+
+double db_col_real(sqlite3_stmt *s, int i)
+{
+    return sqlite3_column_type(s, i) == SQLITE_NULL ? NAN : sqlite3_column_double(s, i);
+}
+
+/* ---- one-off SQL --------------------------------------------------------- */
+
+int64_t db_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+mt_status db_exec(db_t *db, const char *sql, mt_err *err)
+{
+    int rc = sqlite3_exec(db->sql, sql, NULL, NULL, NULL);
+    if (rc != SQLITE_OK)
+        return DB_FAIL(db, err, rc, sql);
+    return MT_OK;
+}
+
+mt_status db_scalar(db_t *db, const char *sql, int64_t param, int64_t *out, mt_err *err)
+{
+    sqlite3_stmt *s;
+    int rc = sqlite3_prepare_v2(db->sql, sql, -1, &s, NULL);
+    if (rc == SQLITE_OK) {
+        if (sqlite3_bind_parameter_count(s) > 0)
+            sqlite3_bind_int64(s, 1, param);
+        rc = sqlite3_step(s);
+        if (rc == SQLITE_ROW) {
+            *out = sqlite3_column_int64(s, 0);
+            rc = SQLITE_DONE;
+        }
+        sqlite3_finalize(s);
+    }
+    if (rc != SQLITE_DONE)
+        return DB_FAIL(db, err, rc, sql);
+    return MT_OK;
+}
+
+mt_status db_rows_each(db_t *db, const char *sql, const db_filter *f, db_row_fn row,
+                       void *ctx, const char *what, mt_err *err)
+{
+    sqlite3_stmt *s;
+    int rc = sqlite3_prepare_v2(db->sql, sql, -1, &s, NULL);
+    if (rc != SQLITE_OK)
+        return DB_FAIL(db, err, rc, what);
+    if (sqlite3_bind_parameter_count(s) > 0) {
+        static const db_filter all = {0};
+        if (!f)
+            f = &all;
+        db_bind_text(s, 1, f->family);
+        db_bind_text(s, 2, f->shape_key);
+        sqlite3_bind_int64(s, 3, f->m);
+        db_bind_text(s, 4, f->device);
+    }
+    mt_status st = MT_OK;
+    bool stop = false;
+    while (st == MT_OK && !stop && (rc = sqlite3_step(s)) == SQLITE_ROW)
+        st = row(s, ctx, &stop, err);
+    sqlite3_finalize(s);
+    if (st == MT_OK && !stop && rc != SQLITE_DONE)
+        st = DB_FAIL(db, err, rc, what);
+    return st;
+}

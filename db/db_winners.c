@@ -36,6 +36,14 @@ mt_status db_check_winner(const db_winner *w, mt_err *err)
     return MT_OK;
 }
 
+void db_winner_key_bind(sqlite3_stmt *s, const db_winner *w)
+{
+    sqlite3_bind_int64(s, 1, w->device_id);
+    sqlite3_bind_int64(s, 2, w->kernel_id);
+    sqlite3_bind_text(s, 3, w->shape_key, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(s, 4, w->m);
+}
+
 mt_status db_winner_put(db_t *db, const db_winner *w, int64_t trial_id, int64_t updated_ms,
                         int64_t verified_ms, double verified_time_ms, const char *origin,
                         mt_err *err)
@@ -44,10 +52,7 @@ mt_status db_winner_put(db_t *db, const db_winner *w, int64_t trial_id, int64_t 
     mt_status st = db_stmt(db, ST_WINNER_UPSERT, &s, err);
     if (st)
         return st;
-    sqlite3_bind_int64(s, 1, w->device_id);
-    sqlite3_bind_int64(s, 2, w->kernel_id);
-    sqlite3_bind_text(s, 3, w->shape_key, -1, SQLITE_STATIC);
-    sqlite3_bind_int64(s, 4, w->m);
+    db_winner_key_bind(s, w);
     if (trial_id > 0)
         sqlite3_bind_int64(s, 5, trial_id);
     sqlite3_bind_text(s, 6, w->config_key, -1, SQLITE_STATIC);
@@ -82,10 +87,7 @@ static mt_status winner_prev_get(db_t *db, const db_winner *w, winner_prev *p, m
     mt_status st = db_stmt(db, ST_WINNER_GET, &s, err);
     if (st)
         return st;
-    sqlite3_bind_int64(s, 1, w->device_id);
-    sqlite3_bind_int64(s, 2, w->kernel_id);
-    sqlite3_bind_text(s, 3, w->shape_key, -1, SQLITE_STATIC);
-    sqlite3_bind_int64(s, 4, w->m);
+    db_winner_key_bind(s, w);
     int rc = sqlite3_step(s);
     if (rc == SQLITE_ROW) {
         p->exists = true;
@@ -271,14 +273,43 @@ mt_status db_winner_mark_verified(db_t *db, int64_t device_id, int64_t kernel_id
     return db_tx_end(db, st, err);
 }
 
+typedef struct winner_cb {
+    db_winner_fn fn;
+    void *ctx;
+} winner_cb;
+
+static mt_status winner_row(sqlite3_stmt *s, void *arg, bool *stop, mt_err *err)
+{
+    (void)err;
+    const winner_cb *cb = arg;
+    db_winner_row r = {
+        .device_id = sqlite3_column_int64(s, 0),
+        .kernel_id = sqlite3_column_int64(s, 1),
+        .trial_id = sqlite3_column_int64(s, 2),
+        .family = db_col_text(s, 3),
+        .version = sqlite3_column_int(s, 4),
+        .source_hash = db_col_text(s, 5),
+        .shape_key = db_col_text(s, 6),
+        .m = sqlite3_column_int64(s, 7),
+        .config_key = db_col_text(s, 8),
+        .config_json = db_col_text(s, 9),
+        .runner_ups_json = db_col_text(s, 10),
+        .time_ms = sqlite3_column_double(s, 11),
+        .updated_ms = sqlite3_column_int64(s, 12),
+        .verified_ms = sqlite3_column_int64(s, 13),
+        .verified_time_ms = db_col_real(s, 14),
+        .origin = db_col_text(s, 15),
+    };
+    db_device_row_read(s, 16, &r.device);
+    *stop = cb->fn(cb->ctx, &r) != 0;
+    return MT_OK;
+}
+
 mt_status db_winners_each(db_t *db, const db_filter *f, db_winner_fn fn, void *ctx, mt_err *err)
 {
-    db_filter none = {0};
-    if (!f)
-        f = &none;
-    sqlite3_stmt *s;
-    int rc = sqlite3_prepare_v2(
-        db->sql,
+    winner_cb cb = {fn, ctx};
+    return db_rows_each(
+        db,
         "SELECT w.device_id, w.kernel_id, coalesce(w.trial_id, 0), k.family, k.version, "
         "k.source_hash, w.shape, w.m, w.config_key, w.config_json, w.runner_ups, w.time_ms, "
         "w.updated_ms, coalesce(w.verified_ms, 0), w.verified_time_ms, w.origin, "
@@ -287,38 +318,5 @@ mt_status db_winners_each(db_t *db, const db_filter *f, db_winner_fn fn, void *c
         "WHERE (?1 IS NULL OR k.family = ?1) AND (?2 IS NULL OR w.shape = ?2) "
         "AND (?3 <= 0 OR w.m = ?3) AND (?4 IS NULL OR d.fingerprint = ?4 OR d.name = ?4) "
         "ORDER BY d.fingerprint, k.family, k.version, k.source_hash, w.shape, w.m",
-        -1, &s, NULL);
-    if (rc != SQLITE_OK)
-        return DB_FAIL(db, err, rc, "listing winners");
-    db_bind_text(s, 1, f->family);
-    db_bind_text(s, 2, f->shape_key);
-    sqlite3_bind_int64(s, 3, f->m);
-    db_bind_text(s, 4, f->device);
-    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-        db_winner_row r = {
-            .device_id = sqlite3_column_int64(s, 0),
-            .kernel_id = sqlite3_column_int64(s, 1),
-            .trial_id = sqlite3_column_int64(s, 2),
-            .family = db_col_text(s, 3),
-            .version = sqlite3_column_int(s, 4),
-            .source_hash = db_col_text(s, 5),
-            .shape_key = db_col_text(s, 6),
-            .m = sqlite3_column_int64(s, 7),
-            .config_key = db_col_text(s, 8),
-            .config_json = db_col_text(s, 9),
-            .runner_ups_json = db_col_text(s, 10),
-            .time_ms = sqlite3_column_double(s, 11),
-            .updated_ms = sqlite3_column_int64(s, 12),
-            .verified_ms = sqlite3_column_int64(s, 13),
-            .verified_time_ms = db_col_real(s, 14),
-            .origin = db_col_text(s, 15),
-        };
-        db_device_row_read(s, 16, &r.device);
-        if (fn(ctx, &r))
-            break;
-    }
-    sqlite3_finalize(s);
-    if (rc != SQLITE_ROW && rc != SQLITE_DONE)
-        return DB_FAIL(db, err, rc, "listing winners");
-    return MT_OK;
+        f, winner_row, &cb, "listing winners", err);
 }
