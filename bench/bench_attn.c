@@ -15,6 +15,7 @@
 
 #include "common/clock.h"
 #include "kernels/attn_common.h"
+#include "kernels/exec.h"
 
 extern const kern_family fam_mla_decode, fam_mla_prefill, fam_dsa_indexer, fam_rope;
 
@@ -142,6 +143,14 @@ typedef struct item {
     bool bw_bound;
 } item;
 
+/* One call through the executor, waited for. */
+static mt_status run_sync(kern_exec *e, const kern_shape *s, int64_t m, void *const *bufs,
+                          mt_err *err)
+{
+    mt_status st = kern_exec_run(e, s, m, bufs, err);
+    return st == MT_OK ? dev_synchronize(kern_exec_device(e), err) : st;
+}
+
 static void bench_one(dev_device *d, limits *l, const item *it, int reps)
 {
     mt_err err = MT_ERR_INIT;
@@ -160,16 +169,16 @@ static void bench_one(dev_device *d, limits *l, const item *it, int reps)
     for (int i = 0; i < n; i++)
         if (dev_copy_to(d, dbuf[i], host[i], bufs[i].bytes, &err) != MT_OK)
             die("upload", &err);
-    attn_exec *e = NULL;
-    if (attn_exec_open(d, it->fam, &s, it->m, NULL, &e, &err) != MT_OK)
+    kern_exec *e = NULL;
+    if (kern_exec_open(d, it->fam, &s, it->m, NULL, &e, &err) != MT_OK)
         die(it->key, &err);
-    if (attn_exec_run(e, &s, it->m, dbuf, &err) != MT_OK) /* warm-up */
+    if (run_sync(e, &s, it->m, dbuf, &err) != MT_OK) /* warm-up */
         die(it->key, &err);
     double *t = malloc(sizeof(double) * (size_t)reps);
     for (int r = 0; r < reps; r++) {
         stream_once(l); /* flush: nothing of the problem stays cached */
         double t0 = mt_now_ms();
-        if (attn_exec_run(e, &s, it->m, dbuf, &err) != MT_OK)
+        if (run_sync(e, &s, it->m, dbuf, &err) != MT_OK)
             die(it->key, &err);
         t[r] = mt_now_ms() - t0;
     }
@@ -183,13 +192,13 @@ static void bench_one(dev_device *d, limits *l, const item *it, int reps)
     it->fam->cost(&s, it->m, &flops, &bytes);
     double gbps = bytes / (ms * 1e6), gfl = flops / (ms * 1e6);
     char ck[128];
-    kern_config_key(kern_family_impl(it->fam, dev_get_props(d)->backend), attn_exec_config(e),
+    kern_config_key(kern_family_impl(it->fam, dev_get_props(d)->backend), kern_exec_config(e),
                     ck, sizeof ck);
     printf("%-12s %-14s %5lld %-28s %9.3f %8.2f %6.3f%s %8.2f %6.3f%s\n", it->fam->name,
            it->key, (long long)it->m, ck, ms, gbps, gbps / l->gbps, it->bw_bound ? "*" : " ",
            gfl, gfl / l->gflops, it->bw_bound ? " " : "*");
     free(t);
-    attn_exec_close(e);
+    kern_exec_close(e);
     for (int i = 0; i < n; i++) {
         free(host[i]);
         dev_free(d, dbuf[i]);

@@ -1,7 +1,9 @@
 /* bench_moe.c: MoE GEMM benchmark at a shape (default glm5.2) on a device
  * (default cpu): per M, time of the default config and of the best of a
  * small sweep, achieved weight bandwidth, GFLOP/s and the fraction of this
- * machine's memory bandwidth measured in the same run.
+ * machine's memory bandwidth measured in the same run; with --family moe
+ * (the default) first the served MoE layer with default configs (moetune
+ * bench --db takes a tuning database).
  *   bench_moe [--shape glm5.2] [--m 1,4,16,64,256] [--device cpu] [--json]
  *             [--family moe|moe_gemm_up|moe_gemm_down] [--no-sweep] */
 #include <stdio.h>
@@ -9,7 +11,7 @@
 #include <string.h>
 
 #include "device/device.h"
-#include "kernels/moe_bench.h"
+#include "bench/lib/moe_bench.h"
 
 int main(int argc, char **argv)
 {

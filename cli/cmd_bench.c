@@ -1,26 +1,33 @@
 /* cmd_bench.c: `moetune bench`: kernel benchmarks against limits measured
- * in the same run. --family moe times the MoE GEMMs (moe_gemm_up and
- * moe_gemm_down, or one of them) with fresh random routing per call. */
+ * in the same run (bench/lib/moe_bench.h). --family moe times the served
+ * MoE layer with the database's configs and the expert GEMM stages alone;
+ * moe_gemm_up or moe_gemm_down one stage. Fresh routing every call. */
 #include <stdio.h>
 #include <string.h>
 
 #include "../device/device.h"
-#include "../kernels/moe_bench.h"
+#include "../bench/lib/moe_bench.h"
+#include "../db/db.h"
 #include "cli.h"
 
 static void usage(FILE *f)
 {
     fprintf(f,
             "usage: moetune bench --family moe|moe_gemm_up|moe_gemm_down [--shape glm5.2]\n"
-            "                     [--m 1,4,16,64,256] [--device cpu] [--json] [--no-sweep]\n"
-            "Per M: time of the default config and of the best of a small sweep, achieved\n"
-            "weight bandwidth, GFLOP/s, the fraction of this machine's memory bandwidth\n"
-            "(measured in the same run) and the sweep's speedup over the default.\n");
+            "                     [--m 1,4,16,64,256] [--device cpu] [--db tuned.db] [--json]\n"
+            "                     [--no-sweep]\n"
+            "Per M, with fresh routing every call: --family moe times the MoE layer the\n"
+            "server runs (router, expert sort, expert GEMMs, shared expert), each kernel with\n"
+            "the config --db gives for that M (defaults without it); then each expert GEMM\n"
+            "stage alone: the default config and the best of a small sweep (cpu). Reported:\n"
+            "achieved weight bandwidth, GFLOP/s and the fraction of this machine's memory\n"
+            "bandwidth measured in the same run.\n");
 }
 
 int cmd_bench(int argc, char **argv)
 {
     const char *family = NULL, *shape = "glm5.2", *spec = "cpu", *mlist = "1,4,16,64,256";
+    const char *db_path = NULL;
     bool json = false, sweep = true, bad = false;
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -33,6 +40,8 @@ int cmd_bench(int argc, char **argv)
             shape = v;
         } else if ((v = cli_opt(argc, argv, &i, "--device", &bad))) {
             spec = v;
+        } else if ((v = cli_opt(argc, argv, &i, "--db", &bad))) {
+            db_path = v;
         } else if ((v = cli_opt(argc, argv, &i, "--m", &bad))) {
             mlist = v;
         } else if (cli_flag(argv[i], "--json")) {
@@ -72,16 +81,23 @@ int cmd_bench(int argc, char **argv)
         ms[i] = ml[i];
     }
     dev_device *d = NULL;
+    db_t *db = NULL;
     mt_err err = MT_ERR_INIT;
-    if (dev_open(spec, NULL, &d, &err) != MT_OK) {
+    if (db_path && db_open(db_path, DB_OPEN_READONLY, &db, &err) != MT_OK) {
         cli_error("bench", "%s", err.msg);
         return CLI_FAIL;
     }
+    if (dev_open(spec, NULL, &d, &err) != MT_OK) {
+        cli_error("bench", "%s", err.msg);
+        db_close(db);
+        return CLI_FAIL;
+    }
     moe_bench_opts o = {.shape = shape, .family = family, .ms = ms, .n_ms = n, .sweep = sweep,
-                        .json = json};
+                        .json = json, .db = db, .log = stderr};
     mt_status st = moe_bench_run(d, &o, stdout, &err);
     if (st != MT_OK)
         cli_error("bench", "%s", err.msg);
     dev_close(d);
+    db_close(db);
     return st == MT_OK ? CLI_OK : CLI_FAIL;
 }

@@ -123,7 +123,7 @@ static void check_config(dev_device *d, const kern_family *f, const kern_impl *i
     kern_config_key(im, c, ckey, sizeof ckey);
     mt_err err = MT_ERR_INIT;
     dev_code *code = NULL;
-    dev_module *mod = NULL;
+    kern_exec *e = NULL;
     kern_problem *p = NULL;
     double t0 = mt_now_ms();
     mt_status st = kern_compile(d, f, im, s, c, &code, &err);
@@ -134,11 +134,13 @@ static void check_config(dev_device *d, const kern_family *f, const kern_impl *i
         resources_text(info, res, sizeof res);
     }
     if (st == MT_OK && !pr->compile_only) {
-        st = dev_module_load(d, code, &mod, &err);
+        st = kern_exec_open_code(d, f, s, c, code, &e, &err); /* takes the code */
+        code = NULL;
+        info = e ? dev_code_get_info(kern_exec_code(e)) : NULL;
         if (st == MT_OK)
             st = kern_problem_create(d, f, s, m, o->seed ^ (uint64_t)m, &p, &err);
         if (st == MT_OK)
-            st = kern_problem_run(p, mod, c, &err);
+            st = kern_problem_run(p, e, &err);
         if (st == MT_OK)
             st = kern_problem_verify(p, &err);
     }
@@ -173,7 +175,7 @@ static void check_config(dev_device *d, const kern_family *f, const kern_impl *i
             printf("    %s\n", err.msg);
     }
     kern_problem_destroy(p);
-    dev_module_unload(mod);
+    kern_exec_close(e);
     dev_code_free(code);
 }
 

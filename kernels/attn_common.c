@@ -1,5 +1,5 @@
-/* attn_common.c: cache encoding, RoPE table, double-precision references and
- * the attn_exec runner shared by the attention families (see attn_common.h). */
+/* attn_common.c: cache encoding, RoPE table and double-precision references
+ * shared by the attention families (see attn_common.h). */
 #include "attn_common.h"
 
 #include <math.h>
@@ -7,7 +7,6 @@
 #include <string.h>
 
 #include "../common/numeric.h"
-#include "runner.h"
 
 /* ---- cache elements ------------------------------------------------------- */
 
@@ -269,91 +268,4 @@ void attn_fill_bf16(mt_rng *r, uint16_t *x, size_t n, float sd)
 {
     for (size_t i = 0; i < n; i++)
         x[i] = mt_f32_to_bf16(mt_rng_normal(r) * sd);
-}
-
-/* ---- attn_exec --------------------------------------------------------------- */
-
-struct attn_exec {
-    dev_device *dev;
-    const kern_family *fam;
-    const kern_impl *impl;
-    kern_config cfg;
-    dev_code *code;
-    dev_module *mod;
-    void *scratch;
-    size_t scratch_bytes;
-};
-
-mt_status attn_exec_open(dev_device *d, const kern_family *f, const kern_shape *s,
-                         int64_t m, const kern_config *cfg, attn_exec **out, mt_err *err)
-{
-    *out = NULL;
-    const dev_props *pr = dev_get_props(d);
-    const kern_impl *im = kern_family_impl(f, pr->backend);
-    if (!im)
-        return mt_fail(err, MT_E_UNSUPPORTED, "family %s has no implementation for %s",
-                       f->name, pr->spec);
-    attn_exec *e = calloc(1, sizeof *e);
-    if (!e)
-        return mt_fail(err, MT_E_NOMEM, "attn_exec for %s", f->name);
-    e->dev = d;
-    e->fam = f;
-    e->impl = im;
-    if (cfg)
-        e->cfg = *cfg;
-    else
-        im->default_config(s, m, pr, &e->cfg);
-    char why[256] = "";
-    mt_status st = MT_OK;
-    if (!kern_config_valid(f, im, s, m, &e->cfg, pr, why, sizeof why)) {
-        char key[256];
-        kern_config_key(im, &e->cfg, key, sizeof key);
-        st = mt_fail(err, MT_E_INVALID, "%s config %s invalid: %s", f->name, key, why);
-    }
-    if (st == MT_OK)
-        st = kern_compile(d, f, im, s, &e->cfg, &e->code, err);
-    if (st == MT_OK)
-        st = dev_module_load(d, e->code, &e->mod, err);
-    if (st != MT_OK) {
-        attn_exec_close(e);
-        return st;
-    }
-    *out = e;
-    return MT_OK;
-}
-
-void attn_exec_close(attn_exec *e)
-{
-    if (!e)
-        return;
-    dev_free(e->dev, e->scratch);
-    dev_module_unload(e->mod);
-    dev_code_free(e->code);
-    free(e);
-}
-
-const kern_config *attn_exec_config(const attn_exec *e) { return &e->cfg; }
-
-mt_status attn_exec_run(attn_exec *e, const kern_shape *s, int64_t m, void *const *bufs,
-                        mt_err *err)
-{
-    size_t need = e->impl->scratch_bytes ? e->impl->scratch_bytes(s, m, &e->cfg) : 0;
-    if (need > e->scratch_bytes) {
-        dev_free(e->dev, e->scratch);
-        e->scratch = NULL;
-        e->scratch_bytes = 0;
-        mt_status st = dev_alloc(e->dev, need, &e->scratch, err);
-        if (st != MT_OK)
-            return st;
-        e->scratch_bytes = need;
-    }
-    kern_ctx c = {
-        .dev = e->dev, .mod = e->mod, .props = dev_get_props(e->dev), .fam = e->fam,
-        .impl = e->impl, .shape = s, .m = m, .cfg = &e->cfg, .bufs = bufs,
-        .scratch = e->scratch,
-    };
-    mt_status st = e->impl->run(&c, err);
-    if (st == MT_OK)
-        st = dev_synchronize(e->dev, err);
-    return st;
 }

@@ -1,19 +1,17 @@
 /* attn_common.h: pieces shared by GLM-5.2's attention families (mla_prefill,
- * mla_decode, dsa_indexer, rope) and the paged KV cache (kvcache.h):
+ * mla_decode, dsa_indexer, rope) and the paged KV cache (model/kvcache.h):
  *
  *  - cache element encoding (bf16, or fp8 e4m3 with a per-cache float scale:
  *    stored = value / scale) and paged addressing;
  *  - the RoPE cos/sin table and the interleaved rotation GLM-5 uses;
- *  - plain C references, computed in double: the test oracles;
- *  - attn_exec: compile a family's config once and run it on the caller's own
- *    device buffers (the model runtime, the consistency test and the bench).
+ *  - plain C references, computed in double: the test oracles.
  *
  * Paged layout (all families): a pool of pages, each `ps` tokens of `width`
  * elements; token `pos` of a sequence whose page-table row is `tbl` lives at
  * element ((tbl[pos / ps] * ps) + pos % ps) * width. Page tables are int32.
  *
- * Everything here is pure or works on caller-owned memory; thread-safe
- * except where a handle is named (one attn_exec per thread). */
+ * Everything here is pure or works on caller-owned memory; thread-safe.
+ * Running a family on one's own buffers goes through kern_exec (exec.h). */
 #ifndef MT_ATTN_COMMON_H
 #define MT_ATTN_COMMON_H
 
@@ -134,25 +132,5 @@ void attn_fill_pool(mt_rng *r, void *pool, kern_dtype t, size_t n, float sd,
                     float scale);
 /* n bf16 values ~ N(0, sd). */
 void attn_fill_bf16(mt_rng *r, uint16_t *x, size_t n, float sd);
-
-/* ---- running a family on one's own buffers -------------------------------- */
-
-/* A compiled and loaded config of one family for one shape's tuning dims.
- * Runs any runtime dims and m the config is valid for. */
-typedef struct attn_exec attn_exec;
-
-/* Compiles cfg (the implementation's default for shape s and m when NULL)
- * and loads it on d. The device must outlive the exec. */
-mt_status attn_exec_open(dev_device *d, const kern_family *f, const kern_shape *s,
-                         int64_t m, const kern_config *cfg, attn_exec **out,
-                         mt_err *err);
-void attn_exec_close(attn_exec *e); /* NULL is a no-op */
-/* Runs one call on bufs (device pointers in the family's buffer order),
- * with shape s (same tuning dims as at open; runtime dims may differ) and
- * m tokens; grows the exec's scratch as needed and synchronizes. */
-mt_status attn_exec_run(attn_exec *e, const kern_shape *s, int64_t m,
-                        void *const *bufs, mt_err *err);
-/* The config the exec runs. */
-const kern_config *attn_exec_config(const attn_exec *e);
 
 #endif

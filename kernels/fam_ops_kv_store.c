@@ -1,5 +1,5 @@
 /* fam_ops_kv_store.c: the `ops_kv_store` family: writes new tokens into a
- * paged KV pool (kvcache.h): pool row rows[m] receives a[m] (W1 bf16
+ * paged KV pool (model/kvcache.h): pool row rows[m] receives a[m] (W1 bf16
  * values) followed by b[m] (W2 bf16 values; W2 may be 0), each divided by
  * the cache scale and encoded as the cache's element type (bf16, or fp8
  * e4m3 rounded to nearest even and saturated at +-448, exactly as

@@ -1,21 +1,12 @@
-/* moe.h: the MoE layer for the model runtime, built from the MoE kernel
- * families: route -> align -> gate/up GEMM -> down GEMM (-> combine), plus
- * the shared expert, each stage with its own config.
+/* moe.h: the MoE layer as the MoE kernel families compute it: route ->
+ * align -> gate/up GEMM -> down GEMM (-> combine), plus the shared expert
+ * as a one-expert MoE on the same GEMMs. Here: the layer's dimensions, its
+ * weights' layouts, the shape keys of its kernels and moe_reference(), the
+ * plain C layer on host arrays (the test oracle). The layer that runs on a
+ * device, the one the server runs and `moetune bench` times, is
+ * model/moe_layer.h.
  *
- *   moe_stage  one family compiled for one shape and config on a device;
- *              runs on caller-owned device buffers in the family's buffer
- *              order (what the tuner measured). Owns its module and a
- *              scratch buffer that grows with M.
- *   moe        the layer: owns its stages and a workspace that grows with
- *              M; the weights are the caller's device buffers (Quark MXFP4
- *              layout, see moe_weights), never copied.
- *
- * moe_reference() is the plain C layer on host arrays (the test oracle).
- *
- * Ownership: create/destroy pairs; destroy(NULL) is a no-op; everything
- * created must be destroyed before the device is closed. Failures return
- * an mt_status with err naming the stage. Thread safety: one object per
- * thread (they launch on the device's stream and reuse their workspace). */
+ * Pure functions on caller-owned memory; thread-safe. */
 #ifndef MT_KERN_MOE_H
 #define MT_KERN_MOE_H
 
@@ -25,22 +16,6 @@
 #include "../common/status.h"
 #include "../device/device.h"
 #include "family.h"
-
-typedef struct moe_stage moe_stage;
-
-/* Compiles family `family` for shape_key (a preset or a key; runtime dims
- * included) with cfg, or the family's default for m_hint when cfg is NULL.
- * An invalid cfg is MT_E_INVALID with the reason. */
-mt_status moe_stage_create(dev_device *d, const char *family, const char *shape_key,
-                           const kern_config *cfg, int64_t m_hint, moe_stage **out,
-                           mt_err *err);
-/* Runs the stage for m tokens on bufs (device pointers in the family's
- * buffer order). Grows the stage's scratch when needed. */
-mt_status moe_stage_run(moe_stage *st, int64_t m, void *const *bufs, mt_err *err);
-const kern_config *moe_stage_config(const moe_stage *st);
-const kern_family *moe_stage_family(const moe_stage *st);
-const kern_shape *moe_stage_shape(const moe_stage *st);
-void moe_stage_destroy(moe_stage *st);
 
 typedef struct moe_dims {
     int64_t hidden;       /* H */
@@ -52,7 +27,21 @@ typedef struct moe_dims {
     bool a4;              /* MXFP4 activations (a4w4) as Quark's input_tensors ask */
     int64_t shared_inter; /* shared expert intermediate size; 0 = none */
     int comb;             /* 0: down accumulates with atomics; 1: rows + moe_combine */
+    int bm;               /* rows per tile of the aligned (expert-sorted) layout; 0 = 128 */
 } moe_dims;
+
+/* The tile height dims uses (bm, or 128 when 0). */
+static inline int moe_dims_bm(const moe_dims *d) { return d->bm > 0 ? d->bm : 128; }
+
+/* The shape keys of the layer's kernels (one list, shared by the model's
+ * kernel plan, the served layer and `moetune bench`). sh_* are empty when
+ * the layer has no shared expert, combine when comb is 0. */
+typedef struct moe_keys {
+    char route[KERN_KEY_MAX], align[KERN_KEY_MAX], up[KERN_KEY_MAX], down[KERN_KEY_MAX],
+        combine[KERN_KEY_MAX], sh_align[KERN_KEY_MAX], sh_up[KERN_KEY_MAX],
+        sh_down[KERN_KEY_MAX];
+} moe_keys;
+void moe_layer_keys(const moe_dims *d, moe_keys *out);
 
 /* Device pointers owned by the caller. Routed experts: w13 [E, 2I, H/2]
  * with s13 [E, 2I, H/32] (gate rows, then up rows), w2 [E, H, I/2] with s2
@@ -63,24 +52,6 @@ typedef struct moe_weights {
     const void *w13, *s13, *w2, *s2;
     const void *sh_w13, *sh_s13, *sh_w2, *sh_s2;
 } moe_weights;
-
-/* Per-stage configs; NULL entries take the family default for m_hint. */
-typedef struct moe_configs {
-    const kern_config *route, *align, *up, *down, *combine, *sh_up, *sh_down;
-} moe_configs;
-
-typedef struct moe moe;
-
-mt_status moe_create(dev_device *d, const moe_dims *dims, const moe_weights *w,
-                     const moe_configs *cfgs, int64_t m_hint, moe **out, mt_err *err);
-/* y[M, H] (f32, device) = sum_k w_k expert_k(x) + shared(x) for x bf16
- * [M, H] (device). */
-mt_status moe_forward(moe *m, const void *x, int64_t M, float *y, mt_err *err);
-/* The layer's stage objects (for reports and benchmarks): "route",
- * "align", "up", "down", "combine", "sh_align", "sh_up", "sh_down"; NULL
- * when the layer has no such stage. */
-moe_stage *moe_get_stage(moe *m, const char *name);
-void moe_destroy(moe *m);
 
 /* Host weights for moe_reference, same layouts as moe_weights. */
 typedef struct moe_host_weights {

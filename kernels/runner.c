@@ -1,5 +1,5 @@
-/* runner.c: a family's problem on a device: compile, run, verify, time
- * (see runner.h). */
+/* runner.c: a family's problem on a device: run through an executor,
+ * verify, time (see runner.h). */
 #include "runner.h"
 
 #include "../common/clock.h"
@@ -21,8 +21,6 @@ struct kern_problem {
     void *got[KERN_MAX_BUFS];    /* downloaded outputs */
     void *init[KERN_MAX_BUFS];   /* initial contents of INOUT buffers */
     void *dev_ptr[KERN_MAX_BUFS];
-    void *scratch;
-    size_t scratch_bytes;
     void *flush;                 /* > LLC buffer touched between timed runs */
     size_t flush_bytes;
     bool has_reference;
@@ -46,7 +44,6 @@ void kern_problem_destroy(kern_problem *p)
         free(p->init[i]);
         dev_free(p->dev, p->dev_ptr[i]);
     }
-    dev_free(p->dev, p->scratch);
     dev_free(p->dev, p->flush);
     free(p);
 }
@@ -149,18 +146,6 @@ fail:
     return st;
 }
 
-mt_status kern_compile(dev_device *d, const kern_family *f, const kern_impl *im,
-                       const kern_shape *s, const kern_config *cfg, dev_code **code,
-                       mt_err *err)
-{
-    kern_defines defs;
-    dev_compile_req req;
-    mt_status st = kern_compile_req(f, im, s, cfg, dev_get_props(d), &defs, &req, err);
-    if (st != MT_OK)
-        return st;
-    return dev_compile(d, &req, code, err);
-}
-
 /* Poisons OUT buffers with 0xFF bytes: NaN for every float type, -1 for
  * integers, so an element the kernel never writes cannot pass. */
 static mt_status prepare_outputs(kern_problem *p, mt_err *err)
@@ -187,41 +172,18 @@ static mt_status restore_inouts(kern_problem *p, const void *const *initial, mt_
     return MT_OK;
 }
 
-static mt_status ensure_scratch(kern_problem *p, const kern_config *cfg, mt_err *err)
+static mt_status run_once(kern_problem *p, kern_exec *e, mt_err *err)
 {
-    size_t need = p->impl->scratch_bytes ? p->impl->scratch_bytes(&p->shape, p->m, cfg) : 0;
-    if (need <= p->scratch_bytes)
-        return MT_OK;
-    dev_free(p->dev, p->scratch);
-    p->scratch = NULL;
-    p->scratch_bytes = 0;
-    mt_status st = dev_alloc(p->dev, need, &p->scratch, err);
-    if (st == MT_OK)
-        p->scratch_bytes = need;
-    return st;
+    return kern_exec_run(e, &p->shape, p->m, p->dev_ptr, err);
 }
 
-static mt_status run_once(kern_problem *p, dev_module *mod, const kern_config *cfg,
-                          mt_err *err)
+mt_status kern_problem_run(kern_problem *p, kern_exec *e, mt_err *err)
 {
-    kern_ctx c = {
-        .dev = p->dev, .mod = mod, .props = dev_get_props(p->dev), .fam = p->fam,
-        .impl = p->impl, .shape = &p->shape, .m = p->m, .cfg = cfg,
-        .bufs = p->dev_ptr, .scratch = p->scratch,
-    };
-    return p->impl->run(&c, err);
-}
-
-mt_status kern_problem_run(kern_problem *p, dev_module *mod, const kern_config *cfg,
-                           mt_err *err)
-{
-    mt_status st = ensure_scratch(p, cfg, err);
-    if (st == MT_OK)
-        st = prepare_outputs(p, err);
+    mt_status st = prepare_outputs(p, err);
     if (st == MT_OK)
         st = restore_inouts(p, (const void *const *)p->init, err);
     if (st == MT_OK)
-        st = run_once(p, mod, cfg, err);
+        st = run_once(p, e, err);
     if (st == MT_OK)
         st = dev_synchronize(p->dev, err);
     return st;
@@ -300,8 +262,8 @@ static mt_status flush_cache(kern_problem *p, mt_err *err)
     return dev_memset(p->dev, p->flush, 0x5a, p->flush_bytes, err);
 }
 
-mt_status kern_problem_time(kern_problem *p, dev_module *mod, const kern_config *cfg,
-                            const kern_time_opts *o, kern_timing *t, mt_err *err)
+mt_status kern_problem_time(kern_problem *p, kern_exec *e, const kern_time_opts *o,
+                            kern_timing *t, mt_err *err)
 {
     kern_time_opts dflt;
     if (!o) {
@@ -309,9 +271,11 @@ mt_status kern_problem_time(kern_problem *p, dev_module *mod, const kern_config 
         o = &dflt;
     }
     memset(t, 0, sizeof *t);
-    mt_status st = ensure_scratch(p, cfg, err);
-    for (int i = 0; i < o->warmup && st == MT_OK; i++)
-        st = run_once(p, mod, cfg, err);
+    /* The first warm-up run also grows the executor's scratch, so no timed
+     * run allocates. */
+    mt_status st = MT_OK;
+    for (int i = 0; i < (o->warmup > 0 ? o->warmup : 1) && st == MT_OK; i++)
+        st = run_once(p, e, err);
     if (st == MT_OK)
         st = dev_synchronize(p->dev, err);
     if (st != MT_OK)
@@ -341,7 +305,7 @@ mt_status kern_problem_time(kern_problem *p, dev_module *mod, const kern_config 
         if (st == MT_OK)
             st = dev_event_record(p->dev, a, err);
         if (st == MT_OK)
-            st = run_once(p, mod, cfg, err);
+            st = run_once(p, e, err);
         if (st == MT_OK)
             st = dev_event_record(p->dev, b, err);
         if (st == MT_OK)
@@ -390,37 +354,17 @@ mt_status kern_check_one(dev_device *d, const kern_family *f, const char *shape_
         return st;
     if (m <= 0)
         m = km > 0 ? km : 1;
-    const dev_props *pr = dev_get_props(d);
-    const kern_impl *im = kern_family_impl(f, pr->backend);
-    if (!im)
-        return mt_fail(err, MT_E_UNSUPPORTED, "family %s has no implementation for %s",
-                       f->name, pr->spec);
-    kern_config c;
-    if (cfg)
-        c = *cfg;
-    else
-        im->default_config(&s, m, pr, &c);
-    char why[256] = "";
-    if (!kern_config_valid(f, im, &s, m, &c, pr, why, sizeof why)) {
-        char key[256];
-        kern_config_key(im, &c, key, sizeof key);
-        return mt_fail(err, MT_E_INVALID, "%s config %s invalid: %s", f->name, key, why);
-    }
-    dev_code *code = NULL;
-    dev_module *mod = NULL;
+    kern_exec *e = NULL;
     kern_problem *p = NULL;
-    st = kern_compile(d, f, im, &s, &c, &code, err);
-    if (st == MT_OK)
-        st = dev_module_load(d, code, &mod, err);
+    st = kern_exec_open(d, f, &s, m, cfg, &e, err);
     if (st == MT_OK)
         st = kern_problem_create(d, f, &s, m, seed, &p, err);
     if (st == MT_OK)
-        st = kern_problem_run(p, mod, &c, err);
+        st = kern_problem_run(p, e, err);
     if (st == MT_OK)
         st = kern_problem_verify(p, err);
     kern_problem_destroy(p);
-    dev_module_unload(mod);
-    dev_code_free(code);
+    kern_exec_close(e);
     return st;
 }
 

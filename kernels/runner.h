@@ -1,7 +1,7 @@
 /* runner.h: one problem of a family on a device, and what is done with it:
- * compile a config, run it, verify it against the C reference, time it.
- * Shared by `moetune check`, the tuner's measurement worker, the tests and
- * the benchmarks.
+ * run a config through its executor (exec.h), verify it against the C
+ * reference, time it. Shared by `moetune check`, the tuner's measurement
+ * worker, the tests and the benchmarks.
  *
  * A problem owns host inputs (seeded), host reference outputs (computed once
  * by the family's reference) and device buffers. Before every run, OUT
@@ -11,6 +11,7 @@
 #ifndef MT_KERN_RUNNER_H
 #define MT_KERN_RUNNER_H
 
+#include "exec.h"
 #include "family.h"
 
 typedef struct kern_problem kern_problem;
@@ -52,16 +53,9 @@ void *const *kern_problem_host(const kern_problem *p);
 /* Device buffers, in the family's order (owned by the problem). */
 void *const *kern_problem_dev(const kern_problem *p);
 
-/* Compiles cfg for the problem's device (thread-safe for distinct codes).
- * The code is the caller's (dev_code_free). */
-mt_status kern_compile(dev_device *d, const kern_family *f, const kern_impl *im,
-                       const kern_shape *s, const kern_config *cfg,
-                       dev_code **code, mt_err *err);
-
-/* Poisons outputs, restores in-outs, allocates scratch as needed and runs
- * the config once; synchronizes. */
-mt_status kern_problem_run(kern_problem *p, dev_module *mod, const kern_config *cfg,
-                           mt_err *err);
+/* Poisons outputs, restores in-outs and runs the executor (opened for the
+ * problem's family and tuning dims) once; synchronizes. */
+mt_status kern_problem_run(kern_problem *p, kern_exec *e, mt_err *err);
 
 /* Downloads outputs and compares them with the reference. MT_OK or
  * MT_E_WRONG_RESULT with the first bad buffer, row and element in err. */
@@ -88,9 +82,10 @@ typedef struct kern_timing {
 
 void kern_time_opts_default(kern_time_opts *o);
 
-/* Times cfg on the problem with device events (host clock on cpu/emu). */
-mt_status kern_problem_time(kern_problem *p, dev_module *mod, const kern_config *cfg,
-                            const kern_time_opts *o, kern_timing *t, mt_err *err);
+/* Times the executor on the problem with device events (host clock on
+ * cpu/emu). */
+mt_status kern_problem_time(kern_problem *p, kern_exec *e, const kern_time_opts *o,
+                            kern_timing *t, mt_err *err);
 
 /* Device-memory bandwidth in GB/s: the median of 5 timed device-to-device
  * copies of `bytes` (each copy reads and writes them, counted as 2x bytes),

@@ -16,6 +16,8 @@
 
 #include "plan.h"
 
+#include "moe_layer.h"
+
 #define PAGE_TOKENS_DEFAULT 16
 #define BATCH_TOKENS_DEFAULT 512
 
@@ -190,8 +192,7 @@ static mt_status mlp_uses(builder *b, model_plan_layer *ly)
     const model_config *c = b->c;
     const model_plan_params *pp = &b->p->p;
     int *k = ly->k;
-    int64_t T = pp->T, H = c->hidden_size, E = c->n_routed_experts;
-    int64_t TOPK = c->num_experts_per_tok, IE = c->moe_intermediate_size;
+    int64_t T = pp->T, H = c->hidden_size;
     USE(&k[MODEL_KS_NORM_POST], "rmsnorm", T, "norm", "N=%" PRId64 ",eps_e=%d", H, pp->eps_e);
     if (!ly->moe) {
         USE(&k[MODEL_KS_GEMM_GU], "gemm", T, "mlp gate/up", "N=%" PRId64 ",K=%" PRId64,
@@ -201,30 +202,22 @@ static mt_status mlp_uses(builder *b, model_plan_layer *ly)
             ly->inter);
         return MT_OK;
     }
-    const char *a = pp->a4 ? "mxfp4" : "bf16";
-    USE(&k[MODEL_KS_ROUTE], "moe_route", T, "router",
-        "H=%" PRId64 ",E=%" PRId64 ",topk=%" PRId64 ",ngroup=%" PRId64 ",topkg=%" PRId64
-        ",rsf=%d,norm=%d", H, E, TOPK, c->n_group, c->topk_group,
-        (int)lround(c->routed_scaling_factor * 1000.0), c->norm_topk_prob ? 1 : 0);
-    USE(&k[MODEL_KS_ALIGN], "moe_align", T, "expert sort",
-        "E=%" PRId64 ",topk=%" PRId64 ",bm=128,skew=0", E, TOPK);
-    USE(&k[MODEL_KS_UP], "moe_gemm_up", T, "experts up",
-        "H=%" PRId64 ",I=%" PRId64 ",E=%" PRId64 ",topk=%" PRId64 ",a=%s,cat=1,bm=128,skew=0", H,
-        IE, E, TOPK, a);
-    USE(&k[MODEL_KS_DOWN], "moe_gemm_down", T, "experts down",
-        "H=%" PRId64 ",I=%" PRId64 ",E=%" PRId64 ",topk=%" PRId64 ",a=%s,comb=0,bm=128,skew=0",
-        H, IE, E, TOPK, a);
+    /* The served MoE layer's kernels (moe_layer.h), keys from the one list. */
+    moe_dims md;
+    model_moe_dims(c, pp->a4, ly->sh_inter && ly->sh_mxfp4 ? ly->sh_inter : 0, &md);
+    moe_keys mk;
+    moe_layer_keys(&md, &mk);
+    USE(&k[MODEL_KS_ROUTE], "moe_route", T, "router", "%s", mk.route);
+    USE(&k[MODEL_KS_ALIGN], "moe_align", T, "expert sort", "%s", mk.align);
+    USE(&k[MODEL_KS_UP], "moe_gemm_up", T, "experts up", "%s", mk.up);
+    USE(&k[MODEL_KS_DOWN], "moe_gemm_down", T, "experts down", "%s", mk.down);
     if (!ly->sh_inter)
         return MT_OK;
     if (ly->sh_mxfp4) {
         /* The shared expert as a one-expert MoE. */
-        USE(&k[MODEL_KS_SH_ALIGN], "moe_align", T, "shared sort", "E=1,topk=1,bm=128,skew=0");
-        USE(&k[MODEL_KS_SH_UP], "moe_gemm_up", T, "shared up",
-            "H=%" PRId64 ",I=%" PRId64 ",E=1,topk=1,a=%s,cat=1,bm=128,skew=0", H, ly->sh_inter,
-            a);
-        USE(&k[MODEL_KS_SH_DOWN], "moe_gemm_down", T, "shared down",
-            "H=%" PRId64 ",I=%" PRId64 ",E=1,topk=1,a=%s,comb=0,bm=128,skew=0", H, ly->sh_inter,
-            a);
+        USE(&k[MODEL_KS_SH_ALIGN], "moe_align", T, "shared sort", "%s", mk.sh_align);
+        USE(&k[MODEL_KS_SH_UP], "moe_gemm_up", T, "shared up", "%s", mk.sh_up);
+        USE(&k[MODEL_KS_SH_DOWN], "moe_gemm_down", T, "shared down", "%s", mk.sh_down);
     } else {
         USE(&k[MODEL_KS_SH_GEMM_GU], "gemm", T, "shared gate/up", "N=%" PRId64 ",K=%" PRId64,
             2 * ly->sh_inter, H);

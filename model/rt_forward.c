@@ -1,5 +1,5 @@
 /* rt_forward.c: model_step, the batched forward pass. Every computation is
- * a kernel-family launch on the device (rt_run); the host validates the
+ * a launch of a kernel of the runtime's kernel set (model_kern_run); the host validates the
  * items, reserves KV pages, uploads token ids, positions, pool rows and the
  * page table, and copies the requested logits back.
  *
@@ -26,7 +26,7 @@
 #define RUN(k, m, shape, ...)                                                                    \
     do {                                                                                         \
         void *bufs_[] = {__VA_ARGS__};                                                           \
-        mt_status s_ = rt_run(rt, (k), (m), (shape), bufs_, err);                                \
+        mt_status s_ = model_kern_run((k), (m), (shape), bufs_, err);                                \
         if (s_ != MT_OK)                                                                         \
             return s_;                                                                           \
     } while (0)
@@ -60,14 +60,14 @@ static mt_status attention(model_runtime *rt, rt_layer *ly, int64_t M, int64_t c
         RUN(k->copy_iq, M, NULL, b->fb, b->iq);
         RUN(k->rope_iq, M, NULL, b->iq, b->pos, cs, cs, cs);
         kern_shape s = k->indexer->shape;
-        rt_shape_set(k->indexer, &s, "C", cmax);
+        model_kern_shape_set(k->indexer, &s, "C", cmax);
         RUN(k->indexer, M, &s, b->iq, b->iw, kvc_index_pool(ly->kv), kvc_index_scale(ly->kv),
             b->table, b->qseq, b->ctx, b->idx, b->val);
     }
     RUN(k->absorb, M, NULL, b->q, ly->w_ukt, b->qabs);
     RUN(k->copy_qrope, M * rt->NH, NULL, b->q, b->qabs);
     kern_shape s = k->decode->shape;
-    rt_shape_set(k->decode, &s, "C", cmax);
+    model_kern_shape_set(k->decode, &s, "C", cmax);
     RUN(k->decode, M, &s, b->qabs, kvc_latent_pool(ly->kv), kvc_latent_scale(ly->kv), b->table,
         b->qseq, b->ctx, b->idx, b->o);
     RUN(k->copy_o, M, NULL, b->o, b->ob);
@@ -89,22 +89,16 @@ static mt_status mlp(model_runtime *rt, rt_layer *ly, int64_t M, mt_err *err)
         RUN(k->resid, M, NULL, b->resid, b->delta, b->xb);
         return MT_OK;
     }
-    /* The expert GEMMs accumulate into delta. */
-    mt_status st = dev_memset(rt->dev, b->delta, 0, (size_t)(M * rt->H) * 4, err);
+    /* The served MoE layer: routed experts plus the MXFP4 shared expert,
+     * into delta. */
+    moe_dims d = rt->moe;
+    d.shared_inter = ly->sh_inter && ly->sh_mxfp4 ? ly->sh_inter : 0;
+    moe_weights w = {.gate = ly->gate, .bias = ly->bias, .w13 = ly->w13, .s13 = ly->s13,
+                     .w2 = ly->w2, .s2 = ly->s2, .sh_w13 = ly->sh_w13, .sh_s13 = ly->sh_s13,
+                     .sh_w2 = ly->sh_w2, .sh_s2 = ly->sh_s2};
+    mt_status st = model_moe_run(&k->moe, rt->moe_ws, &d, &w, b->xn, M, b->delta, err);
     if (st != MT_OK)
         return st;
-    RUN(k->route, M, NULL, b->xn, ly->gate, ly->bias, b->ids, b->tw);
-    RUN(k->align, M, NULL, b->ids, b->sorted, b->tile, b->total);
-    RUN(k->up, M, NULL, b->xn, b->ids, b->sorted, b->tile, b->total, ly->w13, ly->s13, b->eh);
-    RUN(k->down, M, NULL, b->eh, b->ids, b->sorted, b->tile, b->total, b->tw, ly->w2, ly->s2,
-        b->delta);
-    if (ly->sh_inter && ly->sh_mxfp4) {
-        RUN(k->sh_align, M, NULL, b->sh_ids, b->sh_sorted, b->sh_tile, b->sh_total);
-        RUN(k->sh_up, M, NULL, b->xn, b->sh_ids, b->sh_sorted, b->sh_tile, b->sh_total,
-            ly->sh_w13, ly->sh_s13, b->sh_h);
-        RUN(k->sh_down, M, NULL, b->sh_h, b->sh_ids, b->sh_sorted, b->sh_tile, b->sh_total,
-            b->sh_w, ly->sh_w2, ly->sh_s2, b->delta);
-    }
     RUN(k->resid, M, NULL, b->resid, b->delta, b->xb);
     if (ly->sh_inter && !ly->sh_mxfp4) {
         RUN(k->sh_gemm_gu, M, NULL, b->xn, ly->sh_gu, b->gu);
@@ -131,7 +125,7 @@ static mt_status forward(model_runtime *rt, int64_t M, int64_t cmax, int64_t nl,
         return dev_synchronize(rt->dev, err);
     RUN(rt->k_norm_final, M, NULL, b->xb, rt->final_norm, b->xn);
     kern_shape s = rt->k_gather->shape;
-    rt_shape_set(rt->k_gather, &s, "V", M);
+    model_kern_shape_set(rt->k_gather, &s, "V", M);
     RUN(rt->k_gather, nl, &s, b->xn, b->lrows, b->xgf, b->xg);
     RUN(rt->k_lm_head, nl, NULL, b->xg, rt->lm_head, b->logits);
     return dev_synchronize(rt->dev, err);

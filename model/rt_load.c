@@ -223,6 +223,22 @@ static mt_status upload_kv_b(model_runtime *rt, const char *module, rt_layer *ly
     return st;
 }
 
+/* ---- kernels -------------------------------------------------------------- */
+
+/* One kernel per entry of the plan, in plan order (kernel i is entry i;
+ * its runtime dims are the representative values used for defaults and
+ * validity). */
+static mt_status register_plan(model_runtime *rt, mt_err *err)
+{
+    mt_status st = model_kset_create(rt->dev, rt->db, rt->log, &rt->ks, err);
+    const model_plan *pl = rt->plan;
+    for (int i = 0; st == MT_OK && i < pl->n_entries; i++) {
+        const model_plan_entry *e = &pl->entries[i];
+        st = model_kset_add(rt->ks, e->fam, &e->shape, e->purpose, e->m_max, NULL, err);
+    }
+    return st == MT_OK ? MT_OK : mt_err_prefix(err, "runtime");
+}
+
 /* ---- kernels of a layer --------------------------------------------------- */
 
 /* The rt_layer_kernels field of each plan slot, offset + 1 (0: missing). */
@@ -238,8 +254,9 @@ static const size_t slot_field[MODEL_KS_COUNT] = {
     SLOT(COPY_O, copy_o), SLOT(VOUT, vout), SLOT(GEMM_O, gemm_o), SLOT(RESID, resid),
     SLOT(NORM_POST, norm_post), SLOT(GEMM_GU, gemm_gu), SLOT(SILU, silu),
     SLOT(GEMM_DOWN, gemm_down), SLOT(SH_GEMM_GU, sh_gemm_gu), SLOT(SH_SILU, sh_silu),
-    SLOT(SH_GEMM_DOWN, sh_gemm_down), SLOT(ROUTE, route), SLOT(ALIGN, align), SLOT(UP, up),
-    SLOT(DOWN, down), SLOT(SH_ALIGN, sh_align), SLOT(SH_UP, sh_up), SLOT(SH_DOWN, sh_down),
+    SLOT(SH_GEMM_DOWN, sh_gemm_down), SLOT(ROUTE, moe.route), SLOT(ALIGN, moe.align),
+    SLOT(UP, moe.up), SLOT(DOWN, moe.down), SLOT(SH_ALIGN, moe.sh_align),
+    SLOT(SH_UP, moe.sh_up), SLOT(SH_DOWN, moe.sh_down),
 };
 #undef SLOT
 
@@ -249,8 +266,8 @@ static void layer_kernels(model_runtime *rt, const model_plan_layer *pl, rt_laye
     for (int s = 0; s < MODEL_KS_COUNT; s++) {
         if (!slot_field[s])
             abort(); /* a slot added to plan.h without its field here */
-        rt_kernel **f = (rt_kernel **)((char *)&ly->k + slot_field[s] - 1);
-        *f = pl->k[s] >= 0 ? rt->kerns[pl->k[s]] : NULL;
+        model_kern **f = (model_kern **)((char *)&ly->k + slot_field[s] - 1);
+        *f = pl->k[s] >= 0 ? model_kset_kernel(rt->ks, pl->k[s]) : NULL;
     }
 }
 
@@ -423,7 +440,7 @@ mt_status rt_load(model_runtime *rt, mt_err *err)
     if (st != MT_OK)
         return st;
 
-    if ((st = rt_kernels_register(rt, err)) != MT_OK)
+    if ((st = register_plan(rt, err)) != MT_OK)
         return st;
     rt->layers = calloc((size_t)rt->n_layers, sizeof *rt->layers);
     if (!rt->layers)
@@ -434,10 +451,10 @@ mt_status rt_load(model_runtime *rt, mt_err *err)
             return mt_err_prefix(err, "layer %" PRId64, i);
     }
     const int *g = rt->plan->g;
-    rt->k_embed = rt->kerns[g[MODEL_GS_EMBED]];
-    rt->k_norm_final = rt->kerns[g[MODEL_GS_NORM_FINAL]];
-    rt->k_gather = rt->kerns[g[MODEL_GS_GATHER]];
-    rt->k_lm_head = rt->kerns[g[MODEL_GS_LM_HEAD]];
+    rt->k_embed = model_kset_kernel(rt->ks, g[MODEL_GS_EMBED]);
+    rt->k_norm_final = model_kset_kernel(rt->ks, g[MODEL_GS_NORM_FINAL]);
+    rt->k_gather = model_kset_kernel(rt->ks, g[MODEL_GS_GATHER]);
+    rt->k_lm_head = model_kset_kernel(rt->ks, g[MODEL_GS_LM_HEAD]);
     return MT_OK;
 }
 
@@ -470,9 +487,6 @@ mt_status rt_bufs_alloc(model_runtime *rt, mt_err *err)
         int64_t in = ly->moe ? (ly->sh_mxfp4 ? 0 : ly->sh_inter) : ly->inter;
         inter = in > inter ? in : inter;
     }
-    int64_t P = T * rt->TOPKE;
-    rt->moe_cap = rt->E ? moe_cap_rows(P, rt->E, 128) : 0;
-    rt->sh_cap = moe_cap_rows(T, 1, 128);
     int64_t max_pages = (rt->max_ctx + rt->ps - 1) / rt->ps;
     b->table_entries = T * max_pages;
     size_t topk = (size_t)(rt->TOPK > 0 ? rt->TOPK : 1);
@@ -494,12 +508,7 @@ mt_status rt_bufs_alloc(model_runtime *rt, mt_err *err)
         {&b->iq, (size_t)(T * rt->IH * rt->ID) * 2}, {&b->qabs, (size_t)(T * NH * (L + R)) * 2},
         {&b->o, (size_t)(T * NH * L) * 4}, {&b->ob, (size_t)(T * NH * L) * 2},
         {&b->v, (size_t)(T * NH * rt->VD) * 2}, {&b->gu, (size_t)(T * 2 * inter) * 4},
-        {&b->h, (size_t)(T * inter) * 2}, {&b->ids, (size_t)P * 4}, {&b->tw, (size_t)P * 4},
-        {&b->sorted, (size_t)rt->moe_cap * 4}, {&b->tile, (size_t)(rt->moe_cap / 128 + 1) * 4},
-        {&b->total, 4}, {&b->eh, (size_t)(P * rt->IE) * 2}, {&b->sh_ids, (size_t)T * 4},
-        {&b->sh_w, (size_t)T * 4}, {&b->sh_sorted, (size_t)rt->sh_cap * 4},
-        {&b->sh_tile, (size_t)(rt->sh_cap / 128 + 1) * 4}, {&b->sh_total, 4},
-        {&b->xg, (size_t)(T * H) * 2}, {&b->xgf, (size_t)(T * H) * 4},
+        {&b->h, (size_t)(T * inter) * 2}, {&b->xg, (size_t)(T * H) * 2}, {&b->xgf, (size_t)(T * H) * 4},
         {&b->logits, (size_t)(T * rt->V) * 4},
     };
     int64_t sh_max = 0;
@@ -511,25 +520,19 @@ mt_status rt_bufs_alloc(model_runtime *rt, mt_err *err)
         if (st != MT_OK)
             return mt_err_prefix(err, "activation buffers for %" PRId64 " tokens", T);
     }
-    mt_status st = dev_alloc(rt->dev, (size_t)(T * (sh_max ? sh_max : 1)) * 2, &b->sh_h, err);
-    /* The shared expert as a one-expert MoE: every token to expert 0 with weight 1. */
-    float *ones = malloc(sizeof(float) * (size_t)T);
-    if (st == MT_OK && !ones)
-        st = mt_fail(err, MT_E_NOMEM, "activation buffers");
-    for (int64_t i = 0; st == MT_OK && i < T; i++)
-        ones[i] = 1.0f;
-    if (st == MT_OK)
-        st = dev_memset(rt->dev, b->sh_ids, 0, (size_t)T * 4, err);
-    if (st == MT_OK)
-        st = dev_copy_to(rt->dev, b->sh_w, ones, sizeof(float) * (size_t)T, err);
-    free(ones);
-    return st;
+    model_moe_dims(rt->cfg, rt->a4, sh_max, &rt->moe);
+    bool any_moe = false;
+    for (int64_t i = 0; i < rt->n_layers; i++)
+        any_moe |= rt->layers[i].moe;
+    return any_moe ? model_moe_ws_create(rt->dev, &rt->moe, T, &rt->moe_ws, err) : MT_OK;
 }
 
 void rt_bufs_free(model_runtime *rt)
 {
     if (!rt->dev)
         return;
+    model_moe_ws_destroy(rt->moe_ws);
+    rt->moe_ws = NULL;
     /* Every member before table_entries is a device pointer. */
     void **all = (void **)&rt->b;
     size_t n = offsetof(rt_bufs, table_entries) / sizeof(void *);

@@ -1,6 +1,6 @@
 /* runtime.c: opening and closing the model runtime (runtime.h), its
  * sequences and accessors. The forward pass is in rt_forward.c, kernel
- * selection in rt_select.c, weight upload in rt_load.c.
+ * selection by the kernel set (kset.c), weight upload in rt_load.c.
  *
  * KV cache: one kvcache per layer (latent, plus indexer keys on layers that
  * run their own indexer). Every sequence has one kvc_seq per layer, and
@@ -126,7 +126,7 @@ static mt_status setup(model_runtime *rt, mt_err *err)
             o->model_dir, rt->n_layers, rt->H, rt->E, rt->TOPKE, rt->V, rt->props->spec,
             rt->props->name, rt->a4 ? "a4w4 (MXFP4 activations)" : "a16w4 (bf16 activations)",
             kern_dtype_name(rt->kv_dtype), rt->n_pages, rt->ps, rt->max_ctx);
-    if ((st = rt_load(rt, err)) != MT_OK || (st = rt_select(rt, err)) != MT_OK ||
+    if ((st = rt_load(rt, err)) != MT_OK || (st = model_kset_select(rt->ks, err)) != MT_OK ||
         (st = rt_bufs_alloc(rt, err)) != MT_OK)
         return st;
     size_t stage = (size_t)rt->T * (size_t)(rt->TOPK > 8 ? rt->TOPK : 8) +
@@ -162,7 +162,8 @@ void model_runtime_close(model_runtime *rt)
         model_seq_free(rt, i);
     rt_bufs_free(rt);
     rt_unload(rt);
-    rt_kernels_free(rt);
+    model_kset_destroy(rt->ks);
+    model_plan_free(rt->plan);
     free(rt->h_i32);
     db_close(rt->db);
     model_tokenizer_destroy(rt->tok);
@@ -172,6 +173,13 @@ void model_runtime_close(model_runtime *rt)
 }
 
 const model_config *model_runtime_config(const model_runtime *rt) { return rt->cfg; }
+
+void model_runtime_selection(const model_runtime *rt, model_selection_counts *out)
+{
+    model_kset_counts(rt->ks, out);
+}
+
+void model_runtime_report(const model_runtime *rt, FILE *f) { model_kset_report(rt->ks, f); }
 const model_tokenizer *model_runtime_tokenizer(const model_runtime *rt) { return rt->tok; }
 int32_t model_runtime_vocab(const model_runtime *rt) { return (int32_t)rt->V; }
 int64_t model_runtime_max_context(const model_runtime *rt) { return rt->max_ctx; }

@@ -26,6 +26,7 @@
 #include "../common/rng.h"
 #include "../common/status.h"
 #include "config.h"
+#include "kset.h"
 #include "tokenizer.h"
 
 typedef enum model_act_quant {
@@ -61,9 +62,6 @@ int64_t model_runtime_max_context(const model_runtime *rt);
 
 /* Kernel selection: counts of kernels by provenance, and a printed table
  * (family, shape, M bucket, config, provenance). */
-typedef struct model_selection_counts {
-    int tuned, nearest, other_device, stale, defaults;
-} model_selection_counts;
 void model_runtime_selection(const model_runtime *rt, model_selection_counts *out);
 void model_runtime_report(const model_runtime *rt, FILE *f);
 

@@ -17,7 +17,8 @@
 #include "common/numeric.h"
 #include "common/rng.h"
 #include "kernels/attn_common.h"
-#include "kernels/kvcache.h"
+#include "kernels/exec.h"
+#include "model/kvcache.h"
 
 extern const kern_family fam_mla_prefill, fam_mla_decode, fam_dsa_indexer;
 
@@ -93,6 +94,14 @@ static void setup(fixture *f, const char *spec, kern_dtype dt)
         }
 }
 
+/* One call through the executor, waited for. */
+static mt_status run_sync(kern_exec *e, const kern_shape *s, int64_t m, void *const *bufs,
+                          mt_err *err)
+{
+    mt_status st = kern_exec_run(e, s, m, bufs, err);
+    return st == MT_OK ? dev_synchronize(kern_exec_device(e), err) : st;
+}
+
 static void teardown(fixture *f)
 {
     dev_free(f->dev, f->d_table);
@@ -100,13 +109,13 @@ static void teardown(fixture *f)
     dev_close(f->dev);
 }
 
-static attn_exec *open_exec(fixture *f, const kern_family *fam, const char *key, int64_t m,
+static kern_exec *open_exec(fixture *f, const kern_family *fam, const char *key, int64_t m,
                             kern_shape *s)
 {
     mt_err err = MT_ERR_INIT;
     cr_assert_eq(kern_shape_parse(fam, key, s, NULL, &err), MT_OK, "%s", err.msg);
-    attn_exec *e = NULL;
-    cr_assert_eq(attn_exec_open(f->dev, fam, s, m, NULL, &e, &err), MT_OK, "%s", err.msg);
+    kern_exec *e = NULL;
+    cr_assert_eq(kern_exec_open(f->dev, fam, s, m, NULL, &e, &err), MT_OK, "%s", err.msg);
     return e;
 }
 
@@ -118,12 +127,12 @@ static void prefill(fixture *f, float *out)
     snprintf(key, sizeof key, "H=%d,L=%d,R=%d,D=%d,V=%d,ps=%d,kv=%s,P=%d", H, L, R, D, V, PS,
              kvname(f), P);
     kern_shape s;
-    attn_exec *e = open_exec(f, &fam_mla_prefill, key, N, &s);
+    kern_exec *e = open_exec(f, &fam_mla_prefill, key, N, &s);
     void *dq = upload(f, f->q, sizeof f->q), *dw = upload(f, f->wkv, sizeof f->wkv);
     void *dout = upload(f, NULL, N * H * V * 2);
     void *bufs[] = {dq, kvc_latent_pool(f->kv), kvc_latent_scale(f->kv), f->d_table, dw, dout};
     mt_err err = MT_ERR_INIT;
-    cr_assert_eq(attn_exec_run(e, &s, N, bufs, &err), MT_OK, "%s", err.msg);
+    cr_assert_eq(run_sync(e, &s, N, bufs, &err), MT_OK, "%s", err.msg);
     uint16_t o[N * H * V];
     cr_assert_eq(dev_copy_from(f->dev, o, dout, sizeof o, NULL), MT_OK);
     for (int i = 0; i < N * H * V; i++)
@@ -131,13 +140,13 @@ static void prefill(fixture *f, float *out)
     dev_free(f->dev, dq);
     dev_free(f->dev, dw);
     dev_free(f->dev, dout);
-    attn_exec_close(e);
+    kern_exec_close(e);
 }
 
 /* Decodes queries [first, first + m) with ctx_len P+i+1 each, all on the
  * sequence's row; sel (device, [m][TOPK]) makes it sparse. Latent outputs
  * are mapped through W_UV into out[first..]. */
-static void decode(fixture *f, attn_exec *e, kern_shape *s, int first, int m, void *sel,
+static void decode(fixture *f, kern_exec *e, kern_shape *s, int first, int m, void *sel,
                    float *out)
 {
     int32_t qseq[N] = {0}, ctx[N];
@@ -150,7 +159,7 @@ static void decode(fixture *f, attn_exec *e, kern_shape *s, int first, int m, vo
     void *bufs[] = {dq, kvc_latent_pool(f->kv), kvc_latent_scale(f->kv), f->d_table,
                     dqs, dctx, dsel, dout};
     mt_err err = MT_ERR_INIT;
-    cr_assert_eq(attn_exec_run(e, s, m, bufs, &err), MT_OK, "%s", err.msg);
+    cr_assert_eq(run_sync(e, s, m, bufs, &err), MT_OK, "%s", err.msg);
     float o[N * H * L];
     cr_assert_eq(dev_copy_from(f->dev, o, dout, (size_t)m * H * L * 4, NULL), MT_OK);
     for (int i = 0; i < m; i++)
@@ -177,7 +186,7 @@ static void *index_select(fixture *f)
     snprintf(key, sizeof key, "IH=%d,ID=%d,topk=%d,ps=%d,kv=%s,C=%d", IH, ID, TOPK, PS,
              kvname(f), T);
     kern_shape s;
-    attn_exec *e = open_exec(f, &fam_dsa_indexer, key, N, &s);
+    kern_exec *e = open_exec(f, &fam_dsa_indexer, key, N, &s);
     mt_rng r;
     mt_rng_seed(&r, f->seed + 1);
     uint16_t q[N * IH * ID];
@@ -194,7 +203,7 @@ static void *index_select(fixture *f)
     void *bufs[] = {dq, dw, kvc_index_pool(f->kv), kvc_index_scale(f->kv), f->d_table,
                     dqs, dctx, didx, dval};
     mt_err err = MT_ERR_INIT;
-    cr_assert_eq(attn_exec_run(e, &s, N, bufs, &err), MT_OK, "%s", err.msg);
+    cr_assert_eq(run_sync(e, &s, N, bufs, &err), MT_OK, "%s", err.msg);
     int32_t idx[N * TOPK];
     cr_assert_eq(dev_copy_from(f->dev, idx, didx, sizeof idx, NULL), MT_OK);
     for (int i = 0; i < N; i++)
@@ -206,7 +215,7 @@ static void *index_select(fixture *f)
     dev_free(f->dev, dqs);
     dev_free(f->dev, dctx);
     dev_free(f->dev, dval);
-    attn_exec_close(e);
+    kern_exec_close(e);
     return didx;
 }
 
@@ -242,7 +251,7 @@ static void consistency(const char *spec, kern_dtype dt)
     snprintf(key, sizeof key, "H=%d,L=%d,R=%d,D=%d,topk=%d,ps=%d,kv=%s,sparse=0,C=%d", H, L,
              R, D, TOPK, PS, kvname(&f), T);
     kern_shape s;
-    attn_exec *e = open_exec(&f, &fam_mla_decode, key, 1, &s);
+    kern_exec *e = open_exec(&f, &fam_mla_decode, key, 1, &s);
     for (int i = 0; i < N; i++) {
         kern_shape si = s;
         si.v[fam_mla_decode.n_dims - 1] = P + i + 1; /* C: this token's context */
@@ -251,7 +260,7 @@ static void consistency(const char *spec, kern_dtype dt)
     expect_close(&f, "token-by-token decode", want, got);
     decode(&f, e, &s, 0, N, NULL, got);
     expect_close(&f, "batched decode", want, got);
-    attn_exec_close(e);
+    kern_exec_close(e);
 
     snprintf(key, sizeof key, "H=%d,L=%d,R=%d,D=%d,topk=%d,ps=%d,kv=%s,sparse=1,C=%d", H, L,
              R, D, TOPK, PS, kvname(&f), T);
@@ -260,7 +269,7 @@ static void consistency(const char *spec, kern_dtype dt)
     decode(&f, e, &s, 0, N, sel, got);
     expect_close(&f, "sparse decode on the indexer's selection", want, got);
     dev_free(f.dev, sel);
-    attn_exec_close(e);
+    kern_exec_close(e);
     teardown(&f);
 }
 

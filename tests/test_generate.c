@@ -6,6 +6,7 @@
 
 #include "db/db.h"
 #include "device/device.h"
+#include "kernels/kern_db.h"
 #include "test_forward_util.h"
 
 /* ---- sampling ------------------------------------------------------------------ */
@@ -143,9 +144,8 @@ Test(selection, database_hits_nearest_other_device_stale_and_misses)
     dev_device *d = NULL;
     cr_assert_eq(dev_open("cpu", NULL, &d, &err), MT_OK, "%s", err.msg);
     const dev_props *p = dev_get_props(d);
-    db_device me = {.backend = (int)p->backend, .arch = p->arch, .name = p->name,
-                    .runtime_version = p->runtime_version, .driver_version = p->driver_version,
-                    .fingerprint = p->fingerprint, .compute_units = p->compute_units};
+    db_device me;
+    kern_db_device(p, &me);
     db_device other = me;
     other.name = "another cpu model";
     other.fingerprint = NULL;

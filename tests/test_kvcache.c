@@ -8,7 +8,7 @@
 
 #include "common/numeric.h"
 #include "common/rng.h"
-#include "kernels/kvcache.h"
+#include "model/kvcache.h"
 
 static dev_device *cpu(void)
 {

@@ -3,7 +3,9 @@
  * M = 16, a4w4 (GLM-5.2-MXFP4) and a16w4 at M = 1: every routed pair, at
  * sampled output columns, against the C references. Weights are written
  * straight into the cpu device's buffers (host memory on that backend) and
- * only for the experts the routing uses, to keep the test within seconds. */
+ * only for the experts the routing uses, to keep the test within seconds.
+ * The GEMMs run as the served MoE layer runs them: the layer's kernels
+ * (moe_layer_keys) in a kernel set, with the configs it selects. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -15,6 +17,7 @@
 #include "device/device.h"
 #include "kernels/moe.h"
 #include "kernels/moe_common.h"
+#include "model/moe_layer.h"
 
 enum { H = 6144, I = 2048, E = 256, TOPK = 8, BM = 128 };
 
@@ -58,16 +61,18 @@ static void run_glm(int64_t M, bool a4)
     memset(y, 0, (size_t)(M * H) * 4);
     memset(h, 0xff, (size_t)(P * I) * 2);
     const char *a = a4 ? "mxfp4" : "bf16";
-    char key[256];
-    moe_stage *up, *down;
-    snprintf(key, sizeof key, "H=%d,I=%d,E=%d,topk=%d,a=%s,cat=1,bm=%d,skew=0", H, I, E, TOPK, a, BM);
-    cr_assert_eq(moe_stage_create(d, "moe_gemm_up", key, NULL, M, &up, &err), MT_OK, "%s", err.msg);
-    snprintf(key, sizeof key, "H=%d,I=%d,E=%d,topk=%d,a=%s,comb=0,bm=%d,skew=0", H, I, E, TOPK, a, BM);
-    cr_assert_eq(moe_stage_create(d, "moe_gemm_down", key, NULL, M, &down, &err), MT_OK, "%s", err.msg);
+    moe_dims dm = {.hidden = H, .inter = I, .n_experts = E, .topk = TOPK, .ngroup = 1,
+                   .topkg = 1, .scale = 2.5f, .norm = true, .a4 = a4, .bm = BM};
+    model_kset *ks = NULL;
+    model_moe_kernels mk;
+    cr_assert_eq(model_kset_create(d, NULL, NULL, &ks, &err), MT_OK, "%s", err.msg);
+    cr_assert_eq(model_moe_add_kernels(ks, &dm, M, &mk, &err), MT_OK, "%s", err.msg);
+    cr_assert_eq(model_kset_select(ks, &err), MT_OK, "%s", err.msg);
     void *bu[] = {x, ids, sorted, tile, total, w13, s13, h};
     void *bd[] = {h, ids, sorted, tile, total, tw, w2, s2, y};
-    cr_assert_eq(moe_stage_run(up, M, bu, &err), MT_OK, "%s", err.msg);
-    cr_assert_eq(moe_stage_run(down, M, bd, &err), MT_OK, "%s", err.msg);
+    cr_assert_eq(model_kern_run(mk.up, M, NULL, bu, &err), MT_OK, "%s", err.msg);
+    cr_assert_eq(model_kern_run(mk.down, M, NULL, bd, &err), MT_OK, "%s", err.msg);
+    cr_assert_eq(dev_synchronize(d, &err), MT_OK, "%s", err.msg);
 
     moe_gemm_dims g = {.h = H, .i = I, .e = E, .topk = TOPK, .a4 = a4};
     const int64_t nstep_up = 61, nstep_down = 67; /* sampled columns */
@@ -99,8 +104,7 @@ static void run_glm(int64_t M, bool a4)
         }
     free(href);
     free(yref);
-    moe_stage_destroy(up);
-    moe_stage_destroy(down);
+    model_kset_destroy(ks);
     void *bufs[] = {ids, sorted, tile, total, tw, y, x, h, w13, s13, w2, s2};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         dev_free(d, bufs[i]);

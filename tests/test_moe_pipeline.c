@@ -1,5 +1,7 @@
-/* test_moe_pipeline.c: the moe layer object (route -> align -> up -> down
- * (+ combine) + shared expert) against moe_reference on the tiny dims
+/* test_moe_pipeline.c: the served MoE layer (model/moe_layer.h, what the
+ * runtime's forward pass runs: route -> align -> up -> down (+ combine) +
+ * shared expert, each a kernel of a kernel set with the configs it selects)
+ * against moe_reference on the tiny dims
  * (H=256, I=128, E=16, top-4, shared expert 128 wide) on cpu and on the
  * emulator, with both combine paths, a4w4 and a16w4, M in {1, 3, 17, 64}.
  * Near-tied routing can legitimately pick another expert (float vs double
@@ -11,6 +13,7 @@
 
 #include "common/numeric.h"
 #include "device/device.h"
+#include "model/moe_layer.h"
 #include "moe_glm_util.h"
 
 static void *upload(dev_device *d, const void *src, size_t n)
@@ -41,8 +44,13 @@ static void run_layer(const char *spec, bool a4, int comb)
         upload(d, l.sh_w13, (size_t)(S * H)), upload(d, l.sh_s13, (size_t)(S * H / 16)),
         upload(d, l.sh_w2, (size_t)(H * S / 2)), upload(d, l.sh_s2, (size_t)(H * S / 32)),
     };
-    moe *m = NULL;
-    cr_assert_eq(moe_create(d, &dm, &w, NULL, 16, &m, &err), MT_OK, "%s", err.msg);
+    model_kset *ks = NULL;
+    model_moe_kernels mk;
+    model_moe_ws *ws = NULL;
+    cr_assert_eq(model_kset_create(d, NULL, NULL, &ks, &err), MT_OK, "%s", err.msg);
+    cr_assert_eq(model_moe_add_kernels(ks, &dm, 64, &mk, &err), MT_OK, "%s", err.msg);
+    cr_assert_eq(model_kset_select(ks, &err), MT_OK, "%s", err.msg);
+    cr_assert_eq(model_moe_ws_create(d, &dm, 64, &ws, &err), MT_OK, "%s", err.msg);
     const int64_t ms[] = {1, 3, 17, 64};
     mt_rng r;
     mt_rng_seed(&r, seed + 1);
@@ -57,7 +65,7 @@ static void run_layer(const char *spec, bool a4, int comb)
         void *dx = upload(d, x, (size_t)(M * H) * 2), *dy = NULL;
         cr_assert_eq(dev_alloc(d, (size_t)(M * H) * 4, &dy, &err), MT_OK);
         dev_memset(d, dy, 0xff, (size_t)(M * H) * 4, &err); /* NaN poison */
-        cr_assert_eq(moe_forward(m, dx, M, dy, &err), MT_OK, "%s", err.msg);
+        cr_assert_eq(model_moe_run(&mk, ws, &dm, &w, dx, M, dy, &err), MT_OK, "%s", err.msg);
         cr_assert_eq(dev_synchronize(d, &err), MT_OK);
         dev_copy_from(d, got, dy, (size_t)(M * H) * 4, &err);
         moe_route_dims rd = {.h = H, .e = E, .topk = dm.topk, .ngroup = 1, .topkg = 1,
@@ -94,7 +102,8 @@ static void run_layer(const char *spec, bool a4, int comb)
         free(got);
         free(ids);
     }
-    moe_destroy(m);
+    model_moe_ws_destroy(ws);
+    model_kset_destroy(ks);
     const void *ptrs[] = {w.gate, w.bias, w.w13, w.s13, w.w2, w.s2, w.sh_w13, w.sh_s13, w.sh_w2, w.sh_s2};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
         dev_free(d, (void *)(uintptr_t)ptrs[i]);

@@ -9,6 +9,7 @@
 
 #include "common/numeric.h"
 #include "device/device.h"
+#include "kernels/exec.h"
 #include "kernels/moe.h"
 #include "kernels/moe_common.h"
 
@@ -51,9 +52,11 @@ static void check_on(const char *spec)
             gate[2 * e] = mt_f32_to_bf16(rc->logit[e]);
             gate[2 * e + 1] = mt_f32_to_bf16(-7.0f); /* multiplied by x[1] = 0 */
         }
-        moe_stage *st;
-        cr_assert_eq(moe_stage_create(d, "moe_route", rc->key, NULL, 1, &st, &err), MT_OK,
-                     "%s", err.msg);
+        const kern_family *f = kern_family_find("moe_route");
+        kern_shape s;
+        cr_assert_eq(kern_shape_parse(f, rc->key, &s, NULL, &err), MT_OK, "%s", err.msg);
+        kern_exec *st;
+        cr_assert_eq(kern_exec_open(d, f, &s, 1, NULL, &st, &err), MT_OK, "%s", err.msg);
         void *b[5];
         size_t sz[5] = {4, (size_t)rc->E * 4, (size_t)rc->E * 4, 8, 8};
         for (int i = 0; i < 5; i++)
@@ -61,7 +64,8 @@ static void check_on(const char *spec)
         dev_copy_to(d, b[0], x, 4, &err);
         dev_copy_to(d, b[1], gate, (size_t)rc->E * 4, &err);
         dev_copy_to(d, b[2], rc->bias, (size_t)rc->E * 4, &err);
-        cr_assert_eq(moe_stage_run(st, 1, b, &err), MT_OK, "%s", err.msg);
+        cr_assert_eq(kern_exec_run(st, NULL, 1, b, &err), MT_OK, "%s", err.msg);
+        cr_assert_eq(dev_synchronize(d, &err), MT_OK, "%s", err.msg);
         int32_t ids[2];
         float w[2];
         dev_copy_from(d, ids, b[3], 8, &err);
@@ -74,7 +78,7 @@ static void check_on(const char *spec)
         }
         for (int i = 0; i < 5; i++)
             dev_free(d, b[i]);
-        moe_stage_destroy(st);
+        kern_exec_close(st);
     }
     dev_close(d);
 }

@@ -15,6 +15,7 @@
 
 #include "../common/clock.h"
 #include "../common/rng.h"
+#include "../kernels/kern_db.h"
 #include "tune_db.h"
 #include "tune_impl.h"
 
@@ -621,9 +622,8 @@ static mt_status open_all(run_ctx *r, tune_report *rep, mt_err *err)
     st = db_open(o->db_path, DB_OPEN_DEFAULT, &r->db, err);
     if (st != MT_OK)
         return st;
-    db_device dd = {r->props.backend,       r->props.arch,           r->props.name,
-                    r->props.runtime_version, r->props.driver_version, r->props.fingerprint,
-                    r->props.compute_units};
+    db_device dd;
+    kern_db_device(&r->props, &dd);
     st = db_device_upsert(r->db, &dd, &r->device_id, err);
     if (st != MT_OK)
         return st;

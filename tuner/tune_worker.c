@@ -167,10 +167,9 @@ static void worker_prepare(worker_state *w, const prepare_msg *rq, reply_msg *rp
 }
 
 /* Hash of every output buffer after one run. */
-static mt_status output_digest(kern_problem *p, dev_module *mod, const kern_config *cfg,
-                               uint8_t out[32], mt_err *err)
+static mt_status output_digest(kern_problem *p, kern_exec *e, uint8_t out[32], mt_err *err)
 {
-    mt_status st = kern_problem_run(p, mod, cfg, err);
+    mt_status st = kern_problem_run(p, e, err);
     if (st != MT_OK)
         return st;
     mt_sha256 h;
@@ -200,7 +199,7 @@ static void worker_measure(worker_state *w, const measure_msg *rq, const void *b
     memset(rp, 0, sizeof *rp);
     rp->deterministic = -1;
     dev_code *code = NULL;
-    dev_module *mod = NULL;
+    kern_exec *e = NULL;
     mt_status st = MT_OK;
     snprintf(rp->step, sizeof rp->step, "load");
     if (!w->prob)
@@ -208,11 +207,12 @@ static void worker_measure(worker_state *w, const measure_msg *rq, const void *b
     if (st == MT_OK)
         st = dev_code_from_bytes(w->dev, bytes, len, &code, &err);
     if (st == MT_OK)
-        st = dev_module_load(w->dev, code, &mod, &err);
+        st = kern_exec_open_code(w->dev, kern_problem_family(w->prob),
+                                 kern_problem_shape(w->prob), &rq->cfg, code, &e, &err);
     dev_set_launch_timeout(w->dev, rq->timeout_ms);
     if (st == MT_OK && (rq->flags & TUNE_W_VERIFY)) {
         snprintf(rp->step, sizeof rp->step, "run");
-        st = kern_problem_run(w->vprob, mod, &rq->cfg, &err);
+        st = kern_problem_run(w->vprob, e, &err);
         if (st == MT_OK) {
             snprintf(rp->step, sizeof rp->step, "verify");
             st = kern_problem_verify(w->vprob, &err);
@@ -220,21 +220,20 @@ static void worker_measure(worker_state *w, const measure_msg *rq, const void *b
     }
     if (st == MT_OK && (rq->flags & TUNE_W_TIME)) {
         snprintf(rp->step, sizeof rp->step, "time");
-        st = kern_problem_time(w->prob, mod, &rq->cfg, &rq->topts, &rp->timing, &err);
+        st = kern_problem_time(w->prob, e, &rq->topts, &rp->timing, &err);
     }
     if (st == MT_OK && (rq->flags & TUNE_W_DETERMINISM)) {
         snprintf(rp->step, sizeof rp->step, "determinism");
         uint8_t a[32], b[32];
-        st = output_digest(w->prob, mod, &rq->cfg, a, &err);
+        st = output_digest(w->prob, e, a, &err);
         if (st == MT_OK)
-            st = output_digest(w->prob, mod, &rq->cfg, b, &err);
+            st = output_digest(w->prob, e, b, &err);
         if (st == MT_OK)
             rp->deterministic = memcmp(a, b, 32) == 0;
     }
     rp->status = st;
     snprintf(rp->msg, sizeof rp->msg, "%.1500s", err.msg);
-    dev_module_unload(mod);
-    dev_code_free(code);
+    kern_exec_close(e); /* frees the code too */
 }
 
 static void worker_main(int fd, const char *spec, const char *arch)

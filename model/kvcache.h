@@ -23,7 +23,7 @@
 
 #include <stdint.h>
 
-#include "family.h"
+#include "../kernels/family.h"
 
 typedef struct kvc_opts {
     int page_size;       /* tokens per page, >= 1 */

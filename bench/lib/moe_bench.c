@@ -1,0 +1,528 @@
+/* moe_bench.c: the MoE benchmark: the served layer and the expert GEMM
+ * stages (see moe_bench.h). */
+#define _GNU_SOURCE
+#include "moe_bench.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../common/clock.h"
+#include "../../common/rng.h"
+#include "../../kernels/exec.h"
+#include "../../kernels/moe_common.h"
+#include "../../kernels/runner.h"
+#include "../../model/moe_layer.h"
+
+/* ---- memory bandwidth --------------------------------------------------- */
+
+typedef struct bw_job {
+    const uint64_t *p;
+    size_t n;
+    uint64_t sink;
+} bw_job;
+
+static void *bw_read(void *arg)
+{
+    bw_job *j = arg;
+    uint64_t a = 0, b = 0, c = 0, d = 0;
+    for (size_t i = 0; i + 4 <= j->n; i += 4) {
+        a ^= j->p[i];
+        b ^= j->p[i + 1];
+        c ^= j->p[i + 2];
+        d ^= j->p[i + 3];
+    }
+    j->sink = a ^ b ^ c ^ d;
+    return NULL;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return n ? (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2])) : 0;
+}
+
+double moe_bench_mem_bw(int threads)
+{
+    const size_t bytes = (size_t)1 << 30;
+    uint64_t *buf = malloc(bytes);
+    if (!buf)
+        return 0;
+    memset(buf, 1, bytes);
+    if (threads < 1)
+        threads = 1;
+    if (threads > 64)
+        threads = 64;
+    double r[5];
+    for (int rep = 0; rep < 5; rep++) {
+        pthread_t th[64];
+        bw_job jobs[64];
+        size_t per = bytes / 8 / (size_t)threads;
+        double t0 = mt_now_ms();
+        for (int i = 0; i < threads; i++) {
+            jobs[i] = (bw_job){buf + per * (size_t)i, per, 0};
+            pthread_create(&th[i], NULL, bw_read, &jobs[i]);
+        }
+        for (int i = 0; i < threads; i++)
+            pthread_join(th[i], NULL);
+        r[rep] = (double)bytes / ((mt_now_ms() - t0) * 1e6);
+    }
+    free(buf);
+    return median(r, 5);
+}
+
+/* ---- the problem ---------------------------------------------------------- */
+
+enum { BM = 128, MAX_CFG = 12, MAX_REPS = 100 };
+
+/* Everything one run allocates: device weights and activations of the
+ * largest M, host staging, events. */
+typedef struct bench {
+    dev_device *d;
+    const dev_props *p;
+    const moe_bench_opts *o;
+    FILE *out;
+    mt_rng r;
+    moe_dims dims;
+    int64_t H, I, E, topk, S, maxm;
+    double max_ms;
+    void *w13, *s13, *w2, *s2, *gate, *bias, *sh_w13, *sh_s13, *sh_w2, *sh_s2;
+    void *x, *h, *y, *ids, *sorted, *tile, *total, *tw;
+    int32_t *hids, *hsorted, *htile;
+    float *htw;
+    uint16_t *hx;
+    dev_event *e0, *e1;
+} bench;
+
+static mt_status fill_mxfp4(bench *b, void *dst, int64_t rows, int64_t k, bool scales,
+                            mt_err *err)
+{
+    /* Packed bytes or scale codes, generated in chunks of rows. */
+    const int64_t chunk_rows = 4096;
+    int64_t rb = scales ? k / 32 : k / 2;
+    uint8_t *tmp = malloc((size_t)(chunk_rows * (k / 2 + k / 32)));
+    if (!tmp)
+        return mt_fail(err, MT_E_NOMEM, "bench: out of memory");
+    mt_status s = MT_OK;
+    for (int64_t r0 = 0; r0 < rows && s == MT_OK; r0 += chunk_rows) {
+        int64_t n = rows - r0 < chunk_rows ? rows - r0 : chunk_rows;
+        uint8_t *pk = tmp, *sc = tmp + n * k / 2;
+        moe_gen_mxfp4(&b->r, pk, sc, n, k);
+        s = dev_copy_to(b->d, (uint8_t *)dst + r0 * rb, scales ? sc : pk, (size_t)(n * rb), err);
+    }
+    free(tmp);
+    return s;
+}
+
+/* Fresh activations x [M, H]: new routing for the layer. */
+static mt_status fresh_x(bench *b, int64_t M, mt_err *err)
+{
+    moe_gen_bf16(&b->r, b->hx, M * b->H, 1.0f);
+    return dev_copy_to(b->d, b->x, b->hx, (size_t)(M * b->H) * 2, err);
+}
+
+static mt_status setup(bench *b, bool layer, mt_err *err)
+{
+    int64_t H = b->H, I = b->I, E = b->E, S = b->S, maxp = b->maxm * b->topk;
+    int64_t cap = moe_cap_rows(maxp, E, BM);
+    b->hids = malloc((size_t)maxp * 4);
+    b->hsorted = malloc((size_t)cap * 4);
+    b->htile = malloc((size_t)(cap / BM) * 4);
+    b->htw = malloc((size_t)maxp * 4);
+    b->hx = malloc((size_t)(b->maxm * (H > I ? H : I)) * 2);
+    if (!b->hids || !b->hsorted || !b->htile || !b->htw || !b->hx)
+        return mt_fail(err, MT_E_NOMEM, "bench: out of memory");
+    struct {
+        void **p;
+        size_t n;
+    } al[] = {
+        {&b->w13, (size_t)(E * 2 * I * H / 2)}, {&b->s13, (size_t)(E * 2 * I * H / 32)},
+        {&b->w2, (size_t)(E * H * I / 2)},      {&b->s2, (size_t)(E * H * I / 32)},
+        {&b->x, (size_t)(b->maxm * H) * 2},     {&b->h, (size_t)(maxp * I) * 2},
+        {&b->y, (size_t)(b->maxm * H) * 4},     {&b->ids, (size_t)maxp * 4},
+        {&b->sorted, (size_t)cap * 4},          {&b->tile, (size_t)(cap / BM) * 4},
+        {&b->total, 4},                         {&b->tw, (size_t)maxp * 4},
+        {&b->gate, layer ? (size_t)(E * H) * 2 : 0},
+        {&b->bias, layer ? (size_t)E * 4 : 0},
+        {&b->sh_w13, layer ? (size_t)(2 * S * H / 2) : 0},
+        {&b->sh_s13, layer ? (size_t)(2 * S * H / 32) : 0},
+        {&b->sh_w2, layer ? (size_t)(H * S / 2) : 0},
+        {&b->sh_s2, layer ? (size_t)(H * S / 32) : 0},
+    };
+    mt_status st = MT_OK;
+    for (size_t i = 0; i < sizeof al / sizeof al[0] && st == MT_OK; i++)
+        if (al[i].n)
+            st = dev_alloc(b->d, al[i].n, al[i].p, err);
+    if (st == MT_OK)
+        st = fill_mxfp4(b, b->w13, E * 2 * I, H, false, err);
+    if (st == MT_OK)
+        st = fill_mxfp4(b, b->s13, E * 2 * I, H, true, err);
+    if (st == MT_OK)
+        st = fill_mxfp4(b, b->w2, E * H, I, false, err);
+    if (st == MT_OK)
+        st = fill_mxfp4(b, b->s2, E * H, I, true, err);
+    if (st == MT_OK && layer) {
+        uint16_t *g = malloc((size_t)(E * H) * 2);
+        float *bias = malloc((size_t)E * 4);
+        if (!g || !bias)
+            st = mt_fail(err, MT_E_NOMEM, "bench: out of memory");
+        if (st == MT_OK) {
+            moe_gen_bf16(&b->r, g, E * H, 0.02f);
+            for (int64_t e = 0; e < E; e++)
+                bias[e] = 0.01f * (float)(mt_rng_below(&b->r, 200) - 100) / 100.0f;
+            st = dev_copy_to(b->d, b->gate, g, (size_t)(E * H) * 2, err);
+        }
+        if (st == MT_OK)
+            st = dev_copy_to(b->d, b->bias, bias, (size_t)E * 4, err);
+        free(g);
+        free(bias);
+        if (st == MT_OK)
+            st = fill_mxfp4(b, b->sh_w13, 2 * S, H, false, err);
+        if (st == MT_OK)
+            st = fill_mxfp4(b, b->sh_s13, 2 * S, H, true, err);
+        if (st == MT_OK)
+            st = fill_mxfp4(b, b->sh_w2, H, S, false, err);
+        if (st == MT_OK)
+            st = fill_mxfp4(b, b->sh_s2, H, S, true, err);
+    }
+    if (st == MT_OK)
+        st = fresh_x(b, b->maxm, err);
+    if (st == MT_OK) {
+        /* The GEMM stages' h input: random bf16, filled a block at a time. */
+        moe_gen_bf16(&b->r, b->hx, b->maxm * (H > I ? H : I), 1.0f);
+        for (int64_t i = 0; i < maxp && st == MT_OK; i += b->maxm)
+            st = dev_copy_to(b->d, (uint16_t *)b->h + i * I, b->hx,
+                             (size_t)((maxp - i < b->maxm ? maxp - i : b->maxm) * I) * 2, err);
+    }
+    if (st == MT_OK)
+        st = dev_event_create(b->d, &b->e0, err);
+    if (st == MT_OK)
+        st = dev_event_create(b->d, &b->e1, err);
+    return st;
+}
+
+static void teardown(bench *b)
+{
+    dev_event_destroy(b->d, b->e0);
+    dev_event_destroy(b->d, b->e1);
+    void *bufs[] = {b->w13, b->s13, b->w2, b->s2, b->gate, b->bias, b->sh_w13, b->sh_s13,
+                    b->sh_w2, b->sh_s2, b->x, b->h, b->y, b->ids, b->sorted, b->tile,
+                    b->total, b->tw};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        dev_free(b->d, bufs[i]);
+    free(b->hids);
+    free(b->hsorted);
+    free(b->htile);
+    free(b->htw);
+    free(b->hx);
+}
+
+static int count_experts(const int32_t *ids, int64_t n, int64_t E)
+{
+    bool used[4096] = {0};
+    int nu = 0;
+    for (int64_t q = 0; q < n; q++)
+        if (ids[q] >= 0 && ids[q] < E && ids[q] < 4096 && !used[ids[q]]) {
+            used[ids[q]] = true;
+            nu++;
+        }
+    return nu;
+}
+
+/* ---- the served layer -------------------------------------------------------- */
+
+typedef struct layer_result {
+    double ms, experts;
+    int reps;
+} layer_result;
+
+/* Times the layer at M: a fresh x (new routing) before every call; the
+ * experts a call read come back from the router's own output. */
+static mt_status time_layer(bench *b, const model_moe_kernels *k, model_moe_ws *ws, int64_t M,
+                            layer_result *res, mt_err *err)
+{
+    moe_weights w = {.gate = b->gate, .bias = b->bias, .w13 = b->w13, .s13 = b->s13,
+                     .w2 = b->w2, .s2 = b->s2, .sh_w13 = b->sh_w13, .sh_s13 = b->sh_s13,
+                     .sh_w2 = b->sh_w2, .sh_s2 = b->sh_s2};
+    double t[MAX_REPS], spent = 0, experts = 0;
+    int n = 0;
+    mt_status st = MT_OK;
+    /* One untimed call: every executor's scratch reaches its size for M. */
+    if ((st = model_moe_run(k, ws, &b->dims, &w, b->x, M, b->y, err)) != MT_OK ||
+        (st = dev_synchronize(b->d, err)) != MT_OK)
+        return st;
+    while (n < MAX_REPS && (n < 3 || spent < b->max_ms)) {
+        if ((st = fresh_x(b, M, err)) != MT_OK || (st = dev_synchronize(b->d, err)) != MT_OK ||
+            (st = dev_event_record(b->d, b->e0, err)) != MT_OK ||
+            (st = model_moe_run(k, ws, &b->dims, &w, b->x, M, b->y, err)) != MT_OK ||
+            (st = dev_event_record(b->d, b->e1, err)) != MT_OK ||
+            (st = dev_synchronize(b->d, err)) != MT_OK ||
+            (st = dev_event_elapsed_ms(b->d, b->e0, b->e1, &t[n], err)) != MT_OK ||
+            (st = dev_copy_from(b->d, b->hids, model_moe_ws_ids(ws),
+                                (size_t)(M * b->topk) * 4, err)) != MT_OK)
+            return st;
+        experts += count_experts(b->hids, M * b->topk, b->E);
+        spent += t[n];
+        n++;
+    }
+    res->ms = median(t, n);
+    res->experts = experts / n;
+    res->reps = n;
+    return MT_OK;
+}
+
+static void print_layer(bench *b, int64_t M, const layer_result *lr, double bw,
+                        const model_kset *ks)
+{
+    double H = (double)b->H, I = (double)b->I, S = (double)b->S, E = (double)b->E;
+    double per = 0.5 + 1.0 / 32;
+    double wbytes = lr->experts * 3.0 * I * H * per + 3.0 * S * H * per + E * H * 2;
+    double flops = 2.0 * (double)(M * b->topk) * 3.0 * I * H + 2.0 * (double)M * 3.0 * S * H +
+                   2.0 * (double)M * E * H;
+    double gbs = wbytes / (lr->ms * 1e6), gfl = flops / (lr->ms * 1e6);
+    model_selection_counts c;
+    model_kset_counts(ks, &c);
+    if (b->o->json)
+        fprintf(b->out,
+                "{\"family\":\"moe\",\"stage\":\"layer\",\"shape\":\"%s\",\"device\":\"%s\","
+                "\"M\":%lld,\"layer_ms\":%.4f,\"reps\":%d,\"weight_GBps\":%.3f,\"GFLOPs\":%.3f,"
+                "\"mem_bw_GBps\":%.3f,\"fraction_of_bw\":%.4f,\"experts\":%.2f,"
+                "\"configs\":{\"tuned\":%d,\"nearest\":%d,\"other_device\":%d,\"stale\":%d,"
+                "\"default\":%d}}\n",
+                b->o->shape, b->p->spec, (long long)M, lr->ms, lr->reps, gbs, gfl, bw,
+                bw > 0 ? gbs / bw : 0, lr->experts, c.tuned, c.nearest, c.other_device, c.stale,
+                c.defaults);
+    else
+        fprintf(b->out, "%-14s %5lld %10s %10.3f %9.2f %9.1f %8.2f %10.2f %8s  served layer "
+                "(%.1f experts; configs: %d tuned, %d nearest, %d default)\n", "moe layer",
+                (long long)M, "-", lr->ms, gbs, gfl, bw > 0 ? gbs / bw : 0, bw, "-",
+                lr->experts, c.tuned, c.nearest, c.defaults);
+    fflush(b->out);
+}
+
+/* ---- the GEMM stages alone ---------------------------------------------------- */
+
+typedef struct gemm_bench {
+    const char *fam;
+    bool up;
+    kern_exec *ex[MAX_CFG];
+    int n_cfg;
+} gemm_bench;
+
+/* The cpu sweep: register tile, K blocking, thread partition, prefetch. */
+static const int cpu_sweep[][MOE_CPU_NPARAMS] = {
+    {1, 1, 65536, 64, 0}, {1, 1, 65536, 128, 0}, {2, 1, 65536, 64, 0}, {2, 1, 65536, 128, 0},
+    {4, 1, 65536, 64, 0}, {1, 1, 65536, 64, 512}, {1, 2, 65536, 64, 0}, {2, 2, 65536, 64, 0},
+    {1, 4, 1024, 64, 0},  {2, 4, 1024, 64, 0},    {1, 8, 2048, 64, 0},
+};
+
+static mt_status open_stage(bench *b, gemm_bench *g, const char *key, mt_err *err)
+{
+    const kern_family *f = kern_family_find(g->fam);
+    kern_shape s;
+    mt_status st = kern_shape_parse(f, key, &s, NULL, err);
+    if (st == MT_OK)
+        st = kern_exec_open(b->d, f, &s, 1, NULL, &g->ex[0], err);
+    if (st != MT_OK)
+        return st;
+    g->n_cfg = 1;
+    int n_sweep = b->o->sweep && b->p->backend == DEV_BACKEND_CPU
+                      ? (int)(sizeof cpu_sweep / sizeof cpu_sweep[0])
+                      : 0;
+    for (int c = 0; c < n_sweep && g->n_cfg < MAX_CFG; c++) {
+        kern_config cfg = {.n = MOE_CPU_NPARAMS};
+        memcpy(cfg.v, cpu_sweep[c], sizeof cpu_sweep[c]);
+        if (!memcmp(cfg.v, kern_exec_config(g->ex[0])->v, sizeof cpu_sweep[c]))
+            continue; /* the default itself */
+        if (kern_exec_open(b->d, f, &s, 1, &cfg, &g->ex[g->n_cfg], NULL) == MT_OK)
+            g->n_cfg++;
+    }
+    return MT_OK;
+}
+
+/* Round robin over the configs, one fresh routing per round, so every
+ * config sees the same routings and the same machine load. */
+static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, double bw, mt_err *err)
+{
+    int64_t P = M * b->topk, K = g->up ? b->H : b->I, N = g->up ? 2 * b->I : b->H;
+    int nc = g->n_cfg;
+    double *t = malloc(sizeof(double) * (size_t)(nc * MAX_REPS));
+    if (!t)
+        return mt_fail(err, MT_E_NOMEM, "bench: out of memory");
+    double spent = 0, experts_sum = 0;
+    int n = 0;
+    mt_status st = MT_OK;
+    while (st == MT_OK && n < MAX_REPS && (n < 3 || spent < b->max_ms * nc)) {
+        moe_gen_ids(&b->r, M, (int)b->topk, (int)b->E, MOE_SKEW_UNIFORM, b->hids);
+        int32_t htotal = 0;
+        moe_align_ref(b->hids, P, (int)b->E, BM, b->hsorted, b->htile, &htotal);
+        for (int64_t q = 0; q < P; q++)
+            b->htw[q] = 1.0f / (float)b->topk;
+        experts_sum += count_experts(b->hids, P, b->E);
+        int64_t capm = moe_cap_rows(P, b->E, BM);
+        if ((st = dev_copy_to(b->d, b->ids, b->hids, (size_t)P * 4, err)) != MT_OK ||
+            (st = dev_copy_to(b->d, b->sorted, b->hsorted, (size_t)capm * 4, err)) != MT_OK ||
+            (st = dev_copy_to(b->d, b->tile, b->htile, (size_t)(capm / BM) * 4, err)) != MT_OK ||
+            (st = dev_copy_to(b->d, b->total, &htotal, 4, err)) != MT_OK ||
+            (st = dev_copy_to(b->d, b->tw, b->htw, (size_t)P * 4, err)) != MT_OK)
+            break;
+        void *bu[] = {b->x, b->ids, b->sorted, b->tile, b->total, b->w13, b->s13, b->h};
+        void *bd[] = {b->h, b->ids, b->sorted, b->tile, b->total, b->tw, b->w2, b->s2, b->y};
+        for (int c = 0; c < nc && st == MT_OK; c++) {
+            double ms = 0;
+            if ((st = dev_synchronize(b->d, err)) != MT_OK ||
+                (st = dev_event_record(b->d, b->e0, err)) != MT_OK ||
+                (st = kern_exec_run(g->ex[c], NULL, M, g->up ? bu : bd, err)) != MT_OK ||
+                (st = dev_event_record(b->d, b->e1, err)) != MT_OK ||
+                (st = dev_synchronize(b->d, err)) != MT_OK ||
+                (st = dev_event_elapsed_ms(b->d, b->e0, b->e1, &ms, err)) != MT_OK)
+                break;
+            t[c * MAX_REPS + n] = ms;
+            spent += ms;
+        }
+        n++;
+    }
+    if (st != MT_OK) {
+        free(t);
+        return st;
+    }
+    double best = 0, dflt = 0;
+    int best_c = 0;
+    for (int c = 0; c < nc; c++) {
+        double med = median(t + c * MAX_REPS, n);
+        if (c == 0)
+            dflt = best = med;
+        if (med < best) {
+            best = med;
+            best_c = c;
+        }
+    }
+    free(t);
+    double experts = experts_sum / (double)n;
+    double wbytes = experts * (double)N * (double)K * (0.5 + 1.0 / 32);
+    double flops = 2.0 * (double)P * (double)N * (double)K;
+    double gbs = wbytes / (best * 1e6), gfl = flops / (best * 1e6);
+    char ck[256];
+    kern_config_key(kern_exec_impl(g->ex[best_c]), kern_exec_config(g->ex[best_c]), ck,
+                    sizeof ck);
+    if (b->o->json)
+        fprintf(b->out,
+                "{\"family\":\"%s\",\"stage\":\"%s\",\"shape\":\"%s\",\"device\":\"%s\","
+                "\"M\":%lld,\"default_ms\":%.4f,\"best_ms\":%.4f,\"weight_GBps\":%.3f,"
+                "\"GFLOPs\":%.3f,\"mem_bw_GBps\":%.3f,\"fraction_of_bw\":%.4f,"
+                "\"speedup\":%.4f,\"experts\":%.2f,\"best_config\":\"%s\"}\n",
+                g->fam, g->up ? "up" : "down", b->o->shape, b->p->spec, (long long)M, dflt, best,
+                gbs, gfl, bw, bw > 0 ? gbs / bw : 0, dflt / best, experts, ck);
+    else
+        fprintf(b->out, "%-14s %5lld %10.3f %10.3f %9.2f %9.1f %8.2f %10.2f %8.2f  %s\n", g->fam,
+                (long long)M, dflt, best, gbs, gfl, bw > 0 ? gbs / bw : 0, bw, dflt / best, ck);
+    fflush(b->out);
+    return MT_OK;
+}
+
+/* ---- the benchmark -------------------------------------------------------------- */
+
+/* The layer's dims: the GEMM shape's, the routing of moe_route's preset of
+ * the same name (GLM-5.2's when the shape is a key), one MXFP4 shared
+ * expert of the routed experts' width. */
+static mt_status layer_dims(bench *b, const kern_family *fu, const kern_shape *s, mt_err *err)
+{
+    const kern_family *fr = kern_family_find("moe_route");
+    kern_shape rs;
+    mt_status st = kern_shape_parse(fr, b->o->shape, &rs, NULL, NULL);
+    if (st != MT_OK && (st = kern_shape_parse(fr, "glm5.2", &rs, NULL, err)) != MT_OK)
+        return st;
+    b->dims = (moe_dims){
+        .hidden = b->H, .inter = b->I, .n_experts = b->E, .topk = (int)b->topk,
+        .ngroup = (int)kern_shape_get(fr, &rs, "ngroup"),
+        .topkg = (int)kern_shape_get(fr, &rs, "topkg"),
+        .scale = (float)kern_shape_get(fr, &rs, "rsf") / 1000.0f,
+        .norm = kern_shape_get(fr, &rs, "norm") != 0,
+        .a4 = kern_shape_get(fu, s, "a") == KERN_DT_MXFP4, .shared_inter = b->S, .comb = 0,
+        .bm = BM};
+    return MT_OK;
+}
+
+mt_status moe_bench_run(dev_device *d, const moe_bench_opts *o, FILE *out, mt_err *err)
+{
+    const kern_family *fu = kern_family_find("moe_gemm_up");
+    kern_shape s;
+    mt_status st = kern_shape_parse(fu, o->shape, &s, NULL, err);
+    if (st != MT_OK)
+        return st;
+    bench b = {.d = d, .p = dev_get_props(d), .o = o, .out = out,
+               .max_ms = o->max_ms > 0 ? o->max_ms : 1500};
+    b.H = kern_shape_get(fu, &s, "H");
+    b.I = kern_shape_get(fu, &s, "I");
+    b.E = kern_shape_get(fu, &s, "E");
+    b.topk = kern_shape_get(fu, &s, "topk");
+    b.S = b.I;
+    b.maxm = 1;
+    for (int i = 0; i < o->n_ms; i++)
+        b.maxm = o->ms[i] > b.maxm ? o->ms[i] : b.maxm;
+    mt_rng_seed(&b.r, o->seed ? o->seed : mt_seed_fresh());
+    bool layer = !strcmp(o->family, "moe");
+    gemm_bench gb[2] = {{"moe_gemm_up", true, {0}, 0}, {"moe_gemm_down", false, {0}, 0}};
+    bool want[2] = {strcmp(o->family, "moe_gemm_down") != 0,
+                    strcmp(o->family, "moe_gemm_up") != 0};
+    model_kset *ks = NULL;
+    model_moe_ws *ws = NULL;
+    model_moe_kernels mk;
+    if ((st = setup(&b, layer, err)) != MT_OK)
+        goto out;
+    if (layer) {
+        /* The served layer: its kernels with the database's configs. */
+        if ((st = layer_dims(&b, fu, &s, err)) != MT_OK ||
+            (st = model_kset_create(d, o->db, o->log, &ks, err)) != MT_OK ||
+            (st = model_moe_add_kernels(ks, &b.dims, b.maxm, &mk, err)) != MT_OK ||
+            (st = model_kset_select(ks, err)) != MT_OK ||
+            (st = model_moe_ws_create(d, &b.dims, b.maxm, &ws, err)) != MT_OK)
+            goto out;
+    }
+    /* The stages alone: the same keys as the layer's GEMMs. */
+    moe_dims gd = {.hidden = b.H, .inter = b.I, .n_experts = b.E, .topk = (int)b.topk,
+                   .a4 = kern_shape_get(fu, &s, "a") == KERN_DT_MXFP4, .bm = BM};
+    moe_keys keys;
+    moe_layer_keys(&gd, &keys);
+    for (int g = 0; g < 2; g++)
+        if (want[g] && (st = open_stage(&b, &gb[g], gb[g].up ? keys.up : keys.down, err)) != MT_OK)
+            goto out;
+
+    int threads = b.p->compute_units > 0 ? b.p->compute_units : 1;
+    if (!o->json)
+        fprintf(out, "%-14s %5s %10s %10s %9s %9s %8s %10s %8s  %s\n", "family", "M",
+                "default ms", "best ms", "GB/s", "GFLOP/s", "of bw", "mem GB/s", "speedup",
+                "best config");
+    for (int mi = 0; mi < o->n_ms; mi++) {
+        int64_t M = o->ms[mi];
+        double bw = 0;
+        if (b.p->backend == DEV_BACKEND_CPU)
+            bw = moe_bench_mem_bw(threads);
+        else if (kern_device_bandwidth(d, (size_t)1 << 30, &bw, NULL) != MT_OK)
+            bw = 0;
+        if (layer) {
+            layer_result lr;
+            if ((st = time_layer(&b, &mk, ws, M, &lr, err)) != MT_OK)
+                goto out;
+            print_layer(&b, M, &lr, bw, ks);
+        }
+        for (int g = 0; g < 2; g++)
+            if (want[g] && (st = time_stage(&b, &gb[g], M, bw, err)) != MT_OK)
+                goto out;
+    }
+out:
+    for (int g = 0; g < 2; g++)
+        for (int c = 0; c < gb[g].n_cfg; c++)
+            kern_exec_close(gb[g].ex[c]);
+    model_moe_ws_destroy(ws);
+    model_kset_destroy(ks);
+    teardown(&b);
+    return st;
+}

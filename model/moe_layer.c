@@ -1,0 +1,173 @@
+/* moe_layer.c: the served MoE layer on a device (see moe_layer.h). */
+#include "moe_layer.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kernels/moe_common.h"
+
+struct model_moe_ws {
+    dev_device *dev;
+    moe_dims d;       /* capacity: E, topk, bm; largest inter and shared_inter */
+    int64_t max_m;
+    void *ids, *tw, *sorted, *tile, *total, *h, *rows;
+    void *sh_ids, *sh_w, *sh_sorted, *sh_tile, *sh_total, *sh_h;
+};
+
+void model_moe_dims(const model_config *c, bool a4, int64_t shared_inter, moe_dims *out)
+{
+    *out = (moe_dims){.hidden = c->hidden_size, .inter = c->moe_intermediate_size,
+                      .n_experts = c->n_routed_experts, .topk = (int)c->num_experts_per_tok,
+                      .ngroup = (int)c->n_group, .topkg = (int)c->topk_group,
+                      .scale = (float)c->routed_scaling_factor, .norm = c->norm_topk_prob,
+                      .a4 = a4, .shared_inter = shared_inter, .comb = 0, .bm = 128};
+}
+
+mt_status model_moe_add_kernels(model_kset *ks, const moe_dims *d, int64_t m_max,
+                                model_moe_kernels *out, mt_err *err)
+{
+    memset(out, 0, sizeof *out);
+    moe_keys k;
+    moe_layer_keys(d, &k);
+    struct {
+        model_kern **slot;
+        const char *fam, *key, *use;
+    } st[] = {
+        {&out->route, "moe_route", k.route, "router"},
+        {&out->align, "moe_align", k.align, "expert sort"},
+        {&out->up, "moe_gemm_up", k.up, "experts up"},
+        {&out->down, "moe_gemm_down", k.down, "experts down"},
+        {&out->combine, "moe_combine", k.combine, "combine"},
+        {&out->sh_align, "moe_align", k.sh_align, "shared sort"},
+        {&out->sh_up, "moe_gemm_up", k.sh_up, "shared up"},
+        {&out->sh_down, "moe_gemm_down", k.sh_down, "shared down"},
+    };
+    for (size_t i = 0; i < sizeof st / sizeof st[0]; i++) {
+        if (!st[i].key[0])
+            continue;
+        mt_status s = model_kset_add_text(ks, st[i].fam, st[i].key, st[i].use, m_max,
+                                          st[i].slot, err);
+        if (s != MT_OK)
+            return mt_err_prefix(err, "moe layer");
+    }
+    return MT_OK;
+}
+
+void model_moe_ws_destroy(model_moe_ws *ws)
+{
+    if (!ws)
+        return;
+    void *p[] = {ws->ids, ws->tw, ws->sorted, ws->tile, ws->total, ws->h, ws->rows,
+                 ws->sh_ids, ws->sh_w, ws->sh_sorted, ws->sh_tile, ws->sh_total, ws->sh_h};
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
+        dev_free(ws->dev, p[i]);
+    free(ws);
+}
+
+mt_status model_moe_ws_create(dev_device *dev, const moe_dims *d, int64_t max_m,
+                              model_moe_ws **out, mt_err *err)
+{
+    *out = NULL;
+    model_moe_ws *ws = calloc(1, sizeof *ws);
+    if (!ws)
+        return mt_fail(err, MT_E_NOMEM, "moe workspace");
+    ws->dev = dev;
+    ws->d = *d;
+    ws->max_m = max_m;
+    int bm = moe_dims_bm(d);
+    int64_t M = max_m, P = M * d->topk, cap = moe_cap_rows(P, d->n_experts, bm);
+    int64_t cap1 = moe_cap_rows(M, 1, bm), S = d->shared_inter;
+    struct {
+        void **p;
+        size_t n;
+    } a[] = {
+        {&ws->ids, (size_t)P * 4}, {&ws->tw, (size_t)P * 4}, {&ws->sorted, (size_t)cap * 4},
+        {&ws->tile, (size_t)(cap / bm + 1) * 4}, {&ws->total, 4},
+        {&ws->h, (size_t)(P * d->inter) * 2},
+        {&ws->rows, d->comb ? (size_t)(P * d->hidden) * 4 : 0},
+        {&ws->sh_ids, S ? (size_t)M * 4 : 0}, {&ws->sh_w, S ? (size_t)M * 4 : 0},
+        {&ws->sh_sorted, S ? (size_t)cap1 * 4 : 0}, {&ws->sh_tile, S ? (size_t)(cap1 / bm + 1) * 4 : 0},
+        {&ws->sh_total, S ? 4 : 0}, {&ws->sh_h, S ? (size_t)(M * S) * 2 : 0},
+    };
+    mt_status st = MT_OK;
+    for (size_t i = 0; i < sizeof a / sizeof a[0] && st == MT_OK; i++)
+        if (a[i].n)
+            st = dev_alloc(dev, a[i].n, a[i].p, err);
+    if (st == MT_OK && S) {
+        /* The shared expert as a one-expert MoE: every token to expert 0
+         * with weight 1. */
+        float *ones = malloc((size_t)M * 4);
+        if (!ones)
+            st = mt_fail(err, MT_E_NOMEM, "moe workspace");
+        for (int64_t i = 0; st == MT_OK && i < M; i++)
+            ones[i] = 1.0f;
+        if (st == MT_OK)
+            st = dev_memset(dev, ws->sh_ids, 0, (size_t)M * 4, err);
+        if (st == MT_OK)
+            st = dev_copy_to(dev, ws->sh_w, ones, (size_t)M * 4, err);
+        free(ones);
+    }
+    if (st != MT_OK) {
+        model_moe_ws_destroy(ws);
+        return mt_err_prefix(err, "moe workspace for %" PRId64 " tokens", max_m);
+    }
+    *out = ws;
+    return MT_OK;
+}
+
+const void *model_moe_ws_ids(const model_moe_ws *ws) { return ws->ids; }
+
+static mt_status fits(const model_moe_ws *ws, const moe_dims *d, int64_t M, mt_err *err)
+{
+    const moe_dims *c = &ws->d;
+    if (M > ws->max_m || d->n_experts != c->n_experts || d->topk != c->topk ||
+        moe_dims_bm(d) != moe_dims_bm(c) || d->inter > c->inter || d->hidden != c->hidden ||
+        d->shared_inter > c->shared_inter || (d->comb && !c->comb))
+        return mt_fail(err, MT_E_INVALID, "moe layer: M=%" PRId64 " with E=%lld topk=%d I=%lld "
+                       "shared=%lld does not fit a workspace for M=%" PRId64 ", E=%lld topk=%d "
+                       "I=%lld shared=%lld", M, (long long)d->n_experts, d->topk,
+                       (long long)d->inter, (long long)d->shared_inter, ws->max_m,
+                       (long long)c->n_experts, c->topk, (long long)c->inter,
+                       (long long)c->shared_inter);
+    return MT_OK;
+}
+
+#define RUN(k, ...)                                                                              \
+    do {                                                                                         \
+        void *bufs_[] = {__VA_ARGS__};                                                           \
+        mt_status s_ = model_kern_run((k), M, NULL, bufs_, err);                                 \
+        if (s_ != MT_OK)                                                                         \
+            return mt_err_prefix(err, "moe layer");                                              \
+    } while (0)
+
+mt_status model_moe_run(const model_moe_kernels *k, model_moe_ws *ws, const moe_dims *d,
+                        const moe_weights *w, const void *x, int64_t M, float *y, mt_err *err)
+{
+    if (M <= 0)
+        return MT_OK;
+    mt_status st = fits(ws, d, M, err);
+    if (st == MT_OK)
+        st = dev_memset(ws->dev, y, 0, (size_t)(M * d->hidden) * 4, err);
+    if (st != MT_OK)
+        return st;
+    void *xv = (void *)(uintptr_t)x, *yv = y;
+    if (d->shared_inter) {
+        RUN(k->sh_align, ws->sh_ids, ws->sh_sorted, ws->sh_tile, ws->sh_total);
+        RUN(k->sh_up, xv, ws->sh_ids, ws->sh_sorted, ws->sh_tile, ws->sh_total,
+            (void *)w->sh_w13, (void *)w->sh_s13, ws->sh_h);
+        RUN(k->sh_down, ws->sh_h, ws->sh_ids, ws->sh_sorted, ws->sh_tile, ws->sh_total, ws->sh_w,
+            (void *)w->sh_w2, (void *)w->sh_s2, yv);
+    }
+    RUN(k->route, xv, (void *)w->gate, (void *)w->bias, ws->ids, ws->tw);
+    RUN(k->align, ws->ids, ws->sorted, ws->tile, ws->total);
+    RUN(k->up, xv, ws->ids, ws->sorted, ws->tile, ws->total, (void *)w->w13, (void *)w->s13,
+        ws->h);
+    RUN(k->down, ws->h, ws->ids, ws->sorted, ws->tile, ws->total, ws->tw, (void *)w->w2,
+        (void *)w->s2, d->comb ? ws->rows : yv);
+    if (d->comb)
+        RUN(k->combine, ws->rows, yv, yv);
+    return MT_OK;
+}
+
+#undef RUN

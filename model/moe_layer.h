@@ -1,0 +1,60 @@
+/* moe_layer.h: the MoE layer that runs on a device: the one the server's
+ * forward pass runs (rt_forward.c), `moetune bench --family moe` times and
+ * the MoE layer tests check against moe_reference (kernels/moe.h).
+ *
+ *   y[M, H] (f32) = shared(x) + sum_k w_k expert_k(x)      for x bf16 [M, H]
+ *
+ * as route -> align -> gate/up GEMM -> down GEMM (-> combine), with the
+ * MXFP4 shared expert as a one-expert MoE (align, up, down) on the same
+ * GEMMs. Every stage is a kernel of a kernel set (kset.h), so each call runs
+ * the config the tuning database gave for its M bucket.
+ *
+ * The workspace (routing ids and weights, the expert-sorted layout, the
+ * intermediate activations) holds up to max_m tokens; layers that run one
+ * after another share one. The weights are the caller's device buffers
+ * (moe_weights), never copied.
+ *
+ * Ownership: create/destroy pairs, destroy(NULL) a no-op; the kernels
+ * belong to their set, which must outlive every run. Failures return an
+ * mt_status with err naming the stage. Not thread-safe (one stream, one
+ * workspace). */
+#ifndef MT_MODEL_MOE_LAYER_H
+#define MT_MODEL_MOE_LAYER_H
+
+#include "../kernels/moe.h"
+#include "config.h"
+#include "kset.h"
+
+/* The layer's kernels; combine is NULL when dims.comb is 0, the sh_* NULL
+ * without a shared expert. */
+typedef struct model_moe_kernels {
+    model_kern *route, *align, *up, *down, *combine, *sh_align, *sh_up, *sh_down;
+} model_moe_kernels;
+
+/* The routed-expert dims of a GLM-5 config: a4 selects MXFP4 activations,
+ * shared_inter the MXFP4 shared expert's width (0: none on the MoE GEMMs),
+ * atomic combine (comb 0), bm 128. */
+void model_moe_dims(const model_config *c, bool a4, int64_t shared_inter, moe_dims *out);
+
+/* Adds the layer's kernels (keys from moe_layer_keys) to ks, each called
+ * with at most m_max rows. */
+mt_status model_moe_add_kernels(model_kset *ks, const moe_dims *d, int64_t m_max,
+                                model_moe_kernels *out, mt_err *err);
+
+typedef struct model_moe_ws model_moe_ws;
+
+/* A workspace for up to max_m tokens of layers with dims d (the largest
+ * shared expert of the layers that use it). */
+mt_status model_moe_ws_create(dev_device *dev, const moe_dims *d, int64_t max_m,
+                              model_moe_ws **out, mt_err *err);
+void model_moe_ws_destroy(model_moe_ws *ws);
+/* Device int32 [M, topk]: the experts the last run routed each token to. */
+const void *model_moe_ws_ids(const model_moe_ws *ws);
+
+/* y (device, f32 [M, H]; overwritten) = the layer of dims d on x (device,
+ * bf16 [M, H]). d must fit the workspace's dims (same E, topk, bm; inter and
+ * shared_inter at most its), M at most its max_m. Asynchronous. */
+mt_status model_moe_run(const model_moe_kernels *k, model_moe_ws *ws, const moe_dims *d,
+                        const moe_weights *w, const void *x, int64_t M, float *y, mt_err *err);
+
+#endif
