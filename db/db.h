@@ -312,12 +312,16 @@ typedef struct db_stats {
 mt_status db_stats_get(db_t *db, db_stats *out, mt_err *err);
 
 /* Row filter for the *_each calls: NULL / <= 0 fields match everything.
- * device matches a fingerprint or a device name. */
+ * device matches a fingerprint or a device name. source_hash, when set,
+ * keeps only rows of that kernel version and source hash (version is
+ * ignored without it); misses have no kernel version and ignore both. */
 typedef struct db_filter {
     const char *family;
     const char *shape_key;
     int64_t m;
     const char *device;
+    const char *source_hash;
+    int version;
 } db_filter;
 
 typedef struct db_device_row {

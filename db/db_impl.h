@@ -67,8 +67,9 @@ mt_status db_scalar(db_t *db, const char *sql, int64_t param, int64_t *out, mt_e
  * that status; setting *stop stops early with MT_OK. */
 typedef mt_status (*db_row_fn)(sqlite3_stmt *s, void *ctx, bool *stop, mt_err *err);
 /* Prepares sql (uncached) and calls row for each result row. When sql has
- * parameters, ?1..?4 are a db_filter's family, shape key, m and device
- * (f NULL: match everything). SQLite failures name `what`. */
+ * parameters, ?1..?4 are a db_filter's family, shape key, m and device,
+ * and ?5, ?6 (when sql has six) its version and source hash (f NULL:
+ * match everything; see DB_FILTER_KERNEL). SQLite failures name `what`. */
 mt_status db_rows_each(db_t *db, const char *sql, const db_filter *f, db_row_fn row,
                        void *ctx, const char *what, mt_err *err);
 
@@ -137,6 +138,11 @@ void db_device_row_read(sqlite3_stmt *s, int first, db_device_row *row);
     "t.time_median_ms, t.time_p10_ms, t.time_p90_ms, coalesce(t.repetitions, 0), " \
     "t.gflops, t.gbps, t.resources_json, t.error, t.compile_ms, t.created_ms"
 void db_trial_read(sqlite3_stmt *s, int first, db_trial *t);
+/* The WHERE terms of a filtered listing over kernels k (db_rows_each binds
+ * their parameters): family ?1, kernel version ?5 and source hash ?6. */
+#define DB_FILTER_KERNEL                                                          \
+    "(?1 IS NULL OR k.family = ?1) "                                              \
+    "AND (?6 IS NULL OR (k.version = ?5 AND k.source_hash = ?6))"
 
 /* Internal miss counter with an explicit reason (db_write.c). */
 mt_status db_miss_record_reason(db_t *db, const db_device *dev, const char *family,

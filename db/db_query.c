@@ -132,7 +132,7 @@ mt_status db_trials_each(db_t *db, const db_filter *f, db_trial_fn fn, void *ctx
         "k.source_hash, se.uid, t.origin, " DB_TRIAL_COLUMNS ", " DB_DEVICE_COLUMNS " "
         "FROM trials t JOIN devices d ON d.id = t.device_id JOIN kernels k ON k.id = t.kernel_id "
         "LEFT JOIN sessions se ON se.id = t.session_id "
-        "WHERE (?1 IS NULL OR k.family = ?1) AND (?2 IS NULL OR t.shape = ?2) "
+        "WHERE " DB_FILTER_KERNEL " AND (?2 IS NULL OR t.shape = ?2) "
         "AND (?3 <= 0 OR t.m = ?3) AND (?4 IS NULL OR d.fingerprint = ?4 OR d.name = ?4) "
         "ORDER BY d.fingerprint, k.family, k.version, k.source_hash, t.shape, t.m, "
         "t.status != 0, t.time_median_ms, t.config_key",

@@ -192,6 +192,10 @@ mt_status db_rows_each(db_t *db, const char *sql, const db_filter *f, db_row_fn 
         db_bind_text(s, 2, f->shape_key);
         sqlite3_bind_int64(s, 3, f->m);
         db_bind_text(s, 4, f->device);
+        if (sqlite3_bind_parameter_count(s) >= 6) {
+            sqlite3_bind_int(s, 5, f->version);
+            db_bind_text(s, 6, f->source_hash);
+        }
     }
     mt_status st = MT_OK;
     bool stop = false;

@@ -315,7 +315,7 @@ mt_status db_winners_each(db_t *db, const db_filter *f, db_winner_fn fn, void *c
         "w.updated_ms, coalesce(w.verified_ms, 0), w.verified_time_ms, w.origin, "
         DB_DEVICE_COLUMNS " "
         "FROM winners w JOIN devices d ON d.id = w.device_id JOIN kernels k ON k.id = w.kernel_id "
-        "WHERE (?1 IS NULL OR k.family = ?1) AND (?2 IS NULL OR w.shape = ?2) "
+        "WHERE " DB_FILTER_KERNEL " AND (?2 IS NULL OR w.shape = ?2) "
         "AND (?3 <= 0 OR w.m = ?3) AND (?4 IS NULL OR d.fingerprint = ?4 OR d.name = ?4) "
         "ORDER BY d.fingerprint, k.family, k.version, k.source_hash, w.shape, w.m",
         f, winner_row, &cb, "listing winners", err);

@@ -1,6 +1,7 @@
 /* test_db_lookup.c: the runtime lookup rule (exact, nearest M bucket,
  * another device of the same arch, stale source hash, miss), miss
- * recording, coverage, winners recomputed from trials, resume checks. */
+ * recording, coverage, winners recomputed from trials, resume checks, and
+ * the listing filter by kernel version and source hash. */
 #include "test_db_util.h"
 
 #include <cjson/cJSON.h>
@@ -536,4 +537,51 @@ Test(db_winners, compiled_status_round_trips_and_never_wins)
     cr_expect_eq(sql_int(other, "SELECT status FROM trials WHERE config_key='BM=8'"), 7);
     cr_expect_eq(sql_int(other, "SELECT count(*) FROM trials WHERE time_median_ms IS NULL"), 1);
     free(text);
+}
+
+static int count_trial_fn(void *ctx, const db_trial_row *r)
+{
+    (void)r;
+    (*(int *)ctx)++;
+    return 0;
+}
+
+static int count_winner_fn(void *ctx, const db_winner_row *r)
+{
+    (void)r;
+    (*(int *)ctx)++;
+    return 0;
+}
+
+Test(db_winners, filter_by_source_hash_keeps_one_kernel_version)
+{
+    int64_t ker_b = kernel_id(db, "moe_gemm", 1, HASH_B);
+    int64_t ker_v2 = kernel_id(db, "moe_gemm", 2, HASH_A);
+    int64_t kers[] = {ker, ker_b, ker_v2};
+    for (int i = 0; i < 3; i++) {
+        db_trial t = ok_trial(dev, kers[i], SHAPE_A, 16, "BM=16", "{\"BM\":16}", 0.1 + i);
+        insert_ok(db, &t);
+        set_winner(db, dev, kers[i], SHAPE_A, 16, "BM=16", "{\"BM\":16}", 0.1 + i);
+    }
+    mt_err e = MT_ERR_INIT;
+    struct {
+        db_filter f;
+        int want;
+    } cases[] = {
+        {{.family = "moe_gemm"}, 3},
+        {{.family = "moe_gemm", .version = 1, .source_hash = HASH_A}, 1},
+        {{.family = "moe_gemm", .version = 1, .source_hash = HASH_B}, 1},
+        {{.family = "moe_gemm", .version = 2, .source_hash = HASH_A}, 1},
+        {{.family = "moe_gemm", .version = 2, .source_hash = HASH_B}, 0},
+        {{.version = 2}, 3}, /* a version alone filters nothing */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int trials = 0, winners = 0;
+        cr_assert_eq(db_trials_each(db, &cases[i].f, count_trial_fn, &trials, &e), MT_OK,
+                     "%s", e.msg);
+        cr_assert_eq(db_winners_each(db, &cases[i].f, count_winner_fn, &winners, &e), MT_OK,
+                     "%s", e.msg);
+        cr_expect_eq(trials, cases[i].want, "case %zu: %d trials", i, trials);
+        cr_expect_eq(winners, cases[i].want, "case %zu: %d winners", i, winners);
+    }
 }

@@ -10,33 +10,35 @@
 
 #include "tune_db.h"
 
+/* The filter of key's rows at m: family, shape, M, kernel version and
+ * source hash in SQL. The device is named by fingerprint, which the
+ * filter also matches against device names: the id check in the callbacks
+ * keeps exactly this device's rows. */
+static db_filter key_filter(const tune_db_key *k, int64_t m)
+{
+    return (db_filter){.family = k->family, .shape_key = k->shape_key, .m = m,
+                       .device = k->fingerprint, .version = k->version,
+                       .source_hash = k->source_hash};
+}
+
 typedef struct known_ctx {
     const tune_db_key *k;
     tune_known_fn fn;
     void *arg;
 } known_ctx;
 
-static bool same_kernel(const tune_db_key *k, int64_t device_id, const char *family,
-                        int version, const char *hash)
-{
-    return device_id == k->device_id && !strcmp(family, k->family) && version == k->version &&
-           !strcmp(hash, k->source_hash);
-}
-
 static int known_cb(void *arg, const db_trial_row *row)
 {
     known_ctx *c = arg;
-    if (!same_kernel(c->k, row->t.device_id, row->family, row->version, row->source_hash))
-        return 0;
-    c->fn(c->arg, row->t.config_key, row->t.status, row->t.time_median_ms);
+    if (row->t.device_id == c->k->device_id)
+        c->fn(c->arg, row->t.config_key, row->t.status, row->t.time_median_ms);
     return 0;
 }
 
 mt_status tune_db_known(db_t *db, const tune_db_key *k, int64_t m, tune_known_fn fn, void *arg,
                         mt_err *err)
 {
-    db_filter f = {.family = k->family, .shape_key = k->shape_key, .m = m,
-                   .device = k->fingerprint};
+    db_filter f = key_filter(k, m);
     known_ctx c = {k, fn, arg};
     return db_trials_each(db, &f, known_cb, &c, err);
 }
@@ -65,9 +67,10 @@ static void runner_ups(const char *json, tune_winner *w)
 static int winners_cb(void *arg, const db_winner_row *row)
 {
     winners_ctx *c = arg;
-    if (!same_kernel(c->k, row->device_id, row->family, row->version, row->source_hash) ||
-        c->n >= c->cap)
+    if (row->device_id != c->k->device_id)
         return 0;
+    if (c->n >= c->cap)
+        return 1;
     tune_winner *w = &c->out[c->n++];
     memset(w, 0, sizeof *w);
     w->m = row->m;
@@ -80,8 +83,7 @@ static int winners_cb(void *arg, const db_winner_row *row)
 int tune_db_winners(db_t *db, const tune_db_key *k, int64_t m, tune_winner *out, int cap,
                     mt_err *err)
 {
-    db_filter f = {.family = k->family, .shape_key = k->shape_key, .m = m,
-                   .device = k->fingerprint};
+    db_filter f = key_filter(k, m);
     winners_ctx c = {k, out, 0, cap};
     if (db_winners_each(db, &f, winners_cb, &c, err) != MT_OK)
         return -1;
