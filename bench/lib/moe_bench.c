@@ -176,7 +176,7 @@ static mt_status setup(bench *b, bool layer, mt_err *err)
         if (st == MT_OK) {
             moe_gen_bf16(&b->r, g, E * H, 0.02f);
             for (int64_t e = 0; e < E; e++)
-                bias[e] = 0.01f * (float)(mt_rng_below(&b->r, 200) - 100) / 100.0f;
+                bias[e] = mt_rng_uniform(&b->r, -0.01f, 0.01f);
             st = dev_copy_to(b->d, b->gate, g, (size_t)(E * H) * 2, err);
         }
         if (st == MT_OK)
