@@ -19,7 +19,10 @@
  * Concurrency: several processes may use one file at once (WAL mode, a 10 s
  * busy timeout, writes take the write lock up front and retry while another
  * writer holds it). A handle is used by one thread at a time; open one
- * handle per thread. */
+ * handle per thread.
+ *
+ * Calls that only the tests make (explicit transactions, code objects,
+ * coverage, recording a miss or a re-timing by hand) are in db_testing.h. */
 #ifndef MT_DB_H
 #define MT_DB_H
 
@@ -56,14 +59,6 @@ void db_close(db_t *db);
 /* The path the handle was opened with (owned by the handle). */
 const char *db_path(const db_t *db);
 
-/* Explicit transaction: everything between db_begin and db_commit is one
- * atomic write (the write lock is taken at db_begin, waiting and retrying
- * while another writer holds it). Calls nest: an inner begin/commit is a
- * savepoint. db_rollback undoes back to the matching db_begin. Every write
- * call below also works outside an explicit transaction (it runs its own). */
-mt_status db_begin(db_t *db, mt_err *err);
-mt_status db_commit(db_t *db, mt_err *err);
-void db_rollback(db_t *db);
 
 /* ---- devices and kernels ------------------------------------------------ */
 
@@ -211,10 +206,6 @@ mt_status db_winner_set(db_t *db, const db_winner *w, mt_err *err);
 mt_status db_winners_recompute(db_t *db, int64_t device_id, int64_t kernel_id,
                                const char *shape_key, int64_t m, int64_t *changed, mt_err *err);
 
-/* Records that a winner was re-timed now at time_ms (moetune db verify).
- * MT_E_NOT_FOUND when there is no such winner. */
-mt_status db_winner_mark_verified(db_t *db, int64_t device_id, int64_t kernel_id,
-                                  const char *shape_key, int64_t m, double time_ms, mt_err *err);
 
 /* ---- lookup ------------------------------------------------------------- */
 
@@ -270,36 +261,6 @@ typedef struct db_lookup_result {
 mt_status db_lookup(db_t *db, const db_device *dev, const char *family, int version,
                     const char *source_hash, const char *shape_key, int64_t m,
                     db_lookup_result *out, mt_err *err);
-
-/* Coverage of a model: the lookup of each query, recording no misses. */
-typedef struct db_coverage_query {
-    const char *family;
-    int version;
-    const char *source_hash;
-    const char *shape_key;
-    int64_t m;
-} db_coverage_query;
-mt_status db_coverage(db_t *db, const db_device *dev, const db_coverage_query *queries, int n,
-                      db_lookup_result *out, mt_err *err);
-
-/* ---- misses ------------------------------------------------------------- */
-
-/* Counts one miss of (device, family, shape, m): count + 1, first_seen kept,
- * last_seen now, last_reason DB_MISS. Upserts the device. */
-mt_status db_miss_record(db_t *db, const db_device *dev, const char *family,
-                         const char *shape_key, int64_t m, mt_err *err);
-
-/* ---- code objects ------------------------------------------------------- */
-
-/* Stores a compiled code object under (target, cache_key), replacing an
- * earlier one. target is the device arch (or fingerprint) it runs on;
- * cache_key the compile-cache key. */
-mt_status db_code_put(db_t *db, const char *target, const char *cache_key, const void *blob,
-                      size_t size, mt_err *err);
-/* Fetches a code object into a malloc'd buffer the caller frees.
- * MT_E_NOT_FOUND (and *blob NULL) when absent. */
-mt_status db_code_get(db_t *db, const char *target, const char *cache_key, void **blob,
-                      size_t *size, mt_err *err);
 
 /* ---- reading ------------------------------------------------------------ */
 

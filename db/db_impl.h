@@ -8,6 +8,7 @@
 
 #include "../common/rng.h"
 #include "db.h"
+#include "db_testing.h" /* its calls are defined in db/ as well */
 
 /* Cached statements: one slot per query the hot paths run. Their SQL lives
  * in db_stmt.c, in a table indexed by these ids. */

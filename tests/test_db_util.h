@@ -17,6 +17,7 @@
 #include "../common/files.h"
 #include "../common/rng.h"
 #include "../db/db.h"
+#include "../db/db_testing.h"
 
 #ifndef MOETUNE_SOURCE_DIR
 #define MOETUNE_SOURCE_DIR "."
