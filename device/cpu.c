@@ -138,7 +138,7 @@ static mt_status cpu_open(const char *arg, const dev_open_opts *opts, dev_props 
     props->warp_size = 1;
     props->max_threads_per_block = 1;
     props->shared_mem_per_block = 0;
-    props->llc_bytes = cpu_host_llc_bytes();
+    props->llc_bytes = cpu_host_llc_bytes(NULL, NULL);
     props->mem_bytes = cpu_host_mem_bytes();
     props->max_vgprs = 0;
     props->compile_only = false;

@@ -4,10 +4,15 @@
 
 #include <ctype.h>
 #include <sched.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 int cpu_host_count(void)
 {
@@ -112,17 +117,21 @@ static int read_line(const char *path, char *buf, size_t cap)
     return ok;
 }
 
-size_t cpu_host_llc_bytes(void)
+size_t cpu_host_llc_bytes_sysfs(const char *sysfs_root)
 {
+    if (!sysfs_root)
+        sysfs_root = "/sys";
     int best_level = 0;
     size_t best = 0;
     for (int i = 0; i < 16; i++) {
-        char path[128], buf[64];
-        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/level", i);
+        char path[4096], buf[64];
+        snprintf(path, sizeof path, "%s/devices/system/cpu/cpu0/cache/index%d/level",
+                 sysfs_root, i);
         if (!read_line(path, buf, sizeof buf))
             break;
         int level = atoi(buf);
-        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+        snprintf(path, sizeof path, "%s/devices/system/cpu/cpu0/cache/index%d/size",
+                 sysfs_root, i);
         if (!read_line(path, buf, sizeof buf))
             continue;
         char *end = NULL;
@@ -137,6 +146,119 @@ size_t cpu_host_llc_bytes(void)
         }
     }
     return best;
+}
+
+size_t cpu_host_llc_bytes_sysconf(void)
+{
+    /* glibc answers from cpuid on x86 and from the auxv/sysfs elsewhere;
+     * an absent level is 0 (or -1 where the name is unknown). */
+    static const int names[] = {
+#ifdef _SC_LEVEL4_CACHE_SIZE
+        _SC_LEVEL4_CACHE_SIZE,
+#endif
+#ifdef _SC_LEVEL3_CACHE_SIZE
+        _SC_LEVEL3_CACHE_SIZE,
+#endif
+#ifdef _SC_LEVEL2_CACHE_SIZE
+        _SC_LEVEL2_CACHE_SIZE,
+#endif
+#ifdef _SC_LEVEL1_DCACHE_SIZE
+        _SC_LEVEL1_DCACHE_SIZE,
+#endif
+        -1,
+    };
+    for (size_t i = 0; names[i] != -1; i++) {
+        long v = sysconf(names[i]);
+        if (v > 0)
+            return (size_t)v;
+    }
+    return 0;
+}
+
+size_t cpu_host_llc_bytes_cpuid(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d))
+        return 0;
+    unsigned max_basic = a;
+    char vendor[13];
+    memcpy(vendor, &b, 4);
+    memcpy(vendor + 4, &d, 4);
+    memcpy(vendor + 8, &c, 4);
+    vendor[12] = 0;
+    /* Both leaves list one cache per subleaf in the same layout, ending at
+     * type 0. AMD's needs TOPOEXT (0x80000001 ECX bit 22). */
+    unsigned leaf = 0;
+    bool amd = !strcmp(vendor, "AuthenticAMD") || !strcmp(vendor, "HygonGenuine");
+    unsigned max_ext = __get_cpuid(0x80000000, &a, &b, &c, &d) ? a : 0;
+    if (amd) {
+        if (max_ext >= 0x8000001D && __get_cpuid(0x80000001, &a, &b, &c, &d) &&
+            (c & (1u << 22)))
+            leaf = 0x8000001D;
+    } else if (max_basic >= 4) {
+        leaf = 4;
+    }
+    if (!leaf) {
+        /* AMD's older leaf: L3 in 512 KiB units (EDX[31:18]), L2 in KiB
+         * (ECX[31:16]). VMs often hide TOPOEXT but pass this one. */
+        if (!amd || max_ext < 0x80000006)
+            return 0;
+        __cpuid(0x80000006, a, b, c, d);
+        if (d >> 18)
+            return (size_t)(d >> 18) << 19;
+        return (size_t)(c >> 16) << 10;
+    }
+    unsigned best_level = 0;
+    size_t best = 0;
+    for (unsigned i = 0; i < 16; i++) {
+        __cpuid_count(leaf, i, a, b, c, d);
+        unsigned type = a & 0x1f, level = (a >> 5) & 0x7;
+        if (type == 0)
+            break;
+        if (type == 2) /* instruction cache */
+            continue;
+        size_t ways = ((b >> 22) & 0x3ff) + 1, parts = ((b >> 12) & 0x3ff) + 1;
+        size_t line = (b & 0xfff) + 1, sets = (size_t)c + 1;
+        size_t v = ways * parts * line * sets;
+        if (level > best_level || (level == best_level && v > best)) {
+            best_level = level;
+            best = v;
+        }
+    }
+    return best;
+#else
+    return 0;
+#endif
+}
+
+const char *cpu_cache_src_str(cpu_cache_src src)
+{
+    static const char *const names[] = {
+        [CPU_CACHE_NONE] = "none",
+        [CPU_CACHE_SYSFS] = "sysfs",
+        [CPU_CACHE_SYSCONF] = "sysconf",
+        [CPU_CACHE_CPUID] = "cpuid",
+    };
+    _Static_assert(sizeof names / sizeof names[0] == CPU_CACHE_SRC_COUNT, "cache sources");
+    return (unsigned)src < CPU_CACHE_SRC_COUNT ? names[src] : "none";
+}
+
+size_t cpu_host_llc_bytes(const char *sysfs_root, cpu_cache_src *src)
+{
+    size_t v = cpu_host_llc_bytes_sysfs(sysfs_root);
+    cpu_cache_src from = CPU_CACHE_SYSFS;
+    if (!v) {
+        v = cpu_host_llc_bytes_sysconf();
+        from = CPU_CACHE_SYSCONF;
+    }
+    if (!v) {
+        v = cpu_host_llc_bytes_cpuid();
+        from = CPU_CACHE_CPUID;
+    }
+    if (src)
+        *src = v ? from : CPU_CACHE_NONE;
+    return v;
 }
 
 size_t cpu_host_mem_bytes(void)

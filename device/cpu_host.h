@@ -16,8 +16,30 @@ void cpu_host_arch(char *out, size_t cap);
 /* /proc/cpuinfo's model name, else "unknown cpu". */
 void cpu_host_name(char *out, size_t cap);
 
-/* Size of the highest cache level of cpu0 in bytes, 0 if unknown. */
-size_t cpu_host_llc_bytes(void);
+/* Where a cache size came from. */
+typedef enum cpu_cache_src {
+    CPU_CACHE_NONE = 0,
+    CPU_CACHE_SYSFS = 1,   /* <root>/devices/system/cpu/cpu0/cache/index*    */
+    CPU_CACHE_SYSCONF = 2, /* glibc's sysconf(_SC_LEVEL{3,2,1}_..CACHE_SIZE) */
+    CPU_CACHE_CPUID = 3,   /* deterministic cache parameters: leaf 4 (Intel),
+                            * 0x8000001D (AMD, Hygon)                        */
+    CPU_CACHE_SRC_COUNT
+} cpu_cache_src;
+
+/* "sysfs", "sysconf", "cpuid" or "none". */
+const char *cpu_cache_src_str(cpu_cache_src src);
+
+/* Size in bytes of the highest cache level of cpu0, 0 if unknown. Asks sysfs
+ * under sysfs_root (NULL: "/sys"; tests pass a fake tree), then sysconf, then
+ * cpuid: containers and VMs often hide sysfs's cache directories. *src, when
+ * not NULL, names the source that answered. */
+size_t cpu_host_llc_bytes(const char *sysfs_root, cpu_cache_src *src);
+
+/* One source alone (0 when it has no answer), for tests and for
+ * cpu_host_llc_bytes. cpuid is 0 off x86. */
+size_t cpu_host_llc_bytes_sysfs(const char *sysfs_root);
+size_t cpu_host_llc_bytes_sysconf(void);
+size_t cpu_host_llc_bytes_cpuid(void);
 
 /* Physical memory in bytes. */
 size_t cpu_host_mem_bytes(void);

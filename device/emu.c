@@ -144,7 +144,7 @@ static mt_status emu_open(const char *arg, const dev_open_opts *opts, dev_props 
     props->warp_size = warp;
     props->max_threads_per_block = EMU_MAX_BLOCK_THREADS;
     props->shared_mem_per_block = EMU_SHARED_BYTES;
-    props->llc_bytes = cpu_host_llc_bytes();
+    props->llc_bytes = cpu_host_llc_bytes(NULL, NULL);
     props->mem_bytes = cpu_host_mem_bytes();
     props->max_vgprs = 0;
     props->compile_only = false;

@@ -2,15 +2,19 @@
  * kernels compiled at run time, launched over 1D and 3D grids on the thread
  * pool, checked against plain C references on fresh random inputs. */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "common/rng.h"
+#include "device/cpu_host.h"
 #include "device/device.h"
 #include "test_dev_util.h"
+#include "test_tmp.h"
 
 /* The cpu backend ignores the block size. */
 static void launch(dev_device *d, dev_kernel *k, dev_dim3 grid, void **args)
@@ -361,9 +365,77 @@ Test(device_cpu, properties_describe_this_machine)
     cr_assert_gt(strlen(p->name), 0);
     cr_assert_gt(strlen(p->runtime_version), 0);
     cr_assert_gt(p->mem_bytes, (size_t)1 << 26);
-    cr_assert_gt(p->llc_bytes, 0, "no cache size from sysfs");
+#if defined(__x86_64__) || defined(__i386__)
+    /* sysfs, else sysconf, else cpuid: x86 always has one of them. */
+    cr_assert_gt(p->llc_bytes, 0, "no cache size from sysfs, sysconf or cpuid");
+#endif
     cr_assert_not(p->compile_only);
     dev_close(d);
+}
+
+/* Writes text to root/rel, making the folders on the way. */
+static void put_file(const char *root, const char *rel, const char *text)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", root, rel);
+    for (char *s = path + strlen(root) + 1; (s = strchr(s, '/')); s++) {
+        *s = 0;
+        cr_assert(mkdir(path, 0700) == 0 || errno == EEXIST, "mkdir %s", path);
+        *s = '/';
+    }
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f, "%s", path);
+    fputs(text, f);
+    fclose(f);
+}
+
+Test(device_cpu, cache_size_comes_from_a_sysfs_tree_with_cache_folders)
+{
+    char root[512];
+    tmp_dir_make(root, sizeof root, "mt_sysfs");
+    static const struct { const char *level, *type, *size; } idx[] = {
+        {"1", "Data", "48K"}, {"1", "Instruction", "32K"}, {"2", "Unified", "1024K"},
+        {"3", "Unified", "32768K"},
+    };
+    for (int i = 0; i < 4; i++) {
+        char rel[128];
+        snprintf(rel, sizeof rel, "devices/system/cpu/cpu0/cache/index%d/level", i);
+        put_file(root, rel, idx[i].level);
+        snprintf(rel, sizeof rel, "devices/system/cpu/cpu0/cache/index%d/type", i);
+        put_file(root, rel, idx[i].type);
+        snprintf(rel, sizeof rel, "devices/system/cpu/cpu0/cache/index%d/size", i);
+        put_file(root, rel, idx[i].size);
+    }
+    cpu_cache_src src = CPU_CACHE_NONE;
+    cr_assert_eq(cpu_host_llc_bytes(root, &src), (size_t)32 << 20);
+    cr_assert_eq(src, CPU_CACHE_SYSFS, "%s", cpu_cache_src_str(src));
+    cr_assert_eq(cpu_host_llc_bytes_sysfs(root), (size_t)32 << 20);
+}
+
+Test(device_cpu, cache_size_falls_back_to_sysconf_then_cpuid_without_sysfs_cache_folders)
+{
+    char root[512];
+    tmp_dir_make(root, sizeof root, "mt_sysfs");
+    put_file(root, "devices/system/cpu/cpu0/online", "1\n");
+    cr_assert_eq(cpu_host_llc_bytes_sysfs(root), 0);
+    size_t by_sysconf = cpu_host_llc_bytes_sysconf(), by_cpuid = cpu_host_llc_bytes_cpuid();
+    cpu_cache_src src = CPU_CACHE_NONE;
+    size_t got = cpu_host_llc_bytes(root, &src);
+    if (by_sysconf) {
+        cr_assert_eq(src, CPU_CACHE_SYSCONF, "%s", cpu_cache_src_str(src));
+        cr_assert_eq(got, by_sysconf);
+    } else {
+        cr_assert_eq(src, by_cpuid ? CPU_CACHE_CPUID : CPU_CACHE_NONE, "%s",
+                     cpu_cache_src_str(src));
+        cr_assert_eq(got, by_cpuid);
+    }
+#if defined(__x86_64__) || defined(__i386__)
+    /* cpuid alone answers on any x86 (VMs included): whole KiB, at least a
+     * small L1. */
+    cr_assert_geq(by_cpuid, (size_t)16 << 10, "cpuid cache size %zu", by_cpuid);
+    cr_assert_eq(by_cpuid % 1024, 0, "cpuid cache size %zu", by_cpuid);
+    cr_assert_gt(got, 0);
+#endif
 }
 
 Test(device_cpu, bad_thread_counts_and_missing_kernels_are_errors)
