@@ -2,19 +2,23 @@
  * /v1/chat/completions (plain and streaming), and /tokenize and
  * /detokenize: parse, tokenize, submit to the engine, turn tokens into text
  * (serve_textout) and write the response objects. */
+#include "serve_api.h"
+
+#include <civetweb.h>
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
-#include "serve_server_impl.h"
+#include "serve_http.h"
 #include "serve_sse.h"
 #include "serve_textout.h"
 
 /* ---- response objects ---------------------------------------------------------- */
 
 typedef struct reply {
-    serve_server *s;
+    const serve_api_ctx *a;
     serve_api api;
     char id[48];
     time_t created;
@@ -30,7 +34,7 @@ static cJSON *base_object(const reply *r, bool chunk)
                                                               : "chat.completion")
                                                      : "text_completion");
     cJSON_AddNumberToObject(o, "created", (double)r->created);
-    cJSON_AddStringToObject(o, "model", r->s->model_name);
+    cJSON_AddStringToObject(o, "model", r->a->model_name);
     return o;
 }
 
@@ -266,12 +270,12 @@ static serve_outcome run_stream(gen_run *run, struct mg_connection *c, bool incl
     return oc;
 }
 
-static void count(serve_server *s, serve_api api, serve_outcome oc)
+static void count(const serve_api_ctx *a, serve_api api, serve_outcome oc)
 {
-    serve_metrics_request(s->metrics, api, oc);
+    serve_metrics_request(a->metrics, api, oc);
 }
 
-int serve_api_generate(serve_server *s, struct mg_connection *c, serve_api api)
+int serve_api_generate(serve_api_ctx *a, struct mg_connection *c, serve_api api)
 {
     serve_error e = SERVE_ERROR_INIT;
     char *body = NULL;
@@ -281,13 +285,13 @@ int serve_api_generate(serve_server *s, struct mg_connection *c, serve_api api)
     int32_t *ids = NULL;
     size_t n_ids = 0;
     int status;
-    if (serve_http_body(c, s->max_body, &body, &n, &e))
+    if (serve_http_body(c, a->max_body, &body, &n, &e))
         goto fail;
-    if (serve_engine_state_get(s->engine, NULL) != SERVE_ENGINE_READY) {
+    if (serve_engine_state_get(a->engine, NULL) != SERVE_ENGINE_READY) {
         serve_reject(&e, 503, NULL, NULL, "the model is not loaded yet");
         goto fail;
     }
-    const serve_model_info *in = serve_engine_info(s->engine);
+    const serve_model_info *in = serve_engine_info(a->engine);
     serve_limits lim = {in->max_context, in->vocab};
     int64_t max_tokens;
     if (serve_request_parse(api, body, n, &lim, &req, &e) ||
@@ -310,18 +314,18 @@ int serve_api_generate(serve_server *s, struct mg_connection *c, serve_api api)
     };
     gen_run run;
     memset(&run, 0, sizeof run);
-    if (serve_engine_submit(s->engine, &p, &run.g, &e))
+    if (serve_engine_submit(a->engine, &p, &run.g, &e))
         goto fail;
-    run.r.s = s;
+    run.r.a = a;
     run.r.api = api;
     run.r.created = time(NULL);
     run.r.token_ids = req.return_token_ids;
     snprintf(run.r.id, sizeof run.r.id, "%s-%llx", api == SERVE_API_CHAT ? "chatcmpl" : "cmpl",
-             (unsigned long long)atomic_fetch_add(&s->next_id, 1));
+             (unsigned long long)atomic_fetch_add(&a->next_id, 1));
     serve_textout_init(&run.to, in->tok, req.stop, req.n_stop);
     serve_outcome oc;
     if (req.stream) {
-        oc = run_stream(&run, c, req.include_usage, s->keepalive_s);
+        oc = run_stream(&run, c, req.include_usage, a->keepalive_s);
         status = 200;
     } else {
         oc = run_plain(&run, c, &status);
@@ -329,13 +333,13 @@ int serve_api_generate(serve_server *s, struct mg_connection *c, serve_api api)
     serve_textout_release(&run.to);
     serve_buf_release(&run.text);
     serve_gen_release(run.g);
-    count(s, api, oc);
+    count(a, api, oc);
     serve_request_release(&req);
     free(ids);
     free(body);
     return status;
 fail:
-    count(s, api, SERVE_OUTCOME_ERROR);
+    count(a, api, SERVE_OUTCOME_ERROR);
     serve_request_release(&req);
     free(ids);
     free(body);
@@ -344,7 +348,7 @@ fail:
 
 /* ---- tokenize / detokenize ---------------------------------------------------------- */
 
-int serve_api_tokenize(serve_server *s, struct mg_connection *c, serve_api api)
+int serve_api_tokenize(serve_api_ctx *a, struct mg_connection *c, serve_api api)
 {
     serve_error e = SERVE_ERROR_INIT;
     char *body = NULL, *text = NULL;
@@ -354,13 +358,13 @@ int serve_api_tokenize(serve_server *s, struct mg_connection *c, serve_api api)
     int32_t *ids = NULL;
     size_t n_ids = 0;
     cJSON *o = NULL;
-    if (serve_http_body(c, s->max_body, &body, &n, &e))
+    if (serve_http_body(c, a->max_body, &body, &n, &e))
         goto fail;
-    if (serve_engine_state_get(s->engine, NULL) != SERVE_ENGINE_READY) {
+    if (serve_engine_state_get(a->engine, NULL) != SERVE_ENGINE_READY) {
         serve_reject(&e, 503, NULL, NULL, "the model is not loaded yet");
         goto fail;
     }
-    const serve_model_info *in = serve_engine_info(s->engine);
+    const serve_model_info *in = serve_engine_info(a->engine);
     serve_limits lim = {in->max_context, in->vocab};
     if (serve_request_parse(api, body, n, &lim, &req, &e) ||
         serve_request_prompt(&req, in->tok, &lim, &ids, &n_ids, &e))
@@ -390,7 +394,7 @@ int serve_api_tokenize(serve_server *s, struct mg_connection *c, serve_api api)
     int status = serve_http_json(c, 200, j, strlen(j));
     free(j);
     cJSON_Delete(o);
-    count(s, api, SERVE_OUTCOME_OK);
+    count(a, api, SERVE_OUTCOME_OK);
     serve_request_release(&req);
     free(ids);
     free(text);
@@ -398,7 +402,7 @@ int serve_api_tokenize(serve_server *s, struct mg_connection *c, serve_api api)
     return status;
 fail:
     cJSON_Delete(o);
-    count(s, api, SERVE_OUTCOME_ERROR);
+    count(a, api, SERVE_OUTCOME_ERROR);
     serve_request_release(&req);
     free(ids);
     free(text);

@@ -1,39 +1,27 @@
-/* serve_server.c: civetweb setup, the route table, the small endpoints
- * (/health, /v1/models, /metrics) and the HTTP reply helpers (see
- * serve_server.h). */
-#include "serve_server_impl.h"
+/* serve_server.c: civetweb setup, the route table and the small endpoints
+ * (/health, /v1/models, /metrics) (see serve_server.h). The OpenAI
+ * endpoints are in serve_api.c, the HTTP helpers in serve_http.c. */
+#include "serve_server.h"
 
+#include <civetweb.h>
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "serve_api.h"
 #include "serve_buf.h"
+#include "serve_http.h"
+
+struct serve_server {
+    struct mg_context *ctx;
+    serve_api_ctx api; /* engine, metrics, model name, limits */
+    int port;
+    time_t created;
+};
 
 /* ---- replies ------------------------------------------------------------------ */
-
-int serve_http_json(struct mg_connection *c, int status, const char *body, size_t n)
-{
-    char len[32];
-    snprintf(len, sizeof len, "%zu", n);
-    mg_response_header_start(c, status);
-    mg_response_header_add(c, "Content-Type", "application/json", -1);
-    mg_response_header_add(c, "Content-Length", len, -1);
-    mg_response_header_send(c);
-    mg_write(c, body, n);
-    return status;
-}
-
-int serve_http_error(struct mg_connection *c, const serve_error *e)
-{
-    char *j = serve_error_json(e);
-    static const char fallback[] = "{\"error\":{\"message\":\"out of memory\",\"type\":"
-                                   "\"server_error\",\"param\":null,\"code\":null}}";
-    int st = serve_http_json(c, e->http ? e->http : 500, j ? j : fallback,
-                             j ? strlen(j) : sizeof fallback - 1);
-    free(j);
-    return st;
-}
 
 static int reply_error(struct mg_connection *c, int http, const char *fmt, const char *arg)
 {
@@ -42,63 +30,12 @@ static int reply_error(struct mg_connection *c, int http, const char *fmt, const
     return serve_http_error(c, &e);
 }
 
-mt_status serve_http_body(struct mg_connection *c, size_t max, char **body, size_t *n,
-                          serve_error *e)
-{
-    *body = NULL;
-    *n = 0;
-    const struct mg_request_info *ri = mg_get_request_info(c);
-    if (ri->content_length > (long long)max) {
-        mg_disable_connection_keep_alive(c); /* the unread body must not be parsed as a request */
-        return serve_reject(e, 413, NULL, "request_too_large",
-                            "the request body is %lld bytes; this server takes at most %zu",
-                            ri->content_length, max);
-    }
-    size_t cap = ri->content_length >= 0 ? (size_t)ri->content_length + 1 : 4096;
-    char *b = malloc(cap);
-    if (!b)
-        return serve_reject(e, 500, NULL, NULL, "out of memory for a %zu-byte body", cap);
-    size_t len = 0;
-    for (;;) {
-        if (len + 1 >= cap) {
-            if (cap > max + 1) {
-                free(b);
-                mg_disable_connection_keep_alive(c);
-                return serve_reject(e, 413, NULL, "request_too_large",
-                                    "the request body is longer than %zu bytes", max);
-            }
-            size_t nc = cap * 2 > max + 2 ? max + 2 : cap * 2;
-            char *nb = realloc(b, nc);
-            if (!nb) {
-                free(b);
-                return serve_reject(e, 500, NULL, NULL, "out of memory reading the body");
-            }
-            b = nb;
-            cap = nc;
-        }
-        int r = mg_read(c, b + len, cap - 1 - len);
-        if (r <= 0)
-            break;
-        len += (size_t)r;
-    }
-    if (len > max) {
-        free(b);
-        mg_disable_connection_keep_alive(c);
-        return serve_reject(e, 413, NULL, "request_too_large",
-                            "the request body is longer than %zu bytes", max);
-    }
-    b[len] = 0;
-    *body = b;
-    *n = len;
-    return MT_OK;
-}
-
 /* ---- small endpoints ------------------------------------------------------------ */
 
 static int not_ready(serve_server *s, struct mg_connection *c)
 {
     mt_err le = MT_ERR_INIT;
-    serve_engine_state st = serve_engine_state_get(s->engine, &le);
+    serve_engine_state st = serve_engine_state_get(s->api.engine, &le);
     serve_error e = SERVE_ERROR_INIT;
     if (st == SERVE_ENGINE_LOADING)
         serve_reject(&e, 503, NULL, "loading", "the model is loading");
@@ -111,7 +48,7 @@ static int not_ready(serve_server *s, struct mg_connection *c)
 
 static int h_health(serve_server *s, struct mg_connection *c)
 {
-    if (serve_engine_state_get(s->engine, NULL) != SERVE_ENGINE_READY)
+    if (serve_engine_state_get(s->api.engine, NULL) != SERVE_ENGINE_READY)
         return not_ready(s, c);
     static const char ok[] = "{\"status\":\"ok\"}";
     return serve_http_json(c, 200, ok, sizeof ok - 1);
@@ -124,13 +61,13 @@ static int h_models(serve_server *s, struct mg_connection *c)
     cJSON *data = cJSON_AddArrayToObject(root, "data");
     cJSON *m = cJSON_CreateObject();
     cJSON_AddItemToArray(data, m);
-    cJSON_AddStringToObject(m, "id", s->model_name);
+    cJSON_AddStringToObject(m, "id", s->api.model_name);
     cJSON_AddStringToObject(m, "object", "model");
     cJSON_AddNumberToObject(m, "created", (double)s->created);
     cJSON_AddStringToObject(m, "owned_by", "moetune");
-    if (serve_engine_state_get(s->engine, NULL) == SERVE_ENGINE_READY)
+    if (serve_engine_state_get(s->api.engine, NULL) == SERVE_ENGINE_READY)
         cJSON_AddNumberToObject(m, "max_model_len",
-                                (double)serve_engine_info(s->engine)->max_context);
+                                (double)serve_engine_info(s->api.engine)->max_context);
     char *j = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     if (!j)
@@ -143,36 +80,31 @@ static int h_models(serve_server *s, struct mg_connection *c)
 static int h_metrics(serve_server *s, struct mg_connection *c)
 {
     serve_buf b = SERVE_BUF_INIT;
-    if (serve_metrics_render(s->metrics, &b)) {
+    if (serve_metrics_render(s->api.metrics, &b)) {
         serve_buf_release(&b);
         return reply_error(c, 500, "out of memory%s", "");
     }
-    char len[32];
-    snprintf(len, sizeof len, "%zu", b.len);
-    mg_response_header_start(c, 200);
-    mg_response_header_add(c, "Content-Type", "text/plain; version=0.0.4; charset=utf-8", -1);
-    mg_response_header_add(c, "Content-Length", len, -1);
-    mg_response_header_send(c);
-    mg_write(c, b.data, b.len);
+    int st = serve_http_send(c, 200, "text/plain; version=0.0.4; charset=utf-8", b.data,
+                             b.len);
     serve_buf_release(&b);
-    return 200;
+    return st;
 }
 
 static int h_completions(serve_server *s, struct mg_connection *c)
 {
-    return serve_api_generate(s, c, SERVE_API_COMPLETIONS);
+    return serve_api_generate(&s->api, c, SERVE_API_COMPLETIONS);
 }
 static int h_chat(serve_server *s, struct mg_connection *c)
 {
-    return serve_api_generate(s, c, SERVE_API_CHAT);
+    return serve_api_generate(&s->api, c, SERVE_API_CHAT);
 }
 static int h_tokenize(serve_server *s, struct mg_connection *c)
 {
-    return serve_api_tokenize(s, c, SERVE_API_TOKENIZE);
+    return serve_api_tokenize(&s->api, c, SERVE_API_TOKENIZE);
 }
 static int h_detokenize(serve_server *s, struct mg_connection *c)
 {
-    return serve_api_tokenize(s, c, SERVE_API_DETOKENIZE);
+    return serve_api_tokenize(&s->api, c, SERVE_API_DETOKENIZE);
 }
 
 typedef int (*route_fn)(serve_server *s, struct mg_connection *c);
@@ -267,22 +199,23 @@ mt_status serve_server_start(const serve_server_opts *o, serve_server **out, mt_
     serve_server *s = calloc(1, sizeof *s);
     if (!s)
         return mt_fail(err, MT_E_NOMEM, "serve: out of memory");
-    s->max_body = o->max_body ? o->max_body : (8u << 20);
-    s->keepalive_s = o->keepalive_s > 0 ? o->keepalive_s : 1.0;
+    s->api.max_body = o->max_body ? o->max_body : (8u << 20);
+    s->api.keepalive_s = o->keepalive_s > 0 ? o->keepalive_s : 1.0;
     s->created = time(NULL);
-    atomic_init(&s->next_id, 1);
+    atomic_init(&s->api.next_id, 1);
     if (o->model_name)
-        snprintf(s->model_name, sizeof s->model_name, "%s", o->model_name);
+        snprintf(s->api.model_name, sizeof s->api.model_name, "%s", o->model_name);
     else if (o->engine.rt.model_dir)
-        model_name_from_dir(o->engine.rt.model_dir, s->model_name, sizeof s->model_name);
-    mt_status st = serve_metrics_create(&s->metrics, err);
+        model_name_from_dir(o->engine.rt.model_dir, s->api.model_name,
+                            sizeof s->api.model_name);
+    mt_status st = serve_metrics_create(&s->api.metrics, err);
     if (st) {
         free(s);
         return st;
     }
     serve_engine_opts eo = o->engine;
-    eo.metrics = s->metrics;
-    if ((st = serve_engine_start(&eo, &s->engine, err))) {
+    eo.metrics = s->api.metrics;
+    if ((st = serve_engine_start(&eo, &s->api.engine, err))) {
         serve_server_stop(s);
         return st;
     }
@@ -319,16 +252,16 @@ void serve_server_stop(serve_server *s)
         return;
     /* Finish the requests first so that handlers waiting on them return,
      * then stop civetweb (which waits for its handlers), then free. */
-    serve_engine_stop(s->engine);
+    serve_engine_stop(s->api.engine);
     if (s->ctx) {
         mg_stop(s->ctx);
         mg_exit_library();
     }
-    serve_engine_destroy(s->engine);
-    serve_metrics_destroy(s->metrics);
+    serve_engine_destroy(s->api.engine);
+    serve_metrics_destroy(s->api.metrics);
     free(s);
 }
 
 int serve_server_port(const serve_server *s) { return s->port; }
-serve_engine *serve_server_engine(serve_server *s) { return s->engine; }
-serve_metrics *serve_server_metrics(serve_server *s) { return s->metrics; }
+serve_engine *serve_server_engine(serve_server *s) { return s->api.engine; }
+serve_metrics *serve_server_metrics(serve_server *s) { return s->api.metrics; }
