@@ -15,6 +15,7 @@
 
 #include "common/clock.h"
 #include "kernels/attn_common.h"
+#include "bench/lib/limits.h"
 #include "kernels/exec.h"
 
 extern const kern_family fam_mla_decode, fam_mla_prefill, fam_dsa_indexer, fam_rope;
@@ -25,114 +26,11 @@ static void die(const char *what, const mt_err *err)
     exit(1);
 }
 
-/* ---- machine limits ---------------------------------------------------------------- */
-
-static const char limits_src[] =
-    "#if defined(__AVX512F__)\n"
-    "#define VW 16\n"
-    "#else\n"
-    "#define VW 8\n"
-    "#endif\n"
-    "typedef float mt_vf __attribute__((vector_size(VW * 4)));\n"
-    "MT_CPU_KERNEL void peak_fma(float *out, int iters)\n"
-    "{\n"
-    "    mt_vf a[12], m, c;\n"
-    "    for (int k = 0; k < VW; k++) { m[k] = 0.999f; c[k] = 0.001f * (k + 1); }\n"
-    "    for (int j = 0; j < 12; j++) a[j] = c + (float)j;\n"
-    "    for (int i = 0; i < iters; i++)\n"
-    "#pragma GCC unroll 12\n"
-    "        for (int j = 0; j < 12; j++) a[j] = a[j] * m + c;\n"
-    "    float s = 0.0f;\n"
-    "    for (int j = 0; j < 12; j++) for (int k = 0; k < VW; k++) s += a[j][k];\n"
-    "    out[itemIdx.x] = s;\n"
-    "    if (itemIdx.x == 0) out[1000] = VW;\n"
-    "}\n"
-    "MT_CPU_KERNEL void stream_sum(float *out, const float *x, long chunk)\n"
-    "{\n"
-    "    const float *p = x + (long)itemIdx.x * chunk;\n"
-    "    float acc[32] = {0};\n"
-    "    for (long i = 0; i + 32 <= chunk; i += 32)\n"
-    "        for (int k = 0; k < 32; k++) acc[k] += p[i + k];\n"
-    "    float s = 0.0f;\n"
-    "    for (int k = 0; k < 32; k++) s += acc[k];\n"
-    "    out[itemIdx.x] = s;\n"
-    "}\n";
-
+/* The limits of this run: read bandwidth and fp32 FMA peak (medians). */
 typedef struct limits {
-    dev_device *dev;
-    dev_code *code;
-    dev_module *mod;
-    dev_kernel *fma, *sum;
-    float *out;            /* 4096 bytes: per-item sums, [1000] the vector width */
-    float *big;            /* streamed for bandwidth, and to flush caches */
-    size_t big_bytes;
+    bench_limits *probe;
     double gbps, gflops;
 } limits;
-
-static double median3(double a, double b, double c)
-{
-    return a > b ? (b > c ? b : (a > c ? c : a)) : (a > c ? a : (b > c ? c : b));
-}
-
-static double stream_once(limits *l)
-{
-    unsigned items = 64;
-    long chunk = (long)(l->big_bytes / 4 / items);
-    void *args[] = {&l->out, &l->big, &chunk};
-    mt_err err = MT_ERR_INIT;
-    double t0 = mt_now_ms();
-    if (dev_launch(l->dev, l->sum, (dev_dim3){items, 1, 1}, (dev_dim3){1, 1, 1}, 0, args,
-                   &err) != MT_OK)
-        die("stream_sum", &err);
-    return mt_now_ms() - t0;
-}
-
-static void limits_measure(limits *l, dev_device *d)
-{
-    mt_err err = MT_ERR_INIT;
-    const dev_props *p = dev_get_props(d);
-    l->dev = d;
-    dev_compile_req req = {.name = "bench_limits.cpu", .source = limits_src};
-    if (dev_compile(d, &req, &l->code, &err) != MT_OK ||
-        dev_module_load(d, l->code, &l->mod, &err) != MT_OK ||
-        dev_module_get_kernel(l->mod, "peak_fma", "pi", &l->fma, &err) != MT_OK ||
-        dev_module_get_kernel(l->mod, "stream_sum", "ppl", &l->sum, &err) != MT_OK)
-        die("limit kernels", &err);
-    l->big_bytes = (size_t)1 << 30;
-    if (p->llc_bytes * 16 > l->big_bytes)
-        l->big_bytes = p->llc_bytes * 16;
-    if (dev_alloc(d, 4096, (void **)&l->out, &err) != MT_OK ||
-        dev_alloc(d, l->big_bytes, (void **)&l->big, &err) != MT_OK ||
-        dev_memset(d, l->big, 0, l->big_bytes, &err) != MT_OK)
-        die("limit buffers", &err);
-    double t[3];
-    stream_once(l);
-    for (int i = 0; i < 3; i++)
-        t[i] = stream_once(l);
-    l->gbps = (double)l->big_bytes / (median3(t[0], t[1], t[2]) * 1e6);
-
-    int iters = 20000000, items = p->compute_units > 0 ? p->compute_units : 1;
-    void *args[] = {&l->out, &iters};
-    for (int i = 0; i < 3; i++) {
-        double t0 = mt_now_ms();
-        if (dev_launch(d, l->fma, (dev_dim3){(unsigned)items, 1, 1}, (dev_dim3){1, 1, 1}, 0,
-                       args, &err) != MT_OK)
-            die("peak_fma", &err);
-        t[i] = mt_now_ms() - t0;
-    }
-    float vw = 0;
-    if (dev_copy_from(d, &vw, l->out + 1000, sizeof vw, &err) != MT_OK)
-        die("peak_fma", &err);
-    l->gflops = (double)items * iters * 12 * vw * 2 / (median3(t[0], t[1], t[2]) * 1e6);
-}
-
-static void limits_release(limits *l)
-{
-    dev_free(l->dev, l->out);
-    dev_free(l->dev, l->big);
-    dev_module_unload(l->mod);
-    dev_code_free(l->code);
-}
 
 /* ---- one family call -------------------------------------------------------------------- */
 
@@ -176,7 +74,8 @@ static void bench_one(dev_device *d, limits *l, const item *it, int reps)
         die(it->key, &err);
     double *t = malloc(sizeof(double) * (size_t)reps);
     for (int r = 0; r < reps; r++) {
-        stream_once(l); /* flush: nothing of the problem stays cached */
+        if (bench_limits_flush(l->probe, &err) != MT_OK) /* nothing stays cached */
+            die("flush", &err);
         double t0 = mt_now_ms();
         if (run_sync(e, &s, it->m, dbuf, &err) != MT_OK)
             die(it->key, &err);
@@ -231,9 +130,16 @@ int main(int argc, char **argv)
         return 2;
     }
     limits l = {0};
-    limits_measure(&l, d);
-    printf("device %s (%s, %d threads): measured read bandwidth %.1f GB/s, fp32 FMA peak "
-           "%.1f GFLOP/s\n", p->spec, p->name, p->compute_units, l.gbps, l.gflops);
+    bench_spread bw, fma;
+    if (bench_limits_open(d, &l.probe, &err) != MT_OK ||
+        bench_limits_bandwidth(l.probe, 5, &bw, &err) != MT_OK ||
+        bench_limits_fma(l.probe, &fma, &err) != MT_OK)
+        die("limits", &err);
+    l.gbps = bw.median;
+    l.gflops = fma.median;
+    printf("device %s (%s, %d threads): measured read bandwidth %.1f GB/s (p10 %.1f, p90 %.1f), "
+           "fp32 FMA peak %.1f GFLOP/s (p10 %.1f, p90 %.1f)\n", p->spec, p->name,
+           p->compute_units, bw.median, bw.p10, bw.p90, fma.median, fma.p10, fma.p90);
     printf("%-12s %-14s %5s %-28s %9s %8s %7s %8s %7s\n", "family", "shape", "M", "config",
            "ms", "GB/s", "of bw", "GFLOP/s", "of pk");
     static const item items[] = {
@@ -251,7 +157,7 @@ int main(int argc, char **argv)
         bench_one(d, &l, &items[i], reps);
     printf("(*) the limit that bounds the kernel: bandwidth for decode-like calls, FLOP/s for "
            "prefill\n");
-    limits_release(&l);
+    bench_limits_close(l.probe);
     dev_close(d);
     return 0;
 }

@@ -15,20 +15,21 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: moetune bench --family moe|moe_gemm_up|moe_gemm_down [--shape glm5.2]\n"
             "                     [--m 1,4,16,64,256] [--device cpu] [--db tuned.db] [--json]\n"
-            "                     [--no-sweep]\n"
+            "                     [--no-sweep] [--flush]\n"
             "Per M, with fresh routing every call: --family moe times the MoE layer the\n"
             "server runs (router, expert sort, expert GEMMs, shared expert), each kernel with\n"
             "the config --db gives for that M (defaults without it); then each expert GEMM\n"
             "stage alone: the default config and the best of a small sweep (cpu). Reported:\n"
             "achieved weight bandwidth, GFLOP/s and the fraction of this machine's memory\n"
-            "bandwidth measured in the same run.\n");
+            "bandwidth measured in the same run, each with p10/p90. --flush streams 1 GiB\n"
+            "before every timed call, so nothing a call read stays cached.\n");
 }
 
 int cmd_bench(int argc, char **argv)
 {
     const char *family = NULL, *shape = "glm5.2", *spec = "cpu", *mlist = "1,4,16,64,256";
     const char *db_path = NULL;
-    bool json = false, sweep = true, bad = false;
+    bool json = false, sweep = true, flush = false, bad = false;
     for (int i = 1; i < argc; i++) {
         const char *v;
         if (cli_flag(argv[i], "--help") || cli_flag(argv[i], "-h")) {
@@ -46,6 +47,8 @@ int cmd_bench(int argc, char **argv)
             mlist = v;
         } else if (cli_flag(argv[i], "--json")) {
             json = true;
+        } else if (cli_flag(argv[i], "--flush")) {
+            flush = true;
         } else if (cli_flag(argv[i], "--no-sweep")) {
             sweep = false;
         } else if (!bad) {
@@ -93,7 +96,7 @@ int cmd_bench(int argc, char **argv)
         return CLI_FAIL;
     }
     moe_bench_opts o = {.shape = shape, .family = family, .ms = ms, .n_ms = n, .sweep = sweep,
-                        .json = json, .db = db, .log = stderr};
+                        .json = json, .flush = flush, .db = db, .log = stderr};
     mt_status st = moe_bench_run(d, &o, stdout, &err);
     if (st != MT_OK)
         cli_error("bench", "%s", err.msg);

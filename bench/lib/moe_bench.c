@@ -4,7 +4,6 @@
 #include "moe_bench.h"
 
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,71 +11,8 @@
 #include "../../common/rng.h"
 #include "../../kernels/exec.h"
 #include "../../kernels/moe_common.h"
-#include "../../kernels/runner.h"
 #include "../../model/moe_layer.h"
-
-/* ---- memory bandwidth --------------------------------------------------- */
-
-typedef struct bw_job {
-    const uint64_t *p;
-    size_t n;
-    uint64_t sink;
-} bw_job;
-
-static void *bw_read(void *arg)
-{
-    bw_job *j = arg;
-    uint64_t a = 0, b = 0, c = 0, d = 0;
-    for (size_t i = 0; i + 4 <= j->n; i += 4) {
-        a ^= j->p[i];
-        b ^= j->p[i + 1];
-        c ^= j->p[i + 2];
-        d ^= j->p[i + 3];
-    }
-    j->sink = a ^ b ^ c ^ d;
-    return NULL;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n ? (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2])) : 0;
-}
-
-double moe_bench_mem_bw(int threads)
-{
-    const size_t bytes = (size_t)1 << 30;
-    uint64_t *buf = malloc(bytes);
-    if (!buf)
-        return 0;
-    memset(buf, 1, bytes);
-    if (threads < 1)
-        threads = 1;
-    if (threads > 64)
-        threads = 64;
-    double r[5];
-    for (int rep = 0; rep < 5; rep++) {
-        pthread_t th[64];
-        bw_job jobs[64];
-        size_t per = bytes / 8 / (size_t)threads;
-        double t0 = mt_now_ms();
-        for (int i = 0; i < threads; i++) {
-            jobs[i] = (bw_job){buf + per * (size_t)i, per, 0};
-            pthread_create(&th[i], NULL, bw_read, &jobs[i]);
-        }
-        for (int i = 0; i < threads; i++)
-            pthread_join(th[i], NULL);
-        r[rep] = (double)bytes / ((mt_now_ms() - t0) * 1e6);
-    }
-    free(buf);
-    return median(r, 5);
-}
+#include "limits.h"
 
 /* ---- the problem ---------------------------------------------------------- */
 
@@ -93,6 +29,7 @@ typedef struct bench {
     moe_dims dims;
     int64_t H, I, E, topk, S, maxm;
     double max_ms;
+    bench_limits *lim;
     void *w13, *s13, *w2, *s2, *gate, *bias, *sh_w13, *sh_s13, *sh_w2, *sh_s2;
     void *x, *h, *y, *ids, *sorted, *tile, *total, *tw;
     int32_t *hids, *hsorted, *htile;
@@ -239,8 +176,8 @@ static int count_experts(const int32_t *ids, int64_t n, int64_t E)
 /* ---- the served layer -------------------------------------------------------- */
 
 typedef struct layer_result {
-    double ms, experts;
-    int reps;
+    bench_spread t;
+    double experts;
 } layer_result;
 
 /* Times the layer at M: a fresh x (new routing) before every call; the
@@ -259,7 +196,9 @@ static mt_status time_layer(bench *b, const model_moe_kernels *k, model_moe_ws *
         (st = dev_synchronize(b->d, err)) != MT_OK)
         return st;
     while (n < MAX_REPS && (n < 3 || spent < b->max_ms)) {
-        if ((st = fresh_x(b, M, err)) != MT_OK || (st = dev_synchronize(b->d, err)) != MT_OK ||
+        if ((st = fresh_x(b, M, err)) != MT_OK ||
+            (b->o->flush && (st = bench_limits_flush(b->lim, err)) != MT_OK) ||
+            (st = dev_synchronize(b->d, err)) != MT_OK ||
             (st = dev_event_record(b->d, b->e0, err)) != MT_OK ||
             (st = model_moe_run(k, ws, &b->dims, &w, b->x, M, b->y, err)) != MT_OK ||
             (st = dev_event_record(b->d, b->e1, err)) != MT_OK ||
@@ -272,13 +211,12 @@ static mt_status time_layer(bench *b, const model_moe_kernels *k, model_moe_ws *
         spent += t[n];
         n++;
     }
-    res->ms = median(t, n);
+    bench_spread_of(t, n, &res->t);
     res->experts = experts / n;
-    res->reps = n;
     return MT_OK;
 }
 
-static void print_layer(bench *b, int64_t M, const layer_result *lr, double bw,
+static void print_layer(bench *b, int64_t M, const layer_result *lr, const bench_spread *bws,
                         const model_kset *ks)
 {
     double H = (double)b->H, I = (double)b->I, S = (double)b->S, E = (double)b->E;
@@ -286,23 +224,27 @@ static void print_layer(bench *b, int64_t M, const layer_result *lr, double bw,
     double wbytes = lr->experts * 3.0 * I * H * per + 3.0 * S * H * per + E * H * 2;
     double flops = 2.0 * (double)(M * b->topk) * 3.0 * I * H + 2.0 * (double)M * 3.0 * S * H +
                    2.0 * (double)M * E * H;
-    double gbs = wbytes / (lr->ms * 1e6), gfl = flops / (lr->ms * 1e6);
+    double ms = lr->t.median, bw = bws->median;
+    double gbs = wbytes / (ms * 1e6), gfl = flops / (ms * 1e6);
     model_selection_counts c;
     model_kset_counts(ks, &c);
     if (b->o->json)
         fprintf(b->out,
                 "{\"family\":\"moe\",\"stage\":\"layer\",\"shape\":\"%s\",\"device\":\"%s\","
-                "\"M\":%lld,\"layer_ms\":%.4f,\"reps\":%d,\"weight_GBps\":%.3f,\"GFLOPs\":%.3f,"
-                "\"mem_bw_GBps\":%.3f,\"fraction_of_bw\":%.4f,\"experts\":%.2f,"
+                "\"M\":%lld,\"layer_ms\":%.4f,\"layer_ms_p10\":%.4f,\"layer_ms_p90\":%.4f,"
+                "\"reps\":%d,\"flush\":%s,\"weight_GBps\":%.3f,\"GFLOPs\":%.3f,"
+                "\"mem_bw_GBps\":%.3f,\"mem_bw_p10\":%.3f,\"mem_bw_p90\":%.3f,"
+                "\"fraction_of_bw\":%.4f,\"experts\":%.2f,"
                 "\"configs\":{\"tuned\":%d,\"nearest\":%d,\"other_device\":%d,\"stale\":%d,"
                 "\"default\":%d}}\n",
-                b->o->shape, b->p->spec, (long long)M, lr->ms, lr->reps, gbs, gfl, bw,
+                b->o->shape, b->p->spec, (long long)M, ms, lr->t.p10, lr->t.p90, lr->t.reps,
+                b->o->flush ? "true" : "false", gbs, gfl, bw, bws->p10, bws->p90,
                 bw > 0 ? gbs / bw : 0, lr->experts, c.tuned, c.nearest, c.other_device, c.stale,
                 c.defaults);
     else
         fprintf(b->out, "%-14s %5lld %10s %10.3f %9.2f %9.1f %8.2f %10.2f %8s  served layer "
                 "(%.1f experts; configs: %d tuned, %d nearest, %d default)\n", "moe layer",
-                (long long)M, "-", lr->ms, gbs, gfl, bw > 0 ? gbs / bw : 0, bw, "-",
+                (long long)M, "-", ms, gbs, gfl, bw > 0 ? gbs / bw : 0, bw, "-",
                 lr->experts, c.tuned, c.nearest, c.defaults);
     fflush(b->out);
 }
@@ -349,8 +291,10 @@ static mt_status open_stage(bench *b, gemm_bench *g, const char *key, mt_err *er
 
 /* Round robin over the configs, one fresh routing per round, so every
  * config sees the same routings and the same machine load. */
-static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, double bw, mt_err *err)
+static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, const bench_spread *bws,
+                            mt_err *err)
 {
+    double bw = bws->median;
     int64_t P = M * b->topk, K = g->up ? b->H : b->I, N = g->up ? 2 * b->I : b->H;
     int nc = g->n_cfg;
     double *t = malloc(sizeof(double) * (size_t)(nc * MAX_REPS));
@@ -375,9 +319,13 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, double bw, mt_er
             break;
         void *bu[] = {b->x, b->ids, b->sorted, b->tile, b->total, b->w13, b->s13, b->h};
         void *bd[] = {b->h, b->ids, b->sorted, b->tile, b->total, b->tw, b->w2, b->s2, b->y};
+        /* First round: one untimed call per config sizes its scratch. */
+        for (int c = 0; n == 0 && c < nc && st == MT_OK; c++)
+            st = kern_exec_run(g->ex[c], NULL, M, g->up ? bu : bd, err);
         for (int c = 0; c < nc && st == MT_OK; c++) {
             double ms = 0;
-            if ((st = dev_synchronize(b->d, err)) != MT_OK ||
+            if ((b->o->flush && (st = bench_limits_flush(b->lim, err)) != MT_OK) ||
+                (st = dev_synchronize(b->d, err)) != MT_OK ||
                 (st = dev_event_record(b->d, b->e0, err)) != MT_OK ||
                 (st = kern_exec_run(g->ex[c], NULL, M, g->up ? bu : bd, err)) != MT_OK ||
                 (st = dev_event_record(b->d, b->e1, err)) != MT_OK ||
@@ -395,8 +343,10 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, double bw, mt_er
     }
     double best = 0, dflt = 0;
     int best_c = 0;
+    bench_spread sp[MAX_CFG];
     for (int c = 0; c < nc; c++) {
-        double med = median(t + c * MAX_REPS, n);
+        bench_spread_of(t + c * MAX_REPS, n, &sp[c]);
+        double med = sp[c].median;
         if (c == 0)
             dflt = best = med;
         if (med < best) {
@@ -415,11 +365,14 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, double bw, mt_er
     if (b->o->json)
         fprintf(b->out,
                 "{\"family\":\"%s\",\"stage\":\"%s\",\"shape\":\"%s\",\"device\":\"%s\","
-                "\"M\":%lld,\"default_ms\":%.4f,\"best_ms\":%.4f,\"weight_GBps\":%.3f,"
-                "\"GFLOPs\":%.3f,\"mem_bw_GBps\":%.3f,\"fraction_of_bw\":%.4f,"
+                "\"M\":%lld,\"default_ms\":%.4f,\"best_ms\":%.4f,\"best_ms_p10\":%.4f,"
+                "\"best_ms_p90\":%.4f,\"reps\":%d,\"flush\":%s,\"weight_GBps\":%.3f,"
+                "\"GFLOPs\":%.3f,\"mem_bw_GBps\":%.3f,\"mem_bw_p10\":%.3f,"
+                "\"mem_bw_p90\":%.3f,\"fraction_of_bw\":%.4f,"
                 "\"speedup\":%.4f,\"experts\":%.2f,\"best_config\":\"%s\"}\n",
                 g->fam, g->up ? "up" : "down", b->o->shape, b->p->spec, (long long)M, dflt, best,
-                gbs, gfl, bw, bw > 0 ? gbs / bw : 0, dflt / best, experts, ck);
+                sp[best_c].p10, sp[best_c].p90, n, b->o->flush ? "true" : "false", gbs, gfl, bw,
+                bws->p10, bws->p90, bw > 0 ? gbs / bw : 0, dflt / best, experts, ck);
     else
         fprintf(b->out, "%-14s %5lld %10.3f %10.3f %9.2f %9.1f %8.2f %10.2f %8.2f  %s\n", g->fam,
                 (long long)M, dflt, best, gbs, gfl, bw > 0 ? gbs / bw : 0, bw, dflt / best, ck);
@@ -495,26 +448,25 @@ mt_status moe_bench_run(dev_device *d, const moe_bench_opts *o, FILE *out, mt_er
         if (want[g] && (st = open_stage(&b, &gb[g], gb[g].up ? keys.up : keys.down, err)) != MT_OK)
             goto out;
 
-    int threads = b.p->compute_units > 0 ? b.p->compute_units : 1;
+    if ((st = bench_limits_open(d, &b.lim, err)) != MT_OK)
+        goto out;
     if (!o->json)
         fprintf(out, "%-14s %5s %10s %10s %9s %9s %8s %10s %8s  %s\n", "family", "M",
                 "default ms", "best ms", "GB/s", "GFLOP/s", "of bw", "mem GB/s", "speedup",
                 "best config");
     for (int mi = 0; mi < o->n_ms; mi++) {
         int64_t M = o->ms[mi];
-        double bw = 0;
-        if (b.p->backend == DEV_BACKEND_CPU)
-            bw = moe_bench_mem_bw(threads);
-        else if (kern_device_bandwidth(d, (size_t)1 << 30, &bw, NULL) != MT_OK)
-            bw = 0;
+        bench_spread bw;
+        if ((st = bench_limits_bandwidth(b.lim, 5, &bw, err)) != MT_OK)
+            goto out;
         if (layer) {
             layer_result lr;
             if ((st = time_layer(&b, &mk, ws, M, &lr, err)) != MT_OK)
                 goto out;
-            print_layer(&b, M, &lr, bw, ks);
+            print_layer(&b, M, &lr, &bw, ks);
         }
         for (int g = 0; g < 2; g++)
-            if (want[g] && (st = time_stage(&b, &gb[g], M, bw, err)) != MT_OK)
+            if (want[g] && (st = time_stage(&b, &gb[g], M, &bw, err)) != MT_OK)
                 goto out;
     }
 out:
@@ -523,6 +475,7 @@ out:
             kern_exec_close(gb[g].ex[c]);
     model_moe_ws_destroy(ws);
     model_kset_destroy(ks);
+    bench_limits_close(b.lim);
     teardown(&b);
     return st;
 }

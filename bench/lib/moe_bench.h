@@ -11,7 +11,9 @@
  * with fresh random inputs before every timed call (new activations, so
  * the router picks new experts: no call finds the previous call's experts
  * in cache), against this machine's memory read bandwidth measured in the
- * same run (re-measured before every M).
+ * same run (re-measured before every M by limits.h's probe, compiled for the
+ * machine). Times and the bandwidth carry p10 and p90; with flush, the
+ * probe buffer is streamed before every timed call as well.
  *
  * Prints a table (or one JSON object per line) to the given stream. Not
  * thread-safe; it allocates the full expert weights (GLM-5.2: about
@@ -34,6 +36,7 @@ typedef struct moe_bench_opts {
     int n_ms;
     bool sweep;            /* also time a small sweep of GEMM configs (cpu) */
     bool json;             /* one JSON object per line instead of a table */
+    bool flush;            /* evict caches (stream 1 GiB) before every timed call */
     double max_ms;         /* timing budget per (config, M); default 1500 */
     uint64_t seed;         /* 0: a fresh seed */
     db_t *db;              /* the layer's configs; NULL: family defaults */
@@ -41,8 +44,5 @@ typedef struct moe_bench_opts {
 } moe_bench_opts;
 
 mt_status moe_bench_run(dev_device *d, const moe_bench_opts *o, FILE *out, mt_err *err);
-
-/* Median read bandwidth (GB/s) of `threads` threads over a 1 GiB buffer. */
-double moe_bench_mem_bw(int threads);
 
 #endif
