@@ -58,6 +58,16 @@ mt_status mt_err_prefix(mt_err *err, const char *fmt, ...)
 /* Resets err to MT_OK with an empty message (NULL is a no-op). */
 void mt_err_clear(mt_err *err);
 
+/* Propagates a failure: evaluates expr (an mt_status expression, whose
+ * callee has already filled err) once and returns its value from the
+ * enclosing function when it is not MT_OK. */
+#define MT_CHECK(expr)                                                         \
+    do {                                                                       \
+        mt_status mt_check_st_ = (expr);                                       \
+        if (mt_check_st_ != MT_OK)                                             \
+            return mt_check_st_;                                               \
+    } while (0)
+
 /* Check a call whose failure is a non-zero/false value; on failure record
  * the expression, file and line and return the status from the function. */
 #define MT_TRY(ok_expr, err, st, ...)                                          \

@@ -116,13 +116,7 @@ void model_config_destroy(model_config *c)
 /* The fields, in the order of config.h. */
 static mt_status parse_fields(const ctx *x, model_config *c)
 {
-    mt_status st;
-#define TRY(e)                                                                                     \
-    do {                                                                                           \
-        if ((st = (e)) != MT_OK)                                                                   \
-            return st;                                                                             \
-    } while (0)
-    TRY(get_str(x, "model_type", "glm_moe_dsa", c->model_type, sizeof c->model_type));
+    MT_CHECK(get_str(x, "model_type", "glm_moe_dsa", c->model_type, sizeof c->model_type));
     if (strcmp(c->model_type, "glm_moe_dsa"))
         return mt_fail(x->err, MT_E_UNSUPPORTED, "%s: \"model_type\" is \"%s\"; this runtime "
                        "loads \"glm_moe_dsa\" (GlmMoeDsaForCausalLM)", x->label, c->model_type);
@@ -131,43 +125,44 @@ static mt_status parse_fields(const ctx *x, model_config *c)
         snprintf(c->architecture, sizeof c->architecture, "%s",
                  cJSON_GetArrayItem(arch, 0)->valuestring);
 
-    TRY(get_int(x, "hidden_size", true, 0, 1, DIM_MAX, &c->hidden_size));
-    TRY(get_int(x, "num_hidden_layers", true, 0, 1, 4096, &c->num_hidden_layers));
-    TRY(get_int(x, "vocab_size", true, 0, 1, DIM_MAX, &c->vocab_size));
-    TRY(get_int(x, "max_position_embeddings", true, 0, 1, DIM_MAX, &c->max_position_embeddings));
-    TRY(get_num(x, "rms_norm_eps", true, 0, 0, 1, &c->rms_norm_eps));
-    TRY(get_bool(x, "tie_word_embeddings", false, false, &c->tie_word_embeddings));
-    TRY(get_str(x, "hidden_act", "silu", c->hidden_act, sizeof c->hidden_act));
+    MT_CHECK(get_int(x, "hidden_size", true, 0, 1, DIM_MAX, &c->hidden_size));
+    MT_CHECK(get_int(x, "num_hidden_layers", true, 0, 1, 4096, &c->num_hidden_layers));
+    MT_CHECK(get_int(x, "vocab_size", true, 0, 1, DIM_MAX, &c->vocab_size));
+    MT_CHECK(get_int(x, "max_position_embeddings", true, 0, 1, DIM_MAX,
+                     &c->max_position_embeddings));
+    MT_CHECK(get_num(x, "rms_norm_eps", true, 0, 0, 1, &c->rms_norm_eps));
+    MT_CHECK(get_bool(x, "tie_word_embeddings", false, false, &c->tie_word_embeddings));
+    MT_CHECK(get_str(x, "hidden_act", "silu", c->hidden_act, sizeof c->hidden_act));
     if (strcmp(c->hidden_act, "silu"))
         return mt_fail(x->err, MT_E_UNSUPPORTED, "%s: \"hidden_act\" is \"%s\"; GLM-5 uses "
                        "\"silu\"", x->label, c->hidden_act);
 
-    TRY(get_int(x, "first_k_dense_replace", true, 0, 0, c->num_hidden_layers,
-                &c->first_k_dense_replace));
-    TRY(get_int(x, "moe_layer_freq", false, 1, 1, 4096, &c->moe_layer_freq));
-    TRY(get_int(x, "intermediate_size", true, 0, 1, DIM_MAX, &c->intermediate_size));
-    TRY(get_int(x, "moe_intermediate_size", true, 0, 1, DIM_MAX, &c->moe_intermediate_size));
-    TRY(get_int(x, "n_routed_experts", true, 0, 1, 1 << 20, &c->n_routed_experts));
-    TRY(get_int(x, "n_shared_experts", true, 0, 0, 1024, &c->n_shared_experts));
-    TRY(get_int(x, "num_experts_per_tok", true, 0, 1, c->n_routed_experts,
-                &c->num_experts_per_tok));
-    TRY(get_int(x, "n_group", false, 1, 1, c->n_routed_experts, &c->n_group));
+    MT_CHECK(get_int(x, "first_k_dense_replace", true, 0, 0, c->num_hidden_layers,
+                     &c->first_k_dense_replace));
+    MT_CHECK(get_int(x, "moe_layer_freq", false, 1, 1, 4096, &c->moe_layer_freq));
+    MT_CHECK(get_int(x, "intermediate_size", true, 0, 1, DIM_MAX, &c->intermediate_size));
+    MT_CHECK(get_int(x, "moe_intermediate_size", true, 0, 1, DIM_MAX, &c->moe_intermediate_size));
+    MT_CHECK(get_int(x, "n_routed_experts", true, 0, 1, 1 << 20, &c->n_routed_experts));
+    MT_CHECK(get_int(x, "n_shared_experts", true, 0, 0, 1024, &c->n_shared_experts));
+    MT_CHECK(get_int(x, "num_experts_per_tok", true, 0, 1, c->n_routed_experts,
+                     &c->num_experts_per_tok));
+    MT_CHECK(get_int(x, "n_group", false, 1, 1, c->n_routed_experts, &c->n_group));
     if (c->n_routed_experts % c->n_group)
         return mt_fail(x->err, MT_E_FORMAT, "%s: \"n_group\" (%" PRId64 ") does not divide "
                        "\"n_routed_experts\" (%" PRId64 ")", x->label, c->n_group,
                        c->n_routed_experts);
-    TRY(get_int(x, "topk_group", false, 1, 1, c->n_group, &c->topk_group));
-    TRY(get_num(x, "routed_scaling_factor", true, 0, 0, 1e6, &c->routed_scaling_factor));
-    TRY(get_bool(x, "norm_topk_prob", true, false, &c->norm_topk_prob));
-    TRY(get_str(x, "scoring_func", "sigmoid", c->scoring_func, sizeof c->scoring_func));
+    MT_CHECK(get_int(x, "topk_group", false, 1, 1, c->n_group, &c->topk_group));
+    MT_CHECK(get_num(x, "routed_scaling_factor", true, 0, 0, 1e6, &c->routed_scaling_factor));
+    MT_CHECK(get_bool(x, "norm_topk_prob", true, false, &c->norm_topk_prob));
+    MT_CHECK(get_str(x, "scoring_func", "sigmoid", c->scoring_func, sizeof c->scoring_func));
     if (strcmp(c->scoring_func, "sigmoid") && strcmp(c->scoring_func, "softmax"))
         return mt_fail(x->err, MT_E_UNSUPPORTED, "%s: \"scoring_func\" is \"%s\" (expected "
                        "\"sigmoid\" or \"softmax\")", x->label, c->scoring_func);
-    TRY(get_str(x, "topk_method", "noaux_tc", c->topk_method, sizeof c->topk_method));
+    MT_CHECK(get_str(x, "topk_method", "noaux_tc", c->topk_method, sizeof c->topk_method));
 
-    TRY(get_int(x, "num_attention_heads", true, 0, 1, 65536, &c->num_attention_heads));
-    TRY(get_int(x, "num_key_value_heads", false, c->num_attention_heads, 1, 65536,
-                &c->num_key_value_heads));
+    MT_CHECK(get_int(x, "num_attention_heads", true, 0, 1, 65536, &c->num_attention_heads));
+    MT_CHECK(get_int(x, "num_key_value_heads", false, c->num_attention_heads, 1, 65536,
+                     &c->num_key_value_heads));
     if (c->num_key_value_heads != c->num_attention_heads)
         return mt_fail(x->err, MT_E_UNSUPPORTED, "%s: \"num_key_value_heads\" (%" PRId64 ") "
                        "differs from \"num_attention_heads\" (%" PRId64 "); MLA has one per "
@@ -176,22 +171,22 @@ static mt_status parse_fields(const ctx *x, model_config *c)
     if (!item(x, "q_lora_rank"))
         return mt_fail(x->err, MT_E_FORMAT, "%s: missing required key \"q_lora_rank\" (null "
                        "for no query low-rank path)", x->label);
-    TRY(get_int(x, "q_lora_rank", false, 0, 1, DIM_MAX, &c->q_lora_rank));
-    TRY(get_int(x, "kv_lora_rank", true, 0, 1, DIM_MAX, &c->kv_lora_rank));
-    TRY(get_int(x, "qk_nope_head_dim", true, 0, 0, 65536, &c->qk_nope_head_dim));
-    TRY(get_int(x, "qk_rope_head_dim", true, 0, 0, 65536, &c->qk_rope_head_dim));
+    MT_CHECK(get_int(x, "q_lora_rank", false, 0, 1, DIM_MAX, &c->q_lora_rank));
+    MT_CHECK(get_int(x, "kv_lora_rank", true, 0, 1, DIM_MAX, &c->kv_lora_rank));
+    MT_CHECK(get_int(x, "qk_nope_head_dim", true, 0, 0, 65536, &c->qk_nope_head_dim));
+    MT_CHECK(get_int(x, "qk_rope_head_dim", true, 0, 0, 65536, &c->qk_rope_head_dim));
     if (c->qk_rope_head_dim % 2)
         return mt_fail(x->err, MT_E_FORMAT, "%s: \"qk_rope_head_dim\" (%" PRId64 ") must be even",
                        x->label, c->qk_rope_head_dim);
     if (c->qk_nope_head_dim + c->qk_rope_head_dim == 0)
         return mt_fail(x->err, MT_E_FORMAT, "%s: \"qk_nope_head_dim\" + \"qk_rope_head_dim\" is 0",
                        x->label);
-    TRY(get_int(x, "v_head_dim", true, 0, 1, 65536, &c->v_head_dim));
-    TRY(get_bool(x, "attention_bias", false, false, &c->attention_bias));
+    MT_CHECK(get_int(x, "v_head_dim", true, 0, 1, 65536, &c->v_head_dim));
+    MT_CHECK(get_bool(x, "attention_bias", false, false, &c->attention_bias));
     if (c->attention_bias)
         return mt_fail(x->err, MT_E_UNSUPPORTED, "%s: \"attention_bias\" is true; GLM-5 has no "
                        "attention biases", x->label);
-    TRY(get_bool(x, "rope_interleave", false, true, &c->rope_interleave));
+    MT_CHECK(get_bool(x, "rope_interleave", false, true, &c->rope_interleave));
 
     /* RoPE: transformers 5 writes rope_parameters, 4.x rope_theta + rope_scaling. */
     const cJSON *rp = item(x, "rope_parameters");
@@ -217,24 +212,24 @@ static mt_status parse_fields(const ctx *x, model_config *c)
             snprintf(c->rope_type, sizeof c->rope_type, "%s", t->valuestring);
     }
 
-    TRY(get_int(x, "index_topk", true, 0, 1, DIM_MAX, &c->index_topk));
-    TRY(get_int(x, "index_n_heads", true, 0, 1, 65536, &c->index_n_heads));
-    TRY(get_int(x, "index_head_dim", true, 0, 1, 65536, &c->index_head_dim));
+    MT_CHECK(get_int(x, "index_topk", true, 0, 1, DIM_MAX, &c->index_topk));
+    MT_CHECK(get_int(x, "index_n_heads", true, 0, 1, 65536, &c->index_n_heads));
+    MT_CHECK(get_int(x, "index_head_dim", true, 0, 1, 65536, &c->index_head_dim));
     if (c->index_head_dim < c->qk_rope_head_dim)
         return mt_fail(x->err, MT_E_FORMAT, "%s: \"index_head_dim\" (%" PRId64 ") is smaller than "
                        "\"qk_rope_head_dim\" (%" PRId64 "), which the indexer rotates", x->label,
                        c->index_head_dim, c->qk_rope_head_dim);
-    TRY(get_int(x, "index_topk_freq", false, 1, 1, 4096, &c->index_topk_freq));
-    TRY(get_int(x, "index_skip_topk_offset", false, 2, 0, 4096, &c->index_skip_topk_offset));
-    TRY(get_bool(x, "indexer_rope_interleave", false, true, &c->indexer_rope_interleave));
-    TRY(get_bool(x, "index_share_for_mtp_iteration", false, false,
-                 &c->index_share_for_mtp_iteration));
+    MT_CHECK(get_int(x, "index_topk_freq", false, 1, 1, 4096, &c->index_topk_freq));
+    MT_CHECK(get_int(x, "index_skip_topk_offset", false, 2, 0, 4096, &c->index_skip_topk_offset));
+    MT_CHECK(get_bool(x, "indexer_rope_interleave", false, true, &c->indexer_rope_interleave));
+    MT_CHECK(get_bool(x, "index_share_for_mtp_iteration", false, false,
+                      &c->index_share_for_mtp_iteration));
 
-    TRY(get_int(x, "num_nextn_predict_layers", false, 0, 0, 64, &c->num_nextn_predict_layers));
+    MT_CHECK(get_int(x, "num_nextn_predict_layers", false, 0, 0, 64, &c->num_nextn_predict_layers));
 
     const cJSON *eos = item(x, "eos_token_id");
     if (cJSON_IsNumber(eos)) {
-        TRY(get_int(x, "eos_token_id", false, 0, 0, c->vocab_size - 1, &c->eos_token_id[0]));
+        MT_CHECK(get_int(x, "eos_token_id", false, 0, 0, c->vocab_size - 1, &c->eos_token_id[0]));
         c->eos_count = 1;
     } else if (cJSON_IsArray(eos)) {
         for (const cJSON *e = eos->child; e; e = e->next) {
@@ -249,9 +244,8 @@ static mt_status parse_fields(const ctx *x, model_config *c)
         return mt_fail(x->err, MT_E_FORMAT, "%s: \"eos_token_id\" must be an id or a list of ids",
                        x->label);
     }
-    TRY(get_int(x, "pad_token_id", false, -1, 0, c->vocab_size - 1, &c->pad_token_id));
-    TRY(get_int(x, "bos_token_id", false, -1, 0, c->vocab_size - 1, &c->bos_token_id));
-#undef TRY
+    MT_CHECK(get_int(x, "pad_token_id", false, -1, 0, c->vocab_size - 1, &c->pad_token_id));
+    MT_CHECK(get_int(x, "bos_token_id", false, -1, 0, c->vocab_size - 1, &c->bos_token_id));
     return MT_OK;
 }
 

@@ -119,75 +119,70 @@ static mt_status load_layer(model_ref *r, int64_t i, ref_layer *ly, mt_err *err)
     snprintf(p, sizeof p, "model.layers.%" PRId64 ".", i);
     ly->moe = c->layer_moe[i];
     ly->full = model_weights_layer_indexer_full(r->w, i);
-    mt_status st;
 #define T(name_fmt, ...) (snprintf(n, sizeof n, name_fmt, __VA_ARGS__), n)
-#define TRY(e)                                                                                   \
-    do {                                                                                         \
-        if ((st = (e)) != MT_OK)                                                                 \
-            return st;                                                                           \
-    } while (0)
     int64_t H = r->H;
-    TRY(load_tensor(r, T("%sinput_layernorm.weight", p), H, true, &ly->in_norm, err));
-    TRY(load_tensor(r, T("%spost_attention_layernorm.weight", p), H, true, &ly->post_norm, err));
-    TRY(load_linear(r, T("%sself_attn.q_a_proj", p), r->QL, H, false, &ly->q_a, err));
-    TRY(load_tensor(r, T("%sself_attn.q_a_layernorm.weight", p), r->QL, true, &ly->q_a_norm, err));
-    TRY(load_linear(r, T("%sself_attn.q_b_proj", p), r->NH * (r->D + r->R), r->QL, false,
-                    &ly->q_b, err));
-    TRY(load_linear(r, T("%sself_attn.kv_a_proj_with_mqa", p), r->L + r->R, H, false, &ly->kv_a,
-                    err));
-    TRY(load_tensor(r, T("%sself_attn.kv_a_layernorm.weight", p), r->L, true, &ly->kv_a_norm,
-                    err));
-    TRY(load_linear(r, T("%sself_attn.kv_b_proj", p), r->NH * (r->D + r->VD), r->L, false,
-                    &ly->kv_b, err));
-    TRY(load_linear(r, T("%sself_attn.o_proj", p), H, r->NH * r->VD, false, &ly->o, err));
+    MT_CHECK(load_tensor(r, T("%sinput_layernorm.weight", p), H, true, &ly->in_norm, err));
+    MT_CHECK(load_tensor(r, T("%spost_attention_layernorm.weight", p), H, true, &ly->post_norm,
+                         err));
+    MT_CHECK(load_linear(r, T("%sself_attn.q_a_proj", p), r->QL, H, false, &ly->q_a, err));
+    MT_CHECK(load_tensor(r, T("%sself_attn.q_a_layernorm.weight", p), r->QL, true, &ly->q_a_norm,
+                         err));
+    MT_CHECK(load_linear(r, T("%sself_attn.q_b_proj", p), r->NH * (r->D + r->R), r->QL, false,
+                         &ly->q_b, err));
+    MT_CHECK(load_linear(r, T("%sself_attn.kv_a_proj_with_mqa", p), r->L + r->R, H, false,
+                         &ly->kv_a, err));
+    MT_CHECK(load_tensor(r, T("%sself_attn.kv_a_layernorm.weight", p), r->L, true, &ly->kv_a_norm,
+                         err));
+    MT_CHECK(load_linear(r, T("%sself_attn.kv_b_proj", p), r->NH * (r->D + r->VD), r->L, false,
+                         &ly->kv_b, err));
+    MT_CHECK(load_linear(r, T("%sself_attn.o_proj", p), H, r->NH * r->VD, false, &ly->o, err));
     if (ly->full) {
-        TRY(load_linear(r, T("%sself_attn.indexer.wq_b", p), r->IH * r->ID, r->QL, false,
-                        &ly->wq_b, err));
-        TRY(load_linear(r, T("%sself_attn.indexer.wk", p), r->ID, H, false, &ly->wk, err));
-        TRY(load_tensor(r, T("%sself_attn.indexer.k_norm.weight", p), r->ID, false,
-                        &ly->k_norm_w, err));
-        TRY(load_tensor(r, T("%sself_attn.indexer.k_norm.bias", p), r->ID, false, &ly->k_norm_b,
-                        err));
-        TRY(load_linear(r, T("%sself_attn.indexer.weights_proj", p), r->IH, H, false, &ly->wproj,
-                        err));
+        MT_CHECK(load_linear(r, T("%sself_attn.indexer.wq_b", p), r->IH * r->ID, r->QL, false,
+                             &ly->wq_b, err));
+        MT_CHECK(load_linear(r, T("%sself_attn.indexer.wk", p), r->ID, H, false, &ly->wk, err));
+        MT_CHECK(load_tensor(r, T("%sself_attn.indexer.k_norm.weight", p), r->ID, false,
+                             &ly->k_norm_w, err));
+        MT_CHECK(load_tensor(r, T("%sself_attn.indexer.k_norm.bias", p), r->ID, false,
+                             &ly->k_norm_b, err));
+        MT_CHECK(load_linear(r, T("%sself_attn.indexer.weights_proj", p), r->IH, H, false,
+                             &ly->wproj, err));
     }
     if (!ly->moe) {
         ly->inter = c->intermediate_size;
-        TRY(load_linear(r, T("%smlp.gate_proj", p), ly->inter, H, false, &ly->gate_proj, err));
-        TRY(load_linear(r, T("%smlp.up_proj", p), ly->inter, H, false, &ly->up_proj, err));
-        TRY(load_linear(r, T("%smlp.down_proj", p), H, ly->inter, false, &ly->down_proj, err));
+        MT_CHECK(load_linear(r, T("%smlp.gate_proj", p), ly->inter, H, false, &ly->gate_proj, err));
+        MT_CHECK(load_linear(r, T("%smlp.up_proj", p), ly->inter, H, false, &ly->up_proj, err));
+        MT_CHECK(load_linear(r, T("%smlp.down_proj", p), H, ly->inter, false, &ly->down_proj, err));
     } else {
-        TRY(load_tensor(r, T("%smlp.gate.weight", p), r->E * H, true, &ly->router, err));
-        TRY(load_tensor(r, T("%smlp.gate.e_score_correction_bias", p), r->E, false, &ly->bias,
-                        err));
+        MT_CHECK(load_tensor(r, T("%smlp.gate.weight", p), r->E * H, true, &ly->router, err));
+        MT_CHECK(load_tensor(r, T("%smlp.gate.e_score_correction_bias", p), r->E, false, &ly->bias,
+                             err));
         ly->eg = calloc((size_t)r->E, sizeof(float *));
         ly->eu = calloc((size_t)r->E, sizeof(float *));
         ly->ed = calloc((size_t)r->E, sizeof(float *));
         if (!ly->eg || !ly->eu || !ly->ed)
             return mt_fail(err, MT_E_NOMEM, "reference: experts");
         for (int64_t e = 0; e < r->E; e++) {
-            TRY(load_linear(r, T("%smlp.experts.%" PRId64 ".gate_proj", p, e), r->IE, H, true,
-                            &ly->eg[e], err));
-            TRY(load_linear(r, T("%smlp.experts.%" PRId64 ".up_proj", p, e), r->IE, H, true,
-                            &ly->eu[e], err));
-            TRY(load_linear(r, T("%smlp.experts.%" PRId64 ".down_proj", p, e), H, r->IE, true,
-                            &ly->ed[e], err));
+            MT_CHECK(load_linear(r, T("%smlp.experts.%" PRId64 ".gate_proj", p, e), r->IE, H, true,
+                                 &ly->eg[e], err));
+            MT_CHECK(load_linear(r, T("%smlp.experts.%" PRId64 ".up_proj", p, e), r->IE, H, true,
+                                 &ly->eu[e], err));
+            MT_CHECK(load_linear(r, T("%smlp.experts.%" PRId64 ".down_proj", p, e), H, r->IE, true,
+                                 &ly->ed[e], err));
         }
         ly->sh_inter = c->n_shared_experts * c->moe_intermediate_size;
         if (ly->sh_inter) {
             const model_linear *l;
-            TRY(model_weights_linear(r->w, T("%smlp.shared_experts.gate_proj", p), &l, err));
+            MT_CHECK(model_weights_linear(r->w, T("%smlp.shared_experts.gate_proj", p), &l, err));
             ly->sh_mxfp4 = l->fmt == MODEL_WFMT_MXFP4;
-            TRY(load_linear(r, T("%smlp.shared_experts.gate_proj", p), ly->sh_inter, H,
-                            ly->sh_mxfp4, &ly->sg, err));
-            TRY(load_linear(r, T("%smlp.shared_experts.up_proj", p), ly->sh_inter, H,
-                            ly->sh_mxfp4, &ly->su, err));
-            TRY(load_linear(r, T("%smlp.shared_experts.down_proj", p), H, ly->sh_inter,
-                            ly->sh_mxfp4, &ly->sd, err));
+            MT_CHECK(load_linear(r, T("%smlp.shared_experts.gate_proj", p), ly->sh_inter, H,
+                                 ly->sh_mxfp4, &ly->sg, err));
+            MT_CHECK(load_linear(r, T("%smlp.shared_experts.up_proj", p), ly->sh_inter, H,
+                                 ly->sh_mxfp4, &ly->su, err));
+            MT_CHECK(load_linear(r, T("%smlp.shared_experts.down_proj", p), H, ly->sh_inter,
+                                 ly->sh_mxfp4, &ly->sd, err));
         }
     }
 #undef T
-#undef TRY
     ly->cache = malloc(sizeof(float) * (size_t)(r->cap * (r->L + r->R)));
     ly->icache = malloc(sizeof(float) * (size_t)(r->cap * r->ID));
     if (!ly->cache || !ly->icache)

@@ -317,31 +317,25 @@ static bool indexer_full(int layer)
 static mt_status put_layer(gen *g, int L)
 {
     char p[64], a[96], q[160];
-    mt_status st;
-#define TRY(e)                                                                                     \
-    do {                                                                                           \
-        if ((st = (e)) != MT_OK)                                                                   \
-            return st;                                                                             \
-    } while (0)
     bool mtp = L == MTP, quant = !mtp; /* the MTP layer is excluded: all bf16 */
     snprintf(p, sizeof p, "model.layers.%d.", L);
     snprintf(a, sizeof a, "%sself_attn.", p);
-    TRY(put_vec(g, p, "input_layernorm.weight", HIDDEN, 1, 0.02f));
-    TRY(put_vec(g, p, "post_attention_layernorm.weight", HIDDEN, 1, 0.02f));
-    TRY(put_linear(g, a, "q_a_proj", Q_LORA, HIDDEN, false, false));
-    TRY(put_vec(g, a, "q_a_layernorm.weight", Q_LORA, 1, 0.02f));
-    TRY(put_linear(g, a, "q_b_proj", HEADS * (QK_NOPE + QK_ROPE), Q_LORA, false, false));
-    TRY(put_linear(g, a, "kv_a_proj_with_mqa", KV_LORA + QK_ROPE, HIDDEN, false, false));
-    TRY(put_vec(g, a, "kv_a_layernorm.weight", KV_LORA, 1, 0.02f));
-    TRY(put_linear(g, a, "kv_b_proj", HEADS * (QK_NOPE + V_DIM), KV_LORA, false, false));
-    TRY(put_linear(g, a, "o_proj", HIDDEN, HEADS * V_DIM, false, true));
+    MT_CHECK(put_vec(g, p, "input_layernorm.weight", HIDDEN, 1, 0.02f));
+    MT_CHECK(put_vec(g, p, "post_attention_layernorm.weight", HIDDEN, 1, 0.02f));
+    MT_CHECK(put_linear(g, a, "q_a_proj", Q_LORA, HIDDEN, false, false));
+    MT_CHECK(put_vec(g, a, "q_a_layernorm.weight", Q_LORA, 1, 0.02f));
+    MT_CHECK(put_linear(g, a, "q_b_proj", HEADS * (QK_NOPE + QK_ROPE), Q_LORA, false, false));
+    MT_CHECK(put_linear(g, a, "kv_a_proj_with_mqa", KV_LORA + QK_ROPE, HIDDEN, false, false));
+    MT_CHECK(put_vec(g, a, "kv_a_layernorm.weight", KV_LORA, 1, 0.02f));
+    MT_CHECK(put_linear(g, a, "kv_b_proj", HEADS * (QK_NOPE + V_DIM), KV_LORA, false, false));
+    MT_CHECK(put_linear(g, a, "o_proj", HIDDEN, HEADS * V_DIM, false, true));
     if (indexer_full(L)) {
         snprintf(q, sizeof q, "%sindexer.", a);
-        TRY(put_linear(g, q, "wq_b", IDX_HEADS * IDX_DIM, Q_LORA, false, false));
-        TRY(put_linear(g, q, "wk", IDX_DIM, HIDDEN, false, false));
-        TRY(put_vec(g, q, "k_norm.weight", IDX_DIM, 1, 0.02f));
-        TRY(put_vec(g, q, "k_norm.bias", IDX_DIM, 0, 0.02f));
-        TRY(put_linear(g, q, "weights_proj", IDX_HEADS, HIDDEN, false, false));
+        MT_CHECK(put_linear(g, q, "wq_b", IDX_HEADS * IDX_DIM, Q_LORA, false, false));
+        MT_CHECK(put_linear(g, q, "wk", IDX_DIM, HIDDEN, false, false));
+        MT_CHECK(put_vec(g, q, "k_norm.weight", IDX_DIM, 1, 0.02f));
+        MT_CHECK(put_vec(g, q, "k_norm.bias", IDX_DIM, 0, 0.02f));
+        MT_CHECK(put_linear(g, q, "weights_proj", IDX_HEADS, HIDDEN, false, false));
     }
     snprintf(q, sizeof q, "%smlp.", p);
     if (L < DENSE)
@@ -349,26 +343,25 @@ static mt_status put_layer(gen *g, int L)
     char name[256];
     snprintf(name, sizeof name, "%sgate.weight", q);
     int64_t gs[2] = {EXPERTS, HIDDEN}, bs = EXPERTS;
-    TRY(put_bf16(g, name, 2, gs, 0, 1.0f / sqrtf(HIDDEN)));
+    MT_CHECK(put_bf16(g, name, 2, gs, 0, 1.0f / sqrtf(HIDDEN)));
     float bias[EXPERTS];
     for (int e = 0; e < EXPERTS; e++)
         bias[e] = mt_rng_uniform(&g->rng, -0.05f, 0.05f);
     snprintf(name, sizeof name, "%sgate.e_score_correction_bias", q);
-    TRY(put(g, name, MODEL_DTYPE_F32, 1, &bs, bias, sizeof bias));
+    MT_CHECK(put(g, name, MODEL_DTYPE_F32, 1, &bs, bias, sizeof bias));
     for (int e = 0; e < EXPERTS; e++) {
         char ep[192];
         snprintf(ep, sizeof ep, "%sexperts.%d.", q, e);
-        TRY(put_mlp(g, ep, MOE_INTER, quant));
+        MT_CHECK(put_mlp(g, ep, MOE_INTER, quant));
     }
     snprintf(name, sizeof name, "%sshared_experts.", q);
-    TRY(put_mlp(g, name, MOE_INTER * SHARED, quant));
+    MT_CHECK(put_mlp(g, name, MOE_INTER * SHARED, quant));
     if (!mtp)
         return MT_OK;
-    TRY(put_vec(g, p, "enorm.weight", HIDDEN, 1, 0.02f));
-    TRY(put_vec(g, p, "hnorm.weight", HIDDEN, 1, 0.02f));
-    TRY(put_linear(g, p, "eh_proj", HIDDEN, 2 * HIDDEN, false, false));
-    TRY(put_vec(g, p, "shared_head.norm.weight", HIDDEN, 1, 0.02f));
-#undef TRY
+    MT_CHECK(put_vec(g, p, "enorm.weight", HIDDEN, 1, 0.02f));
+    MT_CHECK(put_vec(g, p, "hnorm.weight", HIDDEN, 1, 0.02f));
+    MT_CHECK(put_linear(g, p, "eh_proj", HIDDEN, 2 * HIDDEN, false, false));
+    MT_CHECK(put_vec(g, p, "shared_head.norm.weight", HIDDEN, 1, 0.02f));
     return MT_OK;
 }
 

@@ -230,27 +230,22 @@ static mt_status layer(vctx *v, int64_t i)
     int64_t H = c->hidden_size, heads = c->num_attention_heads;
     int64_t qk = c->qk_nope_head_dim + c->qk_rope_head_dim;
     char p[64], a[96], q[160];
-    mt_status st;
-#define TRY(e)                                                                                     \
-    do {                                                                                           \
-        if ((st = (e)) != MT_OK)                                                                   \
-            return st;                                                                             \
-    } while (0)
     snprintf(p, sizeof p, "model.layers.%" PRId64 ".", i);
     snprintf(a, sizeof a, "%sself_attn.", p);
-    TRY(vec(v, H, "%sinput_layernorm.weight", p));
-    TRY(vec(v, H, "%spost_attention_layernorm.weight", p));
+    MT_CHECK(vec(v, H, "%sinput_layernorm.weight", p));
+    MT_CHECK(vec(v, H, "%spost_attention_layernorm.weight", p));
     if (c->q_lora_rank) {
-        TRY(linear(v, c->q_lora_rank, H, a, "q_a_proj"));
-        TRY(vec(v, c->q_lora_rank, "%sq_a_layernorm.weight", a));
-        TRY(linear(v, heads * qk, c->q_lora_rank, a, "q_b_proj"));
+        MT_CHECK(linear(v, c->q_lora_rank, H, a, "q_a_proj"));
+        MT_CHECK(vec(v, c->q_lora_rank, "%sq_a_layernorm.weight", a));
+        MT_CHECK(linear(v, heads * qk, c->q_lora_rank, a, "q_b_proj"));
     } else {
-        TRY(linear(v, heads * qk, H, a, "q_proj"));
+        MT_CHECK(linear(v, heads * qk, H, a, "q_proj"));
     }
-    TRY(linear(v, c->kv_lora_rank + c->qk_rope_head_dim, H, a, "kv_a_proj_with_mqa"));
-    TRY(vec(v, c->kv_lora_rank, "%skv_a_layernorm.weight", a));
-    TRY(linear(v, heads * (c->qk_nope_head_dim + c->v_head_dim), c->kv_lora_rank, a, "kv_b_proj"));
-    TRY(linear(v, H, heads * c->v_head_dim, a, "o_proj"));
+    MT_CHECK(linear(v, c->kv_lora_rank + c->qk_rope_head_dim, H, a, "kv_a_proj_with_mqa"));
+    MT_CHECK(vec(v, c->kv_lora_rank, "%skv_a_layernorm.weight", a));
+    MT_CHECK(linear(v, heads * (c->qk_nope_head_dim + c->v_head_dim), c->kv_lora_rank, a,
+                    "kv_b_proj"));
+    MT_CHECK(linear(v, H, heads * c->v_head_dim, a, "o_proj"));
 
     /* DSA indexer: main layers follow config.json; MTP layers follow the file. */
     snprintf(q, sizeof q, "%sindexer.", a);
@@ -261,11 +256,11 @@ static mt_status layer(vctx *v, int64_t i)
     w->indexer_full[i] = full;
     if (full) {
         int64_t ih = c->index_n_heads, id = c->index_head_dim;
-        TRY(linear(v, ih * id, c->q_lora_rank ? c->q_lora_rank : H, q, "wq_b"));
-        TRY(linear(v, id, H, q, "wk"));
-        TRY(vec(v, id, "%sk_norm.weight", q));
-        TRY(vec(v, id, "%sk_norm.bias", q));
-        TRY(linear(v, ih, H, q, "weights_proj"));
+        MT_CHECK(linear(v, ih * id, c->q_lora_rank ? c->q_lora_rank : H, q, "wq_b"));
+        MT_CHECK(linear(v, id, H, q, "wk"));
+        MT_CHECK(vec(v, id, "%sk_norm.weight", q));
+        MT_CHECK(vec(v, id, "%sk_norm.bias", q));
+        MT_CHECK(linear(v, ih, H, q, "weights_proj"));
     }
 
     snprintf(q, sizeof q, "%smlp.", p);
@@ -273,18 +268,18 @@ static mt_status layer(vctx *v, int64_t i)
         return mlp(v, q, c->intermediate_size);
     int64_t E = c->n_routed_experts;
     int64_t gshape[2] = {E, H};
-    TRY(need(v, MODEL_DTYPES_FLOAT, 2, gshape, "%sgate.weight", q));
-    TRY(need(v, MODEL_DTYPE_BIT(MODEL_DTYPE_F32) | MODEL_DTYPE_BIT(MODEL_DTYPE_BF16), 1, &E,
-             "%sgate.e_score_correction_bias", q));
+    MT_CHECK(need(v, MODEL_DTYPES_FLOAT, 2, gshape, "%sgate.weight", q));
+    MT_CHECK(need(v, MODEL_DTYPE_BIT(MODEL_DTYPE_F32) | MODEL_DTYPE_BIT(MODEL_DTYPE_BF16), 1, &E,
+                  "%sgate.e_score_correction_bias", q));
     for (int64_t e = 0; e < E; e++) {
         char ep[256];
         snprintf(ep, sizeof ep, "%sexperts.%" PRId64 ".", q, e);
-        TRY(mlp(v, ep, c->moe_intermediate_size));
+        MT_CHECK(mlp(v, ep, c->moe_intermediate_size));
     }
     if (c->n_shared_experts) {
         char sp[256];
         snprintf(sp, sizeof sp, "%sshared_experts.", q);
-        TRY(mlp(v, sp, c->moe_intermediate_size * c->n_shared_experts));
+        MT_CHECK(mlp(v, sp, c->moe_intermediate_size * c->n_shared_experts));
     }
     if (!model_config_layer_is_mtp(c, i))
         return MT_OK;
@@ -292,18 +287,17 @@ static mt_status layer(vctx *v, int64_t i)
     /* MTP head: the embedding and previous hidden state are normed, joined
      * and projected back to H; shared_head.head and embed_tokens are
      * optional (GLM-5 shares the main model's). */
-    TRY(vec(v, H, "%senorm.weight", p));
-    TRY(vec(v, H, "%shnorm.weight", p));
-    TRY(linear(v, H, 2 * H, p, "eh_proj"));
-    TRY(vec(v, H, "%sshared_head.norm.weight", p));
+    MT_CHECK(vec(v, H, "%senorm.weight", p));
+    MT_CHECK(vec(v, H, "%shnorm.weight", p));
+    MT_CHECK(linear(v, H, 2 * H, p, "eh_proj"));
+    MT_CHECK(vec(v, H, "%sshared_head.norm.weight", p));
     snprintf(q, sizeof q, "%sshared_head.head.weight", p);
     if (model_st_set_find(w->files, q))
-        TRY(linear(v, c->vocab_size, H, p, "shared_head.head"));
+        MT_CHECK(linear(v, c->vocab_size, H, p, "shared_head.head"));
     snprintf(q, sizeof q, "%sembed_tokens.weight", p);
     int64_t eshape[2] = {c->vocab_size, H};
     if (model_st_set_find(w->files, q))
-        TRY(need(v, MODEL_DTYPES_FLOAT, 2, eshape, "%s", q));
-#undef TRY
+        MT_CHECK(need(v, MODEL_DTYPES_FLOAT, 2, eshape, "%s", q));
     return MT_OK;
 }
 

@@ -276,12 +276,6 @@ static mt_status parse_fields(serve_api api, const cJSON *root, const serve_limi
                               serve_request *r, serve_error *e)
 {
 #define FIELD(name) cJSON_GetObjectItemCaseSensitive(root, name)
-#define TRY(x)                                                                                 \
-    do {                                                                                       \
-        mt_status st_ = (x);                                                                   \
-        if (st_ != MT_OK)                                                                      \
-            return st_;                                                                        \
-    } while (0)
     const cJSON *v;
     if ((v = FIELD("model")) && !cJSON_IsNull(v)) {
         if (!cJSON_IsString(v))
@@ -303,21 +297,22 @@ static mt_status parse_fields(serve_api api, const cJSON *root, const serve_limi
 
     bool want_msgs = api == SERVE_API_CHAT || (api == SERVE_API_TOKENIZE && FIELD("messages"));
     if (want_msgs) {
-        TRY(get_messages(FIELD("messages"), r, e));
+        MT_CHECK(get_messages(FIELD("messages"), r, e));
         if ((v = FIELD("add_generation_prompt")) && !cJSON_IsNull(v))
-            TRY(get_bool(v, "add_generation_prompt", &r->add_generation_prompt, e));
+            MT_CHECK(get_bool(v, "add_generation_prompt", &r->add_generation_prompt, e));
         const cJSON *kw = FIELD("chat_template_kwargs");
         if (kw && !cJSON_IsNull(kw)) {
             if (!cJSON_IsObject(kw))
                 return bad(e, "chat_template_kwargs", "'%s' must be an object%s", "");
             v = cJSON_GetObjectItemCaseSensitive(kw, "enable_thinking");
             if (v && !cJSON_IsNull(v))
-                TRY(get_bool(v, "chat_template_kwargs.enable_thinking", &r->enable_thinking, e));
+                MT_CHECK(get_bool(v, "chat_template_kwargs.enable_thinking", &r->enable_thinking,
+                                  e));
         }
     } else {
         if (!(v = FIELD("prompt")) || cJSON_IsNull(v))
             return serve_reject(e, 400, "prompt", NULL, "'prompt' is required");
-        TRY(get_prompt(v, lim, r, e));
+        MT_CHECK(get_prompt(v, lim, r, e));
     }
     if (api == SERVE_API_TOKENIZE)
         return MT_OK;
@@ -330,49 +325,48 @@ static mt_status parse_fields(serve_api api, const cJSON *root, const serve_limi
         v = FIELD(mt_name);
     }
     if (v && !cJSON_IsNull(v))
-        TRY(get_int(v, mt_name, 1, (double)lim->max_context, &r->max_tokens, e));
+        MT_CHECK(get_int(v, mt_name, 1, (double)lim->max_context, &r->max_tokens, e));
     if ((v = FIELD("temperature")) && !cJSON_IsNull(v))
-        TRY(get_float(v, "temperature", 0, 2, false, &r->temperature, e));
+        MT_CHECK(get_float(v, "temperature", 0, 2, false, &r->temperature, e));
     if ((v = FIELD("top_p")) && !cJSON_IsNull(v))
-        TRY(get_float(v, "top_p", 0, 1, true, &r->top_p, e));
+        MT_CHECK(get_float(v, "top_p", 0, 1, true, &r->top_p, e));
     if ((v = FIELD("top_k")) && !cJSON_IsNull(v)) {
         int64_t k;
-        TRY(get_int(v, "top_k", -1, 2147483647.0, &k, e));
+        MT_CHECK(get_int(v, "top_k", -1, 2147483647.0, &k, e));
         r->top_k = k < 0 ? 0 : (int)k;
     }
     if ((v = FIELD("seed")) && !cJSON_IsNull(v)) {
         int64_t s;
-        TRY(get_int(v, "seed", -MAX_SAFE_INT, MAX_SAFE_INT, &s, e));
+        MT_CHECK(get_int(v, "seed", -MAX_SAFE_INT, MAX_SAFE_INT, &s, e));
         r->seed = (uint64_t)s;
         r->has_seed = true;
     }
     if ((v = FIELD("stop")))
-        TRY(get_stop(v, r, e));
+        MT_CHECK(get_stop(v, r, e));
     if ((v = FIELD("ignore_eos")) && !cJSON_IsNull(v))
-        TRY(get_bool(v, "ignore_eos", &r->ignore_eos, e));
+        MT_CHECK(get_bool(v, "ignore_eos", &r->ignore_eos, e));
     if ((v = FIELD("stream")) && !cJSON_IsNull(v))
-        TRY(get_bool(v, "stream", &r->stream, e));
+        MT_CHECK(get_bool(v, "stream", &r->stream, e));
     if ((v = FIELD("return_token_ids")) && !cJSON_IsNull(v))
-        TRY(get_bool(v, "return_token_ids", &r->return_token_ids, e));
+        MT_CHECK(get_bool(v, "return_token_ids", &r->return_token_ids, e));
     const cJSON *so = FIELD("stream_options");
     if (so && !cJSON_IsNull(so)) {
         if (!cJSON_IsObject(so))
             return bad(e, "stream_options", "'%s' must be an object%s", "");
         v = cJSON_GetObjectItemCaseSensitive(so, "include_usage");
         if (v && !cJSON_IsNull(v))
-            TRY(get_bool(v, "stream_options.include_usage", &r->include_usage, e));
+            MT_CHECK(get_bool(v, "stream_options.include_usage", &r->include_usage, e));
     }
     static const char *const one_only[] = {"n", "best_of"};
     for (size_t i = 0; i < sizeof one_only / sizeof one_only[0]; i++)
         if ((v = FIELD(one_only[i])) && !cJSON_IsNull(v)) {
             int64_t k;
-            TRY(get_int(v, one_only[i], 1, 1, &k, e));
+            MT_CHECK(get_int(v, one_only[i], 1, 1, &k, e));
         }
     if (truthy(FIELD("logprobs")) || truthy(FIELD("top_logprobs")))
         return serve_reject(e, 400, truthy(FIELD("logprobs")) ? "logprobs" : "top_logprobs",
                             NULL, "log probabilities are not returned by this server");
     return MT_OK;
-#undef TRY
 #undef FIELD
 }
 
