@@ -254,7 +254,8 @@ static void print_layer(bench *b, int64_t M, const layer_result *lr, const bench
 typedef struct gemm_bench {
     const char *fam;
     bool up;
-    kern_exec *ex[MAX_CFG];
+    kern_shape shape;
+    kern_exec *ex[MAX_CFG]; /* [0]: the default for the M being timed; then the sweep */
     int n_cfg;
 } gemm_bench;
 
@@ -268,22 +269,17 @@ static const int cpu_sweep[][MOE_CPU_NPARAMS] = {
 static mt_status open_stage(bench *b, gemm_bench *g, const char *key, mt_err *err)
 {
     const kern_family *f = kern_family_find(g->fam);
-    kern_shape s;
-    mt_status st = kern_shape_parse(f, key, &s, NULL, err);
-    if (st == MT_OK)
-        st = kern_exec_open(b->d, f, &s, 1, NULL, &g->ex[0], err);
+    mt_status st = kern_shape_parse(f, key, &g->shape, NULL, err);
     if (st != MT_OK)
         return st;
-    g->n_cfg = 1;
+    g->n_cfg = 1; /* ex[0] is opened per M */
     int n_sweep = b->o->sweep && b->p->backend == DEV_BACKEND_CPU
                       ? (int)(sizeof cpu_sweep / sizeof cpu_sweep[0])
                       : 0;
     for (int c = 0; c < n_sweep && g->n_cfg < MAX_CFG; c++) {
         kern_config cfg = {.n = MOE_CPU_NPARAMS};
         memcpy(cfg.v, cpu_sweep[c], sizeof cpu_sweep[c]);
-        if (!memcmp(cfg.v, kern_exec_config(g->ex[0])->v, sizeof cpu_sweep[c]))
-            continue; /* the default itself */
-        if (kern_exec_open(b->d, f, &s, 1, &cfg, &g->ex[g->n_cfg], NULL) == MT_OK)
+        if (kern_exec_open(b->d, f, &g->shape, 1, &cfg, &g->ex[g->n_cfg], NULL) == MT_OK)
             g->n_cfg++;
     }
     return MT_OK;
@@ -297,6 +293,14 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, const bench_spre
     double bw = bws->median;
     int64_t P = M * b->topk, K = g->up ? b->H : b->I, N = g->up ? 2 * b->I : b->H;
     int nc = g->n_cfg;
+    /* The default is the family's default for this M (what an untuned
+     * database runs). */
+    kern_exec_close(g->ex[0]);
+    g->ex[0] = NULL;
+    mt_status st0 = kern_exec_open(b->d, kern_family_find(g->fam), &g->shape, M, NULL, &g->ex[0],
+                                   err);
+    if (st0 != MT_OK)
+        return st0;
     double *t = malloc(sizeof(double) * (size_t)(nc * MAX_REPS));
     if (!t)
         return mt_fail(err, MT_E_NOMEM, "bench: out of memory");
@@ -422,7 +426,7 @@ mt_status moe_bench_run(dev_device *d, const moe_bench_opts *o, FILE *out, mt_er
         b.maxm = o->ms[i] > b.maxm ? o->ms[i] : b.maxm;
     mt_rng_seed(&b.r, o->seed ? o->seed : mt_seed_fresh());
     bool layer = !strcmp(o->family, "moe");
-    gemm_bench gb[2] = {{"moe_gemm_up", true, {0}, 0}, {"moe_gemm_down", false, {0}, 0}};
+    gemm_bench gb[2] = {{.fam = "moe_gemm_up", .up = true}, {.fam = "moe_gemm_down"}};
     bool want[2] = {strcmp(o->family, "moe_gemm_down") != 0,
                     strcmp(o->family, "moe_gemm_up") != 0};
     model_kset *ks = NULL;
@@ -471,7 +475,7 @@ mt_status moe_bench_run(dev_device *d, const moe_bench_opts *o, FILE *out, mt_er
     }
 out:
     for (int g = 0; g < 2; g++)
-        for (int c = 0; c < gb[g].n_cfg; c++)
+        for (int c = 0; c < MAX_CFG; c++)
             kern_exec_close(gb[g].ex[c]);
     model_moe_ws_destroy(ws);
     model_kset_destroy(ks);
