@@ -284,19 +284,14 @@ static mt_status load_layer(model_runtime *rt, int64_t i, rt_layer *ly, mt_err *
     ly->moe = pl->moe;
     ly->full = pl->full;
     mt_status st;
-#define TRYL(e)                                                                                  \
-    do {                                                                                         \
-        if ((st = (e)) != MT_OK)                                                                 \
-            return st;                                                                           \
-    } while (0)
     snprintf(n1, sizeof n1, "%sinput_layernorm.weight", p);
-    TRYL(upload_vec(rt, n1, H, false, &ly->in_norm, err));
+    MT_CHECK(upload_vec(rt, n1, H, false, &ly->in_norm, err));
     snprintf(n1, sizeof n1, "%spost_attention_layernorm.weight", p);
-    TRYL(upload_vec(rt, n1, H, false, &ly->post_norm, err));
+    MT_CHECK(upload_vec(rt, n1, H, false, &ly->post_norm, err));
     snprintf(n1, sizeof n1, "%sq_a_layernorm.weight", a);
-    TRYL(upload_vec(rt, n1, QL, false, &ly->q_norm, err));
+    MT_CHECK(upload_vec(rt, n1, QL, false, &ly->q_norm, err));
     snprintf(n1, sizeof n1, "%skv_a_layernorm.weight", a);
-    TRYL(upload_vec(rt, n1, L, false, &ly->kv_norm, err));
+    MT_CHECK(upload_vec(rt, n1, L, false, &ly->kv_norm, err));
 
     snprintf(n1, sizeof n1, "%sq_a_proj", a);
     snprintf(n2, sizeof n2, "%skv_a_proj_with_mqa", a);
@@ -306,26 +301,26 @@ static mt_status load_layer(model_runtime *rt, int64_t i, rt_layer *ly, mt_err *
     int64_t aouts[4] = {QL, L + R, ID, IH};
     int na = ly->full ? 4 : 2;
     ly->n_a = pl->n_a;
-    TRYL(upload_fused(rt, amods, aouts, na, H, &ly->w_a, err));
+    MT_CHECK(upload_fused(rt, amods, aouts, na, H, &ly->w_a, err));
 
     snprintf(n1, sizeof n1, "%sq_b_proj", a);
     snprintf(n2, sizeof n2, "%sindexer.wq_b", a);
     const char *bmods[2] = {n1, n2};
     int64_t bouts[2] = {NH * (D + R), IH * ID};
     ly->n_b = pl->n_b;
-    TRYL(upload_fused(rt, bmods, bouts, ly->full ? 2 : 1, QL, &ly->w_b, err));
+    MT_CHECK(upload_fused(rt, bmods, bouts, ly->full ? 2 : 1, QL, &ly->w_b, err));
     if (ly->full) {
         snprintf(n1, sizeof n1, "%sindexer.k_norm.weight", a);
-        TRYL(upload_vec(rt, n1, ID, true, &ly->k_norm_w, err));
+        MT_CHECK(upload_vec(rt, n1, ID, true, &ly->k_norm_w, err));
         snprintf(n1, sizeof n1, "%sindexer.k_norm.bias", a);
-        TRYL(upload_vec(rt, n1, ID, true, &ly->k_norm_b, err));
+        MT_CHECK(upload_vec(rt, n1, ID, true, &ly->k_norm_b, err));
     }
     snprintf(n1, sizeof n1, "%skv_b_proj", a);
-    TRYL(upload_kv_b(rt, n1, ly, err));
+    MT_CHECK(upload_kv_b(rt, n1, ly, err));
     snprintf(n1, sizeof n1, "%so_proj", a);
     const char *omods[1] = {n1};
     int64_t oouts[1] = {H};
-    TRYL(upload_fused(rt, omods, oouts, 1, NH * VD, &ly->w_o, err));
+    MT_CHECK(upload_fused(rt, omods, oouts, 1, NH * VD, &ly->w_o, err));
 
     if (!ly->moe) {
         ly->inter = pl->inter;
@@ -334,15 +329,15 @@ static mt_status load_layer(model_runtime *rt, int64_t i, rt_layer *ly, mt_err *
         snprintf(n3, sizeof n3, "%smlp.down_proj", p);
         const char *gu[2] = {n1, n2};
         int64_t guo[2] = {ly->inter, ly->inter};
-        TRYL(upload_fused(rt, gu, guo, 2, H, &ly->w_gu, err));
+        MT_CHECK(upload_fused(rt, gu, guo, 2, H, &ly->w_gu, err));
         const char *dn[1] = {n3};
         int64_t dno[1] = {H};
-        TRYL(upload_fused(rt, dn, dno, 1, ly->inter, &ly->w_down, err));
+        MT_CHECK(upload_fused(rt, dn, dno, 1, ly->inter, &ly->w_down, err));
     } else {
         const model_tensor_info *t;
         int64_t gs[2] = {rt->E, H};
         snprintf(n1, sizeof n1, "%smlp.gate.weight", p);
-        TRYL(model_weights_tensor(rt->w, n1, MODEL_DTYPES_FLOAT, 2, gs, &t, err));
+        MT_CHECK(model_weights_tensor(rt->w, n1, MODEL_DTYPES_FLOAT, 2, gs, &t, err));
         uint16_t *g = malloc((size_t)(rt->E * H) * 2);
         if (!g)
             return mt_fail(err, MT_E_NOMEM, "%s", n1);
@@ -353,16 +348,16 @@ static mt_status load_layer(model_runtime *rt, int64_t i, rt_layer *ly, mt_err *
         if (st != MT_OK)
             return st;
         snprintf(n1, sizeof n1, "%smlp.gate.e_score_correction_bias", p);
-        TRYL(upload_vec(rt, n1, rt->E, true, &ly->bias, err));
+        MT_CHECK(upload_vec(rt, n1, rt->E, true, &ly->bias, err));
         snprintf(n1, sizeof n1, "%smlp.experts.", p);
-        TRYL(upload_experts(rt, n1, false, rt->E, rt->IE, &ly->w13, &ly->s13, &ly->w2, &ly->s2,
+        MT_CHECK(upload_experts(rt, n1, false, rt->E, rt->IE, &ly->w13, &ly->s13, &ly->w2, &ly->s2,
                             err));
         ly->sh_inter = pl->sh_inter;
         if (ly->sh_inter) {
             ly->sh_mxfp4 = pl->sh_mxfp4; /* from the file (the plan was built with the weights) */
             snprintf(n1, sizeof n1, "%smlp.shared_experts.", p);
             if (ly->sh_mxfp4) {
-                TRYL(upload_experts(rt, n1, true, 1, ly->sh_inter, &ly->sh_w13, &ly->sh_s13,
+                MT_CHECK(upload_experts(rt, n1, true, 1, ly->sh_inter, &ly->sh_w13, &ly->sh_s13,
                                     &ly->sh_w2, &ly->sh_s2, err));
             } else {
                 snprintf(n1, sizeof n1, "%smlp.shared_experts.gate_proj", p);
@@ -370,17 +365,16 @@ static mt_status load_layer(model_runtime *rt, int64_t i, rt_layer *ly, mt_err *
                 snprintf(n3, sizeof n3, "%smlp.shared_experts.down_proj", p);
                 const char *gu[2] = {n1, n2};
                 int64_t guo[2] = {ly->sh_inter, ly->sh_inter};
-                TRYL(upload_fused(rt, gu, guo, 2, H, &ly->sh_gu, err));
+                MT_CHECK(upload_fused(rt, gu, guo, 2, H, &ly->sh_gu, err));
                 const char *dn[1] = {n3};
                 int64_t dno[1] = {H};
-                TRYL(upload_fused(rt, dn, dno, 1, ly->sh_inter, &ly->sh_down, err));
+                MT_CHECK(upload_fused(rt, dn, dno, 1, ly->sh_inter, &ly->sh_down, err));
             }
         }
     }
     kvc_opts ko = {.page_size = rt->ps, .n_pages = (int)rt->n_pages, .latent = (int)L,
                    .rope = (int)R, .index_dim = ly->full ? (int)ID : 0, .dtype = rt->kv_dtype};
-    TRYL(kvc_create(rt->dev, &ko, &ly->kv, err));
-#undef TRYL
+    MT_CHECK(kvc_create(rt->dev, &ko, &ly->kv, err));
     layer_kernels(rt, pl, ly);
     return MT_OK;
 }
