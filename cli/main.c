@@ -41,7 +41,7 @@ int main(int argc, char **argv)
         return CLI_OK;
     }
     if (!strcmp(argv[1], "--version")) {
-        printf("moetune 0.1.0\n");
+        printf("moetune %s\n", MOETUNE_VERSION);
         return CLI_OK;
     }
     for (int i = 0; commands[i].name; i++)

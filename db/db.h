@@ -109,7 +109,7 @@ bool db_session_status_parse(const char *s, db_session_status *out);
 typedef struct db_session_info {
     int argc;
     char *const *argv;        /* stored as a JSON array of strings */
-    const char *tool_version; /* "moetune 0.1.0" */
+    const char *tool_version; /* "moetune " MOETUNE_VERSION */
     const char *host;         /* NULL: gethostname() */
     const char *strategy;     /* "exhaustive", "random", ... */
     const char *budget;       /* free text: "600s", "500 trials", "" */

@@ -434,7 +434,7 @@ Test(db_winners, batch_insert_is_all_or_nothing)
 Test(db_winners, sessions_and_code_objects_round_trip)
 {
     char *argv[] = {"moetune", "tune", "--family", "moe_gemm"};
-    db_session_info info = {4, argv, "moetune 0.1.0", "node7", "exhaustive", "600s"};
+    db_session_info info = {4, argv, "moetune " MOETUNE_VERSION, "node7", "exhaustive", "600s"};
     int64_t sid = 0;
     mt_err e = MT_ERR_INIT;
     cr_assert_eq(db_session_begin(db, &info, &sid, &e), MT_OK, "%s", e.msg);

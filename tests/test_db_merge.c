@@ -161,7 +161,7 @@ Test(db_merge, sessions_keep_uid_and_gain_origin)
 {
     db_t *b = open_ok(pb, DB_OPEN_DEFAULT);
     char *argv[] = {"moetune", "tune"};
-    db_session_info info = {2, argv, "moetune 0.1.0", "shard-3", "random", "500 trials"};
+    db_session_info info = {2, argv, "moetune " MOETUNE_VERSION, "shard-3", "random", "500 trials"};
     int64_t sid;
     mt_err e = MT_ERR_INIT;
     cr_assert_eq(db_session_begin(b, &info, &sid, &e), MT_OK);
@@ -203,7 +203,7 @@ static void populate(const char *p, uint64_t seed)
     int64_t dv[2] = {device_id(db, &d1), device_id(db, &d2)};
     int64_t kr[2] = {kernel_id(db, "moe_gemm", 1, HASH_A), kernel_id(db, "rms\"norm", 3, HASH_B)};
     char *argv[] = {"moetune", "tune", "--shape", "H=256 \"quoted\" \xc3\xa9\\"};
-    db_session_info info = {4, argv, "moetune 0.1.0", "host\twith\ttabs", "exhaustive", ""};
+    db_session_info info = {4, argv, "moetune " MOETUNE_VERSION, "host\twith\ttabs", "exhaustive", ""};
     int64_t sid;
     mt_err e = MT_ERR_INIT;
     cr_assert_eq(db_session_begin(db, &info, &sid, &e), MT_OK);
