@@ -106,9 +106,10 @@ static mt_status get_ids(const cJSON *arr, const char *param, const serve_limits
     {
         char p[128];
         pname(p, sizeof p, "%s[%d]", param, i);
-        int64_t id;
-        if (get_int(v, p, 0, (double)lim->vocab - 1, &id, e) != MT_OK)
-            return e ? e->err.status : MT_E_INVALID;
+        int64_t id = 0; /* gcc -O3 cannot see that serve_reject never returns MT_OK */
+        mt_status st = get_int(v, p, 0, (double)lim->vocab - 1, &id, e);
+        if (st != MT_OK)
+            return st;
         r->ids[i++] = (int32_t)id;
     }
     r->n_ids = (size_t)n;
