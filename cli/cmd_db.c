@@ -1,4 +1,4 @@
-/* cmd_db.c: `moetune db show|best|export|import|merge|misses|verify|gc`:
+/* cmd_db.c: `moetune db show|best|export|import|merge|misses|check|gc`:
  * inspect, ship, join and clean a tuning database. Thin: parses options,
  * calls db/, prints text or (--json) JSON. */
 #define _GNU_SOURCE
@@ -41,8 +41,8 @@ static void usage(FILE *f)
             "  import FILE...           read exports into --db (merge rule applies)\n"
             "  merge SRC.db...          merge other databases into --db; prints the rule\n"
             "  misses                   lookups that found no tuned config, most frequent first\n"
-            "  verify                   integrity check, and the winners a re-timing would\n"
-            "                           cover (re-timing itself is done by the tuner)\n"
+            "  check                    integrity check, and a list of the winners a\n"
+            "                           re-timing would cover (it times nothing)\n"
             "  gc --current | --keep-hash FAMILY=HASH...\n"
             "                           drop trials and winners of named families whose\n"
             "                           source hash is not a kept one [--dry-run];\n"
@@ -53,7 +53,7 @@ static void usage(FILE *f)
             "  --db FILE      database (default $MOETUNE_DB or ./moetune.db)\n"
             "  --json         machine-readable output\n"
             "  --family F, --shape KEY, --m M, --device FINGERPRINT|NAME   filter best,\n"
-            "                 misses and verify\n"
+            "                 misses and check\n"
             "\n"
             "Lookup order at run time: exact M, nearest tuned M (log2, ties to the larger),\n"
             "another device of the same arch (used, with a warning), stale source hash\n"
@@ -231,7 +231,7 @@ static int cmd_show(const opts *o)
     return CLI_OK;
 }
 
-/* ---- best / verify ------------------------------------------------------- */
+/* ---- best / check -------------------------------------------------------- */
 
 typedef struct list_ctx {
     cJSON *arr;
@@ -300,29 +300,29 @@ static int cmd_best(const opts *o)
     return CLI_OK;
 }
 
-static int cmd_verify(const opts *o)
+static int cmd_db_check(const opts *o)
 {
     mt_err e = MT_ERR_INIT;
     db_t *db = open_db(o, DB_OPEN_READONLY, &e);
     if (!db)
-        return fail("verify", &e);
+        return fail("check", &e);
     bool ok = false;
     char msg[512];
     if (db_integrity_check(db, &ok, msg, sizeof msg, &e) != MT_OK) {
         db_close(db);
-        return fail("verify", &e);
+        return fail("check", &e);
     }
     list_ctx c = {o->json ? cJSON_CreateArray() : NULL, 0};
     if (!o->json) {
         printf("integrity: %s\n", ok ? "ok" : msg);
         printf("re-timing stored winners needs the tuner and the device they were tuned on; "
-               "`moetune db verify` does not time kernels. These winners would be re-timed:\n");
+               "`moetune db check` does not time kernels. These winners would be re-timed:\n");
     }
     mt_status st = db_winners_each(db, &o->filter, show_winner, &c, &e);
     db_close(db);
     if (st != MT_OK) {
         cJSON_Delete(c.arr);
-        return fail("verify", &e);
+        return fail("check", &e);
     }
     if (o->json) {
         cJSON *j = cJSON_CreateObject();
@@ -574,7 +574,7 @@ int cmd_db(int argc, char **argv)
         int (*fn)(const opts *o);
     } table[] = {
         {"show", cmd_show},     {"best", cmd_best},     {"export", cmd_export},
-        {"misses", cmd_misses}, {"verify", cmd_verify}, {"gc", cmd_gc},
+        {"misses", cmd_misses}, {"check", cmd_db_check}, {"gc", cmd_gc},
         {NULL, NULL},
     };
     for (int i = 0; table[i].name; i++)
