@@ -191,9 +191,6 @@ typedef struct db_winner {
     const char *runner_ups_json; /* JSON array; NULL: "[]" */
 } db_winner;
 
-/* Sets the winner of (device, kernel, shape, m), replacing any earlier one.
- * Links it to the trial with the same config key when there is one. */
-mt_status db_winner_set(db_t *db, const db_winner *w, mt_err *err);
 
 /* Recomputes winners from ok trials: per (device, kernel, shape, m) the
  * trial with the lowest median wins (ties: lower minimum, then config key);

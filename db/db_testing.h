@@ -49,4 +49,9 @@ mt_status db_code_put(db_t *db, const char *target, const char *cache_key, const
 mt_status db_code_get(db_t *db, const char *target, const char *cache_key, void **blob,
                       size_t *size, mt_err *err);
 
+/* Sets the winner of (device, kernel, shape, m), replacing any earlier one.
+ * Links it to the trial with the same config key when there is one. (The
+ * tuner's winners come from its trials; tests plant winners directly.) */
+mt_status db_winner_set(db_t *db, const db_winner *w, mt_err *err);
+
 #endif

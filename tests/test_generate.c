@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 
 #include "db/db.h"
+#include "db/db_testing.h"
 #include "device/device.h"
 #include "kernels/kern_db.h"
 #include "test_forward_util.h"

@@ -629,7 +629,7 @@ static mt_status open_all(run_ctx *r, tune_report *rep, mt_err *err)
         return st;
     char budget[96];
     tune_budget_text(&o->budget, budget, sizeof budget);
-    db_session_info si = {o->argc, o->argv, "moetune 0.1.0", NULL,
+    db_session_info si = {o->argc, o->argv, "moetune " MOETUNE_VERSION, NULL,
                           tune_strategy_name(o->strategy), budget};
     st = db_session_begin(r->db, &si, &r->session_id, err);
     rep->session_id = r->session_id;
