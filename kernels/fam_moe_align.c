@@ -97,54 +97,98 @@ static mt_status launch(const kern_ctx *c, dev_dim3 block, size_t shared, mt_err
 
 /* ---- gpu --------------------------------------------------------------- */
 
+enum { P_BLOCK, P_CHUNK, P_COUNT };
 static const int block_vals[] = {64, 128, 256, 512, 1024};
-static const kern_param_desc gpu_params[] = {
-    {"BLOCK", block_vals, 5, "threads of the single block"},
+static const int chunk_vals[] = {0, 256, 1024, 4096};
+static const kern_param_desc gpu_params[P_COUNT] = {
+    [P_BLOCK] = {"BLOCK", block_vals, 5, "threads per block"},
+    [P_CHUNK] = {"CHUNK", chunk_vals, 4,
+                 "pairs per block of the histogram/scan/scatter path; 0: one block does all"},
 };
 
-static size_t gpu_shared(const kern_shape *s, int block)
+/* Dynamic shared memory of the path a config takes (the largest kernel). */
+static size_t gpu_shared(const kern_shape *s, const kern_config *cfg)
 {
-    return (size_t)(2 * s->v[D_E] + block + 1) * 4;
+    int64_t E = s->v[D_E], b = cfg->v[P_BLOCK];
+    return cfg->v[P_CHUNK] ? (size_t)(E + b) * 4 : (size_t)(2 * E + b + 1) * 4;
+}
+
+static int64_t n_chunks(const kern_shape *s, int64_t m, const kern_config *cfg)
+{
+    int64_t np = m * s->v[D_TOPK], ch = cfg->v[P_CHUNK];
+    return np > 0 ? (np + ch - 1) / ch : 1;
+}
+
+static size_t gpu_scratch(const kern_shape *s, int64_t m, const kern_config *cfg)
+{
+    return cfg->v[P_CHUNK] ? (size_t)(n_chunks(s, m, cfg) * s->v[D_E]) * 4 : 0;
 }
 
 static bool gpu_valid(const kern_shape *s, int64_t m, const kern_config *cfg,
                       const dev_props *p, char *why, size_t cap)
 {
     (void)m;
-    int b = cfg->v[0];
+    int b = cfg->v[P_BLOCK];
     if (b > p->max_threads_per_block || b % p->warp_size) {
         snprintf(why, cap, "BLOCK=%d: the device allows %d threads per block in warps of %d",
                  b, p->max_threads_per_block, p->warp_size);
         return false;
     }
-    if (gpu_shared(s, b) > p->shared_mem_per_block) {
+    if (gpu_shared(s, cfg) > p->shared_mem_per_block) {
         snprintf(why, cap, "needs %zu bytes of shared memory, the device has %zu",
-                 gpu_shared(s, b), p->shared_mem_per_block);
+                 gpu_shared(s, cfg), p->shared_mem_per_block);
         return false;
     }
     return true;
 }
 
+/* One block (one launch) while a block's worth of chunks is cheap; the
+ * three-kernel path over many blocks beyond. */
 static void gpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern_config *cfg)
 {
-    (void)s;
-    (void)m;
-    cfg->n = 1;
-    cfg->v[0] = p->max_threads_per_block >= 256 ? 256 : p->max_threads_per_block;
+    cfg->n = P_COUNT;
+    cfg->v[P_BLOCK] = p->max_threads_per_block >= 256 ? 256 : p->max_threads_per_block;
+    cfg->v[P_CHUNK] = m * s->v[D_TOPK] <= 1024 ? 0 : 1024;
 }
 
 static mt_status gpu_run(const kern_ctx *c, mt_err *err)
 {
-    int b = c->cfg->v[0];
-    return launch(c, (dev_dim3){(unsigned)b, 1, 1}, gpu_shared(c->shape, b), err);
+    const kern_config *cfg = c->cfg;
+    unsigned b = (unsigned)cfg->v[P_BLOCK];
+    if (!cfg->v[P_CHUNK])
+        return launch(c, (dev_dim3){b, 1, 1}, gpu_shared(c->shape, cfg), err);
+    dev_kernel *kc, *ks, *kx;
+    mt_status st = kern_get(c, "moe_align_count", "ppppiii", &kc, err);
+    if (st == MT_OK)
+        st = kern_get(c, "moe_align_scan", "pppii", &ks, err);
+    if (st == MT_OK)
+        st = kern_get(c, "moe_align_scatter", "pppi", &kx, err);
+    if (st != MT_OK)
+        return st;
+    int64_t E = c->shape->v[D_E];
+    int32_t np = (int32_t)(c->m * c->shape->v[D_TOPK]), bm = (int32_t)c->shape->v[D_BM];
+    int32_t cp = (int32_t)cap_of(c->shape, c->m), g = (int32_t)n_chunks(c->shape, c->m, cfg);
+    void *ids = c->bufs[B_IDS], *so = c->bufs[B_SORTED], *ti = c->bufs[B_TILE],
+         *to = c->bufs[B_TOTAL], *cnt = c->scratch;
+    void *a1[] = {&ids, &so, &ti, &cnt, &np, &bm, &cp};
+    void *a2[] = {&cnt, &ti, &to, &g, &bm};
+    void *a3[] = {&ids, &so, &cnt, &np};
+    dev_dim3 grid = {(unsigned)g, 1, 1}, one = {1, 1, 1}, block = {b, 1, 1};
+    st = dev_launch(c->dev, kc, grid, block, (size_t)E * 4, a1, err);
+    if (st == MT_OK)
+        st = dev_launch(c->dev, ks, one, block, (size_t)(E + b) * 4, a2, err);
+    if (st == MT_OK)
+        st = dev_launch(c->dev, kx, grid, block, (size_t)(E + b) * 4, a3, err);
+    return st;
 }
 
 static const kern_impl gpu_impl = {
     .source = "moe_align.hip",
     .params = gpu_params,
-    .n_params = 1,
+    .n_params = P_COUNT,
     .valid = gpu_valid,
     .default_config = gpu_default,
+    .scratch_bytes = gpu_scratch,
     .run = gpu_run,
 };
 
@@ -181,11 +225,15 @@ static const kern_case cases[] = {
     {"E=256,topk=8,bm=64,skew=2", 37},
     {"glm5.2", 1},
     {"E=256,topk=8,bm=16,skew=0", 300},
+    /* Past the one-block default: the histogram/scan/scatter path, with
+     * chunks that end inside a sub-chunk and experts with no pairs. */
+    {"E=256,topk=8,bm=64,skew=2", 211},
+    {"E=32,topk=6,bm=16,skew=0", 1000},
 };
 
 const kern_family fam_moe_align = {
     .name = "moe_align",
-    .version = 1,
+    .version = 2,
     .summary = "sort (token, expert) pairs by expert, pad segments to the GEMM tile height",
     .dims = dims,
     .n_dims = D_COUNT,

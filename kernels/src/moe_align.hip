@@ -1,12 +1,25 @@
-/* moe_align.hip: the moe_align family on GPUs. One block sorts the
- * (token, expert) pairs by expert, stably, and pads each expert's segment
- * to a multiple of bm (see kernels/moe_common.h for the layout):
+/* moe_align.hip: the moe_align family on GPUs: sorts the (token, expert)
+ * pairs by expert, stably, and pads each expert's segment to a multiple of
+ * bm (see kernels/moe_common.h for the layout). Two paths:
+ *
+ * moe_align (CHUNK = 0): one block, for few pairs (decode):
  *   1. per-expert counts with shared-memory atomics;
  *   2. padded offsets (a serial scan by thread 0: E <= 1024 values);
  *   3. sentinel fill of sorted, tile -> expert map;
  *   4. stable placement, BLOCK pairs at a time: a pair's rank is the number
  *      of earlier pairs of the same expert in its chunk.
- * Params: BLOCK threads. Dims: S_E experts, S_topk. */
+ *
+ * histogram -> scan -> scatter (CHUNK > 0), over ceil(npairs / CHUNK) blocks:
+ *   moe_align_count    block b counts the experts of pairs [b*CHUNK, ...) into
+ *                      counts[b][e] (scratch), and all blocks fill the
+ *                      sentinels of sorted and tile_expert;
+ *   moe_align_scan     one block: per expert, an exclusive scan of its counts
+ *                      over the blocks, then a block-wide scan of the padded
+ *                      segment sizes; counts[b][e] becomes where block b's
+ *                      first pair of expert e goes; tile map and total;
+ *   moe_align_scatter  block b places its pairs as step 4 does, from its own
+ *                      starting offsets: the order stays stable across blocks.
+ * Params: BLOCK threads, CHUNK pairs per block. Dims: S_E experts, S_topk. */
 
 MT_KERNEL void moe_align(const int *ids, int *sorted, int *tile_expert, int *total,
                          int npairs, int bm, int cap)
@@ -42,6 +55,105 @@ MT_KERNEL void moe_align(const int *ids, int *sorted, int *tile_expert, int *tot
     for (int base = 0; base < npairs; base += BLOCK) {
         int p = base + tid;
         int e = p < npairs ? ids[p] : -1;
+        chunk[tid] = e;
+        __syncthreads();
+        if (e >= 0) {
+            int rank = 0;
+            for (int j = 0; j < tid; j++)
+                rank += chunk[j] == e;
+            sorted[off[e] + rank] = p;
+        }
+        __syncthreads();
+        if (e >= 0)
+            atomicAdd(&off[e], 1);
+        __syncthreads();
+    }
+}
+
+/* ---- histogram -> scan -> scatter ------------------------------------- */
+
+MT_KERNEL void moe_align_count(const int *ids, int *sorted, int *tile_expert, int *counts,
+                               int npairs, int bm, int cap)
+{
+    MT_DYN_SHARED(int, cnt);
+    int tid = threadIdx.x, b = blockIdx.x;
+    for (int e = tid; e < S_E; e += BLOCK)
+        cnt[e] = 0;
+    __syncthreads();
+    int p1 = (b + 1) * CHUNK < npairs ? (b + 1) * CHUNK : npairs;
+    for (int p = b * CHUNK + tid; p < p1; p += BLOCK)
+        atomicAdd(&cnt[ids[p]], 1);
+    __syncthreads();
+    for (int e = tid; e < S_E; e += BLOCK)
+        counts[b * S_E + e] = cnt[e];
+    int stride = gridDim.x * BLOCK;
+    for (int i = b * BLOCK + tid; i < cap; i += stride)
+        sorted[i] = npairs;
+    for (int t = b * BLOCK + tid; t < cap / bm; t += stride)
+        tile_expert[t] = -1;
+}
+
+/* Experts per thread in the scan: ceil(S_E / BLOCK). */
+#define A_PER ((S_E + BLOCK - 1) / BLOCK)
+
+MT_KERNEL void moe_align_scan(int *counts, int *tile_expert, int *total, int nblocks, int bm)
+{
+    MT_DYN_SHARED(int, sh);
+    int *pad = sh, *part = sh + S_E; /* padded sizes, then offsets; per-thread sums */
+    int tid = threadIdx.x;
+    for (int e = tid; e < S_E; e += BLOCK) {
+        int run = 0;
+        for (int b = 0; b < nblocks; b++) {
+            int c = counts[b * S_E + e];
+            counts[b * S_E + e] = run;
+            run += c;
+        }
+        pad[e] = (run + bm - 1) / bm * bm;
+    }
+    __syncthreads();
+    /* Exclusive scan of pad: each thread's A_PER consecutive experts, then
+     * an inclusive Hillis-Steele scan of the per-thread sums. */
+    int e0 = tid * A_PER, local = 0;
+    for (int i = 0; i < A_PER && e0 + i < S_E; i++)
+        local += pad[e0 + i];
+    part[tid] = local;
+    __syncthreads();
+    for (int d = 1; d < BLOCK; d *= 2) {
+        int v = tid >= d ? part[tid - d] : 0;
+        __syncthreads();
+        part[tid] += v;
+        __syncthreads();
+    }
+    int o = part[tid] - local;
+    for (int i = 0; i < A_PER && e0 + i < S_E; i++) {
+        int sz = pad[e0 + i];
+        pad[e0 + i] = o;
+        o += sz;
+    }
+    if (tid == BLOCK - 1)
+        total[0] = part[BLOCK - 1];
+    __syncthreads();
+    for (int e = tid; e < S_E; e += BLOCK) {
+        int end = e + 1 < S_E ? pad[e + 1] : part[BLOCK - 1];
+        for (int t = pad[e] / bm; t < end / bm; t++)
+            tile_expert[t] = e;
+    }
+    for (int i = tid; i < nblocks * S_E; i += BLOCK)
+        counts[i] += pad[i % S_E];
+}
+
+MT_KERNEL void moe_align_scatter(const int *ids, int *sorted, const int *counts, int npairs)
+{
+    MT_DYN_SHARED(int, sh);
+    int *off = sh, *chunk = sh + S_E;
+    int tid = threadIdx.x, b = blockIdx.x;
+    for (int e = tid; e < S_E; e += BLOCK)
+        off[e] = counts[b * S_E + e];
+    __syncthreads();
+    int p1 = (b + 1) * CHUNK < npairs ? (b + 1) * CHUNK : npairs;
+    for (int base = b * CHUNK; base < p1; base += BLOCK) {
+        int p = base + tid;
+        int e = p < p1 ? ids[p] : -1;
         chunk[tid] = e;
         __syncthreads();
         if (e >= 0) {
