@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages moetune needs to build, test and run.
-# Idempotent: packages already present are skipped. Needs root (or sudo).
+# Installs the Debian 12 packages moetune needs to build, test and run;
+# with --ci also what CI adds (clang-19 for its second compiler build).
+# Idempotent and silent when everything is present: one dpkg-query, no
+# apt-get update, no output. Otherwise installs only what is missing, and
+# refreshes the package lists only when apt cannot find a package without
+# them. Needs root (or sudo) only then.
 set -euo pipefail
 
 pkgs=(
@@ -10,16 +14,41 @@ pkgs=(
   libamdhip64-dev libamd-comgr-dev
   curl jq
 )
+[ "${1:-}" = "--ci" ] && pkgs+=(clang-19)
 
+if ! command -v dpkg-query >/dev/null 2>&1; then
+  echo "install-deps: not a Debian system (no dpkg-query); install the equivalents of:" \
+       "${pkgs[*]}" >&2
+  exit 0
+fi
+
+# One query for all: "name status" per installed-or-known package.
+declare -A state=()
+while read -r name status; do
+  state[$name]=$status
+done < <(dpkg-query -W -f='${Package} ${db:Status-Status}\n' "${pkgs[@]}" 2>/dev/null || true)
 missing=()
 for p in "${pkgs[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  [ "${state[$p]:-}" = installed ] || missing+=("$p")
 done
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 SUDO=""
-[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null 2>&1 || {
+    echo "install-deps: missing ${missing[*]}; run as root or install sudo" >&2
+    exit 1
+  }
+  SUDO="sudo"
+fi
 echo "install-deps: installing ${missing[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+apt_install() {
+  $SUDO apt-get install -y -qq --no-install-recommends -o DPkg::Lock::Timeout=300 "$@"
+}
+# Fresh lists are only needed when apt does not know a package (or a
+# version it knows is gone from the mirror): try without them first.
+if ! apt_install "${missing[@]}" >/dev/null 2>&1; then
+  $SUDO apt-get update -qq -o DPkg::Lock::Timeout=300
+  apt_install "${missing[@]}" >/dev/null
+fi
