@@ -191,59 +191,103 @@ static mt_status launch(const kern_ctx *c, const char *sig, dev_dim3 grid, dev_d
 
 /* ---- gpu --------------------------------------------------------------- */
 
+enum { P_WAVES, P_VEC, P_TPB, P_EPB, P_COUNT };
 static const int waves_vals[] = {1, 2, 4, 8};
 static const int vec_vals[] = {1, 2, 4, 8};
-static const kern_param_desc gpu_params[] = {
-    {"WAVES", waves_vals, 4, "waves per block (one token per block)"},
-    {"VEC", vec_vals, 4, "consecutive H elements per lane per step"},
+static const int tpb_vals[] = {0, 1, 4, 8};
+static const int epb_vals[] = {4, 8, 16, 32};
+static const kern_param_desc gpu_params[P_COUNT] = {
+    [P_WAVES] = {"WAVES", waves_vals, 4, "waves per block"},
+    [P_VEC] = {"VEC", vec_vals, 4, "consecutive H elements per lane per step"},
+    [P_TPB] = {"TPB", tpb_vals, 4,
+               "tokens per block of the multi-block logits GEMV; 0: one block per token "
+               "computes its logits and selects"},
+    [P_EPB] = {"EPB", epb_vals, 4, "experts per block of the logits GEMV (TPB > 0)"},
 };
 
-static size_t gpu_shared(const kern_shape *s)
+/* Dynamic shared memory of the largest kernel of the config's path. */
+static size_t gpu_shared(const kern_shape *s, const kern_config *cfg)
 {
-    return (size_t)(s->v[D_H] + 2 * s->v[D_E] + 2 * s->v[D_NGROUP] + 64) * 4;
+    size_t sel = (size_t)(2 * s->v[D_E] + 2 * s->v[D_NGROUP] + 64) * 4;
+    return cfg->v[P_TPB] ? sel : sel + (size_t)s->v[D_H] * 4;
+}
+
+static size_t gpu_scratch(const kern_shape *s, int64_t m, const kern_config *cfg)
+{
+    return cfg->v[P_TPB] ? (size_t)(m * s->v[D_E]) * 4 : 0;
 }
 
 static bool gpu_valid(const kern_shape *s, int64_t m, const kern_config *cfg,
                       const dev_props *p, char *why, size_t cap)
 {
     (void)m;
-    int threads = cfg->v[0] * p->warp_size;
+    int threads = cfg->v[P_WAVES] * p->warp_size;
     if (threads > p->max_threads_per_block) {
-        snprintf(why, cap, "WAVES=%d: %d threads, the device allows %d", cfg->v[0], threads,
-                 p->max_threads_per_block);
+        snprintf(why, cap, "WAVES=%d: %d threads, the device allows %d", cfg->v[P_WAVES],
+                 threads, p->max_threads_per_block);
         return false;
     }
-    if (gpu_shared(s) > p->shared_mem_per_block) {
+    if (gpu_shared(s, cfg) > p->shared_mem_per_block) {
         snprintf(why, cap, "needs %zu bytes of shared memory, the device has %zu",
-                 gpu_shared(s), p->shared_mem_per_block);
+                 gpu_shared(s, cfg), p->shared_mem_per_block);
+        return false;
+    }
+    if (!cfg->v[P_TPB] && cfg->v[P_EPB] != epb_vals[0]) {
+        snprintf(why, cap, "EPB=%d: only the multi-block path (TPB > 0) uses it",
+                 cfg->v[P_EPB]);
         return false;
     }
     return true;
 }
 
+/* Few tokens: the multi-block GEMV, so the gate streams through many CUs
+ * (at M = 1 the one-block path runs on one CU); many tokens: one block per
+ * token already fills the device. */
 static void gpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern_config *cfg)
 {
     (void)s;
-    (void)m;
-    cfg->n = 2;
-    cfg->v[0] = p->warp_size * 4 <= p->max_threads_per_block ? 4 : 1;
-    cfg->v[1] = 4;
+    cfg->n = P_COUNT;
+    cfg->v[P_WAVES] = p->warp_size * 4 <= p->max_threads_per_block ? 4 : 1;
+    cfg->v[P_VEC] = 4;
+    cfg->v[P_TPB] = m > 32 ? 0 : m > 4 ? 8 : m > 1 ? 4 : 1;
+    cfg->v[P_EPB] = cfg->v[P_TPB] ? 8 : epb_vals[0];
 }
 
 static mt_status gpu_run(const kern_ctx *c, mt_err *err)
 {
-    unsigned threads = (unsigned)(c->cfg->v[0] * c->props->warp_size);
-    /* one block per token: the GPU kernel takes no m (launch's last arg) */
-    return launch(c, "pppppf", (dev_dim3){(unsigned)c->m, 1, 1}, (dev_dim3){threads, 1, 1},
-                  gpu_shared(c->shape), err);
+    const kern_config *cfg = c->cfg;
+    unsigned threads = (unsigned)(cfg->v[P_WAVES] * c->props->warp_size);
+    if (!cfg->v[P_TPB]) /* one block per token: the GPU kernel takes no m */
+        return launch(c, "pppppf", (dev_dim3){(unsigned)c->m, 1, 1}, (dev_dim3){threads, 1, 1},
+                      gpu_shared(c->shape, cfg), err);
+    dev_kernel *kl, *ks;
+    mt_status st = kern_get(c, "moe_route_logits", "pppi", &kl, err);
+    if (st == MT_OK)
+        st = kern_get(c, "moe_route_select", "ppppf", &ks, err);
+    if (st != MT_OK)
+        return st;
+    float rsf = (float)c->shape->v[D_RSF] / 1000.0f;
+    int32_t m = (int32_t)c->m;
+    void *x = c->bufs[B_X], *g = c->bufs[B_GATE], *bi = c->bufs[B_BIAS], *ids = c->bufs[B_IDS],
+         *w = c->bufs[B_W], *lg = c->scratch;
+    void *al[] = {&x, &g, &lg, &m};
+    void *as[] = {&lg, &bi, &ids, &w, &rsf};
+    dev_dim3 grid = {kern_cdiv(c->shape->v[D_E], cfg->v[P_EPB]), kern_cdiv(c->m, cfg->v[P_TPB]),
+                     1};
+    st = dev_launch(c->dev, kl, grid, (dev_dim3){threads, 1, 1}, 0, al, err);
+    if (st == MT_OK)
+        st = dev_launch(c->dev, ks, (dev_dim3){(unsigned)c->m, 1, 1}, (dev_dim3){threads, 1, 1},
+                        gpu_shared(c->shape, cfg), as, err);
+    return st;
 }
 
 static const kern_impl gpu_impl = {
     .source = "moe_route.hip",
     .params = gpu_params,
-    .n_params = 2,
+    .n_params = P_COUNT,
     .valid = gpu_valid,
     .default_config = gpu_default,
+    .scratch_bytes = gpu_scratch,
     .run = gpu_run,
 };
 
@@ -283,11 +327,13 @@ static const kern_case cases[] = {
     {"tiny", 1}, {"tiny", 3}, {"tiny", 17}, {"tiny", 64}, {"tiny-groups", 17},
     {"H=200,E=8,topk=1,ngroup=1,topkg=1,rsf=1000,norm=0", 5},
     {"H=256,E=64,topk=8,ngroup=8,topkg=4,rsf=2500,norm=1", 3},
+    /* E not a multiple of EPB, M not a multiple of TPB (multi-block path) */
+    {"H=200,E=12,topk=2,ngroup=1,topkg=1,rsf=1000,norm=1", 9},
 };
 
 const kern_family fam_moe_route = {
     .name = "moe_route",
-    .version = 1,
+    .version = 2,
     .summary = "GLM-5 router: sigmoid scores, bias for selection, group-limited top-k",
     .dims = dims,
     .n_dims = D_COUNT,

@@ -1,4 +1,4 @@
-/* moe_route.hip: the moe_route family on GPUs. One block per token:
+/* moe_route.hip: the moe_route family on GPUs.
  *   logits[e] = x . gate[e] (bf16 inputs, f32 accumulation), one wave per
  *   expert at a time, lanes striding H by VEC elements, shuffle reduction;
  *   score = sigmoid(logit); choice = score + bias[e] (selection only);
@@ -6,8 +6,19 @@
  *   choices, keep S_topkg groups); S_topk rounds of a block argmax over
  *   the choices, ties to the lower expert id; weights are the unbiased
  *   scores, renormalized (S_norm) and multiplied by rsf.
- * Params: WAVES, VEC. Dims: S_H, S_E, S_topk, S_ngroup, S_topkg, S_norm.
- * Dynamic shared: (S_H + 2*S_E + 2*S_ngroup + 64) floats. */
+ * Two paths (TPB):
+ *   TPB = 0  moe_route: one block per token computes its logits and selects.
+ *            Every block streams the whole gate (from L2 after the first).
+ *   TPB > 0  moe_route_logits: a grid of (E / EPB) x (M / TPB) blocks; each
+ *            wave reads a gate row once and dots it with TPB tokens (the
+ *            same per-lane order as the one-block path, so the logits are
+ *            bit-identical), so at decode the gate streams through every
+ *            CU instead of one; then moe_route_select, one block per token,
+ *            selects from the logits (scratch, f32 [M][E]).
+ * Params: WAVES, VEC, TPB, EPB. Dims: S_H, S_E, S_topk, S_ngroup, S_topkg,
+ * S_norm. Dynamic shared: moe_route (S_H + 2*S_E + 2*S_ngroup + 64)
+ * floats, moe_route_select (2*S_E + 2*S_ngroup + 64), moe_route_logits
+ * none. */
 
 #define R_NEG (-3.0e38f)                     /* a masked group's experts */
 #define R_TAKEN mt_uint_as_float(0xff800000u) /* -inf: already selected */
@@ -18,35 +29,13 @@ MT_DEVICE int r_better(float v, int i, float ov, int oi)
     return ov > v || (ov == v && oi < i);
 }
 
-MT_KERNEL void moe_route(const mt_bf16 *x, const mt_bf16 *gate, const float *bias,
-                         int *ids, float *wout, float rsf)
+/* Selection of token t from score/choice (shared, S_E each), by the whole
+ * block (WAVES waves); writes ids and weights of token t. */
+MT_DEVICE void r_select(float *score, float *choice, float *gsc, float *redv, int *redi,
+                        int *gkeep, int *ids, float *wout, float rsf, long long t)
 {
-    MT_DYN_SHARED(float, sh);
-    float *xs = sh, *score = sh + S_H, *choice = sh + S_H + S_E;
-    float *gsc = choice + S_E, *redv = gsc + S_ngroup;
-    int *redi = (int *)(redv + 32), *gkeep = redi + 32;
     const int T = WAVES * MT_WARP_SIZE;
     int tid = threadIdx.x, lane = tid % MT_WARP_SIZE, wave = tid / MT_WARP_SIZE;
-    long long t = blockIdx.x;
-    for (int k = tid; k < S_H; k += T)
-        xs[k] = mt_bf16_to_f32(x[t * S_H + k]);
-    __syncthreads();
-    for (int e = wave; e < S_E; e += WAVES) {
-        const mt_bf16 *g = gate + (long long)e * S_H;
-        float acc = 0.0f;
-        for (int k = lane * VEC; k < S_H; k += MT_WARP_SIZE * VEC)
-            for (int v = 0; v < VEC; v++)
-                if (k + v < S_H)
-                    acc += xs[k + v] * mt_bf16_to_f32(g[k + v]);
-        for (int o = MT_WARP_SIZE / 2; o > 0; o /= 2)
-            acc += mt_shfl_xor_f32(acc, o);
-        if (lane == 0) {
-            float s = 1.0f / (1.0f + mt_expf(-acc));
-            score[e] = s;
-            choice[e] = s + bias[e];
-        }
-    }
-    __syncthreads();
     if (S_ngroup > 1) {
         const int gs = S_E / S_ngroup;
         for (int g = tid; g < S_ngroup; g += T) {
@@ -123,4 +112,91 @@ MT_KERNEL void moe_route(const mt_bf16 *x, const mt_bf16 *gate, const float *bia
                 v = v / (wsum + 1e-20f);
             wout[t * S_topk + j] = v * rsf;
         }
+}
+
+MT_KERNEL void moe_route(const mt_bf16 *x, const mt_bf16 *gate, const float *bias,
+                         int *ids, float *wout, float rsf)
+{
+    MT_DYN_SHARED(float, sh);
+    float *xs = sh, *score = sh + S_H, *choice = sh + S_H + S_E;
+    float *gsc = choice + S_E, *redv = gsc + S_ngroup;
+    int *redi = (int *)(redv + 32), *gkeep = redi + 32;
+    const int T = WAVES * MT_WARP_SIZE;
+    int tid = threadIdx.x, lane = tid % MT_WARP_SIZE, wave = tid / MT_WARP_SIZE;
+    long long t = blockIdx.x;
+    for (int k = tid; k < S_H; k += T)
+        xs[k] = mt_bf16_to_f32(x[t * S_H + k]);
+    __syncthreads();
+    for (int e = wave; e < S_E; e += WAVES) {
+        const mt_bf16 *g = gate + (long long)e * S_H;
+        float acc = 0.0f;
+        for (int k = lane * VEC; k < S_H; k += MT_WARP_SIZE * VEC)
+            for (int v = 0; v < VEC; v++)
+                if (k + v < S_H)
+                    acc += xs[k + v] * mt_bf16_to_f32(g[k + v]);
+        for (int o = MT_WARP_SIZE / 2; o > 0; o /= 2)
+            acc += mt_shfl_xor_f32(acc, o);
+        if (lane == 0) {
+            float s = 1.0f / (1.0f + mt_expf(-acc));
+            score[e] = s;
+            choice[e] = s + bias[e];
+        }
+    }
+    __syncthreads();
+    r_select(score, choice, gsc, redv, redi, gkeep, ids, wout, rsf, t);
+}
+
+#ifndef TPB
+#define TPB 0
+#endif
+#if TPB > 0
+#define R_TPB TPB
+#else
+#define R_TPB 1
+#endif
+
+MT_KERNEL void moe_route_logits(const mt_bf16 *x, const mt_bf16 *gate, float *logits, int m)
+{
+    int lane = threadIdx.x % MT_WARP_SIZE, wave = threadIdx.x / MT_WARP_SIZE;
+    int t0 = blockIdx.y * R_TPB, nt = m - t0 < R_TPB ? m - t0 : R_TPB;
+    int e1 = (blockIdx.x + 1) * EPB < S_E ? (blockIdx.x + 1) * EPB : S_E;
+    for (int e = blockIdx.x * EPB + wave; e < e1; e += WAVES) {
+        const mt_bf16 *g = gate + (long long)e * S_H;
+        float acc[R_TPB];
+        for (int j = 0; j < R_TPB; j++)
+            acc[j] = 0.0f;
+        for (int k = lane * VEC; k < S_H; k += MT_WARP_SIZE * VEC)
+            for (int v = 0; v < VEC; v++)
+                if (k + v < S_H) {
+                    float gv = mt_bf16_to_f32(g[k + v]);
+                    for (int j = 0; j < R_TPB; j++)
+                        if (j < nt)
+                            acc[j] += mt_bf16_to_f32(x[(long long)(t0 + j) * S_H + k + v]) * gv;
+                }
+        for (int j = 0; j < R_TPB; j++) {
+            float a = acc[j];
+            for (int o = MT_WARP_SIZE / 2; o > 0; o /= 2)
+                a += mt_shfl_xor_f32(a, o);
+            if (lane == 0 && j < nt)
+                logits[(long long)(t0 + j) * S_E + e] = a;
+        }
+    }
+}
+
+MT_KERNEL void moe_route_select(const float *logits, const float *bias, int *ids, float *wout,
+                                float rsf)
+{
+    MT_DYN_SHARED(float, sh);
+    float *score = sh, *choice = sh + S_E;
+    float *gsc = choice + S_E, *redv = gsc + S_ngroup;
+    int *redi = (int *)(redv + 32), *gkeep = redi + 32;
+    const int T = WAVES * MT_WARP_SIZE;
+    long long t = blockIdx.x;
+    for (int e = threadIdx.x; e < S_E; e += T) {
+        float s = 1.0f / (1.0f + mt_expf(-logits[t * S_E + e]));
+        score[e] = s;
+        choice[e] = s + bias[e];
+    }
+    __syncthreads();
+    r_select(score, choice, gsc, redv, redi, gkeep, ids, wout, rsf, t);
 }
