@@ -42,7 +42,7 @@ enum {
     CU_FUNC_ATTR_MAX_DYNAMIC_SHARED = 8,
 };
 
-#define CUDA_DEFAULT_SHARED 49152 /* per block without opting in */
+#define CUDA_DEFAULT_SHARED 49152 /* per block without opting in; all static __shared__ may use */
 
 typedef struct cuda_api {
     void *libcuda, *libnvrtc;
@@ -305,6 +305,7 @@ static mt_status fill_device(cuda_ctx *c, dev_props *p, mt_err *err)
     CU_TRY(c, a->cuDeviceGetAttribute(&v, CU_ATTR_SHARED_PER_BLOCK_OPTIN, c->dev), err,
            MT_E_DEVICE, "shared memory per block");
     p->shared_mem_per_block = v > 0 ? (size_t)v : CUDA_DEFAULT_SHARED;
+    p->static_shared_per_block = CUDA_DEFAULT_SHARED;
     CU_TRY(c, a->cuDeviceGetAttribute(&v, CU_ATTR_L2_CACHE_SIZE, c->dev), err,
            MT_E_DEVICE, "L2 size");
     p->llc_bytes = v > 0 ? (size_t)v : 0;
@@ -323,6 +324,7 @@ static void fill_compile_only(cuda_ctx *c, dev_props *p)
     p->warp_size = 32;
     p->max_threads_per_block = 1024;
     p->shared_mem_per_block = CUDA_DEFAULT_SHARED;
+    p->static_shared_per_block = CUDA_DEFAULT_SHARED;
     p->compile_only = true;
 }
 

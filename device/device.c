@@ -114,6 +114,8 @@ static mt_status open_backend(dev_backend b, const char *arg, const char *spec,
         return st;
     }
     d->props.backend = b;
+    if (!d->props.static_shared_per_block) /* the backend sets it where it differs */
+        d->props.static_shared_per_block = d->props.shared_mem_per_block;
     if (!d->props.spec[0])
         snprintf(d->props.spec, sizeof d->props.spec, "%s", spec);
     fingerprint(&d->props);

@@ -52,6 +52,8 @@ typedef struct dev_props {
     int warp_size;             /* 64 or 32 on GPUs and emu; 1 on cpu */
     int max_threads_per_block;
     size_t shared_mem_per_block; /* bytes usable by one block (static + dynamic) */
+    size_t static_shared_per_block; /* of which static __shared__ arrays may use (NVIDIA:
+                                  * 48 KB, ptxas refuses more; elsewhere the same) */
     size_t llc_bytes;          /* last-level cache, for cache-flushing timing */
     size_t mem_bytes;          /* device memory (host RAM for cpu/emu) */
     int max_vgprs;             /* per thread, 0 when not applicable */

@@ -140,9 +140,9 @@ static bool gpu_valid(const kern_shape *s, int64_t m, const kern_config *c,
     if (!kern_rows_threads_ok(c->v[0], p, why, cap))
         return false;
     size_t shm = (size_t)c->v[1] * (size_t)s->v[D_K] * 4;
-    if (shm > p->shared_mem_per_block) {
-        snprintf(why, cap, "needs %zu bytes of shared memory, the device has %zu", shm,
-                 p->shared_mem_per_block);
+    if (shm > p->static_shared_per_block) { /* a static __shared__ array */
+        snprintf(why, cap, "needs %zu bytes of static shared memory, the device allows %zu",
+                 shm, p->static_shared_per_block);
         return false;
     }
     return true;
@@ -153,7 +153,7 @@ static void gpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern
     c->n = 2;
     c->v[0] = kern_rows_default_threads(s->v[D_N] >= 256, p);
     c->v[1] = m >= 8 ? 8 : m >= 4 ? 4 : 1;
-    while (c->v[1] > 1 && (size_t)c->v[1] * (size_t)s->v[D_K] * 4 > p->shared_mem_per_block)
+    while (c->v[1] > 1 && (size_t)c->v[1] * (size_t)s->v[D_K] * 4 > p->static_shared_per_block)
         c->v[1] /= 2;
 }
 

@@ -398,9 +398,9 @@ bool moe_gpu_valid(int64_t k, int64_t n, int64_t bm, bool up, int comb, const ke
         return false;
     }
     size_t sh = moe_gpu_shared(cfg, wr);
-    if (sh > p->shared_mem_per_block) {
-        snprintf(why, cap, "needs %zu bytes of shared memory, the device has %zu", sh,
-                 p->shared_mem_per_block);
+    if (sh > p->static_shared_per_block) { /* the tiles are static __shared__ arrays */
+        snprintf(why, cap, "needs %zu bytes of static shared memory, the device allows %zu",
+                 sh, p->static_shared_per_block);
         return false;
     }
     if (!up && comb && sk > 1) {

@@ -190,3 +190,27 @@ Test(kern_registry, every_family_is_complete)
         }
     }
 }
+
+/* NVIDIA limits static __shared__ arrays to 48 KB per block (ptxas refuses
+ * more) even where a block may opt in to 227 KB of dynamic shared memory:
+ * a moe_gemm tile of 49,920 bytes (its tiles are static arrays) must be
+ * invalid there and valid on a 64 KB AMD CU. */
+Test(kern_valid, static_shared_memory_limit_is_the_static_one)
+{
+    const kern_family *f = kern_family_find("moe_gemm_up");
+    cr_assert_not_null(f);
+    kern_shape s;
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(kern_shape_parse(f, "glm5.2", &s, NULL, &err), MT_OK, "%s", err.msg);
+    kern_config c;
+    cr_assert_eq(kern_config_parse(f->gpu, "BM=64,BN=64,BK=64,WAVES=4,STAGES=1,SPLITK=1,"
+                                   "GROUP_M=1,VEC=4,UNROLL=1", &c, &err), MT_OK, "%s", err.msg);
+    dev_props h200 = {.backend = DEV_BACKEND_CUDA, .warp_size = 32, .max_threads_per_block = 1024,
+                      .shared_mem_per_block = 232448, .static_shared_per_block = 49152};
+    dev_props mi300 = {.backend = DEV_BACKEND_HIP, .warp_size = 64, .max_threads_per_block = 1024,
+                       .shared_mem_per_block = 65536, .static_shared_per_block = 65536};
+    char why[256] = "";
+    cr_expect(kern_config_valid(f, f->gpu, &s, 64, &c, &mi300, why, sizeof why), "%s", why);
+    cr_expect_not(kern_config_valid(f, f->gpu, &s, 64, &c, &h200, why, sizeof why));
+    cr_expect(strstr(why, "static shared") != NULL, "reason: %s", why);
+}
