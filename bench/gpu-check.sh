@@ -2,7 +2,8 @@
 # The one prepared GPU check, for a lent NVIDIA GPU (an H200 here, now and
 # then, for a few minutes): build, list devices, run every family against its
 # reference on the GPU, tune the MoE stages at the glm5.2 shape for a few M,
-# and benchmark against the measured device-memory bandwidth. Results and
+# and benchmark the served MoE layer with those configs, and its GEMM stages,
+# against the measured device-memory bandwidth. Results and
 # the database go under $OUT when set (else ./gpu-check-out).
 #
 # With no GPU it runs the same steps in compile-only mode (NVRTC for sm_90):
@@ -69,8 +70,8 @@ $mt db show --db "$db" | tee "$out/db.txt"
 [ $mode = gpu ] && $mt db best --db "$db" | tee "$out/best.txt"
 
 if [ $mode = gpu ]; then
-  step "bench: MoE at glm5.2 against measured device bandwidth"
-  $mt bench --family moe --shape glm5.2 --m 1,4,16,64,256 "${dev[@]}" \
+  step "bench: the served MoE layer (tuned configs) and its GEMM stages at glm5.2"
+  $mt bench --family moe --shape glm5.2 --m 1,4,16,64,256 "${dev[@]}" --db "$db" \
     | tee "$out/bench.txt"
 fi
 
