@@ -123,3 +123,12 @@ void mt_cache_dir(char *out, size_t cap)
     }
     snprintf(out, cap, "/tmp/moetune-cache");
 }
+
+bool mt_tmp_path(char *out, size_t cap, const char *name)
+{
+    const char *dir = getenv("TMPDIR");
+    if (!dir || !*dir)
+        dir = "/tmp";
+    int n = snprintf(out, cap, "%s/%s", dir, name);
+    return n > 0 && (size_t)n < cap;
+}

@@ -4,6 +4,7 @@
 #ifndef MT_FILES_H
 #define MT_FILES_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "status.h"
@@ -23,5 +24,10 @@ mt_status mt_mkdirs(const char *path, mt_err *err);
 /* The cache folder: $MOETUNE_CACHE, else $XDG_CACHE_HOME/moetune, else
  * $HOME/.cache/moetune, else /tmp/moetune-cache. Written into out. */
 void mt_cache_dir(char *out, size_t cap);
+
+/* A path for a temporary file or folder: $TMPDIR/name, else /tmp/name,
+ * written into out (cap bytes; false when it does not fit). Callers make it
+ * unique (mkdtemp, mkstemp) and remove it. */
+bool mt_tmp_path(char *out, size_t cap, const char *name);
 
 #endif

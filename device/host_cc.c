@@ -250,11 +250,13 @@ mt_status dev_host_cc(const char *text, const char *const *flags, int n_flags,
     *len = 0;
     if (log)
         *log = NULL;
-    char dir[] = "/tmp/moetune-cc-XXXXXX";
+    char dir[512];
+    if (!mt_tmp_path(dir, sizeof dir, "moetune-cc-XXXXXX"))
+        return mt_fail(err, MT_E_IO, "%s: $TMPDIR is too long", dir);
     if (!mkdtemp(dir))
-        return mt_fail(err, MT_E_IO, "cannot create a temporary folder: %s",
+        return mt_fail(err, MT_E_IO, "cannot create a temporary folder %s: %s", dir,
                        strerror(errno));
-    char src[64], obj[64], aux[64], sig[64], so[64], lg[64];
+    char src[600], obj[600], aux[600], sig[600], so[600], lg[600];
     snprintf(src, sizeof src, "%s/k.c", dir);
     snprintf(obj, sizeof obj, "%s/k.o", dir);
     snprintf(aux, sizeof aux, "%s/k.aux", dir);
@@ -349,10 +351,12 @@ mt_status dev_host_check_sig(void *dl, const char *name, const char *sig, mt_err
 mt_status dev_host_dlopen(const void *bytes, size_t len, void **handle, mt_err *err)
 {
     *handle = NULL;
-    char path[] = "/tmp/moetune-so-XXXXXX";
+    char path[512];
+    if (!mt_tmp_path(path, sizeof path, "moetune-so-XXXXXX"))
+        return mt_fail(err, MT_E_IO, "%s: $TMPDIR is too long", path);
     int fd = mkstemp(path);
     if (fd < 0)
-        return mt_fail(err, MT_E_IO, "cannot create a temporary file: %s",
+        return mt_fail(err, MT_E_IO, "cannot create a temporary file %s: %s", path,
                        strerror(errno));
     const char *p = bytes;
     size_t left = len;

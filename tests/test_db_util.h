@@ -18,6 +18,7 @@
 #include "../common/rng.h"
 #include "../db/db.h"
 #include "../db/db_testing.h"
+#include "test_tmp.h"
 
 #ifndef MOETUNE_SOURCE_DIR
 #define MOETUNE_SOURCE_DIR "."
@@ -29,19 +30,10 @@
 #define HASH_A "5f1c0b6e9d2a4e7f8a3b1c2d4e5f60718293a4b5c6d7e8f9012345678abcdef0"
 #define HASH_B "aa11bb22cc33dd44ee55ff6600112233445566778899aabbccddeeff00112233"
 
-static inline void tmp_dir(char *out, size_t cap)
-{
-    snprintf(out, cap, "/tmp/mt-dbtest-XXXXXX");
-    cr_assert_not_null(mkdtemp(out), "mkdtemp");
-}
+/* A fresh folder (removed when the test process ends, or by rm_tree). */
+static inline void tmp_dir(char *out, size_t cap) { tmp_dir_make(out, cap, "mt-dbtest"); }
 
-static inline int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *f)
-{
-    (void)sb, (void)flag, (void)f;
-    return remove(p);
-}
-
-static inline void rm_tree(const char *dir) { nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS); }
+static inline void rm_tree(const char *dir) { tmp_rm_tree(dir); }
 
 /* Whole file, or NULL when it cannot be read; *n its size. */
 static inline char *slurp(const char *path, size_t *n)

@@ -16,11 +16,11 @@
 #include "model/reference.h"
 #include "model/runtime.h"
 #include "model/tiny.h"
+#include "test_tmp.h"
 
 static inline char *fw_tiny_dir(void)
 {
-    char *dir = strdup("/tmp/mt_fwd_XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
+    char *dir = tmp_dir_dup("mt_fwd");
     mt_err err = MT_ERR_INIT;
     cr_assert_eq(model_tiny_write(dir, 1, &err), MT_OK, "%s", err.msg);
     return dir;
@@ -28,9 +28,7 @@ static inline char *fw_tiny_dir(void)
 
 static inline void fw_rm_dir(char *dir)
 {
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    cr_assert_eq(system(cmd), 0);
+    tmp_rm_tree(dir);
     free(dir);
 }
 

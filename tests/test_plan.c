@@ -20,11 +20,11 @@
 #include "model/runtime.h"
 #include "model/tiny.h"
 #include "tuner/tuner.h"
+#include "test_tmp.h"
 
 static char *tiny_dir(void)
 {
-    char *dir = strdup("/tmp/mt_plan_XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
+    char *dir = tmp_dir_dup("mt_plan");
     mt_err err = MT_ERR_INIT;
     cr_assert_eq(model_tiny_write(dir, 3, &err), MT_OK, "%s", err.msg);
     return dir;
@@ -32,9 +32,7 @@ static char *tiny_dir(void)
 
 static void rm_dir(char *dir)
 {
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    cr_assert_eq(system(cmd), 0);
+    tmp_rm_tree(dir);
     free(dir);
 }
 

@@ -12,6 +12,7 @@
 #include "common/files.h"
 #include "common/rng.h"
 #include "model/safetensors.h"
+#include "test_tmp.h"
 
 /* A file image from header text and n data bytes (byte i = i & 0xff). */
 static uint8_t *raw(const char *header, size_t ndata, size_t *len)
@@ -221,10 +222,8 @@ Test(safetensors, writer_round_trips_random_tensors_through_a_mapped_file)
     cr_assert_eq(model_st_writer_add(w, "t.0 \"q\"", MODEL_DTYPE_U8, 0, NULL, "x", 1, NULL),
                  MT_E_INVALID, "duplicate names are refused");
     cr_assert_eq(model_st_writer_set_metadata(w, "format", "pt", NULL), MT_OK);
-    char path[] = "/tmp/mt_st_XXXXXX";
-    int fd = mkstemp(path);
-    cr_assert_geq(fd, 0);
-    close(fd);
+    char path[512];
+    close(tmp_file_make(path, sizeof path, "mt_st"));
     mt_err err = MT_ERR_INIT;
     cr_assert_eq(model_st_writer_write(w, path, &err), MT_OK, "%s", err.msg);
     model_st_file *f = NULL;
@@ -309,9 +308,8 @@ static void write_file(const char *dir, const char *file, const char *text)
 
 static char *two_shards(void)
 {
-    static char dir[64];
-    snprintf(dir, sizeof dir, "/tmp/mt_set_XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
+    static char dir[512];
+    tmp_dir_make(dir, sizeof dir, "mt_set");
     const char *a[] = {"a.weight", "b.weight"}, *b[] = {"c.weight"};
     write_shard(dir, "s1.safetensors", a, 2);
     write_shard(dir, "s2.safetensors", b, 1);
@@ -320,9 +318,7 @@ static char *two_shards(void)
 
 static void rm_dir(const char *dir)
 {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    cr_assert_eq(system(cmd), 0);
+    tmp_rm_tree(dir);
 }
 
 static const char *set_fails(const char *dir, mt_status want)

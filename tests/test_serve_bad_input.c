@@ -331,9 +331,9 @@ Test(serve_bad_input, growth_past_the_pool_preempts_and_still_finishes)
 Test(serve_bad_input, health_is_503_while_loading_and_after_a_failed_load)
 {
     signal(SIGPIPE, SIG_IGN);
-    char dir[] = "/tmp/mt_serve_fifo_XXXXXX";
-    cr_assert_not_null(mkdtemp(dir));
-    char cfg[128];
+    char dir[512];
+    tmp_dir_make(dir, sizeof dir, "mt_serve_fifo");
+    char cfg[600];
     snprintf(cfg, sizeof cfg, "%s/config.json", dir);
     cr_assert_eq(mkfifo(cfg, 0600), 0);
     serve_server_opts o;

@@ -99,8 +99,8 @@ static pid_t spawn_server(const char *dir, int *port)
 Test(serve_bench, serve_and_bench_serve_commands_end_to_end)
 {
     signal(SIGPIPE, SIG_IGN);
-    char dir[] = "/tmp/mt_serve_cli_XXXXXX";
-    cr_assert_not_null(mkdtemp(dir));
+    char dir[512];
+    tmp_dir_make(dir, sizeof dir, "mt_serve_cli");
     mt_err err = MT_ERR_INIT;
     cr_assert_eq(model_tiny_write(dir, 2, &err), MT_OK, "%s", err.msg);
     int port;
@@ -147,6 +147,5 @@ Test(serve_bench, serve_and_bench_serve_commands_end_to_end)
     int ws;
     cr_assert_eq(waitpid(pid, &ws, 0), pid);
     cr_assert(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "moetune serve ended with %d", ws);
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    cr_assert_eq(system(cmd), 0);
+    tmp_rm_tree(dir);
 }

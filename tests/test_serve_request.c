@@ -15,6 +15,7 @@
 #include "model/tiny.h"
 #include "model/tokenizer.h"
 #include "serve/serve_request.h"
+#include "test_tmp.h"
 
 static const serve_limits lim = {4096, 512};
 
@@ -22,10 +23,8 @@ static model_tokenizer *tok;
 
 static void load_tok(void)
 {
-    char path[] = "/tmp/mt_serve_tok_XXXXXX";
-    int fd = mkstemp(path);
-    cr_assert(fd >= 0);
-    close(fd);
+    char path[512];
+    close(tmp_file_make(path, sizeof path, "mt_serve_tok"));
     mt_err err = MT_ERR_INIT;
     cr_assert_eq(model_tiny_write_tokenizer(path, &err), MT_OK, "%s", err.msg);
     cr_assert_eq(model_tokenizer_load(path, &tok, &err), MT_OK, "%s", err.msg);

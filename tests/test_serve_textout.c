@@ -15,15 +15,14 @@
 #include "model/tiny.h"
 #include "model/tokenizer.h"
 #include "serve/serve_textout.h"
+#include "test_tmp.h"
 
 static model_tokenizer *tok;
 
 static void load_tok(void)
 {
-    char path[] = "/tmp/mt_serve_tok_XXXXXX";
-    int fd = mkstemp(path);
-    cr_assert(fd >= 0);
-    close(fd);
+    char path[512];
+    close(tmp_file_make(path, sizeof path, "mt_serve_tok"));
     mt_err err = MT_ERR_INIT;
     cr_assert_eq(model_tiny_write_tokenizer(path, &err), MT_OK, "%s", err.msg);
     cr_assert_eq(model_tokenizer_load(path, &tok, &err), MT_OK, "%s", err.msg);

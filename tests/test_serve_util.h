@@ -22,9 +22,10 @@
 #include "serve/serve_client.h"
 #include "serve/serve_server.h"
 #include "serve/serve_sse.h"
+#include "test_tmp.h"
 
 typedef struct tsrv {
-    char dir[64];
+    char dir[512];
     serve_server *s;
     serve_url url;
     char url_text[64];
@@ -36,8 +37,7 @@ __attribute__((unused)) static void tsrv_start(tsrv *t, const serve_server_opts 
 {
     signal(SIGPIPE, SIG_IGN);
     memset(t, 0, sizeof *t);
-    snprintf(t->dir, sizeof t->dir, "/tmp/mt_serve_XXXXXX");
-    cr_assert_not_null(mkdtemp(t->dir));
+    tmp_dir_make(t->dir, sizeof t->dir, "mt_serve");
     mt_err err = MT_ERR_INIT;
     cr_assert_eq(model_tiny_write(t->dir, 1, &err), MT_OK, "%s", err.msg);
     serve_server_opts o;
@@ -63,9 +63,7 @@ __attribute__((unused)) static void tsrv_stop(tsrv *t)
 {
     serve_server_stop(t->s);
     t->s = NULL;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", t->dir);
-    cr_assert_eq(system(cmd), 0);
+    tmp_rm_tree(t->dir);
     if (t->log)
         fclose(t->log);
 }

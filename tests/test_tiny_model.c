@@ -19,14 +19,14 @@
 #include "kernels/mxfp4.h"
 #include "model/tiny.h"
 #include "model/weights.h"
+#include "test_tmp.h"
 
 #define SHARD1 "model-00001-of-00002.safetensors"
 #define SHARD2 "model-00002-of-00002.safetensors"
 
 static char *tiny(uint64_t seed)
 {
-    char *dir = strdup("/tmp/mt_tiny_XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
+    char *dir = tmp_dir_dup("mt_tiny");
     mt_err err = MT_ERR_INIT;
     cr_assert_eq(model_tiny_write(dir, seed, &err), MT_OK, "%s", err.msg);
     return dir;
@@ -34,9 +34,7 @@ static char *tiny(uint64_t seed)
 
 static void rm_dir(char *dir)
 {
-    char cmd[256];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    cr_assert_eq(system(cmd), 0);
+    tmp_rm_tree(dir);
     free(dir);
 }
 

@@ -13,6 +13,7 @@
 #include "model/chat.h"
 #include "model/tiny.h"
 #include "model/tokenizer.h"
+#include "test_tmp.h"
 
 #define FIX MOETUNE_SOURCE_DIR "/tests/fixtures/"
 
@@ -107,9 +108,9 @@ Test(tokenizer, decode_matches_hf_tokenizers_with_and_without_specials)
 
 Test(tokenizer, make_tiny_model_trains_exactly_the_fixture_tokenizer)
 {
-    char dir[] = "/tmp/mt_tok_XXXXXX";
-    cr_assert_not_null(mkdtemp(dir));
-    char path[256];
+    char dir[512];
+    tmp_dir_make(dir, sizeof dir, "mt_tok");
+    char path[600];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     mt_err err = MT_ERR_INIT;
     cr_assert_eq(model_tiny_write_tokenizer(path, &err), MT_OK, "%s", err.msg);

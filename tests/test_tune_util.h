@@ -11,14 +11,17 @@
 #include <unistd.h>
 
 #include "db/db.h"
+#include "test_tmp.h"
 #include "tuner/tuner.h"
 
-/* A fresh directory per test; the database file inside it. */
+/* A fresh directory per call (removed when the test ends); the database
+ * file inside it. */
 static inline void tt_db_path(char *out, size_t cap, const char *name)
 {
-    char dir[] = "/tmp/mt_tune_XXXXXX";
-    cr_assert_not_null(mkdtemp(dir));
-    snprintf(out, cap, "%s/%s", dir, name);
+    char dir[512];
+    tmp_dir_make(dir, sizeof dir, "mt_tune");
+    int n = snprintf(out, cap, "%s/%s", dir, name);
+    cr_assert(n > 0 && (size_t)n < cap, "%s/%s does not fit", dir, name);
 }
 
 /* Options for quick tests: few repetitions, short timeouts, silent unless
