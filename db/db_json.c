@@ -356,7 +356,7 @@ static mt_status get_int(const rd *r, const cJSON *o, const char *key, bool opti
 
 static mt_status get_kernel(const rd *r, const cJSON *o, db_kernel *k, mt_err *err)
 {
-    int64_t v;
+    int64_t v = 0;
     mt_status st = get_req_str(r, o, "family", &k->family, err);
     if (st == MT_OK)
         st = get_req_str(r, o, "source_hash", &k->source_hash, err);
@@ -403,7 +403,7 @@ static mt_status r_session(const rd *r, const cJSON *o, db_sink *k, mt_err *err)
 {
     db_session_rec s = {0};
     const char *status;
-    db_session_status ss;
+    db_session_status ss = DB_SESSION_RUNNING;
     char *argv_text = NULL;
     mt_status st = get_req_str(r, o, "uid", &s.uid, err);
     if (st == MT_OK) {
