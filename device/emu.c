@@ -286,7 +286,6 @@ static mt_status emu_compile(void *ctx, const dev_props *props, const dev_compil
                              void **bytes, size_t *len, char **log, dev_code_info *info,
                              mt_err *err)
 {
-    (void)props;
     (void)ctx;
     const char *name = req->name ? req->name : "kernel.hip";
     *bytes = NULL;
@@ -298,6 +297,9 @@ static mt_status emu_compile(void *ctx, const dev_props *props, const dev_compil
      * has no limit on their number. */
     sbuf t = {0};
     sb_str(&t, "#define MT_EMU 1\n");
+    /* The matrix fragments' layouts follow the wave size (prelude_emu.h). */
+    sb_str(&t, props->warp_size == 32 ? "#define MT_EMU_WAVE 32\n"
+                                      : "#define MT_EMU_WAVE 64\n");
     for (int i = 0; i < req->n_defines; i++) {
         const dev_define *df = &req->defines[i];
         if (!is_ident(df->name) || (df->value && strpbrk(df->value, "\r\n"))) {

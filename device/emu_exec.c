@@ -176,9 +176,9 @@ static const char *op_name(int op)
         [MT_EMU_SHFL_IDX] = "shfl_idx",  [MT_EMU_SHFL_UP] = "shfl_up",
         [MT_EMU_SHFL_DOWN] = "shfl_down", [MT_EMU_SHFL_XOR] = "shfl_xor",
         [MT_EMU_VOTE_BALLOT] = "ballot", [MT_EMU_VOTE_ANY] = "any",
-        [MT_EMU_VOTE_ALL] = "all",
+        [MT_EMU_VOTE_ALL] = "all", [MT_EMU_MMA] = "mma",
     };
-    return op >= 0 && op <= MT_EMU_VOTE_ALL ? names[op] : "?";
+    return op >= 0 && op <= MT_EMU_MMA ? names[op] : "?";
 }
 
 /* Who waits where, for deadlock reports. */
@@ -439,7 +439,17 @@ static bool warp_complete(worker *w, int wi, thr *self)
             mask |= 1ull << (i - base);
     }
     int ws = w->ws;
-    if (op >= MT_EMU_VOTE_BALLOT) {
+    if (op == MT_EMU_MMA) {
+        /* val carries the lane's struct mt_emu_mma_lane (on its fiber's stack) */
+        const struct mt_emu_mma_lane *lanes[64] = {0};
+        for (int i = base; i < end; i++)
+            if (t[i].state == T_WARP)
+                lanes[i - base] = (const struct mt_emu_mma_lane *)(uintptr_t)t[i].val;
+        uint64_t r = (uint64_t)emu_mma_run(ws, lanes);
+        for (int i = base; i < end; i++)
+            if (t[i].state == T_WARP)
+                t[i].res = r;
+    } else if (op >= MT_EMU_VOTE_BALLOT) {
         uint64_t r = op == MT_EMU_VOTE_BALLOT ? mask
                    : op == MT_EMU_VOTE_ANY    ? (mask != 0)
                                               : (mask == live);
@@ -532,6 +542,11 @@ static uint64_t rt_shfl(int op, uint64_t v, int arg, int width)
 
 static uint64_t rt_vote(int op, int pred) { return rt_shfl(op, pred != 0, 0, 0); }
 
+static int rt_mma(const struct mt_emu_mma_lane *lane)
+{
+    return (int)rt_shfl(MT_EMU_MMA, (uint64_t)(uintptr_t)lane, 0, 0);
+}
+
 static void rt_trap(const char *what, const char *file, int line)
 {
     worker *w = tls_w;
@@ -551,6 +566,7 @@ static const struct mt_emu_rt rt_table = {
     .shfl = rt_shfl,
     .vote = rt_vote,
     .trap = rt_trap,
+    .mma = rt_mma,
 };
 
 const struct mt_emu_rt *emu_exec_rt(void) { return &rt_table; }

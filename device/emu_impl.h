@@ -6,6 +6,7 @@
  *   emu_fiber.c   fiber stacks and the context switch
  *   emu_exec.c    the worker pool, the block scheduler, barriers, warp ops
  *   emu_signal.c  fault and timeout signals turned into launch errors
+ *   emu_mma.c     matrix instructions (MMA) with the vendors' layouts
  *
  * Thread safety: an emu_exec is driven by one caller at a time (the device
  * API's rule); its workers run blocks in parallel. */
@@ -115,6 +116,32 @@ mt_status emu_exec_launch(emu_exec *x, const emu_kernel_call *k, dev_dim3 grid,
                           dev_dim3 block, size_t dyn_shared, mt_err *err);
 /* The table handed to every kernel object. */
 const struct mt_emu_rt *emu_exec_rt(void);
+
+/* ---- matrix instructions (emu_mma.c) -------------------------------------
+ * Shapes are the MT_EMU_MMA_* numbers of prelude_emu.h. Stateless and
+ * thread-safe. */
+
+typedef struct emu_mma_info {
+    const char *name;      /* the vendor's instruction */
+    int m, n, k;           /* D (m x n) += A (m x k) x B (k x n) */
+    int wave;              /* lanes taking part: 64 (AMD) or 32 (NVIDIA) */
+    int a_elems, b_elems;  /* 16-bit elements of A and B per lane */
+    int c_regs;            /* f32 registers of C and D per lane */
+} emu_mma_info;
+
+typedef enum emu_mma_operand { EMU_MMA_A = 0, EMU_MMA_B = 1, EMU_MMA_C = 2 } emu_mma_operand;
+
+/* False when shape is not one the emulator has. */
+bool emu_mma_shape(int shape, emu_mma_info *out);
+/* Where element elem of lane's operand op sits in its matrix (A: m x k,
+ * B: k x n, C and D: m x n); elem counts A and B elements in register
+ * order, low half first, and C registers. False when out of range. */
+bool emu_mma_layout(int shape, emu_mma_operand op, int lane, int elem, int *row, int *col);
+/* One MMA over a wave of ws lanes: lanes[l] is what lane l handed in, NULL
+ * for a lane that exited or does not exist. On MT_EMU_MMA_OK every lane's
+ * d holds its part of C + A x B; otherwise (a missing lane, lanes that
+ * disagree on the shape, a shape of another wave size) nothing is written. */
+int emu_mma_run(int ws, const struct mt_emu_mma_lane *const *lanes);
 
 /* ---- signals (emu_signal.c) ----------------------------------------------
  * A worker thread announces itself with emu_sig_set_worker; while it runs a

@@ -24,7 +24,7 @@
 #include <stdint.h>
 
 /* Bumped whenever the structs or the table below change. */
-#define MT_EMU_ABI 1
+#define MT_EMU_ABI 2
 
 typedef struct uint3 { unsigned x, y, z; } uint3;
 
@@ -51,6 +51,34 @@ enum {
     MT_EMU_VOTE_BALLOT = 4,
     MT_EMU_VOTE_ANY = 5,
     MT_EMU_VOTE_ALL = 6,
+    MT_EMU_MMA = 7,
+};
+
+/* Matrix instructions the emulator executes (device/emu_mma.c), each with
+ * its vendor's lane/register layout: the wave64 ones are AMD MFMA, the
+ * wave32 one NVIDIA mma.sync. */
+enum {
+    MT_EMU_MMA_BF16_16X16X16 = 1, /* v_mfma_f32_16x16x16bf16_1k */
+    MT_EMU_MMA_BF16_32X32X8 = 2,  /* v_mfma_f32_32x32x8bf16_1k */
+    MT_EMU_MMA_BF16_16X8X16 = 3,  /* mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 */
+};
+
+/* What one lane hands in to a wave-collective MMA: its A and B registers
+ * (16-bit elements in register order, low half first), its C registers,
+ * and where its D registers go. */
+struct mt_emu_mma_lane {
+    int shape;
+    const void *a, *b;
+    const float *c;
+    float *d;
+};
+
+/* Outcomes of rt->mma. */
+enum {
+    MT_EMU_MMA_OK = 0,
+    MT_EMU_MMA_E_LANES = 1, /* a lane of the wave exited or does not exist */
+    MT_EMU_MMA_E_SHAPE = 2, /* the lanes asked for different instructions */
+    MT_EMU_MMA_E_WAVE = 3,  /* the instruction is not one of this wave size */
 };
 
 /* The runtime as the kernel object sees it. */
@@ -63,6 +91,9 @@ struct mt_emu_rt {
     uint64_t (*vote)(int op, int pred);
     /* Stops the launch with MT_E_FAULT and the message (assert, __trap). */
     void (*trap)(const char *what, const char *file, int line);
+    /* One MMA, collective over the caller's warp: every lane passes its own
+     * operands; returns MT_EMU_MMA_OK once every lane's d is written. */
+    int (*mma)(const struct mt_emu_mma_lane *lane);
 };
 
 #ifndef MT_EMU_ABI_ONLY
@@ -212,6 +243,59 @@ static inline uint64_t mt__vote(int op, int pred)
 #define __ballot(p) mt_ballot(p)
 #define __any(p) mt_any(p)
 #define __all(p) mt_all(p)
+
+/* ---- matrix fragments: the emulator's half (the API is in prelude_gpu.h) --
+ * The emu backend defines MT_EMU_WAVE, the wave size the module is built
+ * for: wave64 modules get AMD's MFMA layouts, wave32 ones NVIDIA's
+ * mma.sync layout. Every MMA is a rendezvous of the whole wave, computed
+ * once by the runtime (device/emu_mma.c). */
+static inline int mt_lane_id(void)
+{
+    const struct mt_emu_thread *t = mt__self();
+    const struct mt_emu_block *b = t->block;
+    unsigned lin = t->idx.x + b->dim.x * (t->idx.y + b->dim.y * t->idx.z);
+    return (int)(lin % (unsigned)b->warp_size);
+}
+
+#if defined(MT_EMU_WAVE) && MT_EMU_WAVE == 64
+#define MT__MMA_LAYOUT 1
+typedef unsigned short mt__mma_v4[4];
+typedef float mt__mma_f4[4];
+typedef float mt__mma_f16[16];
+#elif defined(MT_EMU_WAVE) && MT_EMU_WAVE == 32
+#define MT__MMA_LAYOUT 2
+#endif
+#define MT__FN static inline
+#define MT__ALIGNED8(p) (p)
+
+static inline void mt__emu_mma(int shape, const void *a, const void *b, const float *c,
+                               float *d, const char *file, int line)
+{
+    struct mt_emu_mma_lane ln = {shape, a, b, c, d};
+    MT__FENCE();
+    int r = mt__rt->mma(&ln);
+    MT__FENCE();
+    if (r == MT_EMU_MMA_E_LANES)
+        mt__rt->trap("mt_mma: not every lane of the wave took part (a lane exited, or the "
+                     "block's last wave is partial); an MMA needs the whole wave",
+                     file, line);
+    else if (r == MT_EMU_MMA_E_SHAPE)
+        mt__rt->trap("mt_mma: the lanes of the wave asked for different MMA shapes",
+                     file, line);
+    else if (r != MT_EMU_MMA_OK)
+        mt__rt->trap("mt_mma: this MMA shape is not one of this wave size (the module "
+                     "was built for another wave size)", file, line);
+}
+
+/* The fragment loads' alignment contract, which a GPU would not check (its
+ * wide LDS reads need it): the tile starts 8-byte aligned, ld % 4 == 0. */
+static inline void mt__mma_check(const void *p, int ld, const char *what, const char *file,
+                                 int line)
+{
+    if (((uintptr_t)p & 7u) || (ld & 3))
+        mt__rt->trap(what, file, line);
+}
+#define MT__MMA_CHECK(p, ld, what, file, line) mt__mma_check((p), (ld), (what), (file), (line))
 
 /* ---- math ---------------------------------------------------------------- */
 #define mt_expf(x) expf(x)

@@ -18,6 +18,7 @@
  *   mt_e2m1_to_f32(code4), mt_e8m0_to_f32(code8), mt_fp8e4m3_to_f32(code8)
  *   mt_f32_to_e2m1(v) -> code4 (RNE, saturating; kernels/mxfp4.h's rule)
  *   mt_float_as_uint, mt_uint_as_float, mt_expf, mt_sqrtf, mt_rsqrtf, mt_fmaxf
+ *   mt_lane_id(), and the matrix fragments mt_mma_* (see their section below)
  *
  * No vendor #ifdef may appear in a kernel source: only here. */
 #ifndef MT_PRELUDE_GPU_H
@@ -51,6 +52,21 @@
 #define mt_sqrtf(x) sqrtf(x)
 #define mt_rsqrtf(x) rsqrtf(x)
 #define mt_fmaxf(a, b) fmaxf(a, b)
+#define MT__FN static __device__ __forceinline__
+#define MT__ALIGNED8(p) __builtin_assume_aligned((p), 8)
+#define MT__MMA_CHECK(p, ld, what, file, line) ((void)0)
+MT__FN int mt_lane_id(void)
+{
+    return (int)__builtin_amdgcn_mbcnt_hi(~0u, __builtin_amdgcn_mbcnt_lo(~0u, 0u));
+}
+/* MFMA with bf16_1k operands: gfx90a (CDNA2) and CDNA3/CDNA4. */
+#if defined(__gfx90a__) || defined(__gfx940__) || defined(__gfx941__) ||                 \
+    defined(__gfx942__) || defined(__gfx950__)
+#define MT__MMA_LAYOUT 1
+typedef short mt__mma_v4 __attribute__((ext_vector_type(4)));
+typedef float mt__mma_f4 __attribute__((ext_vector_type(4)));
+typedef float mt__mma_f16 __attribute__((ext_vector_type(16)));
+#endif
 
 #elif defined(__CUDACC_RTC__) || defined(__CUDACC__)
 /* ---- NVIDIA, through NVRTC --------------------------------------------- */
@@ -76,6 +92,19 @@
 #define mt_sqrtf(x) sqrtf(x)
 #define mt_rsqrtf(x) rsqrtf(x)
 #define mt_fmaxf(a, b) fmaxf(a, b)
+#define MT__FN static __device__ __forceinline__
+#define MT__ALIGNED8(p) (p)
+#define MT__MMA_CHECK(p, ld, what, file, line) ((void)0)
+MT__FN int mt_lane_id(void)
+{
+    unsigned l;
+    asm("mov.u32 %0, %%laneid;" : "=r"(l));
+    return (int)l;
+}
+/* mma.sync with bf16 operands: sm_80 and later. */
+#if __CUDA_ARCH__ >= 800
+#define MT__MMA_LAYOUT 2
+#endif
 
 #else
 #error "prelude_gpu.h: unknown platform (expected hipRTC, NVRTC or MT_EMU)"
@@ -146,5 +175,261 @@ MT_DEVICE float mt_fp8e4m3_to_f32(unsigned c)
         return mt_uint_as_float(s | mt_float_as_uint((float)mm * 0.001953125f));
     return mt_uint_as_float(s | ((e + 120u) << 23) | (mm << 20));
 }
+
+/* ---- matrix fragments (MFMA on AMD, mma.sync on NVIDIA, emulated on emu) --
+ * One MMA multiplies an M x K tile of A by a K x N tile of B (bf16) and adds
+ * an M x N tile of C (f32), with the tiles spread over the registers of one
+ * whole wave (AMD, 64 lanes) or warp (NVIDIA, 32 lanes) as the vendor's
+ * instruction lays them out. Every lane of the wave must make the same
+ * mt_mma_bf16 call together (no lane may have exited, the block's waves
+ * must be full); the loads and stores are per lane.
+ *
+ * MT_MMA_SHAPE (16 unless defined before use; a kernel may #undef and
+ * #define it) picks the tile; MT_MMA_M/N/K are its compile-time size:
+ *   16: AMD v_mfma_f32_16x16x16bf16_1k (16x16x16), NVIDIA m16n8k16 (16x8x16)
+ *   32: AMD v_mfma_f32_32x32x8bf16_1k (32x32x8); none on NVIDIA
+ * The emu backend uses AMD's layouts in wave64 modules, NVIDIA's in wave32.
+ * Layouts (lane l): AMD A[m][k] in lane m + M*(k/4), element k%4; B[k][n]
+ * in lane n + N*(k/4), element k%4; D[m][n] of 16x16 in lane n + 16*(m/4),
+ * register m%4; of 32x32 in lane n + 32*((m/4)%2), register m%4 + 4*(m/8)
+ * (AMD Matrix Instruction Calculator). NVIDIA: PTX ISA, "Matrix Fragments
+ * for mma.m16n8k16 with floating point type".
+ *
+ *   MT_MMA_HAVE            1 where the target has these instructions (AMD
+ *                          gfx90a/gfx94x/gfx950, NVIDIA sm_80+, emu); the
+ *                          names below exist only then
+ *   MT_MMA_HAVE_32         1 where MT_MMA_SHAPE 32 exists (AMD, emu wave64)
+ *   MT_MMA_WAVE            lanes taking part in one MMA (64 AMD, 32 NVIDIA),
+ *                          a compile-time constant (MT_WARP_SIZE may not be)
+ *   mt_mma_a, mt_mma_b     A and B fragments (opaque)
+ *   mt_mma_acc             the f32 accumulator: acc.x[i], i < MT_MMA_ACC_REGS,
+ *                          is element (mt_mma_acc_row(i), mt_mma_acc_col(i))
+ *                          of the tile for the calling lane
+ *   mt_mma_acc_zero()
+ *   mt_mma_load_a(p, ld)   A from a row-major M x K tile: A[m][k] = p[m*ld + k]
+ *   mt_mma_load_b(p, ld)   B from a row-major K x N tile: B[k][n] = p[k*ld + n]
+ *   mt_mma_load_bt(p, ld)  B from its transpose, row-major N x K:
+ *                          B[k][n] = p[n*ld + k] (a weight stored [N][K])
+ *                          load_a and load_bt need p 8-byte aligned and ld a
+ *                          multiple of 4 (emu traps otherwise; declare LDS
+ *                          tiles __attribute__((aligned(16)))); load_b has no
+ *                          such need but makes narrow reads
+ *   mt_mma_bf16(a, b, acc) -> acc + a x b: products exact, f32 accumulation
+ *   mt_mma_store_acc(p, ld, acc)   p[row*ld + col] = acc.x[i] for every i
+ *   mt_lane_id()           the calling thread's lane in its wave */
+#define MT__CAT_(a, b) a##b
+#define MT__CAT(a, b) MT__CAT_(a, b)
+#ifndef MT_MMA_SHAPE
+#define MT_MMA_SHAPE 16
+#endif
+
+#if defined(MT__MMA_LAYOUT)
+#define MT_MMA_HAVE 1
+#define MT_MMA_M MT__CAT(MT__MMA_M_, MT_MMA_SHAPE)
+#define MT_MMA_N MT__CAT(MT__MMA_N_, MT_MMA_SHAPE)
+#define MT_MMA_K MT__CAT(MT__MMA_K_, MT_MMA_SHAPE)
+#define MT_MMA_ACC_REGS MT__CAT(MT__MMA_ACC_REGS_, MT_MMA_SHAPE)
+#define mt_mma_a MT__CAT(mt__mma_a_, MT_MMA_SHAPE)
+#define mt_mma_b MT__CAT(mt__mma_b_, MT_MMA_SHAPE)
+#define mt_mma_acc MT__CAT(mt__mma_acc_, MT_MMA_SHAPE)
+#define mt_mma_acc_zero() MT__CAT(mt__mma_acc_zero_, MT_MMA_SHAPE)()
+#define mt_mma_acc_row(i) MT__CAT(mt__mma_acc_row_, MT_MMA_SHAPE)(i)
+#define mt_mma_acc_col(i) MT__CAT(mt__mma_acc_col_, MT_MMA_SHAPE)(i)
+#define mt_mma_load_a(p, ld)                                                   \
+    MT__CAT(mt__mma_load_a_, MT_MMA_SHAPE)((p), (ld), __FILE__, __LINE__)
+#define mt_mma_load_b(p, ld) MT__CAT(mt__mma_load_b_, MT_MMA_SHAPE)((p), (ld))
+#define mt_mma_load_bt(p, ld)                                                  \
+    MT__CAT(mt__mma_load_bt_, MT_MMA_SHAPE)((p), (ld), __FILE__, __LINE__)
+#define mt_mma_bf16(a, b, acc)                                                 \
+    MT__CAT(mt__mma_bf16_, MT_MMA_SHAPE)((a), (b), (acc), __FILE__, __LINE__)
+#define mt_mma_store_acc(p, ld, acc)                                           \
+    MT__CAT(mt__mma_store_acc_, MT_MMA_SHAPE)((p), (ld), (acc))
+#else
+#define MT_MMA_HAVE 0
+#endif
+
+#if defined(MT__MMA_LAYOUT) && MT__MMA_LAYOUT == 1
+/* AMD wave64 (and emu wave64): A and B hold 4 consecutive k of one row
+ * (A) or column (B) per lane. */
+#define MT_MMA_HAVE_32 1
+#define MT_MMA_WAVE 64
+#define MT__MMA_M_16 16
+#define MT__MMA_N_16 16
+#define MT__MMA_K_16 16
+#define MT__MMA_ACC_REGS_16 4
+#define MT__MMA_M_32 32
+#define MT__MMA_N_32 32
+#define MT__MMA_K_32 8
+#define MT__MMA_ACC_REGS_32 16
+typedef struct mt__mma_a_16 { mt__mma_v4 x; } mt__mma_a_16;
+typedef struct mt__mma_b_16 { mt__mma_v4 x; } mt__mma_b_16;
+typedef struct mt__mma_acc_16 { mt__mma_f4 x; } mt__mma_acc_16;
+typedef struct mt__mma_a_32 { mt__mma_v4 x; } mt__mma_a_32;
+typedef struct mt__mma_b_32 { mt__mma_v4 x; } mt__mma_b_32;
+typedef struct mt__mma_acc_32 { mt__mma_f16 x; } mt__mma_acc_32;
+
+/* The lane's run of 4 k: row (A) or column (B) lane % w, from k = 4*(lane/w). */
+#define MT__MMA_AMD_LOADS(S, W)                                                \
+    MT__FN mt__mma_a_##S mt__mma_load_a_##S(const mt_bf16 *p, int ld, const char *f, \
+                                             int l)                            \
+    {                                                                          \
+        mt__mma_a_##S r;                                                       \
+        int lane = mt_lane_id();                                               \
+        MT__MMA_CHECK(p, ld, "mt_mma_load_a: the tile must start 8-byte aligned and ld " \
+                      "be a multiple of 4", f, l);                             \
+        __builtin_memcpy(&r.x, MT__ALIGNED8(p + (lane % W) * ld + 4 * (lane / W)), 8); \
+        return r;                                                              \
+    }                                                                          \
+    MT__FN mt__mma_b_##S mt__mma_load_bt_##S(const mt_bf16 *p, int ld, const char *f, \
+                                              int l)                           \
+    {                                                                          \
+        mt__mma_b_##S r;                                                       \
+        int lane = mt_lane_id();                                               \
+        MT__MMA_CHECK(p, ld, "mt_mma_load_bt: the tile must start 8-byte aligned and " \
+                      "ld be a multiple of 4", f, l);                          \
+        __builtin_memcpy(&r.x, MT__ALIGNED8(p + (lane % W) * ld + 4 * (lane / W)), 8); \
+        return r;                                                              \
+    }                                                                          \
+    MT__FN mt__mma_b_##S mt__mma_load_b_##S(const mt_bf16 *p, int ld)          \
+    {                                                                          \
+        mt__mma_b_##S r;                                                       \
+        int lane = mt_lane_id();                                               \
+        const mt_bf16 *q = p + 4 * (lane / W) * ld + lane % W;                 \
+        for (int e = 0; e < 4; e++)                                            \
+            r.x[e] = q[e * ld];                                                \
+        return r;                                                              \
+    }
+MT__MMA_AMD_LOADS(16, 16)
+MT__MMA_AMD_LOADS(32, 32)
+
+MT__FN int mt__mma_acc_row_16(int i) { return 4 * (mt_lane_id() / 16) + i; }
+MT__FN int mt__mma_acc_col_16(int i) { (void)i; return mt_lane_id() % 16; }
+MT__FN int mt__mma_acc_row_32(int i)
+{
+    return (i % 4) + 4 * (mt_lane_id() / 32) + 8 * (i / 4);
+}
+MT__FN int mt__mma_acc_col_32(int i) { (void)i; return mt_lane_id() % 32; }
+
+#if defined(MT_EMU)
+#define MT__MMA_RUN(shape, a, b, c, d, f, l) mt__emu_mma((shape), &(a), &(b), (c).x, (d).x, (f), (l))
+#define MT__MMA_SHAPE_16 MT_EMU_MMA_BF16_16X16X16
+#define MT__MMA_SHAPE_32 MT_EMU_MMA_BF16_32X32X8
+#else
+#define MT__MMA_RUN(shape, a, b, c, d, f, l) ((d).x = shape((a).x, (b).x, (c).x, 0, 0, 0))
+#define MT__MMA_SHAPE_16 __builtin_amdgcn_mfma_f32_16x16x16bf16_1k
+#define MT__MMA_SHAPE_32 __builtin_amdgcn_mfma_f32_32x32x8bf16_1k
+#endif
+MT__FN mt__mma_acc_16 mt__mma_bf16_16(mt__mma_a_16 a, mt__mma_b_16 b, mt__mma_acc_16 c,
+                                      const char *f, int l)
+{
+    mt__mma_acc_16 d;
+    MT__MMA_RUN(MT__MMA_SHAPE_16, a, b, c, d, f, l);
+    return d;
+}
+MT__FN mt__mma_acc_32 mt__mma_bf16_32(mt__mma_a_32 a, mt__mma_b_32 b, mt__mma_acc_32 c,
+                                      const char *f, int l)
+{
+    mt__mma_acc_32 d;
+    MT__MMA_RUN(MT__MMA_SHAPE_32, a, b, c, d, f, l);
+    return d;
+}
+
+#elif defined(MT__MMA_LAYOUT) && MT__MMA_LAYOUT == 2
+/* NVIDIA warp32 (and emu wave32): registers hold pairs of consecutive k,
+ * the lower k in the low half; g = lane / 4, t = lane % 4. */
+#define MT_MMA_HAVE_32 0
+#define MT_MMA_WAVE 32
+#define MT__MMA_M_16 16
+#define MT__MMA_N_16 8
+#define MT__MMA_K_16 16
+#define MT__MMA_ACC_REGS_16 4
+#define MT__MMA_M_32 mt_mma_shape_32_needs_an_amd_wave64_target
+#define MT__MMA_N_32 mt_mma_shape_32_needs_an_amd_wave64_target
+#define MT__MMA_K_32 mt_mma_shape_32_needs_an_amd_wave64_target
+#define MT__MMA_ACC_REGS_32 mt_mma_shape_32_needs_an_amd_wave64_target
+typedef struct mt__mma_a_16 { unsigned x[4]; } mt__mma_a_16;   /* a0..a7 */
+typedef struct mt__mma_b_16 { unsigned x[2]; } mt__mma_b_16;   /* b0..b3 */
+typedef struct mt__mma_acc_16 { float x[4]; } mt__mma_acc_16;  /* c0..c3 */
+
+MT__FN unsigned mt__mma_pair(const mt_bf16 *p) { return *(const unsigned *)p; }
+
+/* a0,a1: (g, 2t..2t+1); a2,a3: row g+8; a4..a7: the same 8 columns on. */
+MT__FN mt__mma_a_16 mt__mma_load_a_16(const mt_bf16 *p, int ld, const char *f, int l)
+{
+    mt__mma_a_16 r;
+    int lane = mt_lane_id(), g = lane / 4, t = lane % 4;
+    MT__MMA_CHECK(p, ld, "mt_mma_load_a: the tile must start 8-byte aligned and ld be a "
+                  "multiple of 4", f, l);
+    r.x[0] = mt__mma_pair(p + g * ld + 2 * t);
+    r.x[1] = mt__mma_pair(p + (g + 8) * ld + 2 * t);
+    r.x[2] = mt__mma_pair(p + g * ld + 2 * t + 8);
+    r.x[3] = mt__mma_pair(p + (g + 8) * ld + 2 * t + 8);
+    return r;
+}
+
+/* b0,b1: k = 2t..2t+1 of column g; b2,b3: k + 8. */
+MT__FN mt__mma_b_16 mt__mma_load_bt_16(const mt_bf16 *p, int ld, const char *f, int l)
+{
+    mt__mma_b_16 r;
+    int lane = mt_lane_id(), g = lane / 4, t = lane % 4;
+    MT__MMA_CHECK(p, ld, "mt_mma_load_bt: the tile must start 8-byte aligned and ld be a "
+                  "multiple of 4", f, l);
+    r.x[0] = mt__mma_pair(p + g * ld + 2 * t);
+    r.x[1] = mt__mma_pair(p + g * ld + 2 * t + 8);
+    return r;
+}
+
+MT__FN mt__mma_b_16 mt__mma_load_b_16(const mt_bf16 *p, int ld)
+{
+    mt__mma_b_16 r;
+    int lane = mt_lane_id(), g = lane / 4, t = lane % 4;
+    const mt_bf16 *q = p + 2 * t * ld + g;
+    r.x[0] = (unsigned)q[0] | (unsigned)q[ld] << 16;
+    r.x[1] = (unsigned)q[8 * ld] | (unsigned)q[9 * ld] << 16;
+    return r;
+}
+
+MT__FN int mt__mma_acc_row_16(int i) { return mt_lane_id() / 4 + 8 * (i / 2); }
+MT__FN int mt__mma_acc_col_16(int i) { return 2 * (mt_lane_id() % 4) + (i & 1); }
+
+MT__FN mt__mma_acc_16 mt__mma_bf16_16(mt__mma_a_16 a, mt__mma_b_16 b, mt__mma_acc_16 c,
+                                      const char *f, int l)
+{
+    mt__mma_acc_16 d;
+#if defined(MT_EMU)
+    mt__emu_mma(MT_EMU_MMA_BF16_16X8X16, &a, &b, c.x, d.x, f, l);
+#else
+    (void)f;
+    (void)l;
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+        "{%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};"
+        : "=f"(d.x[0]), "=f"(d.x[1]), "=f"(d.x[2]), "=f"(d.x[3])
+        : "r"(a.x[0]), "r"(a.x[1]), "r"(a.x[2]), "r"(a.x[3]), "r"(b.x[0]), "r"(b.x[1]),
+          "f"(c.x[0]), "f"(c.x[1]), "f"(c.x[2]), "f"(c.x[3]));
+#endif
+    return d;
+}
+#endif
+
+/* What every layout shares, per shape: zero and store. */
+#define MT__MMA_COMMON(S)                                                      \
+    MT__FN mt__mma_acc_##S mt__mma_acc_zero_##S(void)                          \
+    {                                                                          \
+        mt__mma_acc_##S r;                                                     \
+        for (int i = 0; i < MT__MMA_ACC_REGS_##S; i++)                         \
+            r.x[i] = 0.0f;                                                     \
+        return r;                                                              \
+    }                                                                          \
+    MT__FN void mt__mma_store_acc_##S(float *p, int ld, mt__mma_acc_##S acc)   \
+    {                                                                          \
+        for (int i = 0; i < MT__MMA_ACC_REGS_##S; i++)                         \
+            p[mt__mma_acc_row_##S(i) * ld + mt__mma_acc_col_##S(i)] = acc.x[i]; \
+    }
+#if defined(MT__MMA_LAYOUT)
+MT__MMA_COMMON(16)
+#endif
+#if defined(MT__MMA_LAYOUT) && MT__MMA_LAYOUT == 1
+MT__MMA_COMMON(32)
+#endif
 
 #endif
