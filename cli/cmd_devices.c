@@ -91,6 +91,15 @@ int cmd_devices(int argc, char **argv)
             print_props(dev_get_props(d));
         dev_close(d);
     }
+    if (!json && (!spec || !strncmp(spec, "hip", 3)))
+        printf("\nAMD targets without a GPU (--device hip --arch A, compile-only):\n"
+               "  hipRTC (ROCm 5.2): gfx900 gfx906 gfx908 gfx90a gfx1010 gfx1011 gfx1012 "
+               "gfx1030\n"
+               "  clang-19:          gfx940 gfx941 gfx942\n"
+               "  gfx950 needs LLVM 20 or later (MOETUNE_HIP_CLANG names one); without it "
+               "gfx950\n"
+               "  kernels are verified on emu and compiled on the device where one is "
+               "present.\n");
     if (json) {
         char *s = cJSON_Print(arr);
         puts(s);

@@ -79,9 +79,10 @@ int hip_waves_per_simd(const char *arch, int vgprs, int agprs)
         return -1;
     if (agprs < 0)
         agprs = 0;
-    if (!strcmp(arch, "gfx90a")) {
+    if (!strcmp(arch, "gfx90a") || !strcmp(arch, "gfx940") || !strcmp(arch, "gfx941") ||
+        !strcmp(arch, "gfx942") || !strcmp(arch, "gfx950")) {
         /* One 512-entry file: AGPRs follow the VGPRs (aligned to 4), in
-         * granules of 8; at most 8 waves per SIMD. */
+         * granules of 8; at most 8 waves per SIMD (CDNA2, CDNA3, CDNA4). */
         int total = round_up(round_up(vgprs, 4) + agprs, 8);
         int w = total ? 512 / total : 8;
         return w > 8 ? 8 : w;

@@ -6,7 +6,10 @@
  * Without a GPU, "hip" opens only when an arch is given (dev_open_opts.arch):
  * then the device is compile-only. hipRTC of ROCm 5.2 crashes on arch names
  * it does not know (gfx940..gfx942, gfx950), so only archs on an allow-list
- * ever reach it. Built only with MOETUNE_HAVE_HIP. */
+ * ever reach it. The CDNA3 ones (gfx940..gfx942) are compiled, compile-only,
+ * by an offline clang instead (clang-19, or $MOETUNE_HIP_CLANG) with the
+ * ROCm headers and device libraries of the system (see clang_compile);
+ * gfx950 needs LLVM 20 or later. Built only with MOETUNE_HAVE_HIP. */
 #ifdef MOETUNE_HAVE_HIP
 #define _GNU_SOURCE
 #ifndef __HIP_PLATFORM_AMD__
@@ -16,12 +19,17 @@
 
 #include <hip/hip_runtime_api.h>
 #include <hip/hiprtc.h>
+#include <errno.h>
 #include <signal.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include "../common/files.h"
 #include "hip_comgr.h"
 
 /* Checks a HIP runtime call; on failure records the expression, file and
@@ -59,12 +67,33 @@ static const char *const known_archs[] = {
 };
 #define N_KNOWN_ARCHS (sizeof known_archs / sizeof known_archs[0])
 
+/* Archs past hipRTC 5.2 that an offline clang compiles (compile-only), and
+ * the LLVM major version each needs. */
+static const struct {
+    const char *arch;
+    int llvm;
+} clang_archs[] = {
+    {"gfx940", 19}, {"gfx941", 19}, {"gfx942", 19}, {"gfx950", 20},
+};
+#define N_CLANG_ARCHS (sizeof clang_archs / sizeof clang_archs[0])
+
+/* The offline clang and what it links: found once per device. */
+typedef struct hip_clang {
+    char path[256];         /* the compiler ($MOETUNE_HIP_CLANG or clang-19) */
+    char version[48];       /* "19.1.7" */
+    int major;
+    char devlibs[256];      /* folder of ocml.bc, ockl.bc, oclc_*.bc */
+    char isa[8];            /* the oclc_isa_version_<isa>.bc linked */
+} hip_clang;
+
 typedef struct hip_ctx {
     int device;
     bool compile_only;
+    bool use_clang;         /* compile with cl instead of hipRTC */
+    hip_clang cl;
     char arch[32];
     char arch_option[48];   /* --offload-arch=gfx90a */
-    char compiler_id[128];
+    char compiler_id[1024];
     const char *prelude;
 } hip_ctx;
 
@@ -82,6 +111,14 @@ static bool arch_known(const char *arch)
     return false;
 }
 
+static int clang_arch_llvm(const char *arch)
+{
+    for (size_t i = 0; i < N_CLANG_ARCHS; i++)
+        if (!strcmp(arch, clang_archs[i].arch))
+            return clang_archs[i].llvm;
+    return 0;
+}
+
 static mt_status refuse_arch(const char *arch, mt_status st, mt_err *err)
 {
     char list[256] = "";
@@ -92,7 +129,108 @@ static mt_status refuse_arch(const char *arch, mt_status st, mt_err *err)
     return mt_fail(err, st,
                    "hip: arch '%s' is refused: this hipRTC (ROCm 5.2) crashes instead "
                    "of failing on archs it does not know (such as gfx940, gfx941, "
-                   "gfx942, gfx950); it is known to compile for: %s", arch, list);
+                   "gfx942, gfx950); it is known to compile for: %s; gfx940, gfx941 and "
+                   "gfx942 compile (without a GPU) with clang-19 instead", arch, list);
+}
+
+/* ---- the offline clang --------------------------------------------------- */
+
+/* Runs argv (NULL-terminated) with stdout and stderr into the file lg and
+ * returns its exit status (-1 when it could not run or was killed). */
+static int run_tool(const char *const *argv, const char *lg)
+{
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        FILE *f = freopen(lg, "w", stderr);
+        if (f)
+            dup2(2, 1);
+        execvp(argv[0], (char *const *)argv);
+        fprintf(stderr, "cannot run %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    int ws = 0;
+    while (waitpid(pid, &ws, 0) < 0)
+        if (errno != EINTR)
+            return -1;
+    return WIFEXITED(ws) ? WEXITSTATUS(ws) : -1;
+}
+
+static bool file_exists(const char *dir, const char *name)
+{
+    char p[512];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* Finds the compiler, its version and the device libraries for arch, or
+ * fails with MT_E_UNSUPPORTED saying what to install. */
+static mt_status clang_find(const char *arch, hip_clang *cl, mt_err *err)
+{
+    memset(cl, 0, sizeof *cl);
+    const char *env = getenv("MOETUNE_HIP_CLANG");
+    snprintf(cl->path, sizeof cl->path, "%s", env && *env ? env : "clang-19");
+    char dir[] = "/tmp/moetune-clang-XXXXXX";
+    if (!mkdtemp(dir))
+        return mt_fail(err, MT_E_IO, "cannot create a temporary folder: %s",
+                       strerror(errno));
+    char lg[64];
+    snprintf(lg, sizeof lg, "%s/log", dir);
+    const char *argv[] = {cl->path, "--version", NULL};
+    int rc = run_tool(argv, lg);
+    char *text = NULL;
+    if (rc == 0 && mt_file_read(lg, &text, NULL, NULL) == MT_OK && text) {
+        const char *v = strstr(text, "clang version ");
+        if (v) {
+            v += strlen("clang version ");
+            snprintf(cl->version, sizeof cl->version, "%.*s", (int)strcspn(v, " \n("), v);
+            cl->major = atoi(cl->version);
+        }
+    }
+    free(text);
+    unlink(lg);
+    rmdir(dir);
+    if (cl->major == 0)
+        return mt_fail(err, MT_E_UNSUPPORTED,
+                       "hip: %s needs an offline clang (hipRTC 5.2 crashes on it), and "
+                       "'%s --version' did not run: install clang-19, lld-19 and "
+                       "rocm-device-libs (apt-get install clang-19 lld-19 rocm-device-libs) "
+                       "or point MOETUNE_HIP_CLANG at a clang", arch, cl->path);
+    int need = clang_arch_llvm(arch);
+    if (cl->major < need)
+        return mt_fail(err, MT_E_UNSUPPORTED,
+                       "hip: %s needs LLVM %d or later to compile, and %s is clang %s; "
+                       "without one its kernels are checked on emu only (and compiled on "
+                       "the device where one is present)", arch, need, cl->path,
+                       cl->version);
+
+    env = getenv("MOETUNE_ROCM_DEVICE_LIBS");
+    const char *cands[] = {env && *env ? env : NULL,
+                           "/usr/lib/x86_64-linux-gnu/amdgcn/bitcode",
+                           "/opt/rocm/amdgcn/bitcode", "/opt/rocm/lib/amdgcn/bitcode"};
+    for (size_t i = 0; i < sizeof cands / sizeof *cands && !cl->devlibs[0]; i++)
+        if (cands[i] && file_exists(cands[i], "ocml.bc") && file_exists(cands[i], "ockl.bc") &&
+            file_exists(cands[i], "hip.bc"))
+            snprintf(cl->devlibs, sizeof cl->devlibs, "%s", cands[i]);
+    if (!cl->devlibs[0])
+        return mt_fail(err, MT_E_UNSUPPORTED,
+                       "hip: %s compiles with %s but the ROCm device libraries (ocml.bc, "
+                       "ockl.bc, hip.bc) are not found: install rocm-device-libs or set "
+                       "MOETUNE_ROCM_DEVICE_LIBS to their folder", arch, cl->path);
+    /* ROCm 5.2's libraries stop at gfx940; its ISA constant is the nearest
+     * one for the rest of the family (only a few ocml paths read it). */
+    char want[48];
+    snprintf(cl->isa, sizeof cl->isa, "%s", arch + 3);
+    snprintf(want, sizeof want, "oclc_isa_version_%s.bc", cl->isa);
+    if (!file_exists(cl->devlibs, want))
+        snprintf(cl->isa, sizeof cl->isa, "%.2s0", arch + 3);
+    snprintf(want, sizeof want, "oclc_isa_version_%s.bc", cl->isa);
+    if (!file_exists(cl->devlibs, want))
+        return mt_fail(err, MT_E_UNSUPPORTED, "hip: no %s in %s for %s", want, cl->devlibs,
+                       arch);
+    return MT_OK;
 }
 
 static void version_text(int v, char *out, size_t cap)
@@ -151,8 +289,15 @@ static mt_status hip_open(const char *arg, const dev_open_opts *opts, dev_props 
         index = (int)v;
     }
     const char *want = opts->arch && *opts->arch ? opts->arch : NULL;
-    if (want && !arch_known(want))
+    hip_clang cl;
+    bool use_clang = want && !arch_known(want) && clang_arch_llvm(want);
+    if (want && !arch_known(want) && !use_clang)
         return refuse_arch(want, MT_E_INVALID, err);
+    if (use_clang) {
+        mt_status st = clang_find(want, &cl, err);
+        if (st != MT_OK)
+            return st;
+    }
 
     const char *prelude = dev_prelude_get("prelude_gpu.h");
     if (!prelude)
@@ -177,6 +322,9 @@ static mt_status hip_open(const char *arg, const dev_open_opts *opts, dev_props 
         return mt_fail(err, MT_E_NOMEM, "hip device");
     c->device = index;
     c->prelude = prelude;
+    c->use_clang = use_clang;
+    if (use_clang)
+        c->cl = cl;
     memset(props, 0, sizeof *props);
     props->backend = DEV_BACKEND_HIP;
     if (index < count) {
@@ -193,25 +341,40 @@ static mt_status hip_open(const char *arg, const dev_open_opts *opts, dev_props 
         }
     }
     /* An arch that differs from the GPU's (or no GPU) means compile-only:
-     * code for another arch cannot be loaded here. */
-    if (want && (index >= count || strcmp(want, c->arch) != 0)) {
+     * code for another arch cannot be loaded here; so does an arch only the
+     * offline clang compiles (its code objects are for a newer runtime). */
+    if (want && (use_clang || index >= count || strcmp(want, c->arch) != 0)) {
         c->compile_only = true;
         snprintf(c->arch, sizeof c->arch, "%s", want);
         fill_compile_only(c, props);
+        if (use_clang)
+            snprintf(props->name, sizeof props->name,
+                     "AMD %.31s (compile-only, no GPU; clang %.40s)", c->arch,
+                     c->cl.version);
         snprintf(props->spec, sizeof props->spec, "hip");
     } else {
         snprintf(props->spec, sizeof props->spec, "hip:%d", index);
     }
     snprintf(props->arch, sizeof props->arch, "%s", c->arch);
-    props->max_vgprs = !strcmp(c->arch, "gfx90a") ? 512 : 256;
+    /* gfx90a and CDNA3/4 have one 512-entry file for VGPRs and AGPRs. */
+    props->max_vgprs = !strcmp(c->arch, "gfx90a") || !strncmp(c->arch, "gfx94", 5) ||
+                               !strcmp(c->arch, "gfx950")
+                           ? 512
+                           : 256;
     int rv = 0;
     if (hipRuntimeGetVersion(&rv) == hipSuccess)
         version_text(rv, props->runtime_version, sizeof props->runtime_version);
     else
         snprintf(props->runtime_version, sizeof props->runtime_version, "hip");
     snprintf(c->arch_option, sizeof c->arch_option, "--offload-arch=%s", c->arch);
-    snprintf(c->compiler_id, sizeof c->compiler_id, "hiprtc %s -O3 %s",
-             props->runtime_version, c->arch_option);
+    if (use_clang)
+        snprintf(c->compiler_id, sizeof c->compiler_id,
+                 "%s %s -O3 %s -mcode-object-version=5 %s headers, %s isa %s", c->cl.path,
+                 c->cl.version, c->arch_option, props->runtime_version, c->cl.devlibs,
+                 c->cl.isa);
+    else
+        snprintf(c->compiler_id, sizeof c->compiler_id, "hiprtc %s -O3 %s",
+                 props->runtime_version, c->arch_option);
     *ctx_out = c;
     return MT_OK;
 }
@@ -269,6 +432,92 @@ static mt_status hip_compile(void *ctx, const dev_props *props, const dev_compil
     return st;
 }
 
+/* Compiles with the offline clang: the same text hipRTC would get, in a
+ * file, built for the device alone and linked with the ROCm device
+ * libraries as hipRTC links its own copy:
+ *   clang -x hip --offload-arch=ARCH --cuda-device-only --no-gpu-bundle-output
+ *         -nogpulib -mcode-object-version=5 -O3 -include hip/hip_runtime.h
+ *         -Xclang -mlink-builtin-bitcode -Xclang DEVLIBS/<lib>.bc ...
+ *         -DNAME=VALUE ... OPTIONS -c k.hip -o k.co
+ * The result is a code object like hipRTC's (an ELF shared object with
+ * amdhsa metadata) that comgr reads. */
+static mt_status clang_compile(hip_ctx *c, const char *name, const dev_compile_args *a,
+                               void **bytes, size_t *len, char **log, mt_err *err)
+{
+    static const char *const libs[] = {
+        "hip", "ocml", "ockl", "oclc_daz_opt_off", "oclc_unsafe_math_off",
+        "oclc_finite_only_off", "oclc_correctly_rounded_sqrt_on",
+        "oclc_wavefrontsize64_on", "oclc_abi_version_500",
+    };
+    enum { N_LIBS = sizeof libs / sizeof *libs };
+    char dir[] = "/tmp/moetune-hip-XXXXXX";
+    if (!mkdtemp(dir))
+        return mt_fail(err, MT_E_IO, "cannot create a temporary folder: %s",
+                       strerror(errno));
+    char src[64], obj[64], lg[64], isa[96];
+    snprintf(src, sizeof src, "%s/k.hip", dir);
+    snprintf(obj, sizeof obj, "%s/k.co", dir);
+    snprintf(lg, sizeof lg, "%s/log", dir);
+    snprintf(isa, sizeof isa, "oclc_isa_version_%s", c->cl.isa);
+    char bc[N_LIBS + 1][320];
+    const char *argv[64 + 4 * (N_LIBS + 1) + 256];
+    int n = 0;
+    argv[n++] = c->cl.path;
+    argv[n++] = "-x";
+    argv[n++] = "hip";
+    argv[n++] = c->arch_option;
+    argv[n++] = "--cuda-device-only";
+    argv[n++] = "--no-gpu-bundle-output";
+    argv[n++] = "-nogpulib";
+    argv[n++] = "-mcode-object-version=5";
+    argv[n++] = "-O3";
+    argv[n++] = "-include";
+    argv[n++] = "hip/hip_runtime.h";
+    for (int i = 0; i <= N_LIBS; i++) {
+        snprintf(bc[i], sizeof bc[i], "%.255s/%.60s.bc", c->cl.devlibs,
+                 i < N_LIBS ? libs[i] : isa);
+        argv[n++] = "-Xclang";
+        argv[n++] = "-mlink-builtin-bitcode";
+        argv[n++] = "-Xclang";
+        argv[n++] = bc[i];
+    }
+    /* a's options after its first two (hipRTC's --offload-arch and -O3) */
+    for (int i = 2; i < a->n_opts && n < (int)(sizeof argv / sizeof *argv) - 6; i++)
+        argv[n++] = a->opts[i];
+    argv[n++] = "-c";
+    argv[n++] = src;
+    argv[n++] = "-o";
+    argv[n++] = obj;
+    argv[n] = NULL;
+
+    mt_status st = mt_file_write_atomic(src, a->text, strlen(a->text), err);
+    if (st == MT_OK) {
+        int rc = run_tool(argv, lg);
+        char *text = NULL;
+        if (mt_file_read(lg, &text, NULL, NULL) == MT_OK && text && !text[strspn(text, " \t\r\n")]) {
+            free(text);
+            text = NULL;
+        }
+        if (rc != 0) {
+            st = mt_fail(err, MT_E_COMPILE, "%s (clang %s) failed to compile %s for %s "
+                         "(exit %d):\n%s", c->cl.path, c->cl.version, name, c->arch, rc,
+                         text ? text : "(empty log)");
+            free(text);
+        } else {
+            *log = text;
+            char *data = NULL;
+            st = mt_file_read(obj, &data, len, err);
+            if (st == MT_OK)
+                *bytes = data;
+        }
+    }
+    unlink(src);
+    unlink(obj);
+    unlink(lg);
+    rmdir(dir);
+    return st;
+}
+
 static mt_status hip_compile_unlocked(void *ctx, const dev_props *props,
                                       const dev_compile_req *req, void **bytes,
                                       size_t *len, char **log, dev_code_info *info,
@@ -288,6 +537,22 @@ static mt_status hip_compile_unlocked(void *ctx, const dev_props *props,
                                           err);
     if (st != MT_OK)
         return st;
+    if (c->use_clang) {
+        st = clang_compile(c, name, &a, bytes, len, log, err);
+        dev_compile_args_release(&a);
+        if (st == MT_OK) {
+            st = hip_comgr_inspect(*bytes, *len, info, NULL, 0, err);
+            if (st != MT_OK) {
+                mt_err_prefix(err, "resources of %s", name);
+                free(*bytes);
+                *bytes = NULL;
+                *len = 0;
+                free(*log);
+                *log = NULL;
+            }
+        }
+        return st;
+    }
     hiprtcProgram prog = NULL;
     char *code = NULL;
     RTC_CHECK(hiprtcCreateProgram(&prog, a.text, name, 0, NULL, NULL), err, st, out,

@@ -22,7 +22,8 @@ mt_status hip_comgr_count_args(const void *bytes, size_t len, const char *name, 
                                mt_err *err);
 
 /* Waves per SIMD that the register use of one kernel allows on a gfx9 arch
- * (gfx900, gfx906, gfx908, gfx90a); -1 for archs it does not model. */
+ * (gfx900, gfx906, gfx908, gfx90a, gfx940-942, gfx950); -1 for archs it does
+ * not model. */
 int hip_waves_per_simd(const char *arch, int vgprs, int agprs);
 
 #endif

@@ -12,6 +12,7 @@ pkgs=(
   libsqlite3-dev sqlite3 libcjson-dev libcriterion-dev libffi-dev
   libpcre2-dev libcivetweb-dev
   libamdhip64-dev libamd-comgr-dev
+  clang-19 lld-19 llvm-19 rocm-device-libs
   curl jq
 )
 [ "${1:-}" = "--ci" ] && pkgs+=(clang-19)

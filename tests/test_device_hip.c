@@ -120,10 +120,12 @@ Test(device_hip, a_kernel_forced_to_spill_reports_spills)
     dev_close(d);
 }
 
+/* gfx940-942 go to the offline clang instead, gfx950 is refused for want of
+ * LLVM 20: tests/test_mma_compile.c. */
 Test(device_hip, unknown_archs_are_refused_before_hiprtc_sees_them)
 {
     NEED_HIP();
-    const char *bad[] = {"gfx942", "gfx950", "gfx940", "gfx1100x", "sm_90"};
+    const char *bad[] = {"gfx1100x", "gfx1100", "gfx943", "sm_90"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         dev_open_opts o = {.arch = bad[i]};
         dev_device *d = NULL;
