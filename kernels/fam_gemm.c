@@ -1,9 +1,12 @@
 /* fam_gemm.c: the `gemm` family: c = a x b^T with bf16 inputs and f32
  * output. The reference tiled GEMM of the library: shared-memory tiles,
- * barriers, register tiles and split-K with atomics on GPUs; register and
- * K blocking on the CPU. */
+ * barriers, register tiles and split-K with atomics on GPUs, or with MMA=1|2
+ * the matrix fragments of the prelude (MFMA / mma.sync); register and K
+ * blocking on the CPU. */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "../common/numeric.h"
 #include "../common/rng.h"
@@ -22,21 +25,99 @@ static const kern_preset presets[] = {
     {"glm5.2-kv_a", "N=576,K=6144"},
 };
 
-enum { P_BM, P_BN, P_BK, P_TM, P_TN, P_SPLITK, P_COUNT };
+enum { P_BM, P_BN, P_BK, P_TM, P_TN, P_SPLITK, P_MMA, P_COUNT };
 static const int bm_v[] = {16, 32, 64, 128};
 static const int bn_v[] = {16, 32, 64, 128};
 static const int bk_v[] = {8, 16, 32};
 static const int tm_v[] = {1, 2, 4, 8};
 static const int tn_v[] = {1, 2, 4, 8};
 static const int splitk_v[] = {1, 2, 4, 8};
+static const int mma_v[] = {0, 1, 2};
 static const kern_param_desc gpu_params[P_COUNT] = {
     [P_BM] = {"BM", bm_v, 4, "rows of c per block"},
     [P_BN] = {"BN", bn_v, 4, "columns of c per block"},
     [P_BK] = {"BK", bk_v, 3, "K per shared-memory stage"},
-    [P_TM] = {"TM", tm_v, 4, "rows per thread"},
-    [P_TN] = {"TN", tn_v, 4, "columns per thread"},
+    [P_TM] = {"TM", tm_v, 4, "rows per thread (MMA: fragments per wave down M)"},
+    [P_TN] = {"TN", tn_v, 4, "columns per thread (MMA: fragments per wave along N)"},
     [P_SPLITK] = {"SPLITK", splitk_v, 4, "blocks sharing one tile's K (atomics)"},
+    [P_MMA] = {"MMA", mma_v, 3, "0 scalar FMAs; 1, 2 matrix instructions, the "
+               "platform's small (16-row) or large (32x32x8, AMD) tile"},
 };
+
+/* The tile MT_MMA_SHAPE 16 (mma 1) or 32 (mma 2) gives on this device, as
+ * prelude_gpu.h defines them; false where it has none: AMD MFMA bf16_1k
+ * (gfx90a, gfx940-942, gfx950) and emu wave64 16x16x16 / 32x32x8, NVIDIA
+ * mma.sync (sm_80 on) and emu wave32 16x8x16. */
+static bool mma_tile(const dev_props *p, int mma, int *tm, int *tn, int *tk)
+{
+    bool wave64;
+    if (p->backend == DEV_BACKEND_EMU)
+        wave64 = p->warp_size == 64;
+    else if (p->backend == DEV_BACKEND_HIP)
+        wave64 = true;
+    else
+        wave64 = false;
+    bool have;
+    if (p->backend == DEV_BACKEND_HIP)
+        have = !strcmp(p->arch, "gfx90a") || !strncmp(p->arch, "gfx94", 5) ||
+               !strcmp(p->arch, "gfx950");
+    else if (p->backend == DEV_BACKEND_CUDA)
+        have = !strncmp(p->arch, "sm_", 3) && atoi(p->arch + 3) >= 80;
+    else
+        have = p->backend == DEV_BACKEND_EMU;
+    if (!have || (mma == 2 && !wave64) || mma < 1 || mma > 2)
+        return false;
+    *tm = mma == 2 ? 32 : 16;
+    *tn = mma == 2 ? 32 : wave64 ? 16 : 8;
+    *tk = mma == 2 ? 8 : 16;
+    return true;
+}
+
+/* The MMA path's block: waves (each TM x TN fragments) times the wave. */
+static int mma_threads(const int *v, const dev_props *p, int tm, int tn)
+{
+    return (v[P_BM] / (v[P_TM] * tm)) * (v[P_BN] / (v[P_TN] * tn)) *
+           (p->warp_size == 32 ? 32 : 64);
+}
+
+static bool mma_valid(const kern_shape *s, const int *v, const dev_props *p, char *why,
+                      size_t cap)
+{
+    int tm, tn, tk;
+    if (!mma_tile(p, v[P_MMA], &tm, &tn, &tk)) {
+        snprintf(why, cap, "MMA=%d: %s has no such matrix instruction", v[P_MMA], p->arch);
+        return false;
+    }
+    if (v[P_BM] % (v[P_TM] * tm) || v[P_BN] % (v[P_TN] * tn) || v[P_BK] % tk) {
+        snprintf(why, cap, "MMA=%d: a %dx%d wave tile of %dx%dx%d fragments does not "
+                 "divide the %dx%d block or BK=%d", v[P_MMA], v[P_TM] * tm, v[P_TN] * tn,
+                 tm, tn, tk, v[P_BM], v[P_BN], v[P_BK]);
+        return false;
+    }
+    int regs = v[P_TM] * v[P_TN] * (tm * tn / (p->warp_size == 32 ? 32 : 64));
+    if (regs > 64) {
+        snprintf(why, cap, "MMA=%d: %d accumulator registers per lane (at most 64)",
+                 v[P_MMA], regs);
+        return false;
+    }
+    int threads = mma_threads(v, p, tm, tn);
+    if (threads > p->max_threads_per_block) {
+        snprintf(why, cap, "%d threads per block (limit %d)", threads,
+                 p->max_threads_per_block);
+        return false;
+    }
+    size_t shared = (size_t)(v[P_BM] + v[P_BN]) * (size_t)(v[P_BK] + 4) * 2;
+    if (shared > p->shared_mem_per_block) {
+        snprintf(why, cap, "%zu bytes of shared memory (limit %zu)", shared,
+                 p->shared_mem_per_block);
+        return false;
+    }
+    if ((int64_t)v[P_SPLITK] * v[P_BK] > s->v[D_K]) {
+        snprintf(why, cap, "SPLITK=%d leaves less than one K stage per split", v[P_SPLITK]);
+        return false;
+    }
+    return true;
+}
 
 static const int cbm_v[] = {1, 2, 4, 8};
 static const int cbn_v[] = {8, 16, 32, 64};
@@ -52,6 +133,8 @@ static bool gpu_valid(const kern_shape *s, int64_t m, const kern_config *c,
 {
     (void)m;
     const int *v = c->v;
+    if (v[P_MMA])
+        return mma_valid(s, v, p, why, cap);
     if (v[P_TM] > v[P_BM] || v[P_TN] > v[P_BN]) {
         snprintf(why, cap, "register tile larger than the block tile");
         return false;
@@ -91,6 +174,7 @@ static void gpu_default(const kern_shape *s, int64_t m, const dev_props *p,
     c->v[P_TM] = m <= 16 ? 1 : 4;
     c->v[P_TN] = 4;
     c->v[P_SPLITK] = 1;
+    c->v[P_MMA] = 0;
 }
 
 static mt_status gpu_run(const kern_ctx *c, mt_err *err)
@@ -110,7 +194,13 @@ static mt_status gpu_run(const kern_ctx *c, mt_err *err)
     void *args[] = {(void *)&c->bufs[2], (void *)&c->bufs[0], (void *)&c->bufs[1], &m};
     dev_dim3 grid = {kern_cdiv(c->shape->v[D_N], v[P_BN]), kern_cdiv(m, v[P_BM]),
                      (unsigned)v[P_SPLITK]};
-    dev_dim3 block = {(unsigned)((v[P_BM] / v[P_TM]) * (v[P_BN] / v[P_TN])), 1, 1};
+    int threads = (v[P_BM] / v[P_TM]) * (v[P_BN] / v[P_TN]), tm, tn, tk;
+    if (v[P_MMA]) {
+        if (!mma_tile(c->props, v[P_MMA], &tm, &tn, &tk))
+            return mt_fail(err, MT_E_INVALID, "gemm: MMA=%d on %s", v[P_MMA], c->props->arch);
+        threads = mma_threads(v, c->props, tm, tn);
+    }
+    dev_dim3 block = {(unsigned)threads, 1, 1};
     return dev_launch(c->dev, k, grid, block, 0, args, err);
 }
 
@@ -208,7 +298,7 @@ static const kern_case cases[] = {
 
 const kern_family fam_gemm = {
     .name = "gemm",
-    .version = 1,
+    .version = 2,
     .summary = "bf16 x bf16^T -> f32 tiled GEMM (shared-memory tiles, split-K)",
     .dims = dims,
     .n_dims = D_COUNT,

@@ -66,7 +66,7 @@ Test(kern_config, key_json_parse_round_trip_over_whole_space)
 {
     const kern_impl *im = gemm()->gpu;
     uint64_t n = kern_space_size(im);
-    cr_assert_eq(n, 4ull * 4 * 3 * 4 * 4 * 4);
+    cr_assert_eq(n, 4ull * 4 * 3 * 4 * 4 * 4 * 3);
     for (uint64_t i = 0; i < n; i += 37) {
         kern_config c, c2, c3;
         kern_space_point(im, i, &c);
