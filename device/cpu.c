@@ -32,6 +32,7 @@ typedef void (*set_item_fn)(unsigned, unsigned, unsigned, unsigned, unsigned, un
 typedef struct cpu_ctx {
     cpu_pool *pool;
     const char *prelude;
+    char march[48];        /* "-march=native", or a capped level "-march=x86-64-v3" */
     char compiler_id[512];
 } cpu_ctx;
 
@@ -73,7 +74,10 @@ typedef struct cpu_job {
 #endif
 } cpu_job;
 
-static const char compile_flags_text[] = "-O3 -march=native -std=gnu11";
+/* The x86-64 levels --arch may cap the cpu backend's code at, so that the
+ * AVX2 and plain paths of the kernels run (and are tested) on a machine with
+ * AVX-512: each must be a subset of what -march=native enables here. */
+static const char *const isa_levels[] = {"x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4"};
 
 static mt_status parse_threads(const char *arg, const dev_open_opts *opts, int *threads,
                                mt_err *err)
@@ -98,10 +102,20 @@ static mt_status cpu_open(const char *arg, const dev_open_opts *opts, dev_props 
                           void **ctx_out, mt_err *err)
 {
     *ctx_out = NULL;
-    if (opts->arch && *opts->arch)
-        return mt_fail(err, MT_E_INVALID,
-                       "cpu device: --arch %s is for GPU backends; the cpu backend "
-                       "always compiles for this machine (-march=native)", opts->arch);
+    const char *level = NULL;
+    if (opts->arch && *opts->arch && strcmp(opts->arch, "native") != 0) {
+        for (size_t i = 0; i < sizeof isa_levels / sizeof *isa_levels; i++)
+            if (!strcmp(opts->arch, isa_levels[i]))
+                level = isa_levels[i];
+        if (!level)
+            return mt_fail(err, MT_E_INVALID,
+                           "cpu device: --arch %s: the cpu backend compiles for this machine "
+                           "(native) or a lower x86-64 level (x86-64, x86-64-v2, x86-64-v3, "
+                           "x86-64-v4)", opts->arch);
+        char why[256] = "";
+        if (!cpu_host_march_ok(level, why, sizeof why))
+            return mt_fail(err, MT_E_UNSUPPORTED, "cpu device: --arch %s: %s", level, why);
+    }
     int threads = 0;
     mt_status st = parse_threads(arg, opts, &threads, err);
     if (st != MT_OK)
@@ -117,6 +131,7 @@ static mt_status cpu_open(const char *arg, const dev_open_opts *opts, dev_props 
     if (!c)
         return mt_fail(err, MT_E_NOMEM, "cpu device");
     c->prelude = prelude;
+    snprintf(c->march, sizeof c->march, "-march=%s", level ? level : "native");
     st = cpu_pool_create(threads, &c->pool, err);
     if (st != MT_OK) {
         free(c);
@@ -129,7 +144,10 @@ static mt_status cpu_open(const char *arg, const dev_open_opts *opts, dev_props 
         snprintf(props->spec, sizeof props->spec, "cpu:%d", threads);
     else
         snprintf(props->spec, sizeof props->spec, "cpu");
-    cpu_host_arch(props->arch, sizeof props->arch);
+    if (level)
+        snprintf(props->arch, sizeof props->arch, "%s", level);
+    else
+        cpu_host_arch(props->arch, sizeof props->arch);
     cpu_host_name(props->name, sizeof props->name);
     snprintf(props->runtime_version, sizeof props->runtime_version, "%.63s",
              dev_host_cc_id());
@@ -142,11 +160,13 @@ static mt_status cpu_open(const char *arg, const dev_open_opts *opts, dev_props 
     props->mem_bytes = cpu_host_mem_bytes();
     props->max_vgprs = 0;
     props->compile_only = false;
-    /* The cache key holds the arch, but -march=native is spelled out here
-     * too: two machines share a cache only when the compiler targets both
-     * the same way. */
-    snprintf(c->compiler_id, sizeof c->compiler_id, "%s %s [native=%s] %s",
-             dev_host_cc_id(), compile_flags_text, props->arch, DEV_HOST_CC_OUTPUT);
+    /* The cache key holds the arch, but -march is spelled out here too: two
+     * machines share a cache only when the compiler targets both the same
+     * way. */
+    char native[32];
+    cpu_host_arch(native, sizeof native);
+    snprintf(c->compiler_id, sizeof c->compiler_id, "%s -O3 %s -std=gnu11 [native=%s] %s",
+             dev_host_cc_id(), c->march, native, DEV_HOST_CC_OUTPUT);
     *ctx_out = c;
     return MT_OK;
 }
@@ -174,7 +194,7 @@ static mt_status cpu_compile(void *ctx, const dev_props *props, const dev_compil
     *log = NULL;
     info->n_kernels = 0;
     const char *name = req->name ? req->name : "kernel.c";
-    static const char *const fixed[] = {"-O3", "-march=native", "-std=gnu11"};
+    const char *const fixed[] = {"-O3", c->march, "-std=gnu11"};
     dev_compile_args a;
     mt_status st = dev_compile_args_build(req, name, "prelude_cpu.h", c->prelude, fixed,
                                           (int)(sizeof fixed / sizeof *fixed), 64, &a,

@@ -61,6 +61,60 @@ static int compiler_native_arch(char *out, size_t cap)
     return found;
 }
 
+/* The feature macros (__AVX2__, __SSE4_2__, __FMA__, ...) the host compiler
+ * predefines for -march=<march>, as one space-separated string in out. */
+static bool march_features(const char *march, char *out, size_t cap)
+{
+    const char *cc = getenv("MOETUNE_CC");
+    if (!cc || !*cc)
+        cc = "cc";
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "%s -march=%s -dM -E - </dev/null 2>/dev/null", cc, march);
+    FILE *p = popen(cmd, "r");
+    if (!p)
+        return false;
+    char line[512];
+    size_t n = 0;
+    out[0] = 0;
+    static const char *const isa_prefix[] = {"__SSE", "__AVX", "__FMA", "__BMI", "__F16C",
+                                             "__POPCNT", "__LZCNT", "__MOVBE", "__VPCLMUL",
+                                             "__GFNI", "__VAES", "__SHA", "__AES", "__PCLMUL"};
+    while (fgets(line, sizeof line, p)) {
+        char name[128];
+        if (sscanf(line, "#define %127s", name) != 1)
+            continue;
+        for (size_t i = 0; i < sizeof isa_prefix / sizeof *isa_prefix; i++)
+            if (!strncmp(name, isa_prefix[i], strlen(isa_prefix[i])) && n + strlen(name) + 2 < cap) {
+                n += (size_t)snprintf(out + n, cap - n, " %s ", name);
+                break;
+            }
+    }
+    return pclose(p) == 0 && n > 0;
+}
+
+bool cpu_host_march_ok(const char *march, char *why, size_t cap)
+{
+    char want[4096], have[4096];
+    if (!march_features(march, want, sizeof want) ||
+        !march_features("native", have, sizeof have)) {
+        snprintf(why, cap, "the host compiler does not know -march=%s", march);
+        return false;
+    }
+    for (char *w = want; (w = strstr(w, " __")) != NULL;) {
+        char name[128];
+        if (sscanf(w, " %127s", name) != 1)
+            break;
+        char key[140];
+        snprintf(key, sizeof key, " %s ", name);
+        if (!strstr(have, key)) {
+            snprintf(why, cap, "this CPU lacks %s, which -march=%s assumes", name, march);
+            return false;
+        }
+        w += strlen(key) - 1;
+    }
+    return true;
+}
+
 void cpu_host_arch(char *out, size_t cap)
 {
     if (compiler_native_arch(out, cap))

@@ -4,6 +4,7 @@
 #ifndef MT_CPU_HOST_H
 #define MT_CPU_HOST_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 /* CPUs this process may run on (its affinity mask), at least 1. */
@@ -12,6 +13,11 @@ int cpu_host_count(void);
 /* The target the host compiler picks for -march=native ("znver3",
  * "sapphirerapids"), else the x86-64 level from cpuid ("x86-64-v3"). */
 void cpu_host_arch(char *out, size_t cap);
+
+/* True when every instruction-set feature the host compiler enables for
+ * -march=<march> it also enables for -march=native (so code built for march
+ * runs here); else false with the first missing feature in why. */
+bool cpu_host_march_ok(const char *march, char *why, size_t cap);
 
 /* /proc/cpuinfo's model name, else "unknown cpu". */
 void cpu_host_name(char *out, size_t cap);

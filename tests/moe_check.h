@@ -1,4 +1,7 @@
-/* MOE_CHECK_SPEC is the device this file checks (set by its includer). */
+/* MOE_CHECK_SPEC is the device this file checks (set by its includer), with
+ * MOE_CHECK_ARCH (optional) as its --arch: on cpu an x86-64 level that caps
+ * the code the backend compiles, so lower SIMD paths run here too; a level
+ * this CPU lacks skips the tests. */
 /* moe_check.h: the body of test_moe_check_*.c: every MoE family (moe_route,
  * moe_align, moe_gemm_up, moe_gemm_down, moe_combine, mxfp4_quant) against
  * its C reference on one device: the family's own small cases (M in {1, 3,
@@ -19,7 +22,15 @@ static void check_cases(const char *spec, const char *fname, int extra_configs)
 {
     dev_device *d = NULL;
     mt_err err = MT_ERR_INIT;
-    if (dev_open(spec, NULL, &d, &err) != MT_OK)
+#ifdef MOE_CHECK_ARCH
+    dev_open_opts oo = {.arch = MOE_CHECK_ARCH};
+    mt_status ost = dev_open(spec, &oo, &d, &err);
+    if (ost == MT_E_UNSUPPORTED)
+        cr_skip_test("%s --arch %s: %s", spec, MOE_CHECK_ARCH, err.msg);
+#else
+    mt_status ost = dev_open(spec, NULL, &d, &err);
+#endif
+    if (ost != MT_OK)
         cr_assert_fail("open %s: %s", spec, err.msg);
     const kern_family *f = kern_family_find(fname);
     cr_assert_not_null(f, "family %s is registered", fname);
