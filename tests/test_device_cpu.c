@@ -453,3 +453,26 @@ Test(device_cpu, bad_thread_counts_and_missing_kernels_are_errors)
     dev_module_unload(m);
     dev_close(d);
 }
+
+/* --arch caps the code at an x86-64 level the CPU has, names it in the
+ * properties and the compile cache key; an unknown name is refused. */
+Test(device_cpu, arch_caps_the_code_at_a_level_the_cpu_has)
+{
+#if defined(__x86_64__)
+    dev_device *d = NULL;
+    mt_err err = MT_ERR_INIT;
+    dev_open_opts o = {.arch = "x86-64-v2"};
+    cr_assert_eq(dev_open("cpu", &o, &d, &err), MT_OK, "%s", err.msg);
+    cr_expect_str_eq(dev_get_props(d)->arch, "x86-64-v2");
+    dev_close(d);
+    d = NULL;
+    o.arch = "znver9";
+    cr_expect_eq(dev_open("cpu", &o, &d, &err), MT_E_INVALID);
+    cr_expect(strstr(err.msg, "znver9") != NULL, "%s", err.msg);
+    cr_expect_null(d);
+    char why[256] = "";
+    cr_expect(cpu_host_march_ok("x86-64", why, sizeof why), "%s", why);
+#else
+    cr_skip_test("x86-64 levels only");
+#endif
+}
