@@ -172,11 +172,13 @@ static mt_status clang_find(const char *arch, hip_clang *cl, mt_err *err)
     memset(cl, 0, sizeof *cl);
     const char *env = getenv("MOETUNE_HIP_CLANG");
     snprintf(cl->path, sizeof cl->path, "%s", env && *env ? env : "clang-19");
-    char dir[] = "/tmp/moetune-clang-XXXXXX";
+    char dir[512];
+    if (!mt_tmp_path(dir, sizeof dir, "moetune-clang-XXXXXX"))
+        return mt_fail(err, MT_E_IO, "%s: $TMPDIR is too long", dir);
     if (!mkdtemp(dir))
-        return mt_fail(err, MT_E_IO, "cannot create a temporary folder: %s",
+        return mt_fail(err, MT_E_IO, "cannot create a temporary folder %s: %s", dir,
                        strerror(errno));
-    char lg[64];
+    char lg[600];
     snprintf(lg, sizeof lg, "%s/log", dir);
     const char *argv[] = {cl->path, "--version", NULL};
     int rc = run_tool(argv, lg);
@@ -450,11 +452,13 @@ static mt_status clang_compile(hip_ctx *c, const char *name, const dev_compile_a
         "oclc_wavefrontsize64_on", "oclc_abi_version_500",
     };
     enum { N_LIBS = sizeof libs / sizeof *libs };
-    char dir[] = "/tmp/moetune-hip-XXXXXX";
+    char dir[512];
+    if (!mt_tmp_path(dir, sizeof dir, "moetune-hip-XXXXXX"))
+        return mt_fail(err, MT_E_IO, "%s: $TMPDIR is too long", dir);
     if (!mkdtemp(dir))
-        return mt_fail(err, MT_E_IO, "cannot create a temporary folder: %s",
+        return mt_fail(err, MT_E_IO, "cannot create a temporary folder %s: %s", dir,
                        strerror(errno));
-    char src[64], obj[64], lg[64], isa[96];
+    char src[600], obj[600], lg[600], isa[96];
     snprintf(src, sizeof src, "%s/k.hip", dir);
     snprintf(obj, sizeof obj, "%s/k.co", dir);
     snprintf(lg, sizeof lg, "%s/log", dir);

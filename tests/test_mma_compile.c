@@ -69,12 +69,13 @@ static char *disassemble(const dev_code *c, const char *arch)
 {
     size_t len = 0;
     const void *bytes = dev_code_get_bytes(c, &len);
-    char path[] = "/tmp/moetune-mma-XXXXXX";
+    char path[512];
+    cr_assert(mt_tmp_path(path, sizeof path, "moetune-mma-XXXXXX"));
     int fd = mkstemp(path);
     cr_assert_geq(fd, 0);
     cr_assert_eq(write(fd, bytes, len), (ssize_t)len);
     close(fd);
-    char cmd[512];
+    char cmd[1024];
     snprintf(cmd, sizeof cmd, "llvm-objdump-19 -d --mcpu=%s %s 2>&1", arch, path);
     FILE *p = popen(cmd, "r");
     cr_assert_not_null(p);

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/files.h"
 #include "common/rng.h"
 #include "device/device.h"
 #include "kernels/exec.h"
@@ -134,12 +135,13 @@ static int count_in_disassembly(const dev_code *c, const char *arch, const char 
         return -1;
     size_t len = 0;
     const void *bytes = dev_code_get_bytes(c, &len);
-    char path[] = "/tmp/moetune-mma-gemm-XXXXXX";
+    char path[512];
+    cr_assert(mt_tmp_path(path, sizeof path, "moetune-mma-gemm-XXXXXX"));
     int fd = mkstemp(path);
     cr_assert_geq(fd, 0);
     cr_assert_eq(write(fd, bytes, len), (ssize_t)len);
     close(fd);
-    char cmd[512], line[512];
+    char cmd[1024], line[512];
     snprintf(cmd, sizeof cmd, "llvm-objdump-19 -d --mcpu=%s %s 2>&1", arch, path);
     FILE *p = popen(cmd, "r");
     cr_assert_not_null(p);
