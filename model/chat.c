@@ -37,36 +37,97 @@ bool model_chat_role_parse(const char *s, model_chat_role *out)
     return false;
 }
 
-/* The template as a list of parts: a tag (a special token) or content. */
+/* The template as a list of parts: a role or thinking tag (one special
+ * token), content (encoded plainly) or tool-format markup (its own token
+ * when the tokenizer has one, else encoded with added tokens read). */
+typedef enum part_kind { P_TAG = 0, P_TEXT = 1, P_MARK = 2 } part_kind;
+
 typedef struct part {
     const char *s;
-    bool tag;
+    size_t len;
+    part_kind kind;
 } part;
 
 typedef bool (*part_fn)(void *ctx, part p);
 
+static part tag(const char *s) { return (part){s, strlen(s), P_TAG}; }
+static part mark(const char *s) { return (part){s, strlen(s), P_MARK}; }
+static part text(const char *s) { return (part){s ? s : "", s ? strlen(s) : 0, P_TEXT}; }
+
+static const char tools_head[] =
+    "\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n";
+static const char tools_tail[] =
+    "</tools>\n\nFor each function call, output the function name and arguments within the "
+    "following XML format:\n<tool_call>{function-name}<arg_key>{arg-key-1}</arg_key>"
+    "<arg_value>{arg-value-1}</arg_value><arg_key>{arg-key-2}</arg_key>"
+    "<arg_value>{arg-value-2}</arg_value>...</tool_call>";
+
+/* "<tool_call>" name ("<arg_key>" k "</arg_key><arg_value>" v "</arg_value>")...
+ * "</tool_call>", GLM-4.7's compact form. */
+static bool walk_call(const model_chat_call *c, part_fn fn, void *ctx)
+{
+    if (!fn(ctx, mark("<tool_call>")) || !fn(ctx, text(c->name)))
+        return false;
+    for (size_t k = 0; k < c->n_args; k++)
+        if (!fn(ctx, mark("<arg_key>")) || !fn(ctx, text(c->args[k].key)) ||
+            !fn(ctx, mark("</arg_key>")) || !fn(ctx, mark("<arg_value>")) ||
+            !fn(ctx, text(c->args[k].value)) || !fn(ctx, mark("</arg_value>")))
+            return false;
+    return fn(ctx, mark("</tool_call>"));
+}
+
 static bool walk(const model_chat_msg *msgs, size_t n, const model_chat_opts *o, part_fn fn,
                  void *ctx)
 {
-    if (!fn(ctx, (part){"[gMASK]", true}) || !fn(ctx, (part){"<sop>", true}))
+    if (!fn(ctx, tag("[gMASK]")) || !fn(ctx, tag("<sop>")))
         return false;
-    for (size_t i = 0; i < n; i++) {
-        const model_chat_msg *m = &msgs[i];
-        if ((unsigned)m->role >= MODEL_CHAT_ROLE_COUNT || !fn(ctx, (part){role_tags[m->role], true}))
+    if (o && o->n_tools) {
+        if (!fn(ctx, tag("<|system|>")) || !fn(ctx, mark(tools_head)))
             return false;
-        if (m->role == MODEL_CHAT_ASSISTANT) {
-            if (m->reasoning && (!fn(ctx, (part){"<think>", true}) ||
-                                 !fn(ctx, (part){m->reasoning, false})))
+        /* Each tool's JSON with its newline: "}\n" is one pre-token of the
+         * rendered text, so encoding them together keeps the ids equal. */
+        for (size_t i = 0; i < o->n_tools; i++)
+            if (!fn(ctx, (part){o->tools[i], strlen(o->tools[i]), P_TEXT}) ||
+                !fn(ctx, (part){"\n", 1, P_TEXT}))
                 return false;
-            if (!fn(ctx, (part){"</think>", true}))
-                return false;
-        }
-        if (!fn(ctx, (part){m->content ? m->content : "", false}))
+        if (!fn(ctx, mark(tools_tail)))
             return false;
     }
+    for (size_t i = 0; i < n; i++) {
+        const model_chat_msg *m = &msgs[i];
+        const model_chat_extra *x = o && o->extra ? &o->extra[i] : NULL;
+        if ((unsigned)m->role >= MODEL_CHAT_ROLE_COUNT)
+            return false;
+        bool run_of_results = m->role == MODEL_CHAT_OBSERVATION && i > 0 &&
+                              msgs[i - 1].role == MODEL_CHAT_OBSERVATION;
+        if (!run_of_results && !fn(ctx, tag(role_tags[m->role])))
+            return false;
+        if (m->role == MODEL_CHAT_ASSISTANT) {
+            if (m->reasoning && (!fn(ctx, tag("<think>")) || !fn(ctx, text(m->reasoning))))
+                return false;
+            if (!fn(ctx, tag("</think>")))
+                return false;
+        }
+        part c = {m->content ? m->content : "",
+                  m->content ? (x && x->content_len ? x->content_len : strlen(m->content)) : 0,
+                  P_TEXT};
+        if (m->role == MODEL_CHAT_OBSERVATION) {
+            /* A run of results shares one <|observation|>, each wrapped. */
+            if (!fn(ctx, mark("<tool_response>")) || !fn(ctx, c) ||
+                !fn(ctx, mark("</tool_response>")))
+                return false;
+        } else if (!fn(ctx, c)) {
+            return false;
+        }
+        if (m->role == MODEL_CHAT_ASSISTANT && x)
+            for (size_t k = 0; k < x->n_calls; k++)
+                if (!walk_call(&x->calls[k], fn, ctx))
+                    return false;
+    }
     if (o && o->add_generation_prompt)
-        return fn(ctx, (part){"<|assistant|>", true}) &&
-               fn(ctx, (part){o->enable_thinking ? "<think>" : "</think>", true});
+        return fn(ctx, tag("<|assistant|>")) &&
+               fn(ctx, tag(o->enable_thinking ? "<think>" : "</think>"));
     return true;
 }
 
@@ -78,7 +139,7 @@ typedef struct text_ctx {
 static bool text_part(void *ctx, part p)
 {
     text_ctx *t = ctx;
-    size_t n = strlen(p.s);
+    size_t n = p.len;
     if (t->len + n + 1 > t->cap) {
         size_t cap = t->cap ? t->cap : 256;
         while (cap < t->len + n + 1)
@@ -89,8 +150,9 @@ static bool text_part(void *ctx, part p)
         t->p = q;
         t->cap = cap;
     }
-    memcpy(t->p + t->len, p.s, n + 1);
+    memcpy(t->p + t->len, p.s, n);
     t->len += n;
+    t->p[t->len] = 0;
     return true;
 }
 
@@ -150,8 +212,8 @@ static bool ids_append(ids_ctx *c, const int32_t *ids, size_t n)
 static bool ids_part(void *ctx, part p)
 {
     ids_ctx *c = ctx;
-    if (p.tag) {
-        int32_t id = model_tokenizer_token_id(c->t, p.s);
+    int32_t id = p.kind != P_TEXT ? model_tokenizer_token_id(c->t, p.s) : -1;
+    if (p.kind == P_TAG) {
         if (id < 0) {
             c->st = mt_fail(c->err, MT_E_FORMAT, "the tokenizer has no token for GLM's chat tag "
                             "'%s'", p.s);
@@ -159,9 +221,12 @@ static bool ids_part(void *ctx, part p)
         }
         return ids_append(c, &id, 1);
     }
+    if (id >= 0)
+        return ids_append(c, &id, 1);
     int32_t *ids = NULL;
     size_t n = 0;
-    c->st = model_tokenizer_encode_plain(c->t, p.s, strlen(p.s), &ids, &n, c->err);
+    c->st = p.kind == P_MARK ? model_tokenizer_encode(c->t, p.s, p.len, &ids, &n, c->err)
+                             : model_tokenizer_encode_plain(c->t, p.s, p.len, &ids, &n, c->err);
     bool ok = c->st == MT_OK && ids_append(c, ids, n);
     free(ids);
     return ok;

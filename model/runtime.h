@@ -112,6 +112,15 @@ typedef struct model_sampler {
 int32_t model_sample(const float *logits, int32_t vocab, const model_sampler *s,
                      mt_rng *rng);
 
+/* Log probabilities of a step, as the OpenAI API returns them: the
+ * log-softmax of logits / temperature (temperature <= 0, greedy, reads as 1;
+ * top-k and top-p are not applied), in double precision. Writes the chosen
+ * token's value to *chosen_lp and the k (<= vocab) most likely tokens,
+ * most likely first, ties to the lower id, to top_ids/top_lps (may be NULL
+ * when k is 0). NaN logits count as -inf. O(vocab * k). */
+void model_logprobs(const float *logits, int32_t vocab, float temperature, int32_t chosen, int k,
+                    float *chosen_lp, int32_t *top_ids, float *top_lps);
+
 /* End-of-sequence ids of the checkpoint (from config / tokenizer); returns
  * the count written (at most cap). */
 int model_runtime_eos(const model_runtime *rt, int32_t *out, int cap);

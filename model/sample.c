@@ -96,3 +96,38 @@ int32_t model_sample(const float *logits, int32_t vocab, const model_sampler *s,
     free(c);
     return pick;
 }
+
+void model_logprobs(const float *logits, int32_t vocab, float temperature, int32_t chosen, int k,
+                    float *chosen_lp, int32_t *top_ids, float *top_lps)
+{
+    double inv = temperature > 0.0f ? 1.0 / (double)temperature : 1.0;
+    double m = -INFINITY;
+    for (int32_t i = 0; i < vocab; i++)
+        if (!isnan(logits[i]) && (double)logits[i] * inv > m)
+            m = (double)logits[i] * inv;
+    double sum = 0.0;
+    if (isfinite(m))
+        for (int32_t i = 0; i < vocab; i++)
+            if (!isnan(logits[i]))
+                sum += exp((double)logits[i] * inv - m);
+    double lse = isfinite(m) ? m + log(sum) : m;
+#define LP(i) (isnan(logits[i]) || !isfinite(lse) ? -INFINITY : (double)logits[i] * inv - lse)
+    *chosen_lp = chosen >= 0 && chosen < vocab ? (float)LP(chosen) : -INFINITY;
+    if (k > vocab)
+        k = vocab;
+    int have = 0;
+    for (int32_t i = 0; i < vocab && k > 0; i++) {
+        float v = (float)LP(i);
+        if (have == k && !(v > top_lps[k - 1]))
+            continue; /* not above the k-th (ties keep the lower id) */
+        int at = have < k ? have++ : k - 1;
+        while (at > 0 && v > top_lps[at - 1]) {
+            top_lps[at] = top_lps[at - 1];
+            top_ids[at] = top_ids[at - 1];
+            at--;
+        }
+        top_lps[at] = v;
+        top_ids[at] = i;
+    }
+#undef LP
+}

@@ -11,11 +11,23 @@
  *     temperature in [0, 2], top_p in (0, 1], top_k -1, 0 (off) or more,
  *     seed an integer with |seed| <= 2^53, stop a string or a list of at most
  *     SERVE_MAX_STOP non-empty strings of at most SERVE_MAX_STOP_LEN bytes,
- *     n and best_of 1, logprobs off;
+ *     n in [1, SERVE_MAX_N], best_of in [n, SERVE_MAX_N] (not with stream
+ *     when larger than n), logprobs (chat: true/false, with top_logprobs in
+ *     [0, SERVE_MAX_TOP_LOGPROBS]; completions: an integer in that range);
+ *   - tools: a list of {"type": "function", "function": {"name", ...}} with
+ *     distinct names; tool_choice "auto", "none", "required" or
+ *     {"type": "function", "function": {"name": a listed tool}}; assistant
+ *     messages' tool_calls with arguments a JSON object text;
  *   - the prompt: a string, a list of token ids (each in [0, vocab)), or a
  *     list holding exactly one of those; chat messages a non-empty list of
  *     {role, content} with a known role and content a string, null or a list
  *     of {"type": "text", "text": ...} parts.
+ * Strings keep their decoded length: a prompt or message content holding
+ * U+0000 is tokenized whole (the length travels with the text); a string
+ * field that cannot hold a NUL (stop, reasoning, tool names and arguments)
+ * is refused naming it. A string that is not valid UTF-8 (raw overlong or
+ * truncated sequences) is refused naming its field, and a \u escape that is
+ * a lone UTF-16 surrogate is refused as invalid JSON with its byte offset.
  * Length checks that need the token count (empty prompt, prompt plus
  * max_tokens past the context) are made by serve_request_prompt and
  * serve_request_max_tokens.
@@ -46,6 +58,22 @@ typedef enum serve_api {
 #define SERVE_MAX_STOP_LEN 256
 /* Completions without max_tokens generate this many (OpenAI's default). */
 #define SERVE_DEFAULT_MAX_TOKENS 16
+#define SERVE_MAX_N 16             /* n and best_of */
+#define SERVE_MAX_TOP_LOGPROBS 20
+
+typedef enum serve_tool_choice {
+    SERVE_TOOL_AUTO = 0,
+    SERVE_TOOL_NONE = 1,
+    SERVE_TOOL_REQUIRED = 2, /* rendered like auto: no constrained decoding here */
+    SERVE_TOOL_NAMED = 3,    /* only the named tool is rendered and parsed */
+} serve_tool_choice;
+
+/* A tool as the request gave it (pointers into serve_request.tools_json). */
+typedef struct serve_request_tool {
+    const char *name;
+    const struct cJSON *properties; /* function.parameters.properties, or NULL */
+    char *text; /* the tool's JSON as GLM's template writes it (tojson) */
+} serve_request_tool;
 
 typedef struct serve_limits {
     int64_t max_context; /* prompt plus generated tokens */
@@ -64,7 +92,14 @@ typedef struct serve_request {
     size_t n_ids;
     bool has_ids;
     model_chat_msg *msgs; /* contents and reasoning owned by the request */
+    model_chat_extra *extra; /* per message: content length, tool calls (owned) */
     size_t n_msgs;
+    struct cJSON *tools_json;  /* the request's tools list, owned */
+    serve_request_tool *tools; /* n_tools; after tool_choice (none: 0, named: 1) */
+    int n_tools;
+    serve_tool_choice tool_choice;
+    bool separate_reasoning;   /* false: reasoning stays in content (sglang's key) */
+    bool include_reasoning;    /* false: reasoning is dropped (vLLM's key) */
     bool add_generation_prompt; /* chat; default true */
     bool enable_thinking;       /* chat_template_kwargs.enable_thinking; default false */
 
@@ -81,6 +116,10 @@ typedef struct serve_request {
     bool stream;
     bool include_usage;    /* streaming: final usage chunk; default true */
     bool return_token_ids; /* extension: token_ids in each choice */
+    bool logprobs;         /* log probabilities of the chosen tokens */
+    int top_logprobs;      /* and of this many most likely ones */
+    int n;                 /* choices returned (default 1) */
+    int best_of;           /* choices generated (default n); the n best are returned */
 } serve_request;
 
 /* Parses len bytes of body for the endpoint api into *out (zeroed first).

@@ -176,9 +176,30 @@ static const struct {
     {SERVE_API_COMPLETIONS, "{\"prompt\":\"x\",\"stream\":\"yes\"}", "stream"},
     {SERVE_API_COMPLETIONS, "{\"prompt\":\"x\",\"ignore_eos\":1}", "ignore_eos"},
     {SERVE_API_COMPLETIONS, "{\"prompt\":\"x\",\"stream_options\":[]}", "stream_options"},
-    {SERVE_API_COMPLETIONS, "{\"prompt\":\"x\",\"n\":2}", "n"},
-    {SERVE_API_COMPLETIONS, "{\"prompt\":\"x\",\"best_of\":3}", "best_of"},
-    {SERVE_API_COMPLETIONS, "{\"prompt\":\"x\",\"logprobs\":5}", "logprobs"},
+    {SERVE_API_COMPLETIONS, "{\"prompt\":\"x\",\"n\":0}", "n"},
+    {SERVE_API_COMPLETIONS, "{\"prompt\":\"x\",\"n\":17}", "n"},
+    {SERVE_API_COMPLETIONS, "{\"prompt\":\"x\",\"n\":3,\"best_of\":2}", "best_of"},
+    {SERVE_API_COMPLETIONS, "{\"prompt\":\"x\",\"best_of\":3,\"stream\":true}", "best_of"},
+    {SERVE_API_COMPLETIONS, "{\"prompt\":\"x\",\"logprobs\":21}", "logprobs"},
+    {SERVE_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":5}",
+     "logprobs"},
+    {SERVE_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":2}",
+     "top_logprobs"},
+    {SERVE_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":{}}",
+     "tools"},
+    {SERVE_API_CHAT,
+     "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\","
+     "\"function\":{\"name\":\"f\"}},{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}",
+     "tools[1].function.name"},
+    {SERVE_API_CHAT,
+     "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\","
+     "\"function\":{\"name\":\"f\"}}],\"tool_choice\":{\"type\":\"function\",\"function\":"
+     "{\"name\":\"g\"}}}",
+     "tool_choice.function.name"},
+    {SERVE_API_CHAT,
+     "{\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"1\","
+     "\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"[1]\"}}]}]}",
+     "messages[0].tool_calls[0].function.arguments"},
     {SERVE_API_COMPLETIONS, "{\"prompt\":\"x\",\"model\":7}", "model"},
     {SERVE_API_CHAT, "{\"messages\":[]}", "messages"},
     {SERVE_API_CHAT, "{\"messages\":{}}", "messages"},
@@ -265,7 +286,7 @@ Test(serve_request, chat_prompt_ids_equal_the_chat_format, .init = load_tok, .fi
     mt_err err = MT_ERR_INIT;
     cr_assert_eq(serve_request_prompt(&r, tok, &lim, &ids, &n, &e), MT_OK, "%s", e.err.msg);
     model_chat_msg msgs[2] = {{MODEL_CHAT_SYSTEM, "s", NULL}, {MODEL_CHAT_USER, "the baker", NULL}};
-    model_chat_opts o = {true, false};
+    model_chat_opts o = {.add_generation_prompt = true, .enable_thinking = false};
     cr_assert_eq(model_chat_encode(tok, msgs, 2, &o, &want, &nw, &err), MT_OK);
     cr_assert_eq(n, nw);
     cr_assert_arr_eq(ids, want, n * sizeof *ids);
