@@ -11,6 +11,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "../common/clock.h"
+#include "serve_glmout.h"
 #include "serve_http.h"
 #include "serve_sse.h"
 #include "serve_textout.h"
@@ -23,6 +25,9 @@ typedef struct reply {
     char id[48];
     time_t created;
     bool token_ids;
+    const model_tokenizer *tok;
+    bool logprobs;   /* the client asked for them */
+    bool reasoning;  /* reasoning_content is returned (include_reasoning) */
 } reply;
 
 static cJSON *base_object(const reply *r, bool chunk)
@@ -57,40 +62,369 @@ static cJSON *ids_array(const int32_t *ids, int64_t n)
     return a;
 }
 
-/* One choice: text (or a chat message / delta), finish reason (NULL: null). */
-static cJSON *choice(const reply *r, bool chunk, const char *text, size_t text_len,
-                     const char *finish, bool first_delta, const int32_t *ids, int64_t n_ids)
+/* A JSON string of n bytes. cJSON's writer stops at a NUL, so text that
+ * holds one (a prompt's U+0000 echoed by the model) is written as a raw
+ * node with \u0000 escapes. */
+static cJSON *str_n(const char *s, size_t n)
 {
-    cJSON *c = cJSON_CreateObject();
-    cJSON_AddNumberToObject(c, "index", 0);
-    char *t = malloc(text_len + 1);
-    if (t) {
-        memcpy(t, text, text_len);
-        t[text_len] = 0;
+    if (!memchr(s, 0, n)) {
+        char *t = malloc(n + 1);
+        if (!t)
+            return cJSON_CreateString("");
+        memcpy(t, s, n);
+        t[n] = 0;
+        cJSON *j = cJSON_CreateString(t);
+        free(t);
+        return j;
     }
-    if (r->api == SERVE_API_CHAT) {
-        cJSON *m = cJSON_AddObjectToObject(c, chunk ? "delta" : "message");
-        if (!chunk || first_delta)
-            cJSON_AddStringToObject(m, "role", "assistant");
-        if (!chunk || text_len || first_delta)
-            cJSON_AddStringToObject(m, "content", t ? t : "");
-    } else {
-        cJSON_AddStringToObject(c, "text", t ? t : "");
+    /* Text with NUL bytes: a raw JSON string with \u0000 escapes. */
+    serve_buf b = SERVE_BUF_INIT;
+    serve_buf_puts(&b, "\"");
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\')
+            serve_buf_printf(&b, "\\%c", c);
+        else if (c < 0x20)
+            serve_buf_printf(&b, "\\u%04x", c);
+        else
+            serve_buf_append(&b, &s[i], 1);
     }
-    free(t);
-    cJSON_AddNullToObject(c, "logprobs");
-    if (finish)
-        cJSON_AddStringToObject(c, "finish_reason", finish);
-    else
-        cJSON_AddNullToObject(c, "finish_reason");
-    if (r->token_ids)
-        cJSON_AddItemToObject(c, "token_ids", ids_array(ids, n_ids));
-    return c;
+    serve_buf_puts(&b, "\"");
+    cJSON *j = cJSON_CreateRaw(b.data ? b.data : "\"\"");
+    serve_buf_release(&b);
+    return j;
 }
+
+/* The token's text (lossy UTF-8) and its bytes. */
+static void token_text(const reply *r, int32_t id, serve_buf *text, cJSON **bytes)
+{
+    char raw[256];
+    int64_t n = r->tok ? model_tokenizer_token_bytes(r->tok, id, raw, sizeof raw) : -1;
+    if (n < 0 || n > (int64_t)sizeof raw)
+        n = 0;
+    serve_buf_reset(text);
+    if (r->tok && model_tokenizer_is_special(r->tok, id))
+        serve_buf_puts(text, model_tokenizer_token_text(r->tok, id));
+    else
+        serve_utf8_lossy(text, raw, (size_t)n);
+    if (bytes) {
+        *bytes = cJSON_CreateArray();
+        for (int64_t i = 0; i < n; i++)
+            cJSON_AddItemToArray(*bytes, cJSON_CreateNumber((unsigned char)raw[i]));
+    }
+}
+
+/* logprobs of tokens [from, to) of a choice, in the endpoint's shape:
+ * chat {"content": [{token, logprob, bytes, top_logprobs}]}, completions
+ * {tokens, token_logprobs, top_logprobs, text_offset}. NULL when the client
+ * did not ask. *offset: completions' running text offset. */
+static cJSON *logprobs_object(const reply *r, const serve_gen_view *v, int64_t from, int64_t to,
+                              size_t *offset)
+{
+    if (!r->logprobs || !v->logprobs)
+        return NULL;
+    serve_buf t = SERVE_BUF_INIT;
+    cJSON *o = cJSON_CreateObject();
+    if (r->api == SERVE_API_CHAT) {
+        cJSON *content = cJSON_AddArrayToObject(o, "content");
+        for (int64_t i = from; i < to; i++) {
+            cJSON *e = cJSON_CreateObject(), *bytes;
+            token_text(r, v->tokens[i], &t, &bytes);
+            cJSON_AddItemToObject(e, "token", str_n(t.data ? t.data : "", t.len));
+            cJSON_AddNumberToObject(e, "logprob", v->logprobs[i]);
+            cJSON_AddItemToObject(e, "bytes", bytes);
+            cJSON *top = cJSON_AddArrayToObject(e, "top_logprobs");
+            for (int k = 0; k < v->n_top; k++) {
+                cJSON *x = cJSON_CreateObject();
+                int32_t id = v->top_ids[i * v->n_top + k];
+                token_text(r, id, &t, &bytes);
+                cJSON_AddItemToObject(x, "token", str_n(t.data ? t.data : "", t.len));
+                cJSON_AddNumberToObject(x, "logprob", v->top_logprobs[i * v->n_top + k]);
+                cJSON_AddItemToObject(x, "bytes", bytes);
+                cJSON_AddItemToArray(top, x);
+            }
+            cJSON_AddItemToArray(content, e);
+        }
+    } else {
+        cJSON *toks = cJSON_AddArrayToObject(o, "tokens");
+        cJSON *lps = cJSON_AddArrayToObject(o, "token_logprobs");
+        cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs");
+        cJSON *offs = cJSON_AddArrayToObject(o, "text_offset");
+        for (int64_t i = from; i < to; i++) {
+            token_text(r, v->tokens[i], &t, NULL);
+            cJSON_AddItemToArray(toks, str_n(t.data ? t.data : "", t.len));
+            cJSON_AddItemToArray(lps, cJSON_CreateNumber(v->logprobs[i]));
+            cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)*offset));
+            *offset += t.len;
+            cJSON *d = cJSON_CreateObject();
+            for (int k = 0; k < v->n_top; k++) {
+                token_text(r, v->top_ids[i * v->n_top + k], &t, NULL);
+                if (!cJSON_GetObjectItemCaseSensitive(d, t.data ? t.data : ""))
+                    cJSON_AddNumberToObject(d, t.data ? t.data : "",
+                                            v->top_logprobs[i * v->n_top + k]);
+            }
+            cJSON_AddItemToArray(tops, d);
+        }
+    }
+    serve_buf_release(&t);
+    return o;
+}
+
+/* ---- one choice ------------------------------------------------------------------ */
+
+typedef struct call_acc { /* a tool call of a plain response */
+    char id[48];
+    char *name;
+    serve_buf args;
+} call_acc;
+
+typedef struct choice_run {
+    int index;
+    serve_gen *g;
+    serve_textout to;
+    bool chat;
+    serve_glmout out; /* chat: reasoning and tool calls */
+    serve_glmout_delta d, d2;
+    int64_t seen;     /* tokens read from the engine */
+    int64_t used;     /* tokens that count (up to a stop string) */
+    serve_gen_view v;
+    const char *finish;
+    bool failed;      /* engine error: v.error */
+    bool sent_first;  /* streaming: the role was sent */
+    size_t lp_offset; /* completions logprobs: text offset */
+    /* Plain responses: everything. */
+    serve_buf text, reasoning;
+    call_acc *calls;
+    int n_calls;
+} choice_run;
 
 static const char *finish_name(serve_finish f)
 {
     return f == SERVE_FINISH_LENGTH ? "length" : "stop";
+}
+
+/* Appends d2 to d. */
+static mt_status delta_merge(serve_glmout_delta *d, serve_glmout_delta *d2)
+{
+    MT_CHECK(serve_buf_append(&d->reasoning, d2->reasoning.data ? d2->reasoning.data : "",
+                              d2->reasoning.len));
+    MT_CHECK(serve_buf_append(&d->content, d2->content.data ? d2->content.data : "",
+                              d2->content.len));
+    for (int i = 0; i < d2->n_calls; i++) {
+        serve_glmout_call_delta *c = &d2->calls[i];
+        if (d->n_calls && d->calls[d->n_calls - 1].index == c->index) {
+            MT_CHECK(serve_buf_append(&d->calls[d->n_calls - 1].args,
+                                      c->args.data ? c->args.data : "", c->args.len));
+            continue;
+        }
+        if (d->n_calls == d->cap_calls) {
+            int cap = d->cap_calls ? d->cap_calls * 2 : 4;
+            serve_glmout_call_delta *p = realloc(d->calls, (size_t)cap * sizeof *p);
+            if (!p)
+                return MT_E_NOMEM;
+            d->calls = p;
+            d->cap_calls = cap;
+        }
+        d->calls[d->n_calls++] = *c; /* moves name and args */
+        memset(c, 0, sizeof *c);
+    }
+    d2->n_calls = 0;
+    return MT_OK;
+}
+
+/* Reads newly published tokens: the new text (chat: split by glmout into
+ * run->d) and the tokens that count [*first_new, run->used); sets
+ * run->finish when done. */
+static mt_status advance(choice_run *run, double wait_s, serve_buf *text, int64_t *first_new)
+{
+    serve_gen_wait(run->g, run->seen, wait_s, &run->v);
+    *first_new = run->used;
+    serve_buf_reset(text);
+    for (int64_t i = run->seen; i < run->v.n_generated && !run->to.stopped; i++) {
+        MT_CHECK(serve_textout_push(&run->to, run->v.tokens[i], text));
+        run->used = i + 1;
+    }
+    run->seen = run->v.n_generated;
+    bool done = false;
+    if (run->to.stopped) {
+        serve_gen_cancel(run->g, false); /* a stop string: finish, keep the KV */
+        run->finish = "stop";
+        done = true;
+    } else if (run->v.finish == SERVE_FINISH_ERROR) {
+        run->failed = true;
+        run->finish = "error";
+    } else if (run->v.finish != SERVE_FINISH_NONE) {
+        MT_CHECK(serve_textout_finish(&run->to, text));
+        run->finish = finish_name(run->v.finish);
+        done = true;
+    }
+    if (!run->chat)
+        return MT_OK;
+    MT_CHECK(serve_glmout_push(&run->out, text->data ? text->data : "", text->len, &run->d));
+    if (done) {
+        MT_CHECK(serve_glmout_finish(&run->out, &run->d2));
+        MT_CHECK(delta_merge(&run->d, &run->d2));
+        if (serve_glmout_calls(&run->out) > 0 && !strcmp(run->finish, "stop"))
+            run->finish = "tool_calls";
+    }
+    return MT_OK;
+}
+
+/* Plain responses keep everything a delta brings. */
+static mt_status accumulate(choice_run *run, const serve_buf *text)
+{
+    if (!run->chat)
+        return serve_buf_append(&run->text, text->data ? text->data : "", text->len);
+    serve_glmout_delta *d = &run->d;
+    MT_CHECK(serve_buf_append(&run->text, d->content.data ? d->content.data : "", d->content.len));
+    MT_CHECK(serve_buf_append(&run->reasoning, d->reasoning.data ? d->reasoning.data : "",
+                              d->reasoning.len));
+    for (int i = 0; i < d->n_calls; i++) {
+        serve_glmout_call_delta *c = &d->calls[i];
+        if (c->name) {
+            call_acc *p = realloc(run->calls, (size_t)(run->n_calls + 1) * sizeof *p);
+            if (!p)
+                return MT_E_NOMEM;
+            run->calls = p;
+            call_acc *a = &run->calls[run->n_calls++];
+            memset(a, 0, sizeof *a);
+            memcpy(a->id, c->id, sizeof a->id);
+            a->name = c->name;
+            c->name = NULL;
+        }
+        if (run->n_calls)
+            MT_CHECK(serve_buf_append(&run->calls[run->n_calls - 1].args,
+                                      c->args.data ? c->args.data : "", c->args.len));
+    }
+    return MT_OK;
+}
+
+static cJSON *tool_call_json(int index, const char *id, const char *name, const char *args,
+                             size_t args_len, bool chunk)
+{
+    cJSON *t = cJSON_CreateObject();
+    if (chunk)
+        cJSON_AddNumberToObject(t, "index", index);
+    if (id && id[0]) {
+        cJSON_AddStringToObject(t, "id", id);
+        cJSON_AddStringToObject(t, "type", "function");
+    }
+    cJSON *f = cJSON_AddObjectToObject(t, "function");
+    if (name)
+        cJSON_AddStringToObject(f, "name", name);
+    cJSON_AddItemToObject(f, "arguments", str_n(args ? args : "", args_len));
+    return t;
+}
+
+/* A streaming chunk's choice for what this advance brought. NULL when it
+ * brought nothing to send. */
+static cJSON *chunk_choice(const reply *r, choice_run *run, const serve_buf *text, int64_t from)
+{
+    bool toks = run->used > from;
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", run->index);
+    bool any = toks || run->finish;
+    if (r->api == SERVE_API_CHAT) {
+        cJSON *m = cJSON_AddObjectToObject(c, "delta");
+        const serve_glmout_delta *d = &run->d;
+        if (!run->sent_first) {
+            cJSON_AddStringToObject(m, "role", "assistant");
+            cJSON_AddStringToObject(m, "content", "");
+            run->sent_first = true;
+            any = true;
+        }
+        if (d->content.len) {
+            cJSON_DeleteItemFromObject(m, "content");
+            cJSON_AddItemToObject(m, "content", str_n(d->content.data, d->content.len));
+            any = true;
+        }
+        if (d->reasoning.len && r->reasoning) {
+            cJSON_AddItemToObject(m, "reasoning_content",
+                                  str_n(d->reasoning.data, d->reasoning.len));
+            any = true;
+        }
+        if (d->n_calls) {
+            cJSON *tc = cJSON_AddArrayToObject(m, "tool_calls");
+            for (int i = 0; i < d->n_calls; i++)
+                cJSON_AddItemToArray(tc, tool_call_json(d->calls[i].index, d->calls[i].id,
+                                                        d->calls[i].name, d->calls[i].args.data,
+                                                        d->calls[i].args.len, true));
+            any = true;
+        }
+    } else {
+        cJSON_AddItemToObject(c, "text", str_n(text->data ? text->data : "", text->len));
+        any = any || text->len;
+    }
+    cJSON *lp = logprobs_object(r, &run->v, from, run->used, &run->lp_offset);
+    if (lp)
+        cJSON_AddItemToObject(c, "logprobs", lp);
+    else
+        cJSON_AddNullToObject(c, "logprobs");
+    if (run->finish && !run->failed)
+        cJSON_AddStringToObject(c, "finish_reason", run->finish);
+    else
+        cJSON_AddNullToObject(c, "finish_reason");
+    if (r->token_ids)
+        cJSON_AddItemToObject(c, "token_ids", ids_array(run->v.tokens + from, run->used - from));
+    if (!any) {
+        cJSON_Delete(c);
+        return NULL;
+    }
+    return c;
+}
+
+/* A plain response's choice. */
+static cJSON *plain_choice(const reply *r, choice_run *run, int index)
+{
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", index);
+    const char *text = run->text.data ? run->text.data : "";
+    if (r->api == SERVE_API_CHAT) {
+        cJSON *m = cJSON_AddObjectToObject(c, "message");
+        cJSON_AddStringToObject(m, "role", "assistant");
+        if (run->n_calls && run->text.len == 0)
+            cJSON_AddNullToObject(m, "content");
+        else
+            cJSON_AddItemToObject(m, "content", str_n(text, run->text.len));
+        if (r->reasoning && run->reasoning.len)
+            cJSON_AddItemToObject(m, "reasoning_content",
+                                  str_n(run->reasoning.data, run->reasoning.len));
+        if (run->n_calls) {
+            cJSON *tc = cJSON_AddArrayToObject(m, "tool_calls");
+            for (int i = 0; i < run->n_calls; i++)
+                cJSON_AddItemToArray(tc, tool_call_json(i, run->calls[i].id, run->calls[i].name,
+                                                        run->calls[i].args.data,
+                                                        run->calls[i].args.len, false));
+        }
+    } else {
+        cJSON_AddItemToObject(c, "text", str_n(text, run->text.len));
+    }
+    size_t off = 0;
+    cJSON *lp = logprobs_object(r, &run->v, 0, run->used, &off);
+    if (lp)
+        cJSON_AddItemToObject(c, "logprobs", lp);
+    else
+        cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddStringToObject(c, "finish_reason", run->finish);
+    if (r->token_ids)
+        cJSON_AddItemToObject(c, "token_ids", ids_array(run->v.tokens, run->used));
+    return c;
+}
+
+static void choice_release(choice_run *run)
+{
+    serve_textout_release(&run->to);
+    serve_glmout_release(&run->out);
+    serve_glmout_delta_release(&run->d);
+    serve_glmout_delta_release(&run->d2);
+    serve_buf_release(&run->text);
+    serve_buf_release(&run->reasoning);
+    for (int i = 0; i < run->n_calls; i++) {
+        free(run->calls[i].name);
+        serve_buf_release(&run->calls[i].args);
+    }
+    free(run->calls);
+    serve_gen_release(run->g);
 }
 
 /* ---- streaming ----------------------------------------------------------------- */
@@ -133,67 +467,69 @@ static void stream_start(stream *st)
 
 /* ---- generation ------------------------------------------------------------------ */
 
-typedef struct gen_run {
-    reply r;
-    serve_gen *g;
-    serve_textout to;
-    int64_t seen;     /* tokens read from the engine */
-    int64_t used;     /* tokens that count (up to a stop string) */
-    serve_buf text;   /* all text (plain responses) */
-    serve_gen_view v;
-    const char *finish;
-    bool failed;      /* engine error: v.error */
-} gen_run;
-
-/* Reads newly published tokens into delta; sets run->finish when done. */
-static mt_status advance(gen_run *run, double wait_s, serve_buf *delta, int64_t *first_new)
+static int64_t usage_completion(choice_run *runs, int n)
 {
-    serve_gen_wait(run->g, run->seen, wait_s, &run->v);
-    *first_new = run->used;
-    for (int64_t i = run->seen; i < run->v.n_generated && !run->to.stopped; i++) {
-        if (serve_textout_push(&run->to, run->v.tokens[i], delta))
-            return MT_E_NOMEM;
-        run->used = i + 1;
-    }
-    run->seen = run->v.n_generated;
-    if (run->to.stopped) {
-        serve_gen_cancel(run->g, false); /* a stop string: finish, keep the KV */
-        run->finish = "stop";
-    } else if (run->v.finish == SERVE_FINISH_ERROR) {
-        run->failed = true;
-        run->finish = "error";
-    } else if (run->v.finish != SERVE_FINISH_NONE) {
-        if (serve_textout_finish(&run->to, delta))
-            return MT_E_NOMEM;
-        run->finish = finish_name(run->v.finish);
-    }
-    return MT_OK;
+    int64_t c = 0;
+    for (int i = 0; i < n; i++)
+        c += runs[i].used;
+    return c;
 }
 
-static serve_outcome run_plain(gen_run *run, struct mg_connection *c, int *status)
+static double cum_logprob(const choice_run *run)
 {
-    while (!run->finish)
-        if (advance(run, 3600, &run->text, &(int64_t){0})) {
-            serve_error e = SERVE_ERROR_INIT;
-            serve_reject(&e, 500, NULL, NULL, "out of memory building the response");
-            serve_gen_cancel(run->g, true);
-            *status = serve_http_error(c, &e);
-            return SERVE_OUTCOME_ERROR;
+    double s = 0;
+    for (int64_t i = 0; i < run->used && run->v.logprobs; i++)
+        s += run->v.logprobs[i];
+    return s;
+}
+
+static serve_outcome run_plain(const reply *r, choice_run *runs, int n_runs, int n_return,
+                               struct mg_connection *c, int *status)
+{
+    serve_buf text = SERVE_BUF_INIT;
+    serve_error e = SERVE_ERROR_INIT;
+    bool oom = false;
+    for (int i = 0; i < n_runs; i++)
+        while (!runs[i].finish && !oom) {
+            int64_t from;
+            oom = advance(&runs[i], 3600, &text, &from) != MT_OK ||
+                  accumulate(&runs[i], &text) != MT_OK;
         }
-    if (run->failed) {
-        *status = serve_http_error(c, &run->v.error);
+    serve_buf_release(&text);
+    if (oom) {
+        serve_reject(&e, 500, NULL, NULL, "out of memory building the response");
+        for (int i = 0; i < n_runs; i++)
+            serve_gen_cancel(runs[i].g, true);
+        *status = serve_http_error(c, &e);
         return SERVE_OUTCOME_ERROR;
     }
-    cJSON *o = base_object(&run->r, false);
+    for (int i = 0; i < n_runs; i++)
+        if (runs[i].failed) {
+            *status = serve_http_error(c, &runs[i].v.error);
+            return SERVE_OUTCOME_ERROR;
+        }
+    /* best_of: the n_return choices of the highest cumulative logprob. */
+    int order[SERVE_MAX_N];
+    for (int i = 0; i < n_runs; i++)
+        order[i] = i;
+    if (n_return < n_runs)
+        for (int i = 1; i < n_runs; i++)
+            for (int k = i; k > 0 && cum_logprob(&runs[order[k]]) > cum_logprob(&runs[order[k - 1]]);
+                 k--) {
+                int t = order[k];
+                order[k] = order[k - 1];
+                order[k - 1] = t;
+            }
+    cJSON *o = base_object(r, false);
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
-    cJSON_AddItemToArray(choices, choice(&run->r, false, run->text.data ? run->text.data : "",
-                                         run->text.len, run->finish, false, run->v.tokens,
-                                         run->used));
-    cJSON_AddItemToObject(o, "usage", usage_object(run->v.n_prompt, run->used, run->v.n_cached));
+    for (int i = 0; i < n_return; i++)
+        cJSON_AddItemToArray(choices, plain_choice(r, &runs[order[i]], i));
+    cJSON_AddItemToObject(o, "usage", usage_object(runs[0].v.n_prompt,
+                                                   usage_completion(runs, n_runs),
+                                                   runs[0].v.n_cached));
     char *j = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     if (!j) {
-        serve_error e = SERVE_ERROR_INIT;
         serve_reject(&e, 500, NULL, NULL, "out of memory building the response");
         *status = serve_http_error(c, &e);
         return SERVE_OUTCOME_ERROR;
@@ -203,70 +539,78 @@ static serve_outcome run_plain(gen_run *run, struct mg_connection *c, int *statu
     return SERVE_OUTCOME_OK;
 }
 
-static serve_outcome run_stream(gen_run *run, struct mg_connection *c, bool include_usage,
-                                double keepalive_s)
+static serve_outcome run_stream(const reply *r, choice_run *runs, int n_runs,
+                                struct mg_connection *c, bool include_usage, double keepalive_s)
 {
     stream st = {c, SERVE_BUF_INIT, false};
-    serve_buf delta = SERVE_BUF_INIT;
+    serve_buf text = SERVE_BUF_INIT;
     stream_start(&st);
-    bool first = true;
     serve_outcome oc = SERVE_OUTCOME_OK;
-    while (!st.broken) {
-        serve_buf_reset(&delta);
-        int64_t from;
-        if (advance(run, keepalive_s, &delta, &from)) {
-            run->failed = true;
-            serve_reject(&run->v.error, 500, NULL, NULL, "out of memory streaming");
-            run->finish = "error";
-        }
-        if (run->failed) {
-            char *j = serve_error_json(&run->v.error);
-            if (j) {
-                serve_buf_reset(&st.frame);
-                if (!serve_sse_frame(&st.frame, j, strlen(j)))
-                    send_raw(&st, st.frame.data, st.frame.len);
-                free(j);
+    /* One choice waits the keep-alive period; several poll in turn. */
+    double wait = n_runs > 1 ? (keepalive_s < 0.02 ? keepalive_s : 0.02) : keepalive_s;
+    uint64_t last_send = mt_now_ns();
+    int open = n_runs;
+    while (!st.broken && open > 0 && oc == SERVE_OUTCOME_OK) {
+        bool sent = false;
+        for (int i = 0; i < n_runs && !st.broken; i++) {
+            choice_run *run = &runs[i];
+            if (run->finish)
+                continue;
+            int64_t from;
+            if (advance(run, sent ? 0 : wait, &text, &from)) {
+                run->failed = true;
+                serve_reject(&run->v.error, 500, NULL, NULL, "out of memory streaming");
+                run->finish = "error";
             }
-            oc = SERVE_OUTCOME_ERROR;
-            break;
+            if (run->failed) {
+                char *j = serve_error_json(&run->v.error);
+                if (j) {
+                    serve_buf_reset(&st.frame);
+                    if (!serve_sse_frame(&st.frame, j, strlen(j)))
+                        send_raw(&st, st.frame.data, st.frame.len);
+                    free(j);
+                }
+                oc = SERVE_OUTCOME_ERROR;
+                break;
+            }
+            if (run->finish)
+                open--;
+            cJSON *ch = chunk_choice(r, run, &text, from);
+            if (ch) {
+                cJSON *o = base_object(r, true);
+                cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), ch);
+                send_event(&st, o);
+                sent = true;
+            }
         }
-        bool news = run->used > from || delta.len > 0;
-        if (news || (run->r.api == SERVE_API_CHAT && first && run->finish)) {
-            cJSON *o = base_object(&run->r, true);
-            cJSON *ch = cJSON_AddArrayToObject(o, "choices");
-            cJSON_AddItemToArray(ch, choice(&run->r, true, delta.data ? delta.data : "",
-                                            delta.len, run->finish, first, run->v.tokens + from,
-                                            run->used - from));
-            send_event(&st, o);
-            first = false;
-        } else if (run->finish) {
-            cJSON *o = base_object(&run->r, true);
-            cJSON *ch = cJSON_AddArrayToObject(o, "choices");
-            cJSON_AddItemToArray(ch, choice(&run->r, true, "", 0, run->finish, first, NULL, 0));
-            send_event(&st, o);
-        } else {
+        if (sent) {
+            last_send = mt_now_ns();
+        } else if (open > 0 && oc == SERVE_OUTCOME_OK &&
+                   (double)(mt_now_ns() - last_send) * 1e-9 >= keepalive_s * 0.999) {
             send_raw(&st, ": keep-alive\n\n", 14); /* notices a client that left */
+            last_send = mt_now_ns();
         }
-        if (run->finish)
-            break;
     }
     if (!st.broken && oc == SERVE_OUTCOME_OK && include_usage) {
-        cJSON *o = base_object(&run->r, true);
+        cJSON *o = base_object(r, true);
         cJSON_AddArrayToObject(o, "choices");
-        cJSON_AddItemToObject(o, "usage",
-                              usage_object(run->v.n_prompt, run->used, run->v.n_cached));
+        cJSON_AddItemToObject(o, "usage", usage_object(runs[0].v.n_prompt,
+                                                       usage_completion(runs, n_runs),
+                                                       runs[0].v.n_cached));
         send_event(&st, o);
     }
     if (!st.broken)
         send_raw(&st, "data: [DONE]\n\n", 14);
     if (!st.broken)
         send_raw(&st, "", 0); /* the last chunk */
-    if (st.broken) {
-        serve_gen_cancel(run->g, true); /* the client went away: free its KV now */
-        oc = SERVE_OUTCOME_CANCELLED;
+    if (st.broken || oc != SERVE_OUTCOME_OK) {
+        for (int i = 0; i < n_runs; i++)
+            serve_gen_cancel(runs[i].g, true); /* the client went away: free its KV now */
+        if (st.broken)
+            oc = SERVE_OUTCOME_CANCELLED;
     }
     serve_buf_release(&st.frame);
-    serve_buf_release(&delta);
+    serve_buf_release(&text);
     return oc;
 }
 
@@ -285,6 +629,12 @@ int serve_api_generate(serve_api_ctx *a, struct mg_connection *c, serve_api api)
     int32_t *ids = NULL;
     size_t n_ids = 0;
     int status;
+    /* On the heap: a choice is 2.7 KB and civetweb's worker stacks are
+     * small (Debian builds it with 100 KiB). */
+    choice_run *runs = NULL;
+    int n_runs = 0;
+    serve_glmout_tool tools_buf[1];
+    serve_glmout_tool *tools = tools_buf;
     if (serve_http_body(c, a->max_body, &body, &n, &e))
         goto fail;
     if (serve_engine_state_get(a->engine, NULL) != SERVE_ENGINE_READY) {
@@ -302,43 +652,86 @@ int serve_api_generate(serve_api_ctx *a, struct mg_connection *c, serve_api api)
         serve_reject(&e, 400, "stop", NULL, "stop strings need a tokenizer; this model has none");
         goto fail;
     }
-    serve_gen_params p = {
-        .prompt = ids,
-        .n_prompt = (int64_t)n_ids,
-        .max_tokens = max_tokens,
-        .sampler = {req.temperature, req.top_p, req.top_k},
-        .has_seed = req.has_seed,
-        .seed = req.seed,
-        .ignore_eos = req.ignore_eos,
-        .chat = api == SERVE_API_CHAT,
-    };
-    gen_run run;
-    memset(&run, 0, sizeof run);
-    if (serve_engine_submit(a->engine, &p, &run.g, &e))
+    if (req.n_tools > 1 && !(tools = calloc((size_t)req.n_tools, sizeof *tools))) {
+        serve_reject(&e, 500, NULL, NULL, "out of memory");
+        tools = tools_buf;
         goto fail;
-    run.r.a = a;
-    run.r.api = api;
-    run.r.created = time(NULL);
-    run.r.token_ids = req.return_token_ids;
-    snprintf(run.r.id, sizeof run.r.id, "%s-%llx", api == SERVE_API_CHAT ? "chatcmpl" : "cmpl",
-             (unsigned long long)atomic_fetch_add(&a->next_id, 1));
-    serve_textout_init(&run.to, in->tok, req.stop, req.n_stop);
+    }
+    for (int i = 0; i < req.n_tools; i++)
+        tools[i] = (serve_glmout_tool){req.tools[i].name, req.tools[i].properties};
+    reply r = {
+        .a = a,
+        .api = api,
+        .created = time(NULL),
+        .token_ids = req.return_token_ids,
+        .tok = in->tok,
+        .logprobs = req.logprobs,
+        .reasoning = req.include_reasoning,
+    };
+    unsigned long long rid = atomic_fetch_add(&a->next_id, 1);
+    snprintf(r.id, sizeof r.id, "%s-%llx", api == SERVE_API_CHAT ? "chatcmpl" : "cmpl", rid);
+    if (!(runs = calloc((size_t)req.best_of, sizeof *runs))) {
+        serve_reject(&e, 500, NULL, NULL, "out of memory");
+        goto fail;
+    }
+    for (int i = 0; i < req.best_of; i++) {
+        choice_run *run = &runs[i];
+        serve_gen_params p = {
+            .prompt = ids,
+            .n_prompt = (int64_t)n_ids,
+            .max_tokens = max_tokens,
+            .sampler = {req.temperature, req.top_p, req.top_k},
+            .has_seed = req.has_seed,
+            .seed = req.seed + (uint64_t)i, /* each choice its own draws */
+            .ignore_eos = req.ignore_eos,
+            .chat = api == SERVE_API_CHAT,
+            .logprobs = req.logprobs || req.best_of > req.n,
+            .top_logprobs = req.logprobs ? req.top_logprobs : 0,
+            .follow = i ? runs[0].g : NULL,
+        };
+        if (serve_engine_submit(a->engine, &p, &run->g, &e))
+            goto fail;
+        n_runs++;
+        run->index = i;
+        run->chat = api == SERVE_API_CHAT;
+        serve_textout_init(&run->to, in->tok, req.stop, req.n_stop);
+        char prefix[40];
+        snprintf(prefix, sizeof prefix, "%llx_%d", rid, i);
+        serve_glmout_opts go = {
+            .tools = req.n_tools ? tools : NULL,
+            .n_tools = req.n_tools,
+            .start_in_reasoning = req.enable_thinking && req.add_generation_prompt,
+            .keep_reasoning = !req.separate_reasoning,
+            .stream = req.stream,
+            .id_prefix = prefix,
+        };
+        serve_glmout_init(&run->out, &go);
+    }
     serve_outcome oc;
     if (req.stream) {
-        oc = run_stream(&run, c, req.include_usage, a->keepalive_s);
+        oc = run_stream(&r, runs, n_runs, c, req.include_usage, a->keepalive_s);
         status = 200;
     } else {
-        oc = run_plain(&run, c, &status);
+        oc = run_plain(&r, runs, n_runs, req.n, c, &status);
     }
-    serve_textout_release(&run.to);
-    serve_buf_release(&run.text);
-    serve_gen_release(run.g);
+    for (int i = 0; i < n_runs; i++)
+        choice_release(&runs[i]);
+    free(runs);
+    if (tools != tools_buf)
+        free(tools);
     count(a, api, oc);
     serve_request_release(&req);
     free(ids);
     free(body);
     return status;
 fail:
+    for (int i = 0; i < n_runs; i++) {
+        serve_gen_cancel(runs[i].g, true);
+        choice_release(&runs[i]);
+    }
+    free(runs);
+    if (tools != tools_buf)
+        free(tools);
     count(a, api, SERVE_OUTCOME_ERROR);
     serve_request_release(&req);
     free(ids);

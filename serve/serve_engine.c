@@ -30,6 +30,12 @@ struct serve_gen {
     model_sampler sampler;
     bool ignore_eos, chat;
     uint64_t t_arrival;
+    bool want_lp;
+    int n_top;
+    float *lp;       /* [max_tokens] */
+    int32_t *top_id; /* [max_tokens][n_top] */
+    float *top_lp;
+    serve_gen *follow; /* a reference */
     /* Engine thread only. */
     mt_rng rng;
     int seq;
@@ -57,6 +63,8 @@ struct serve_engine {
     model_runtime_opts rt_opts;
     int max_batch_opt, max_cached;
     serve_metrics *metrics;
+    serve_sample_hook hook;
+    void *hook_ctx;
 
     pthread_t thread;
     bool thread_started;
@@ -94,7 +102,12 @@ static void gen_free(serve_gen *g)
     pthread_cond_destroy(&g->cond);
     free(g->tokens);
     free(g->logits);
+    free(g->lp);
+    free(g->top_id);
+    free(g->top_lp);
+    serve_gen *f = g->follow;
     free(g);
+    serve_gen_release(f);
 }
 
 void serve_gen_release(serve_gen *g)
@@ -118,6 +131,10 @@ static void fill_view(serve_gen *g, serve_gen_view *v)
     v->finish = g->finish;
     v->error = g->error;
     v->ttft_s = g->ttft_s;
+    v->logprobs = g->lp;
+    v->top_ids = g->n_top ? g->top_id : NULL;
+    v->top_logprobs = g->n_top ? g->top_lp : NULL;
+    v->n_top = g->n_top;
 }
 
 void serve_gen_wait(serve_gen *g, int64_t seen, double timeout_s, serve_gen_view *v)
@@ -302,9 +319,16 @@ static void admit(serve_engine *e)
         uint64_t now = mt_now_ns();
         int src = -1;
         int64_t match = 0;
-        if (e->cache)
+        serve_gen *l = g->follow;
+        if (l && l->seq >= 0 && l->n_computed < g->n_prompt - 1 && !g->ever_admitted)
+            return; /* n > 1: the first choice is still reading the shared prompt */
+        if (l && l->seq >= 0 && g->n_prompt > 1 && !g->ever_admitted) {
+            src = l->seq; /* fork it exactly there: one computed token each */
+            match = g->n_prompt - 1;
+        } else if (e->cache) {
             match = serve_prefix_match(e->cache, g->tokens, g->n_tokens, g->n_tokens - 1, now,
                                        &src);
+        }
         int seq = -1;
         mt_err err = MT_ERR_INIT;
         mt_status st;
@@ -457,7 +481,16 @@ static void run_step(serve_engine *e)
             serve_prefix_grow(e->cache, g->seq, g->n_computed);
         if (!e->items[k].logits)
             continue;
-        int32_t tok = model_sample(g->logits, e->info.vocab, &g->sampler, &g->rng);
+        int32_t tok = -1;
+        if (e->hook)
+            tok = e->hook(e->hook_ctx, g->tokens, g->n_prompt, g->n_tokens - g->n_prompt);
+        if (tok < 0 || tok >= e->info.vocab)
+            tok = model_sample(g->logits, e->info.vocab, &g->sampler, &g->rng);
+        if (g->want_lp) {
+            int64_t at = g->n_tokens - g->n_prompt;
+            model_logprobs(g->logits, e->info.vocab, g->sampler.temperature, tok, g->n_top,
+                           &g->lp[at], g->top_id + at * g->n_top, g->top_lp + at * g->n_top);
+        }
         g->tokens[g->n_tokens++] = tok;
         new_tokens++;
         int64_t gen = g->n_tokens - g->n_prompt;
@@ -649,6 +682,8 @@ mt_status serve_engine_start(const serve_engine_opts *o, serve_engine **out, mt_
     e->max_batch_opt = o->max_batch;
     e->max_cached = o->max_cached == 0 ? 64 : o->max_cached < 0 ? 0 : o->max_cached;
     e->metrics = o->metrics;
+    e->hook = o->sample_hook;
+    e->hook_ctx = o->sample_hook_ctx;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->wake, NULL);
     pthread_cond_init(&e->state_cv, NULL);
@@ -784,10 +819,22 @@ mt_status serve_engine_submit(serve_engine *e, const serve_gen_params *p, serve_
                             (long long)pages, (long long)total, (long long)in->kv_pages_total,
                             (long long)in->kv_pages_total * in->page_size);
     serve_gen *g = calloc(1, sizeof *g);
-    if (!g || !(g->tokens = malloc((size_t)total * sizeof *g->tokens))) {
+    int n_top = p->logprobs ? (p->top_logprobs < 0 ? 0 : p->top_logprobs > 20 ? 20 : p->top_logprobs) : 0;
+    size_t mt = (size_t)p->max_tokens;
+    if (!g || !(g->tokens = malloc((size_t)total * sizeof *g->tokens)) ||
+        (p->logprobs && (!(g->lp = malloc(mt * sizeof *g->lp)) ||
+                         (n_top && (!(g->top_id = malloc(mt * (size_t)n_top * sizeof *g->top_id)) ||
+                                    !(g->top_lp = malloc(mt * (size_t)n_top * sizeof *g->top_lp))))))) {
+        if (g) {
+            free(g->tokens);
+            free(g->lp);
+            free(g->top_id);
+        }
         free(g);
         return serve_reject(err, 500, NULL, NULL, "out of memory for the request");
     }
+    g->want_lp = p->logprobs;
+    g->n_top = n_top;
     memcpy(g->tokens, p->prompt, (size_t)p->n_prompt * sizeof *g->tokens);
     g->e = e;
     g->n_prompt = g->n_tokens = p->n_prompt;
@@ -802,6 +849,13 @@ mt_status serve_engine_submit(serve_engine *e, const serve_gen_params *p, serve_
     g->refs = 2; /* the caller's and the engine's */
     pthread_mutex_init(&g->mu, NULL);
     pthread_cond_init(&g->cond, NULL);
+    if (p->follow && p->follow->n_prompt == p->n_prompt &&
+        !memcmp(p->follow->tokens, p->prompt, (size_t)p->n_prompt * sizeof *p->prompt)) {
+        pthread_mutex_lock(&p->follow->mu);
+        p->follow->refs++;
+        pthread_mutex_unlock(&p->follow->mu);
+        g->follow = p->follow;
+    }
     pthread_mutex_lock(&e->mu);
     if (e->stop) {
         pthread_mutex_unlock(&e->mu);

@@ -34,8 +34,18 @@
 typedef struct serve_engine serve_engine;
 typedef struct serve_gen serve_gen;
 
+/* Test-only: called on the engine thread before each token is sampled, with
+ * the request's prompt and generated tokens (tokens[0..n_prompt+n_generated));
+ * a return value in [0, vocab) is taken as the token instead of a sample
+ * (its logprobs are still those of the logits), anything else samples as
+ * usual. Lets a test script the model's output token by token. */
+typedef int32_t (*serve_sample_hook)(void *ctx, const int32_t *tokens, int64_t n_prompt,
+                                     int64_t n_generated);
+
 typedef struct serve_engine_opts {
     model_runtime_opts rt; /* strings are copied */
+    serve_sample_hook sample_hook; /* test-only; NULL in production */
+    void *sample_hook_ctx;
     int max_batch;         /* running requests at most; 0 = 64 */
     int max_cached;        /* finished sequences retained for prefix reuse; 0 = 64, -1 = none */
     serve_metrics *metrics; /* borrowed; may be NULL */
@@ -90,6 +100,12 @@ typedef struct serve_gen_params {
     uint64_t seed;
     bool ignore_eos;
     bool chat;             /* also stop at the chat format's end-of-turn tokens */
+    bool logprobs;         /* keep each generated token's log probability */
+    int top_logprobs;      /* and the top this many (0..20) */
+    /* n > 1: a request with the same prompt submitted just before (held by
+     * reference). This one waits until that one has computed its prompt and
+     * forks its KV there, so the prompt is computed once for all choices. */
+    serve_gen *follow;
 } serve_gen_params;
 
 /* Queues a generation. Rejects (4xx in e) a request that could never run:
@@ -117,6 +133,13 @@ typedef struct serve_gen_view {
     serve_finish finish;   /* NONE while running */
     serve_error error;     /* when finish is ERROR */
     double ttft_s;         /* arrival to first token; < 0 before it */
+    /* With logprobs: per generated token its log probability after
+     * temperature, and n_top (token, log probability) pairs, most likely
+     * first, at top_ids/top_logprobs[i * n_top ...]. NULL otherwise. */
+    const float *logprobs;
+    const int32_t *top_ids;
+    const float *top_logprobs;
+    int n_top;
 } serve_gen_view;
 
 /* Waits until more than `seen` tokens are published, the request finishes,

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the server's libFuzzer targets (request parsing, SSE parsing) with
+# Builds the server's libFuzzer targets (request parsing, SSE parsing, the
+# GLM output parser: reasoning and tool calls) with
 # clang (-fsanitize=fuzzer,address,undefined) outside the CMake build, seeds
 # them, and runs each for SECONDS (default 180). Called by run.sh; also runs
 # alone: tests/fuzz/serve_fuzz.sh [SECONDS]. Output: build-fuzz/serve_*.
@@ -13,14 +14,18 @@ flags=(-g -O1 -std=gnu11 -fsanitize=fuzzer,address,undefined -fno-sanitize-recov
        -I "$root")
 common=("$root/common/status.c" "$root/common/files.c")
 "$cc" "${flags[@]}" -o "$out/serve_fuzz_request" "$root/tests/fuzz/serve_fuzz_request.c" \
-    "$root/serve/serve_request.c" "$root/serve/serve_error.c" "$root/model/chat.c" \
+    "$root/serve/serve_request.c" "$root/serve/serve_error.c" "$root/serve/serve_buf.c" "$root/model/chat.c" \
     "$root/model/tokenizer.c" "${common[@]}" -lcjson -lpcre2-8 -lm
 "$cc" "${flags[@]}" -o "$out/serve_fuzz_sse" "$root/tests/fuzz/serve_fuzz_sse.c" \
     "$root/serve/serve_sse.c" "$root/serve/serve_buf.c" "${common[@]}" -lm
+"$cc" "${flags[@]}" -I "$root/tests/fuzz" -o "$out/serve_fuzz_glmout" \
+    "$root/tests/fuzz/serve_fuzz_glmout.c" "$root/serve/serve_glmout.c" "$root/serve/serve_buf.c" \
+    "${common[@]}" -lcjson -lm
 
 rq="$out/corpus_serve_request"
 ss="$out/corpus_serve_sse"
-mkdir -p "$rq" "$ss"
+go="$out/corpus_serve_glmout"
+mkdir -p "$rq" "$ss" "$go"
 seed() { printf "$2" >"$rq/$1"; } # name, endpoint byte (\x00..\x03) + body
 seed c1 '\x00{"prompt":"The keeper","max_tokens":8,"temperature":0.5,"stop":["x","yz"],"stream":true}'
 seed c2 '\x00{"prompt":[1,2,3],"top_k":-1,"top_p":0.9,"seed":7,"ignore_eos":true,"stream_options":{"include_usage":false}}'
@@ -31,6 +36,10 @@ seed t2 '\x02{"messages":[{"role":"tool","content":"42"}],"add_generation_prompt
 seed d1 '\x03{"tokens":[1,2,3,300]}'
 printf '\x05data: {"a":1}\n\ndata: [DONE]\n\n' >"$ss/s1"
 printf '\x01: c\r\nevent: x\r\ndata:one\r\ndata: two\r\r\n\ndata\n\n' >"$ss/s2"
+# flags byte (1: starts in reasoning, 2: keep reasoning), split byte, text.
+printf '\x00\x03Hi<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value><arg_key>days</arg_key><arg_value>3</arg_value></tool_call>' >"$go/g47"
+printf '\x01\x05plan</think>ok<tool_call>search\n<arg_key>query</arg_key>\n<arg_value>x y</arg_value>\n<arg_key>filters</arg_key>\n<arg_value>{"a":[1]}</arg_value>\n</tool_call><tool_call>noargs</tool_call>' >"$go/g45"
+printf '\x00\x07<think>r</think><tool_call>nope<arg_key>a</arg_key></tool_call>tail<tool_call>get_weather<arg_key>metric' >"$go/bad"
 tok="$out/serve_tokenizer.json"
 if [ ! -e "$tok" ]; then
     bin=$(ls "$root"/build*/moetune 2>/dev/null | head -n 1 || true)
@@ -57,4 +66,5 @@ run() { # target corpus [dict]
 status=0
 run serve_fuzz_request "$rq" serve_request.dict || status=1
 run serve_fuzz_sse "$ss" || status=1
+run serve_fuzz_glmout "$go" serve_glmout.dict || status=1
 exit $status
