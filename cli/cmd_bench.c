@@ -14,7 +14,8 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: moetune bench --family moe|moe_gemm_up|moe_gemm_down [--shape glm5.2]\n"
-            "                     [--m 1,4,16,64,256] [--device cpu] [--db tuned.db] [--json]\n"
+            "                     [--m 1,4,16,64,256] [--device cpu] [--arch A] [--db tuned.db]\n"
+            "                     [--json]\n"
             "                     [--no-sweep] [--flush]\n"
             "Per M, with fresh routing every call: --family moe times the MoE layer the\n"
             "server runs (router, expert sort, expert GEMMs, shared expert), each kernel with\n"
@@ -22,13 +23,14 @@ static void usage(FILE *f)
             "stage alone: the default config and the best of a small sweep (cpu). Reported:\n"
             "achieved weight bandwidth, GFLOP/s and the fraction of this machine's memory\n"
             "bandwidth measured in the same run, each with p10/p90. --flush streams 1 GiB\n"
-            "before every timed call, so nothing a call read stays cached.\n");
+            "before every timed call, so nothing a call read stays cached. --arch on cpu caps\n"
+            "the compiled code at an x86-64 level (x86-64-v3: the AVX2 paths).\n");
 }
 
 int cmd_bench(int argc, char **argv)
 {
     const char *family = NULL, *shape = "glm5.2", *spec = "cpu", *mlist = "1,4,16,64,256";
-    const char *db_path = NULL;
+    const char *db_path = NULL, *arch = NULL;
     bool json = false, sweep = true, flush = false, bad = false;
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -41,6 +43,8 @@ int cmd_bench(int argc, char **argv)
             shape = v;
         } else if ((v = cli_opt(argc, argv, &i, "--device", &bad))) {
             spec = v;
+        } else if ((v = cli_opt(argc, argv, &i, "--arch", &bad))) {
+            arch = v;
         } else if ((v = cli_opt(argc, argv, &i, "--db", &bad))) {
             db_path = v;
         } else if ((v = cli_opt(argc, argv, &i, "--m", &bad))) {
@@ -90,7 +94,8 @@ int cmd_bench(int argc, char **argv)
         cli_error("bench", "%s", err.msg);
         return CLI_FAIL;
     }
-    if (dev_open(spec, NULL, &d, &err) != MT_OK) {
+    dev_open_opts oo = {.arch = arch};
+    if (dev_open(spec, &oo, &d, &err) != MT_OK) {
         cli_error("bench", "%s", err.msg);
         db_close(db);
         return CLI_FAIL;
