@@ -16,6 +16,10 @@ pkgs=(
   curl jq
 )
 [ "${1:-}" = "--ci" ] && pkgs+=(clang-19)
+# The OpenAI-client test (test_serve_agent) runs the official npm client:
+# Debian's node where the machine has none of its own.
+command -v node >/dev/null 2>&1 || pkgs+=(nodejs)
+command -v npm >/dev/null 2>&1 || pkgs+=(npm)
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
   echo "install-deps: not a Debian system (no dpkg-query); install the equivalents of:" \
