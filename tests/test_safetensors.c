@@ -293,7 +293,7 @@ static void write_shard(const char *dir, const char *file, const char *const *na
         cr_assert_eq(model_st_writer_add(w, names[i], MODEL_DTYPE_F32, 1, &shape, v, sizeof v,
                                          NULL), MT_OK);
     }
-    char path[512];
+    char path[640];
     snprintf(path, sizeof path, "%s/%s", dir, file);
     cr_assert_eq(model_st_writer_write(w, path, NULL), MT_OK);
     model_st_writer_destroy(w);
