@@ -92,6 +92,11 @@ void dev_compile_args_release(dev_compile_args *args);
  * its parameters as signature letters ('?' for a type without a letter). */
 mt_status dev_host_cc(const char *text, const char *const *flags, int n_flags,
                       void **bytes, size_t *len, char **log, mt_err *err);
+/* Runs argv[0] (searched in PATH) with stdout and stderr into log_path and
+ * waits for it: its exit status, or -1 when it could not run or died of a
+ * signal. */
+int dev_run_tool(const char *const *argv, const char *log_path);
+
 /* Part of the cpu and emu compiler ids: what dev_host_cc's objects hold,
  * so the compile cache never returns one built without the table. */
 #define DEV_HOST_CC_OUTPUT "sig-table-1"

@@ -137,26 +137,6 @@ static mt_status refuse_arch(const char *arch, mt_status st, mt_err *err)
 
 /* Runs argv (NULL-terminated) with stdout and stderr into the file lg and
  * returns its exit status (-1 when it could not run or was killed). */
-static int run_tool(const char *const *argv, const char *lg)
-{
-    pid_t pid = fork();
-    if (pid < 0)
-        return -1;
-    if (pid == 0) {
-        FILE *f = freopen(lg, "w", stderr);
-        if (f)
-            dup2(2, 1);
-        execvp(argv[0], (char *const *)argv);
-        fprintf(stderr, "cannot run %s: %s\n", argv[0], strerror(errno));
-        _exit(127);
-    }
-    int ws = 0;
-    while (waitpid(pid, &ws, 0) < 0)
-        if (errno != EINTR)
-            return -1;
-    return WIFEXITED(ws) ? WEXITSTATUS(ws) : -1;
-}
-
 static bool file_exists(const char *dir, const char *name)
 {
     char p[512];
@@ -181,7 +161,7 @@ static mt_status clang_find(const char *arch, hip_clang *cl, mt_err *err)
     char lg[600];
     snprintf(lg, sizeof lg, "%s/log", dir);
     const char *argv[] = {cl->path, "--version", NULL};
-    int rc = run_tool(argv, lg);
+    int rc = dev_run_tool(argv, lg);
     char *text = NULL;
     if (rc == 0 && mt_file_read(lg, &text, NULL, NULL) == MT_OK && text) {
         const char *v = strstr(text, "clang version ");
@@ -496,7 +476,7 @@ static mt_status clang_compile(hip_ctx *c, const char *name, const dev_compile_a
 
     mt_status st = mt_file_write_atomic(src, a->text, strlen(a->text), err);
     if (st == MT_OK) {
-        int rc = run_tool(argv, lg);
+        int rc = dev_run_tool(argv, lg);
         char *text = NULL;
         if (mt_file_read(lg, &text, NULL, NULL) == MT_OK && text && !text[strspn(text, " \t\r\n")]) {
             free(text);

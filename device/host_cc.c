@@ -62,15 +62,13 @@ static bool cc_writes_prototypes(void)
     return !strstr(dev_host_cc_id(), "clang");
 }
 
-/* Runs argv (NULL-terminated) with stdout and stderr into the file lg;
- * appends what it wrote to *log. MT_E_COMPILE with that text on failure. */
-static mt_status run_cc(const char *const *argv, const char *lg, char **log, mt_err *err)
+int dev_run_tool(const char *const *argv, const char *log_path)
 {
     pid_t pid = fork();
     if (pid < 0)
-        return mt_fail(err, MT_E_IO, "fork failed: %s", strerror(errno));
+        return -1;
     if (pid == 0) {
-        FILE *f = freopen(lg, "w", stderr);
+        FILE *f = freopen(log_path, "w", stderr);
         if (f)
             dup2(2, 1);
         execvp(argv[0], (char *const *)argv);
@@ -78,12 +76,21 @@ static mt_status run_cc(const char *const *argv, const char *lg, char **log, mt_
         _exit(127);
     }
     int ws = 0;
-    while (waitpid(pid, &ws, 0) < 0 && errno == EINTR)
-        ;
+    while (waitpid(pid, &ws, 0) < 0)
+        if (errno != EINTR)
+            return -1;
+    return WIFEXITED(ws) ? WEXITSTATUS(ws) : -1;
+}
+
+/* Runs argv (NULL-terminated) with stdout and stderr into the file lg;
+ * appends what it wrote to *log. MT_E_COMPILE with that text on failure
+ * (exit -1: it could not run, or died of a signal). */
+static mt_status run_cc(const char *const *argv, const char *lg, char **log, mt_err *err)
+{
+    int rc = dev_run_tool(argv, lg);
     char *text = slurp_or_null(lg);
-    if (!WIFEXITED(ws) || WEXITSTATUS(ws) != 0) {
-        mt_status st = mt_fail(err, MT_E_COMPILE, "%s failed (exit %d):\n%s", argv[0],
-                               WIFEXITED(ws) ? WEXITSTATUS(ws) : -1,
+    if (rc != 0) {
+        mt_status st = mt_fail(err, MT_E_COMPILE, "%s failed (exit %d):\n%s", argv[0], rc,
                                text && *text ? text : "(no output)");
         free(text);
         return st;
