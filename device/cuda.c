@@ -367,14 +367,9 @@ static mt_status cuda_open(const char *arg, const dev_open_opts *opts, dev_props
 {
     *ctx_out = NULL;
     int index = 0;
-    if (arg && *arg) {
-        char *end = NULL;
-        long v = strtol(arg, &end, 10);
-        if (!end || *end || v < 0 || v > 1024)
-            return mt_fail(err, MT_E_INVALID, "device 'cuda:%s': expected cuda:N with N "
-                           "a GPU index", arg);
-        index = (int)v;
-    }
+    mt_status ist = dev_parse_index("cuda", arg, &index, err);
+    if (ist != MT_OK)
+        return ist;
     const char *want = opts->arch && *opts->arch ? opts->arch : NULL;
     if (want && arch_number(want) < 0)
         return mt_fail(err, MT_E_INVALID, "cuda: arch '%s' is not of the form sm_XY",

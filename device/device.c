@@ -539,3 +539,17 @@ mt_status dev_event_elapsed_ms(dev_device *d, dev_event *a, dev_event *b, double
     *ms = (double)(b->ns - a->ns) * 1e-6;
     return MT_OK;
 }
+
+mt_status dev_parse_index(const char *backend, const char *arg, int *index, mt_err *err)
+{
+    *index = 0;
+    if (!arg || !*arg)
+        return MT_OK;
+    char *end = NULL;
+    long v = strtol(arg, &end, 10);
+    if (!end || *end || v < 0 || v > 1024)
+        return mt_fail(err, MT_E_INVALID, "device '%s:%s': expected %s:N with N a GPU index",
+                       backend, arg, backend);
+    *index = (int)v;
+    return MT_OK;
+}

@@ -92,6 +92,10 @@ void dev_compile_args_release(dev_compile_args *args);
  * its parameters as signature letters ('?' for a type without a letter). */
 mt_status dev_host_cc(const char *text, const char *const *flags, int n_flags,
                       void **bytes, size_t *len, char **log, mt_err *err);
+/* The GPU index N of a "backend:N" spec's argument (NULL or "": 0);
+ * MT_E_INVALID naming the spec otherwise. */
+mt_status dev_parse_index(const char *backend, const char *arg, int *index, mt_err *err);
+
 /* Runs argv[0] (searched in PATH) with stdout and stderr into log_path and
  * waits for it: its exit status, or -1 when it could not run or died of a
  * signal. */

@@ -262,14 +262,9 @@ static mt_status hip_open(const char *arg, const dev_open_opts *opts, dev_props 
 {
     *ctx_out = NULL;
     int index = 0;
-    if (arg && *arg) {
-        char *end = NULL;
-        long v = strtol(arg, &end, 10);
-        if (!end || *end || v < 0 || v > 1024)
-            return mt_fail(err, MT_E_INVALID, "device 'hip:%s': expected hip:N with N a "
-                           "GPU index", arg);
-        index = (int)v;
-    }
+    mt_status ist = dev_parse_index("hip", arg, &index, err);
+    if (ist != MT_OK)
+        return ist;
     const char *want = opts->arch && *opts->arch ? opts->arch : NULL;
     hip_clang cl;
     bool use_clang = want && !arch_known(want) && clang_arch_llvm(want);
