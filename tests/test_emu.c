@@ -495,9 +495,11 @@ Test(emu, out_of_bounds_write_is_a_fault_naming_the_kernel_and_next_launch_works
     dev_device *d = open_emu("emu", 2);
     dev_module *m = td_build(d, "oob.hip", oob_src, NULL, 0, false);
     dev_kernel *k = td_kernel(m, "scale_oob", "ppi");
-    int n = 1000 + (int)mt_rng_below(&r, 3000);
-    if (n % 64 == 0)
-        n++; /* the last block must run past the end */
+    /* The last block must write past the end by more than the slack (up to
+     * 12 bytes) that 16-byte alignment leaves before the guard page: with
+     * 1..48 of its 64 threads in bounds, at least 16 floats land past it.
+     * (1000 + rng % 3000 failed for n % 64 in 61..63, one run in 21.) */
+    int n = 64 * (16 + (int)mt_rng_below(&r, 46)) + 1 + (int)mt_rng_below(&r, 48);
     float *x = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * (size_t)n);
     for (int i = 0; i < n; i++)
         x[i] = mt_rng_normal(&r);
