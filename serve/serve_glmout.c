@@ -159,8 +159,9 @@ void serve_glmout_init(serve_glmout *p, const serve_glmout_opts *o)
 {
     memset(p, 0, sizeof *p);
     p->o = *o;
-    if (!p->o.id_prefix)
-        p->o.id_prefix = "0";
+    /* The caller's prefix may not outlive this call (a loop's buffer). */
+    snprintf(p->id_prefix, sizeof p->id_prefix, "%s", o->id_prefix ? o->id_prefix : "0");
+    p->o.id_prefix = NULL;
     p->state = o->start_in_reasoning && !o->keep_reasoning ? SERVE_GLMOUT_REASONING
                                                            : SERVE_GLMOUT_CONTENT;
     p->call_tool = -1;
@@ -196,7 +197,7 @@ static mt_status emit_content(serve_glmout *p, serve_glmout_delta *d, const char
 
 static void call_id(const serve_glmout *p, int index, char *out, size_t cap)
 {
-    snprintf(out, cap, "call_%.32s_%d", p->o.id_prefix, index);
+    snprintf(out, cap, "call_%s_%d", p->id_prefix, index);
 }
 
 static void call_reset(serve_glmout *p)

@@ -70,7 +70,8 @@ typedef struct serve_glmout_opts {
     bool start_in_reasoning; /* the prompt ended in "<think>" */
     bool keep_reasoning;     /* reasoning stays in content, tags included */
     bool stream;             /* announce calls early (see above) */
-    const char *id_prefix;   /* call ids are "call_" id_prefix "_" index */
+    const char *id_prefix;   /* call ids are "call_" id_prefix "_" index; copied (at
+                              * most 32 bytes) by serve_glmout_init */
 } serve_glmout_opts;
 
 typedef enum serve_glmout_state {
@@ -80,7 +81,8 @@ typedef enum serve_glmout_state {
 } serve_glmout_state;
 
 typedef struct serve_glmout {
-    serve_glmout_opts o;
+    serve_glmout_opts o;  /* o.id_prefix is not kept: see id_prefix */
+    char id_prefix[33];   /* a copy of the caller's */
     serve_glmout_state state;
     serve_buf pending;    /* text not yet decided */
     serve_buf call;       /* the raw text of the open call, from "<tool_call>" */
