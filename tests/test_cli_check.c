@@ -10,6 +10,7 @@
 
 #include "device/device.h"
 #include "kernels/family.h"
+#include "test_tmp.h"
 
 static int run(const char *args, char *out, size_t cap)
 {
@@ -37,6 +38,7 @@ Test(cli_check, cuda_sm90_compiles_every_family_then_hits_the_cache, .timeout = 
 {
     if (!have_nvrtc())
         cr_skip_test("NVRTC not found: the cuda backend cannot compile here");
+    tmp_cache_make_writable();
     static char out[1 << 20];
     int rc = run("check --device cuda --arch sm_90 --samples 0", out, sizeof out);
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);

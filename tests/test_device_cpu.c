@@ -309,6 +309,7 @@ Test(device_cpu, compile_error_returns_the_compiler_log_naming_the_source)
 
 Test(device_cpu, second_compile_of_the_same_text_is_a_cache_hit)
 {
+    tmp_cache_make_writable();
     dev_device *d = td_open("cpu", NULL);
     char src[256];
     /* A fresh text, so the first compile cannot hit an older entry. */

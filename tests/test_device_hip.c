@@ -11,6 +11,7 @@
 #include "common/rng.h"
 #include "device/device.h"
 #include "test_dev_util.h"
+#include "test_tmp.h"
 
 #ifdef MOETUNE_HAVE_HIP
 #define NEED_HIP() ((void)0)
@@ -198,6 +199,7 @@ Test(device_hip, compile_only_device_refuses_memory_and_modules)
 Test(device_hip, cache_hit_reports_the_same_resources)
 {
     NEED_HIP();
+    tmp_cache_make_writable();
     dev_device *d = open_arch("gfx90a");
     char tile_text[32];
     /* A fresh define value keeps the first compile a miss. */

@@ -16,6 +16,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/files.h"
+
 #define TMP_MAX_PATHS 64
 
 /* Paths to remove at exit, and the process that registered them: a forked
@@ -107,6 +109,21 @@ static inline int tmp_file_make(char *out, size_t cap, const char *prefix)
     cr_assert_geq(fd, 0, "mkstemp %s", out);
     tmp_register(out);
     return fd;
+}
+
+/* For tests that pin the compile cache's behaviour (a second compile is a
+ * hit): when the cache folder (mt_cache_dir, e.g. a read-only
+ * $MOETUNE_CACHE) cannot be written, points MOETUNE_CACHE at a fresh
+ * temporary folder for the rest of this test process and its children. */
+static inline void tmp_cache_make_writable(void)
+{
+    char dir[2048];
+    mt_cache_dir(dir, sizeof dir);
+    if (mt_mkdirs(dir, NULL) == MT_OK && access(dir, W_OK) == 0)
+        return;
+    char fresh[512];
+    tmp_dir_make(fresh, sizeof fresh, "mt_cache");
+    cr_assert_eq(setenv("MOETUNE_CACHE", fresh, 1), 0);
 }
 
 #endif
