@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages moetune needs to build, test and run;
-# with --ci also what CI adds (clang-19 for its second compiler build).
+# Installs the Debian 12 packages moetune needs to build, test and run
+# (clang-19 also serves CI's second compiler build).
 # Idempotent and silent when everything is present: one dpkg-query, no
 # apt-get update, no output. Otherwise installs only what is missing, and
 # refreshes the package lists only when apt cannot find a package without
@@ -15,7 +15,6 @@ pkgs=(
   clang-19 lld-19 llvm-19 rocm-device-libs
   curl jq
 )
-[ "${1:-}" = "--ci" ] && pkgs+=(clang-19)
 # The OpenAI-client test (test_serve_agent) runs the official npm client:
 # Debian's node where the machine has none of its own.
 command -v node >/dev/null 2>&1 || pkgs+=(nodejs)
