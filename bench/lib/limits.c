@@ -92,9 +92,13 @@ mt_status bench_limits_open(dev_device *d, bench_limits **out, mt_err *err)
     mt_status st = MT_OK;
     if (l->props->backend == DEV_BACKEND_CPU) {
         dev_compile_req req = {.name = "bench_limits.cpu", .source = probe_src};
+        /* 16x the last-level cache, at least 1 GiB, at most 4 GiB (some VMs
+         * report a host-sized L3 of hundreds of MiB). */
         l->big_bytes = (size_t)1 << 30;
         if (l->props->llc_bytes * 16 > l->big_bytes)
             l->big_bytes = l->props->llc_bytes * 16;
+        if (l->big_bytes > ((size_t)4 << 30))
+            l->big_bytes = (size_t)4 << 30;
         l->big_bytes -= l->big_bytes % ((size_t)ITEMS * 64 * 8);
         if ((st = dev_compile(d, &req, &l->code, err)) != MT_OK ||
             (st = dev_module_load(d, l->code, &l->mod, err)) != MT_OK ||
