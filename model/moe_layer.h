@@ -33,7 +33,9 @@ typedef struct model_moe_kernels {
 
 /* The routed-expert dims of a GLM-5 config: a4 selects MXFP4 activations,
  * shared_inter the MXFP4 shared expert's width (0: none on the MoE GEMMs),
- * atomic combine (comb 0), bm 128. */
+ * deterministic combine (comb 1: the down GEMM writes one row per
+ * (token, expert) pair and moe_combine sums them in a fixed order, so a
+ * token's output does not depend on thread timing), bm 128. */
 void model_moe_dims(const model_config *c, bool a4, int64_t shared_inter, moe_dims *out);
 
 /* Adds the layer's kernels (keys from moe_layer_keys) to ks, each called

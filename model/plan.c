@@ -211,6 +211,8 @@ static mt_status mlp_uses(builder *b, model_plan_layer *ly)
     USE(&k[MODEL_KS_ALIGN], "moe_align", T, "expert sort", "%s", mk.align);
     USE(&k[MODEL_KS_UP], "moe_gemm_up", T, "experts up", "%s", mk.up);
     USE(&k[MODEL_KS_DOWN], "moe_gemm_down", T, "experts down", "%s", mk.down);
+    if (md.comb)
+        USE(&k[MODEL_KS_COMBINE], "moe_combine", T, "combine", "%s", mk.combine);
     if (!ly->sh_inter)
         return MT_OK;
     if (ly->sh_mxfp4) {

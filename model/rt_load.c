@@ -256,7 +256,7 @@ static const size_t slot_field[MODEL_KS_COUNT] = {
     SLOT(GEMM_DOWN, gemm_down), SLOT(SH_GEMM_GU, sh_gemm_gu), SLOT(SH_SILU, sh_silu),
     SLOT(SH_GEMM_DOWN, sh_gemm_down), SLOT(ROUTE, moe.route), SLOT(ALIGN, moe.align),
     SLOT(UP, moe.up), SLOT(DOWN, moe.down), SLOT(SH_ALIGN, moe.sh_align),
-    SLOT(SH_UP, moe.sh_up), SLOT(SH_DOWN, moe.sh_down),
+    SLOT(SH_UP, moe.sh_up), SLOT(SH_DOWN, moe.sh_down), SLOT(COMBINE, moe.combine),
 };
 #undef SLOT
 

@@ -24,6 +24,9 @@
  * prefill, fork, batching) are held to a relative L2 error of 1e-5. */
 #include "test_forward_util.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
+
 static const double TIGHT = 1e-5;
 
 static void check_reference(fw_open_args a, bool kv_fp8, int n)
@@ -90,6 +93,63 @@ static void assert_rows(const float *got, const float *want, int rows, int32_t V
         cr_assert_leq(e, TIGHT, "%s, seed %" PRIu64 ", row %d: relative L2 error %.3g", what, seed,
                       t, e);
     }
+}
+
+/* Busy threads, one per core, while a test runs: the pool's threads are
+ * then preempted at random points and take the grid's items in a
+ * different order on every run, as on a loaded CI machine. */
+static atomic_bool spin_on;
+static void *spin_main(void *arg)
+{
+    (void)arg;
+    volatile uint64_t x = 0;
+    while (atomic_load_explicit(&spin_on, memory_order_relaxed))
+        x++;
+    return NULL;
+}
+
+/* The same step repeated gives bitwise the same logits: no reduction may
+ * depend on thread timing. The MoE down projection once added its rows
+ * into the output with float atomics, whose order changed from run to run
+ * on a loaded machine; with MXFP4 activations the last-bit differences then
+ * moved whole E2M1 steps and flipped greedy tokens. */
+Test(forward_cpu, the_same_step_repeated_gives_identical_logits)
+{
+    char *dir = fw_tiny_dir();
+    model_runtime *rt = fw_open(dir, (fw_open_args){.device = "cpu:4", .act = MODEL_ACT_MXFP4});
+    int32_t V = model_runtime_vocab(rt);
+    uint64_t seed = mt_seed_fresh();
+    const int n = 64;
+    int32_t *tok = fw_tokens(seed, n, V);
+    float *first = fw_prefill(rt, tok, n, NULL);
+    enum { SPIN = 4 };
+    pthread_t th[SPIN];
+    atomic_store(&spin_on, true);
+    for (int i = 0; i < SPIN; i++)
+        cr_assert_eq(pthread_create(&th[i], NULL, spin_main, NULL), 0);
+    int diff_rep = -1;
+    size_t diff_at = 0;
+    float was = 0, now = 0;
+    for (int r = 0; r < 24 && diff_rep < 0; r++) {
+        float *again = fw_prefill(rt, tok, n, NULL);
+        for (size_t i = 0; i < (size_t)V * n && diff_rep < 0; i++)
+            if (memcmp(&again[i], &first[i], sizeof(float))) {
+                diff_rep = r;
+                diff_at = i;
+                was = first[i];
+                now = again[i];
+            }
+        free(again);
+    }
+    atomic_store(&spin_on, false);
+    for (int i = 0; i < SPIN; i++)
+        pthread_join(th[i], NULL);
+    cr_assert_eq(diff_rep, -1, "seed %" PRIu64 ", repeat %d, position %zu, logit %zu: %.9g then "
+                 "%.9g", seed, diff_rep, diff_at / (size_t)V, diff_at % (size_t)V, was, now);
+    free(first);
+    free(tok);
+    model_runtime_close(rt);
+    fw_rm_dir(dir);
 }
 
 Test(forward_cpu, decode_token_by_token_equals_prefill)

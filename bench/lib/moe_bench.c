@@ -402,7 +402,7 @@ static mt_status layer_dims(bench *b, const kern_family *fu, const kern_shape *s
         .topkg = (int)kern_shape_get(fr, &rs, "topkg"),
         .scale = (float)kern_shape_get(fr, &rs, "rsf") / 1000.0f,
         .norm = kern_shape_get(fr, &rs, "norm") != 0,
-        .a4 = kern_shape_get(fu, s, "a") == KERN_DT_MXFP4, .shared_inter = b->S, .comb = 0,
+        .a4 = kern_shape_get(fu, s, "a") == KERN_DT_MXFP4, .shared_inter = b->S, .comb = 1,
         .bm = BM};
     return MT_OK;
 }
