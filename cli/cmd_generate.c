@@ -20,7 +20,7 @@ static void usage(FILE *f)
             "                        (--prompt TEXT | --tokens 1,2,3) [--max-tokens N]\n"
             "                        [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
             "                        [--act-quant none|mxfp4] [--kv-dtype bf16|fp8]\n"
-            "                        [--logits FILE] [--report]\n"
+            "                        [--logits FILE] [--report] [--batch-invariant]\n"
             "Runs the GLM-5 checkpoint in DIR on the device (default auto) with kernels from\n"
             "the tuning database FILE (every kernel runs its default config without one),\n"
             "prints the generated text (with a tokenizer) and the token ids. Sampling:\n"
@@ -28,7 +28,9 @@ static void usage(FILE *f)
             "the draws. --act-quant overrides the checkpoint's activation quantization of\n"
             "the expert GEMMs (mxfp4: a4w4, none: a16w4). --logits writes the logits of\n"
             "every prompt position as raw little-endian float32 [prompt tokens, vocab].\n"
-            "--report prints the full kernel selection table to stderr.\n");
+            "--report prints the full kernel selection table to stderr. --batch-invariant\n"
+            "runs one config per kernel at every token count and no split-K, so a token's\n"
+            "logits are bitwise the same alone, batched, in prefill or in decode.\n");
 }
 
 static bool parse_num(const char *v, double *out)
@@ -83,6 +85,8 @@ int cmd_generate(int argc, char **argv)
             return CLI_OK;
         } else if (cli_flag(argv[i], "--report")) {
             report = true;
+        } else if (cli_flag(argv[i], "--batch-invariant")) {
+            o.batch_invariant = true;
         } else if ((v = cli_opt(argc, argv, &i, "--model", &bad))) {
             model = v;
         } else if ((v = cli_opt(argc, argv, &i, "--db", &bad))) {

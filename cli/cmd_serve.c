@@ -15,6 +15,7 @@ static void usage(FILE *f)
             "                     [--port 8080] [--max-batch N] [--kv-pages N]\n"
             "                     [--max-batch-tokens N] [--threads N] [--max-cached N]\n"
             "                     [--served-model-name NAME] [--max-body BYTES]\n"
+            "                     [--batch-invariant]\n"
             "Serves the checkpoint in DIR over HTTP with OpenAI's API: POST /v1/completions,\n"
             "POST /v1/chat/completions (streaming or not), GET /v1/models, GET /health,\n"
             "GET /metrics (Prometheus), POST /tokenize, POST /detokenize. Kernels come from\n"
@@ -23,6 +24,8 @@ static void usage(FILE *f)
             "most --max-batch-tokens tokens (default 512), --kv-pages KV pages of 16 tokens\n"
             "(default: the runtime's), --max-cached finished sequences kept for prefix\n"
             "reuse (default 64, 0 to turn the prefix cache off). --port 0 picks a free port.\n"
+            "--batch-invariant runs one config per kernel at every token count and no\n"
+            "split-K: a request's greedy output then does not change with the load.\n"
             "Runs until SIGINT or SIGTERM.\n");
 }
 
@@ -52,6 +55,8 @@ int cmd_serve(int argc, char **argv)
         if (cli_flag(argv[i], "--help") || cli_flag(argv[i], "-h")) {
             usage(stdout);
             return CLI_OK;
+        } else if (cli_flag(argv[i], "--batch-invariant")) {
+            o.engine.rt.batch_invariant = true;
         } else if ((v = cli_opt(argc, argv, &i, "--model", &bad))) {
             o.engine.rt.model_dir = v;
         } else if ((v = cli_opt(argc, argv, &i, "--db", &bad))) {

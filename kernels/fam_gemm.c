@@ -228,6 +228,17 @@ static mt_status cpu_run(const kern_ctx *c, mt_err *err)
     return dev_launch(c->dev, k, grid, block, 0, args, err);
 }
 
+/* Split-K blocks add their partial tiles into c with float atomics, in
+ * the order the blocks happen to finish. */
+static bool gpu_order_varies(const kern_shape *s, const kern_config *cfg, char *why, size_t cap)
+{
+    (void)s;
+    if (cfg->v[P_SPLITK] <= 1)
+        return false;
+    snprintf(why, cap, "SPLITK=%d adds partial tiles with float atomics", cfg->v[P_SPLITK]);
+    return true;
+}
+
 static const kern_impl gpu_impl = {
     .source = "gemm.hip",
     .params = gpu_params,
@@ -235,6 +246,7 @@ static const kern_impl gpu_impl = {
     .valid = gpu_valid,
     .default_config = gpu_default,
     .run = gpu_run,
+    .order_varies = gpu_order_varies,
 };
 
 static const kern_impl cpu_impl = {

@@ -133,6 +133,12 @@ typedef struct kern_impl {
     size_t (*scratch_bytes)(const kern_shape *s, int64_t m, const kern_config *cfg);
     /* Issues the launches for one call. */
     mt_status (*run)(const kern_ctx *c, mt_err *err);
+    /* True (with a reason) when cfg's results on shape s depend on thread
+     * timing, e.g. partial sums added with float atomics (split-K), so that
+     * the same input can give different last bits from run to run. Optional:
+     * NULL means every config sums in an order fixed by the config and the
+     * shape. The runtime's batch-invariant mode refuses such configs. */
+    bool (*order_varies)(const kern_shape *s, const kern_config *cfg, char *why, size_t cap);
 } kern_impl;
 
 typedef struct kern_case {

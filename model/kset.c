@@ -46,6 +46,7 @@ struct model_kset {
     kset_module *mods;
     int n_mods, cap_mods;
     kern_scratch *scratch;
+    bool invariant;
 };
 
 mt_status model_kset_create(dev_device *d, db_t *db, FILE *log, model_kset **out, mt_err *err)
@@ -66,6 +67,9 @@ mt_status model_kset_create(dev_device *d, db_t *db, FILE *log, model_kset **out
     *out = ks;
     return MT_OK;
 }
+
+void model_kset_set_batch_invariant(model_kset *ks, bool on) { ks->invariant = on; }
+bool model_kset_batch_invariant(const model_kset *ks) { return ks->invariant; }
 
 void model_kset_destroy(model_kset *ks)
 {
@@ -288,6 +292,9 @@ static mt_status choose(model_kset *ks, model_kern *k, const db_device *dd, cons
         snprintf(why, sizeof why, "%.150s", e2.msg);
     else if (!kern_config_valid(k->fam, k->impl, s, c->m, &cfg, ks->props, why, sizeof why))
         ;
+    else if (ks->invariant && k->impl->order_varies &&
+             k->impl->order_varies(s, &cfg, why, sizeof why))
+        ;
     else {
         c->cfg = cfg;
         return MT_OK;
@@ -295,6 +302,52 @@ static mt_status choose(model_kset *ks, model_kern *k, const db_device *dd, cons
     c->prov = MODEL_PROV_REJECTED;
     snprintf(c->note, sizeof c->note, "%.100s: %.80s", r.config_key, why);
     return MT_OK;
+}
+
+/* Whether cfg runs every bucket of k, in an order independent of timing. */
+static bool runs_everywhere(const model_kset *ks, const model_kern *k, const kern_config *cfg,
+                            char *why, size_t cap)
+{
+    if (k->impl->order_varies && k->impl->order_varies(&k->shape, cfg, why, cap))
+        return false;
+    for (int b = 0; b < k->n; b++)
+        if (!kern_config_valid(k->fam, k->impl, &k->shape, k->ch[b].m, cfg, ks->props, why, cap))
+            return false;
+    return true;
+}
+
+/* Batch-invariant mode: one choice for every bucket (kset.h). */
+static mt_status pin(const model_kset *ks, model_kern *k, mt_err *err)
+{
+    model_choice cand[4];
+    cand[0] = k->ch[k->n - 1];
+    cand[1] = k->ch[0];
+    for (int i = 2; i < 4; i++) {
+        cand[i] = cand[i - 2];
+        k->impl->default_config(&k->shape, cand[i].m, ks->props, &cand[i].cfg);
+        if (cand[i].prov <= MODEL_PROV_OTHER_DEVICE) {
+            /* The tuned config does not run every M: say so. */
+            cand[i].prov = MODEL_PROV_REJECTED;
+            snprintf(cand[i].note, sizeof cand[i].note,
+                     "batch-invariant: the config tuned for M=%" PRId64 " does not run every M",
+                     cand[i].m);
+        }
+    }
+    char why[160] = "";
+    for (int i = 0; i < 4; i++) {
+        if (!runs_everywhere(ks, k, &cand[i].cfg, why, sizeof why))
+            continue;
+        for (int b = 0; b < k->n; b++) {
+            int64_t m = k->ch[b].m;
+            k->ch[b] = cand[i];
+            k->ch[b].m = m;
+            k->ch[b].pinned_m = cand[i].m;
+        }
+        return MT_OK;
+    }
+    return mt_fail(err, MT_E_UNSUPPORTED, "batch-invariant mode: no config of %s (%s, %s) runs "
+                   "every M up to %" PRId64 " in an order independent of thread timing (%s)",
+                   k->fam->name, k->use, k->key, k->m_max, why);
 }
 
 /* One line per kernel: runs of buckets with the same provenance. */
@@ -332,6 +385,8 @@ static void kernel_line(const model_kern *k, FILE *f)
         }
         b = e + 1;
     }
+    if (k->n && k->ch[0].pinned_m)
+        fprintf(f, " batch-invariant: M=%" PRId64 "'s config at every M;", k->ch[0].pinned_m);
     fputc('\n', f);
 }
 
@@ -349,13 +404,16 @@ mt_status model_kset_select(model_kset *ks, mt_err *err)
             memset(c, 0, sizeof *c);
             c->m = model_buckets[b];
             mt_status st = choose(ks, k, &dd, hash, c, err);
-            if (st == MT_OK)
-                st = module_for(ks, k, c, err);
             if (st != MT_OK)
                 return st;
             if (model_buckets[b] >= k->m_max)
                 break;
         }
+        mt_status st = ks->invariant ? pin(ks, k, err) : MT_OK;
+        for (int b = 0; b < k->n && st == MT_OK; b++)
+            st = module_for(ks, k, &k->ch[b], err);
+        if (st != MT_OK)
+            return st;
     }
     mt_status st = build_modules(ks, err);
     if (st != MT_OK)
@@ -363,6 +421,9 @@ mt_status model_kset_select(model_kset *ks, mt_err *err)
     if (ks->db)
         for (int i = 0; i < ks->n_kerns; i++)
             kernel_line(ks->kerns[i], ks->log);
+    if (ks->invariant)
+        fprintf(ks->log, "kernel selection: batch-invariant: every kernel runs one config at "
+                "every M and no split-K, so a row's result does not depend on the batch\n");
     model_selection_counts n;
     model_kset_counts(ks, &n);
     int total = n.tuned + n.nearest + n.other_device + n.stale + n.defaults;
@@ -414,8 +475,9 @@ void model_kset_counts(const model_kset *ks, model_selection_counts *out)
 void model_kset_report(const model_kset *ks, FILE *f)
 {
     fprintf(f, "kernel selection on %s (%s)%s%s; a call with M rows runs the smallest bucket "
-            ">= M\n", ks->props->spec, ks->props->name, ks->db ? ", database " : ", no database",
-            ks->db ? db_path(ks->db) : "");
+            ">= M%s\n", ks->props->spec, ks->props->name, ks->db ? ", database " : ", no database",
+            ks->db ? db_path(ks->db) : "",
+            ks->invariant ? "; batch-invariant: one config per kernel at every M" : "");
     fprintf(f, "%-14s %-44s %-12s %6s  %-28s %s\n", "family", "shape", "use", "M", "config",
             "provenance");
     for (int i = 0; i < ks->n_kerns; i++) {
@@ -442,6 +504,11 @@ void model_kset_report(const model_kset *ks, FILE *f)
                 break;
             default:
                 snprintf(prov, sizeof prov, "%s", model_prov_name(c->prov));
+            }
+            if (c->pinned_m && c->pinned_m != c->m) {
+                size_t l = strlen(prov);
+                snprintf(prov + l, sizeof prov - l, " [batch-invariant: M=%" PRId64 "'s]",
+                         c->pinned_m);
             }
             fprintf(f, "%-14s %-44s %-12s %6" PRId64 "  %-28s %s\n", k->fam->name, k->key,
                     k->use, c->m, ck, prov);

@@ -56,6 +56,7 @@ typedef struct model_choice {
     int64_t tuned_m;     /* M the config was tuned at (tuned/nearest/other device) */
     bool miss_recorded;
     char note[192];      /* other device's name, stale hash, rejection reason */
+    int64_t pinned_m;    /* batch-invariant: the bucket whose choice runs every M; 0 */
     int module;          /* index of the set's executor */
 } model_choice;
 
@@ -81,6 +82,16 @@ typedef struct model_selection_counts {
  * receives the selection summary (NULL: stderr). */
 mt_status model_kset_create(dev_device *d, db_t *db, FILE *log, model_kset **out, mt_err *err);
 void model_kset_destroy(model_kset *ks);
+
+/* Batch-invariant selection (call before select): every kernel runs one
+ * config at every M, and no config whose sums follow thread timing (split-K
+ * with atomics; kern_impl.order_varies). The config is the one chosen for
+ * the kernel's largest bucket when it runs every M, else M=1's, else the
+ * default at those buckets; select fails naming the kernel when none does.
+ * A kernel whose rows are computed independently then gives each row the
+ * same bits whatever else is in the batch. */
+void model_kset_set_batch_invariant(model_kset *ks, bool on);
+bool model_kset_batch_invariant(const model_kset *ks);
 
 /* Adds a kernel for family f at shape s; use names it in reports. Fails
  * with MT_E_UNSUPPORTED naming the family when it has no implementation

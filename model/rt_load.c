@@ -231,6 +231,8 @@ static mt_status upload_kv_b(model_runtime *rt, const char *module, rt_layer *ly
 static mt_status register_plan(model_runtime *rt, mt_err *err)
 {
     mt_status st = model_kset_create(rt->dev, rt->db, rt->log, &rt->ks, err);
+    if (st == MT_OK)
+        model_kset_set_batch_invariant(rt->ks, rt->o.batch_invariant);
     const model_plan *pl = rt->plan;
     for (int i = 0; st == MT_OK && i < pl->n_entries; i++) {
         const model_plan_entry *e = &pl->entries[i];

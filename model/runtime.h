@@ -45,6 +45,8 @@ typedef struct model_runtime_opts {
     int kv_page_size;        /* tokens per KV page; 0 = 16 */
     int kv_pages;            /* pages in the pool; 0 = enough for 8 full contexts */
     int max_batch_tokens;    /* largest step (tokens over all items); 0 = 512 */
+    bool batch_invariant;    /* one config per kernel at every M, no split-K (kset.h): a
+                              * token's logits do not depend on the batch */
     FILE *log;               /* selection report and warnings; NULL = stderr */
 } model_runtime_opts;
 

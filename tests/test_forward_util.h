@@ -38,6 +38,7 @@ typedef struct fw_open_args {
     int kv_dtype;
     const char *db;
     int max_batch_tokens;
+    bool batch_invariant;
 } fw_open_args;
 
 static inline model_runtime *fw_open(const char *dir, fw_open_args a)
@@ -49,7 +50,7 @@ static inline model_runtime *fw_open(const char *dir, fw_open_args a)
                             .act_quant = a.act, .act_quant_set = true, .kv_dtype = a.kv_dtype,
                             .db_path = a.db, .kv_pages = 64,
                             .max_batch_tokens = a.max_batch_tokens ? a.max_batch_tokens : 64,
-                            .log = quiet};
+                            .batch_invariant = a.batch_invariant, .log = quiet};
     model_runtime *rt = NULL;
     mt_err err = MT_ERR_INIT;
     cr_assert_eq(model_runtime_open(&o, &rt, &err), MT_OK, "open %s on %s: %s", dir, o.device,

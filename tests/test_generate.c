@@ -8,6 +8,7 @@
 #include "db/db_testing.h"
 #include "device/device.h"
 #include "kernels/kern_db.h"
+#include "model/plan.h"
 #include "test_forward_util.h"
 
 /* ---- sampling ------------------------------------------------------------------ */
@@ -286,5 +287,125 @@ Test(generate_cli, prompt_text_is_encoded_and_decoded)
     cr_assert(strstr(out, "a16w4") && strstr(out, "kv cache fp8") && strstr(out, "ids: "), "%s",
               out);
     free(out);
+    fw_rm_dir(dir);
+}
+
+/* ---- batch-invariant selection --------------------------------------------------- */
+
+/* Plants gemm winners that sum K in different blocks at M=1 (KB=64) and at
+ * M=64 (KB=256), so that without batch-invariant mode a token's logits
+ * depend on how many tokens run with it. */
+static char *plant_split_gemm_db(const char *dir)
+{
+    char *path = malloc(320);
+    snprintf(path, 320, "%s/tune.db", dir);
+    mt_err err = MT_ERR_INIT;
+    dev_device *d = NULL;
+    cr_assert_eq(dev_open("cpu", NULL, &d, &err), MT_OK, "%s", err.msg);
+    db_device me;
+    kern_db_device(dev_get_props(d), &me);
+    char hash[65];
+    kern_source_hash(kern_family_find("gemm"), DEV_BACKEND_CPU, hash);
+    model_runtime_opts ro = {.act_quant = MODEL_ACT_MXFP4, .act_quant_set = true, .kv_pages = 64,
+                             .max_batch_tokens = 64};
+    model_plan_opts po;
+    model_plan_opts_from_runtime(&ro, &po);
+    model_plan_entry *e = NULL;
+    int n = 0, gemms = 0;
+    cr_assert_eq(model_kernel_plan(dir, &po, &e, &n, &err), MT_OK, "%s", err.msg);
+    db_t *db = NULL;
+    cr_assert_eq(db_open(path, DB_OPEN_DEFAULT, &db, &err), MT_OK, "%s", err.msg);
+    for (int i = 0; i < n; i++) {
+        if (strcmp(e[i].fam->name, "gemm") || kern_shape_get(e[i].fam, &e[i].shape, "K") <= 64)
+            continue;
+        put_winner(db, &me, "gemm", hash, e[i].key, 1, "BM=1,BN=32,KB=64",
+                   "{\"BM\":1,\"BN\":32,\"KB\":64}");
+        put_winner(db, &me, "gemm", hash, e[i].key, 64, "BM=4,BN=32,KB=256",
+                   "{\"BM\":4,\"BN\":32,\"KB\":256}");
+        gemms++;
+    }
+    cr_assert_geq(gemms, 3, "the tiny plan has %d gemms with K > 64", gemms);
+    free(e);
+    db_close(db);
+    dev_close(d);
+    return path;
+}
+
+/* Logits of n tokens of a fresh sequence, token by token (decode, M=1). */
+static float *decode_each(model_runtime *rt, const int32_t *tok, int n)
+{
+    int seq;
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(model_seq_create(rt, &seq, &err), MT_OK, "%s", err.msg);
+    int32_t V = model_runtime_vocab(rt);
+    float *lg = malloc(sizeof(float) * (size_t)V * (size_t)n);
+    for (int t = 0; t < n; t++) {
+        model_step_item it = {.seq = seq, .tokens = tok + t, .n_tokens = 1,
+                              .logits = lg + (size_t)t * V};
+        cr_assert_eq(model_step(rt, &it, 1, &err), MT_OK, "%s", err.msg);
+    }
+    model_seq_free(rt, seq);
+    return lg;
+}
+
+static size_t bits_differ(const float *a, const float *b, size_t n)
+{
+    size_t d = 0;
+    for (size_t i = 0; i < n; i++)
+        d += memcmp(&a[i], &b[i], sizeof(float)) != 0;
+    return d;
+}
+
+Test(batch_invariant, one_config_per_kernel_makes_logits_independent_of_the_batch)
+{
+    char *dir = fw_tiny_dir();
+    char *db = plant_split_gemm_db(dir);
+    uint64_t seed = mt_seed_fresh();
+    const int n = 12, other = 37;
+    for (int inv = 0; inv < 2; inv++) {
+        model_runtime *rt = fw_open(dir, (fw_open_args){.act = MODEL_ACT_MXFP4, .db = db,
+                                                        .batch_invariant = inv});
+        int32_t V = model_runtime_vocab(rt);
+        int32_t *tok = fw_tokens(seed, n, V), *tok2 = fw_tokens(seed + 1, other, V);
+        size_t sz = (size_t)V * n;
+        float *pre = fw_prefill(rt, tok, n, NULL), *dec = decode_each(rt, tok, n);
+        /* The same tokens in one step with another sequence's 37. */
+        int s1, s2;
+        mt_err err = MT_ERR_INIT;
+        cr_assert_eq(model_seq_create(rt, &s1, &err), MT_OK, "%s", err.msg);
+        cr_assert_eq(model_seq_create(rt, &s2, &err), MT_OK, "%s", err.msg);
+        float *bat = malloc(sizeof(float) * sz), *lg2 = malloc(sizeof(float) * (size_t)V * other);
+        model_step_item it[2] = {{.seq = s2, .tokens = tok2, .n_tokens = other, .all_logits = lg2},
+                                 {.seq = s1, .tokens = tok, .n_tokens = n, .all_logits = bat}};
+        cr_assert_eq(model_step(rt, it, 2, &err), MT_OK, "%s", err.msg);
+        size_t d_dec = bits_differ(pre, dec, sz), d_bat = bits_differ(pre, bat, sz);
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&buf, &len);
+        model_runtime_report(rt, f);
+        fclose(f);
+        if (inv) {
+            cr_assert_eq(d_dec, 0, "seed %" PRIu64 ": %zu of %zu logits differ, decode vs prefill",
+                         seed, d_dec, sz);
+            cr_assert_eq(d_bat, 0, "seed %" PRIu64 ": %zu of %zu logits differ, batched vs alone",
+                         seed, d_bat, sz);
+            cr_assert(strstr(buf, "batch-invariant: one config per kernel"), "%s", buf);
+            cr_assert(strstr(buf, "[batch-invariant: M=64's]"), "%s", buf);
+        } else {
+            /* The planted configs do change the sums: the test can fail. */
+            cr_assert_gt(d_dec, 0, "seed %" PRIu64 ": decode and prefill agree bitwise even "
+                         "with KB=64 at M=1 and KB=256 at M=64\n%s", seed, buf);
+            cr_assert(!strstr(buf, "batch-invariant"), "%s", buf);
+        }
+        free(buf);
+        free(bat);
+        free(lg2);
+        free(pre);
+        free(dec);
+        free(tok);
+        free(tok2);
+        model_runtime_close(rt);
+    }
+    free(db);
     fw_rm_dir(dir);
 }
