@@ -272,7 +272,7 @@ static const kern_case cases[] = {
 
 const kern_family fam_moe_gemm_down = {
     .name = "moe_gemm_down",
-    .version = 1,
+    .version = 2, /* 2: the MMA parameter */
     .summary = "MoE stage 2: y += w * (h Wd^T) per routed pair (atomics) or per-pair rows",
     .dims = dims,
     .n_dims = D_COUNT,

@@ -317,7 +317,7 @@ static const kern_case cases[] = {
 
 const kern_family fam_moe_gemm_up = {
     .name = "moe_gemm_up",
-    .version = 1,
+    .version = 2, /* 2: the MMA parameter */
     .summary = "MoE stage 1: h = silu(x Wg^T) * (x Wu^T) per routed pair, MXFP4 weights",
     .dims = dims,
     .n_dims = D_COUNT,

@@ -344,6 +344,7 @@ static const int g_splitk[] = {1, 2, 4, 8};
 static const int g_groupm[] = {1, 4, 8};
 static const int g_vec[] = {1, 4, 8};
 static const int g_unroll[] = {1, 2, 4};
+static const int g_mma[] = {0, 1, 2};
 
 const kern_param_desc moe_gpu_params[MOE_GPU_NPARAMS] = {
     [MOE_GPU_BM] = {"BM", g_bm, 4, "tile rows (pairs); divides the layout's bm"},
@@ -354,14 +355,76 @@ const kern_param_desc moe_gpu_params[MOE_GPU_NPARAMS] = {
     [MOE_GPU_SPLITK] = {"SPLITK", g_splitk, 4, "K split across blocks (small M)"},
     [MOE_GPU_GROUPM] = {"GROUP_M", g_groupm, 3, "row tiles grouped in the launch order"},
     [MOE_GPU_VEC] = {"VEC", g_vec, 3, "bytes per weight load"},
-    [MOE_GPU_UNROLL] = {"UNROLL", g_unroll, 3, "k steps unrolled in the inner loop"},
+    [MOE_GPU_UNROLL] = {"UNROLL", g_unroll, 3, "k steps unrolled in the inner loop (MMA: 1)"},
+    [MOE_GPU_MMA] = {"MMA", g_mma, 3, "0 scalar FMAs; 1, 2 matrix instructions, the "
+                     "platform's small (16-row) or large (32x32x8, AMD) tile"},
 };
 
-size_t moe_gpu_shared(const kern_config *cfg, int wr)
+/* Row pitch padding (bf16 elements) of the MMA path's shared tiles, as
+ * moe_gemm.hip's Q_LDK: 8-byte fragment rows on AMD, 4-byte pairs on NVIDIA
+ * land on distinct banks. */
+static int mma_pad(int ws) { return ws == 64 ? 4 : 8; }
+
+size_t moe_gpu_shared(const kern_config *cfg, int wr, int ws)
 {
     const int *v = cfg->v;
-    return (size_t)v[MOE_GPU_STAGES] * (size_t)(v[MOE_GPU_BM] + wr * v[MOE_GPU_BN]) *
-           (size_t)(v[MOE_GPU_BK] + 1) * 4;
+    size_t rows = (size_t)(v[MOE_GPU_BM] + wr * v[MOE_GPU_BN]);
+    if (v[MOE_GPU_MMA]) /* bf16 tiles */
+        return (size_t)v[MOE_GPU_STAGES] * rows * (size_t)(v[MOE_GPU_BK] + mma_pad(ws)) * 2;
+    return (size_t)v[MOE_GPU_STAGES] * rows * (size_t)(v[MOE_GPU_BK] + 1) * 4;
+}
+
+bool moe_gpu_mma_tile(const dev_props *p, int mma, int *tm, int *tn, int *tk)
+{
+    bool wave64, have;
+    if (p->backend == DEV_BACKEND_EMU)
+        wave64 = p->warp_size == 64;
+    else
+        wave64 = p->backend == DEV_BACKEND_HIP;
+    if (p->backend == DEV_BACKEND_HIP)
+        have = !strcmp(p->arch, "gfx90a") || !strncmp(p->arch, "gfx94", 5) ||
+               !strcmp(p->arch, "gfx950");
+    else if (p->backend == DEV_BACKEND_CUDA)
+        have = !strncmp(p->arch, "sm_", 3) && atoi(p->arch + 3) >= 80;
+    else
+        have = p->backend == DEV_BACKEND_EMU;
+    if (!have || (mma == 2 && !wave64) || mma < 1 || mma > 2)
+        return false;
+    *tm = mma == 2 ? 32 : 16;
+    *tn = mma == 2 ? 32 : wave64 ? 16 : 8;
+    *tk = mma == 2 ? 8 : 16;
+    return true;
+}
+
+/* The MMA path's own rules (the scalar register layout does not apply):
+ * the waves split BN first (as many as BN has fragment columns), then BM. */
+static bool mma_valid(const int *v, const dev_props *p, int wr, char *why, size_t cap)
+{
+    int tm, tn, tk, mma = v[MOE_GPU_MMA];
+    int BM = v[MOE_GPU_BM], BN = v[MOE_GPU_BN], W = v[MOE_GPU_WAVES];
+    if (!moe_gpu_mma_tile(p, mma, &tm, &tn, &tk)) {
+        snprintf(why, cap, "MMA=%d: %s has no such matrix instruction", mma, p->arch);
+        return false;
+    }
+    if (v[MOE_GPU_UNROLL] != 1) {
+        snprintf(why, cap, "MMA=%d: UNROLL=%d (the fragment loop takes UNROLL=1)", mma,
+                 v[MOE_GPU_UNROLL]);
+        return false;
+    }
+    int wn = BN / tn < W ? BN / tn : W, wm = wn ? W / wn : 0;
+    if (BN % tn || W % wn || BM % (wm * tm) || v[MOE_GPU_BK] % tk) {
+        snprintf(why, cap, "MMA=%d: WAVES=%d waves of %dx%dx%d fragments do not tile the "
+                 "%dx%d block and BK=%d", mma, W, tm, tn, tk, BM, BN, v[MOE_GPU_BK]);
+        return false;
+    }
+    int frags = (BM / (wm * tm)) * (BN / (wn * tn));
+    int regs = wr * frags * (tm * tn / (p->warp_size == 32 ? 32 : 64));
+    if (regs > 64) {
+        snprintf(why, cap, "MMA=%d: %d accumulator registers per lane (at most 64)", mma,
+                 regs);
+        return false;
+    }
+    return true;
 }
 
 bool moe_gpu_valid(int64_t k, int64_t n, int64_t bm, bool up, int comb, const kern_config *cfg,
@@ -384,23 +447,28 @@ bool moe_gpu_valid(int64_t k, int64_t n, int64_t bm, bool up, int comb, const ke
                  p->max_threads_per_block);
         return false;
     }
-    if ((BM * BN) % T || BM * BN < T) {
-        snprintf(why, cap, "a %dx%d tile does not split over %d threads", BM, BN, T);
-        return false;
+    if (v[MOE_GPU_MMA]) {
+        if (!mma_valid(v, p, wr, why, cap))
+            return false;
+    } else {
+        if ((BM * BN) % T || BM * BN < T) {
+            snprintf(why, cap, "a %dx%d tile does not split over %d threads", BM, BN, T);
+            return false;
+        }
+        int opt = BM * BN / T, rn = opt < 4 ? opt : 4, rm = opt / rn, tx = BN / rn;
+        if (BN % rn || tx > T || T % tx || (T / tx) * rm != BM) {
+            snprintf(why, cap, "a %dx%d tile has no %d-thread register layout", BM, BN, T);
+            return false;
+        }
+        if (wr * opt > 64) {
+            snprintf(why, cap, "%d accumulators per thread (limit 64: registers)", wr * opt);
+            return false;
+        }
     }
-    int opt = BM * BN / T, rn = opt < 4 ? opt : 4, rm = opt / rn, tx = BN / rn;
-    if (BN % rn || tx > T || T % tx || (T / tx) * rm != BM) {
-        snprintf(why, cap, "a %dx%d tile has no %d-thread register layout", BM, BN, T);
-        return false;
-    }
-    if (wr * opt > 64) {
-        snprintf(why, cap, "%d accumulators per thread (limit 64: registers)", wr * opt);
-        return false;
-    }
-    size_t sh = moe_gpu_shared(cfg, wr);
+    size_t sh = moe_gpu_shared(cfg, wr, p->warp_size);
     if (sh > p->static_shared_per_block) { /* the tiles are static __shared__ arrays */
-        snprintf(why, cap, "needs %zu bytes of static shared memory, the device allows %zu",
-                 sh, p->static_shared_per_block);
+        snprintf(why, cap, "%sneeds %zu bytes of static shared memory, the device allows %zu",
+                 v[MOE_GPU_MMA] ? "MMA: " : "", sh, p->static_shared_per_block);
         return false;
     }
     if (!up && comb && sk > 1) {
@@ -417,7 +485,7 @@ void moe_gpu_default(int64_t k, int64_t n, int64_t bm, bool up, int comb, int64_
     int want_bm = per_expert >= 64 ? 64 : per_expert >= 32 ? 32 : 16;
     while (want_bm > 16 && bm % want_bm)
         want_bm /= 2;
-    int v0[MOE_GPU_NPARAMS] = {want_bm, 64, 32, 2, 2, 1, 8, 4, 4};
+    int v0[MOE_GPU_NPARAMS] = {want_bm, 64, 32, 2, 2, 1, 8, 4, 4, 0};
     cfg->n = MOE_GPU_NPARAMS;
     memcpy(cfg->v, v0, sizeof v0);
     char why[256];

@@ -15,14 +15,24 @@
  * partial into y with atomics). GROUP_M swizzles the tile order so
  * GROUP_M row tiles that share weights run together.
  *
+ * MMA=1 or 2 swaps the f32 register tile for the prelude's matrix
+ * fragments (MT_MMA_SHAPE 16 or 32): the slices are staged as bf16 (the
+ * decoded MXFP4 weights, and the MXFP4 round trip of a4w4 activations, are
+ * E2M1 x 2^e values, exact in bf16) in shared rows padded by Q_PAD, the
+ * waves split BN first and then BM, each wave multiplies Q_TM x Q_TN
+ * fragments (x2 in stage 1), and the epilogues are the scalar path's.
+ *
  * Params: BM, BN, BK, WAVES, STAGES, SPLITK, GROUP_M, VEC (bytes per
- * weight load: 1, 4, 8), UNROLL (k steps per inner iteration).
+ * weight load: 1, 4, 8), UNROLL (k steps per inner iteration), MMA.
  * Defines from the family: MT_WS (wave size the config was built for),
  * MOE_UP (1: stage 1, 0: stage 2). Dims: S_H, S_I, S_topk, S_a (3 = a4w4),
  * S_comb (stage 2). */
 
 #ifndef S_comb
 #define S_comb 0
+#endif
+#ifndef MMA
+#define MMA 0
 #endif
 
 #define G_T (WAVES * MT_WS)
@@ -168,6 +178,172 @@ MT_DEVICE void g_stage(float *xs, float *ws, const mt_bf16 *act, const int *sort
         __syncthreads();                                                                \
     }
 
+/* The epilogues, one output element each (both paths). */
+#if MOE_UP
+MT_DEVICE void g_up_out(mt_bf16 *h, float *partial, int npairs, int p, int n, float g, float u)
+{
+    if (SPLITK > 1) {
+        long long o = ((long long)blockIdx.y * npairs + p) * (2 * S_I);
+        partial[o + n] = g;
+        partial[o + S_I + n] = u;
+    } else {
+        h[(long long)p * S_I + n] = mt_f32_to_bf16(g / (1.0f + mt_expf(-g)) * u);
+    }
+}
+#else
+MT_DEVICE void g_down_out(float *out, int p, int n, float wk, float acc)
+{
+    float v = wk * acc;
+    if (S_comb)
+        out[(long long)p * S_H + n] = v;
+    else
+        atomicAdd(&out[(long long)(p / S_topk) * S_H + n], v);
+}
+#endif
+
+#if MMA
+#if !MT_MMA_HAVE
+#error "MMA needs matrix instructions, which this target does not have"
+#endif
+#if MMA == 2
+#if !MT_MMA_HAVE_32
+#error "MMA=2 needs the 32x32x8 matrix instruction (AMD wave64)"
+#endif
+#undef MT_MMA_SHAPE
+#define MT_MMA_SHAPE 32
+#endif
+#if MT_WS != MT_MMA_WAVE
+#error "MMA: the block's waves must be the matrix instruction's"
+#endif
+/* Waves across BN (as many as it has fragment columns), the rest down BM;
+ * each wave owns Q_TM x Q_TN fragments. Rows of the shared tiles are BK
+ * bf16 plus Q_PAD: AMD's 8-byte fragment rows and NVIDIA's 4-byte pairs
+ * then fall on distinct banks (kernels/moe_common.c sizes them alike). */
+#define Q_WN (WAVES < BN / MT_MMA_N ? WAVES : BN / MT_MMA_N)
+#define Q_WM (WAVES / Q_WN)
+#define Q_TM (BM / (Q_WM * MT_MMA_M))
+#define Q_TN (BN / (Q_WN * MT_MMA_N))
+#define Q_PAD (MT_MMA_WAVE == 64 ? 4 : 8)
+#define Q_LDK (BK + Q_PAD)
+#define Q_LDW (Q_LDK / 2) /* the row pitch in 32-bit words (bf16 pairs) */
+
+/* The bf16 pair (lo, hi) of two decoded MXFP4 values: exact, so the top
+ * halves of the floats are the bf16 values. */
+MT_DEVICE unsigned q_pair(float lo, float hi)
+{
+    return (mt_float_as_uint(lo) >> 16) | (mt_float_as_uint(hi) & 0xffff0000u);
+}
+
+/* Stages K slice k0 as bf16 pairs: xs [BM][Q_LDW] activations (zero rows
+ * for padding), ws [G_WR*BN][Q_LDW] weights, as g_stage. */
+MT_DEVICE void q_stage(unsigned *xs, unsigned *ws, const mt_bf16 *act, const int *sorted,
+                       int row0, int npairs, int rowdiv, const unsigned char *w0,
+                       const unsigned char *s0, const unsigned char *w1,
+                       const unsigned char *s1, int n0, int k0)
+{
+    const int tid = threadIdx.x;
+    if (S_a == 3) {
+        for (int idx = tid; idx < BM * (BK / 32); idx += G_T) {
+            int r = idx / (BK / 32), kb = idx % (BK / 32);
+            int p = sorted[row0 + r];
+            unsigned *d = xs + r * Q_LDW + kb * 16;
+            if (p < npairs) {
+                float tmp[32];
+                g_load_act(act + (long long)(p / rowdiv) * G_K + k0 + kb * 32, tmp);
+                for (int i = 0; i < 16; i++)
+                    d[i] = q_pair(tmp[2 * i], tmp[2 * i + 1]);
+            } else {
+                for (int i = 0; i < 16; i++)
+                    d[i] = 0u;
+            }
+        }
+    } else {
+        /* 8 bf16 per item: two 8-byte loads, four words */
+        for (int idx = tid; idx < BM * (BK / 8); idx += G_T) {
+            int r = idx / (BK / 8), c = idx % (BK / 8);
+            int p = sorted[row0 + r];
+            unsigned *d = xs + r * Q_LDW + c * 4;
+            unsigned long long v0 = 0, v1 = 0;
+            if (p < npairs) {
+                const unsigned long long *src =
+                    (const unsigned long long *)(act + (long long)(p / rowdiv) * G_K + k0 + c * 8);
+                v0 = src[0];
+                v1 = src[1];
+            }
+            d[0] = (unsigned)v0;
+            d[1] = (unsigned)(v0 >> 32);
+            d[2] = (unsigned)v1;
+            d[3] = (unsigned)(v1 >> 32);
+        }
+    }
+    const int per_row = BK / 2 / VEC; /* loads per weight row; VEC | 16: one scale each */
+    for (int idx = tid; idx < G_WR * BN * per_row; idx += G_T) {
+        int r = idx / per_row, c = idx % per_row;
+        int n = n0 + r % BN;
+        const unsigned char *wr = (r < BN ? w0 : w1) + (long long)n * (G_K / 2) + k0 / 2 + c * VEC;
+        const unsigned char *sr = (r < BN ? s0 : s1) + (long long)n * (G_K / 32);
+        /* one scalar, not a byte array: a loop the compiler keeps rolled
+         * would index the array at run time, in scratch */
+        unsigned long long v = VEC == 8   ? *(const unsigned long long *)wr
+                               : VEC == 4 ? *(const unsigned *)wr
+                                          : wr[0];
+        float sc = mt_e8m0_to_f32(sr[(k0 + c * VEC * 2) / 32]);
+        unsigned *d = ws + r * Q_LDW + c * VEC;
+        for (int j = 0; j < VEC; j++) {
+            unsigned byte = (unsigned)(v >> (8 * j)) & 0xffu;
+            d[j] = q_pair(mt_e2m1_to_f32(byte & 15u) * sc, mt_e2m1_to_f32(byte >> 4) * sc);
+        }
+    }
+}
+
+/* The K loop of the MMA path: acc[0] (and acc[1] for stage 1), with the
+ * wave's fragment origin (wm, wn) for the epilogue. Step t stages slice t
+ * and multiplies slice t - (STAGES - 1): one q_stage call site, which the
+ * compiler inlines (a call spills across the ABI boundary into scratch). */
+#define Q_MAINLOOP(ACT, ROWDIV, W0, S0, W1, S1)                                         \
+    __shared__ __attribute__((aligned(16))) unsigned xs[STAGES][BM * Q_LDW];            \
+    __shared__ __attribute__((aligned(16))) unsigned ws[STAGES][G_WR * BN * Q_LDW];     \
+    const int wave = threadIdx.x / MT_MMA_WAVE;                                         \
+    const int wm = wave / Q_WN, wn = wave % Q_WN;                                       \
+    mt_mma_acc acc[G_WR][Q_TM][Q_TN];                                                   \
+    for (int q = 0; q < G_WR; q++)                                                      \
+        for (int i = 0; i < Q_TM; i++)                                                  \
+            for (int j = 0; j < Q_TN; j++)                                              \
+                acc[q][i][j] = mt_mma_acc_zero();                                       \
+    const int kper = G_K / SPLITK, kbeg = blockIdx.y * kper, nk = kper / BK;            \
+    for (int t = 0; t < nk + STAGES - 1; t++) {                                         \
+        if (t < nk)                                                                     \
+            q_stage(xs[t % STAGES], ws[t % STAGES], ACT, sorted, row0, npairs, ROWDIV,  \
+                    W0, S0, W1, S1, n0, kbeg + t * BK);                                 \
+        if (STAGES == 1)                                                                \
+            __syncthreads();                                                            \
+        const int kt = t - (STAGES - 1);                                                \
+        if (kt >= 0) {                                                                  \
+            const int b = kt % STAGES;                                                  \
+            const mt_bf16 *xa = (const mt_bf16 *)xs[b] + wm * Q_TM * MT_MMA_M * Q_LDK; \
+            const mt_bf16 *wa = (const mt_bf16 *)ws[b] + wn * Q_TN * MT_MMA_N * Q_LDK; \
+            for (int kk = 0; kk < BK; kk += MT_MMA_K) {                                 \
+                mt_mma_a fa[Q_TM];                                                      \
+                for (int i = 0; i < Q_TM; i++)                                          \
+                    fa[i] = mt_mma_load_a(xa + i * MT_MMA_M * Q_LDK + kk, Q_LDK);       \
+                for (int q = 0; q < G_WR; q++)                                          \
+                    for (int j = 0; j < Q_TN; j++) {                                    \
+                        mt_mma_b fb = mt_mma_load_bt(                                   \
+                            wa + (q * BN + j * MT_MMA_N) * Q_LDK + kk, Q_LDK);          \
+                        for (int i = 0; i < Q_TM; i++)                                  \
+                            acc[q][i][j] = mt_mma_bf16(fa[i], fb, acc[q][i][j]);        \
+                    }                                                                   \
+            }                                                                           \
+        }                                                                               \
+        __syncthreads();                                                                \
+    }
+
+/* Row (in the tile) and column (in the block's BN) of register r of
+ * fragment (i, j) for this lane. */
+#define Q_ROW(i, r) (wm * Q_TM * MT_MMA_M + (i) * MT_MMA_M + mt_mma_acc_row(r))
+#define Q_COL(j, r) (wn * Q_TN * MT_MMA_N + (j) * MT_MMA_N + mt_mma_acc_col(r))
+#endif
+
 #if MOE_UP
 /* Grid: x = ntm * (S_I / BN) tiles, y = SPLITK. */
 MT_KERNEL __launch_bounds__(G_T) void moe_gemm_up(
@@ -183,23 +359,27 @@ MT_KERNEL __launch_bounds__(G_T) void moe_gemm_up(
     const long long e = tile_expert[row0 / bm];
     const unsigned char *w0 = wg + e * wstride, *w1 = wu + e * wstride;
     const unsigned char *s0 = sg + e * sstride, *s1 = su + e * sstride;
+#if MMA
+    Q_MAINLOOP(x, S_topk, w0, s0, w1, s1)
+    for (int i = 0; i < Q_TM; i++)
+        for (int rg = 0; rg < MT_MMA_ACC_REGS; rg++) {
+            int p = sorted[row0 + Q_ROW(i, rg)];
+            if (p >= npairs)
+                continue;
+            for (int j = 0; j < Q_TN; j++)
+                g_up_out(h, partial, npairs, p, n0 + Q_COL(j, rg), acc[0][i][j].x[rg],
+                         acc[1][i][j].x[rg]);
+        }
+#else
     G_MAINLOOP(x, S_topk, w0, s0, w1, s1)
     for (int i = 0; i < G_RM; i++) {
         int p = sorted[row0 + ty * G_RM + i];
         if (p >= npairs)
             continue;
-        for (int j = 0; j < G_RN; j++) {
-            int n = n0 + tx * G_RN + j;
-            float g = acc[0][i][j], u = acc[1][i][j];
-            if (SPLITK > 1) {
-                long long o = ((long long)blockIdx.y * npairs + p) * (2 * S_I);
-                partial[o + n] = g;
-                partial[o + S_I + n] = u;
-            } else {
-                h[(long long)p * S_I + n] = mt_f32_to_bf16(g / (1.0f + mt_expf(-g)) * u);
-            }
-        }
+        for (int j = 0; j < G_RN; j++)
+            g_up_out(h, partial, npairs, p, n0 + tx * G_RN + j, acc[0][i][j], acc[1][i][j]);
     }
+#endif
 }
 
 /* Split-K epilogue: sums the SPLITK partials in order, applies silu * up. */
@@ -232,20 +412,27 @@ MT_KERNEL __launch_bounds__(G_T) void moe_gemm_down(
     const int row0 = pid_m * BM, n0 = pid_n * BN;
     const long long e = tile_expert[row0 / bm];
     const unsigned char *w0 = wd + e * wstride, *s0 = sd + e * sstride;
+#if MMA
+    Q_MAINLOOP(hin, 1, w0, s0, w0, s0)
+    for (int i = 0; i < Q_TM; i++)
+        for (int rg = 0; rg < MT_MMA_ACC_REGS; rg++) {
+            int p = sorted[row0 + Q_ROW(i, rg)];
+            if (p >= npairs)
+                continue;
+            float wk = topk_w[p];
+            for (int j = 0; j < Q_TN; j++)
+                g_down_out(out, p, n0 + Q_COL(j, rg), wk, acc[0][i][j].x[rg]);
+        }
+#else
     G_MAINLOOP(hin, 1, w0, s0, w0, s0)
     for (int i = 0; i < G_RM; i++) {
         int p = sorted[row0 + ty * G_RM + i];
         if (p >= npairs)
             continue;
         float wk = topk_w[p];
-        for (int j = 0; j < G_RN; j++) {
-            int n = n0 + tx * G_RN + j;
-            float v = wk * acc[0][i][j];
-            if (S_comb)
-                out[(long long)p * S_H + n] = v;
-            else
-                atomicAdd(&out[(long long)(p / S_topk) * S_H + n], v);
-        }
+        for (int j = 0; j < G_RN; j++)
+            g_down_out(out, p, n0 + tx * G_RN + j, wk, acc[0][i][j]);
     }
+#endif
 }
 #endif

@@ -1,0 +1,411 @@
+/* test_moe_mma.c: the MoE expert GEMMs' matrix-instruction path (MMA=1|2
+ * of moe_gemm_up and moe_gemm_down): explicit configs against the plain C
+ * reference on emu wave64 (AMD layouts, both shapes) and wave32 (NVIDIA's
+ * 16x8x16), a16w4 and a4w4, with experts that get no pairs, rows that are
+ * not a multiple of the tile, split K and both combine paths, on fresh
+ * seeds; the validity rules (no such instruction, tiles, UNROLL,
+ * accumulators, static shared memory); and, without a GPU, that hipRTC
+ * (gfx90a), clang-19 (gfx942) and NVRTC (sm_90) build the GLM-5.2 tiles
+ * with matrix instructions and no scratch (each skipped when its compiler
+ * is absent). The compile tests log the instruction mix that
+ * docs/KERNELS.md quotes. */
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/files.h"
+#include "common/rng.h"
+#include "device/device.h"
+#include "kernels/family.h"
+#include "kernels/runner.h"
+#include "test_dev_util.h"
+
+static const kern_family *fam(const char *name)
+{
+    const kern_family *f = kern_family_find(name);
+    cr_assert_not_null(f, "family %s", name);
+    return f;
+}
+
+static void parse(const kern_family *f, const char *text, kern_config *c)
+{
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(kern_config_parse(f->gpu, text, c, &err), MT_OK, "%s", err.msg);
+}
+
+typedef struct mcase {
+    const char *shape;
+    int64_t m;
+} mcase;
+
+/* Every (config, case) pair on spec; each config must be valid there. */
+static void check_on(const char *spec, const char *fname, const char *const *cfgs, int ncfg,
+                     const mcase *cases, int ncase)
+{
+    const kern_family *f = fam(fname);
+    dev_device *d = td_open(spec, NULL);
+    uint64_t seed = mt_seed_fresh();
+    for (int i = 0; i < ncfg; i++) {
+        kern_config c;
+        parse(f, cfgs[i], &c);
+        for (int k = 0; k < ncase; k++) {
+            kern_shape s;
+            cr_assert_eq(kern_shape_parse(f, cases[k].shape, &s, NULL, NULL), MT_OK);
+            char why[256] = "";
+            cr_assert(kern_config_valid(f, f->gpu, &s, cases[k].m, &c, dev_get_props(d), why,
+                                        sizeof why),
+                      "%s %s %s: %s", spec, fname, cfgs[i], why);
+            uint64_t sd = seed + (uint64_t)(i * 16 + k);
+            mt_err err = MT_ERR_INIT;
+            mt_status st = kern_check_one(d, f, cases[k].shape, cases[k].m, &c, sd, &err);
+            cr_expect_eq(st, MT_OK, "%s %s %s, %s M=%" PRId64 " (seed %" PRIu64 "): %s", spec,
+                         fname, cfgs[i], cases[k].shape, cases[k].m, sd, err.msg);
+        }
+    }
+    dev_close(d);
+}
+
+/* Small shapes (emu is slow): skew=2 leaves E - 2*topk experts empty,
+ * skew=1 piles every token's first slot on one expert; M=1, 13 and 21 fill
+ * no tile exactly. */
+static const mcase up_cases[] = {
+    {"H=256,I=128,E=16,topk=4,a=mxfp4,cat=1,bm=64,skew=2", 13},
+    {"H=256,I=128,E=8,topk=2,a=bf16,cat=0,bm=64,skew=1", 21},
+    {"H=128,I=128,E=16,topk=4,a=bf16,cat=1,bm=64,skew=0", 1},
+};
+static const mcase down_cases[] = {
+    {"H=256,I=128,E=16,topk=4,a=mxfp4,comb=0,bm=64,skew=2", 13},
+    {"H=256,I=128,E=8,topk=2,a=bf16,comb=1,bm=64,skew=1", 21},
+    {"H=128,I=128,E=16,topk=4,a=mxfp4,comb=1,bm=64,skew=0", 1},
+};
+
+/* Splits K: the comb=1 cases refuse SPLITK > 1, so those configs run
+ * only the comb=0 case. */
+static const char *const wave64_cfgs[] = {
+    "BM=16,BN=16,BK=32,WAVES=1,STAGES=1,SPLITK=1,GROUP_M=1,VEC=1,UNROLL=1,MMA=1",
+    "BM=32,BN=64,BK=64,WAVES=4,STAGES=2,SPLITK=1,GROUP_M=4,VEC=8,UNROLL=1,MMA=1",
+    "BM=32,BN=32,BK=32,WAVES=1,STAGES=2,SPLITK=1,GROUP_M=8,VEC=4,UNROLL=1,MMA=2",
+    "BM=64,BN=64,BK=32,WAVES=4,STAGES=1,SPLITK=1,GROUP_M=1,VEC=8,UNROLL=1,MMA=2",
+};
+static const char *const wave64_split[] = {
+    "BM=16,BN=32,BK=32,WAVES=2,STAGES=2,SPLITK=2,GROUP_M=1,VEC=4,UNROLL=1,MMA=1",
+    "BM=32,BN=32,BK=32,WAVES=1,STAGES=1,SPLITK=4,GROUP_M=4,VEC=8,UNROLL=1,MMA=2",
+};
+static const char *const wave32_cfgs[] = {
+    "BM=16,BN=16,BK=32,WAVES=2,STAGES=2,SPLITK=1,GROUP_M=1,VEC=4,UNROLL=1,MMA=1",
+    "BM=32,BN=32,BK=64,WAVES=4,STAGES=1,SPLITK=1,GROUP_M=8,VEC=8,UNROLL=1,MMA=1",
+};
+static const char *const wave32_split[] = {
+    "BM=16,BN=32,BK=32,WAVES=1,STAGES=2,SPLITK=2,GROUP_M=4,VEC=1,UNROLL=1,MMA=1",
+};
+
+Test(moe_mma, up_matches_the_reference_on_wave64, .timeout = 900)
+{
+    check_on("emu:wave64", "moe_gemm_up", wave64_cfgs, 4, up_cases, 3);
+    check_on("emu:wave64", "moe_gemm_up", wave64_split, 2, up_cases, 2);
+}
+
+Test(moe_mma, down_matches_the_reference_on_wave64, .timeout = 900)
+{
+    check_on("emu:wave64", "moe_gemm_down", wave64_cfgs, 4, down_cases, 3);
+    check_on("emu:wave64", "moe_gemm_down", wave64_split, 2, down_cases, 1);
+}
+
+Test(moe_mma, up_matches_the_reference_on_wave32, .timeout = 900)
+{
+    check_on("emu:wave32", "moe_gemm_up", wave32_cfgs, 2, up_cases, 3);
+    check_on("emu:wave32", "moe_gemm_up", wave32_split, 1, up_cases, 1);
+}
+
+Test(moe_mma, down_matches_the_reference_on_wave32, .timeout = 900)
+{
+    check_on("emu:wave32", "moe_gemm_down", wave32_cfgs, 2, down_cases, 3);
+    check_on("emu:wave32", "moe_gemm_down", wave32_split, 1, down_cases, 1);
+}
+
+/* ---- validity ------------------------------------------------------------ */
+
+static bool valid_on(const char *fname, const char *shape, const char *cfg, const dev_props *p,
+                     char *why, size_t cap)
+{
+    const kern_family *f = fam(fname);
+    kern_shape s;
+    cr_assert_eq(kern_shape_parse(f, shape, &s, NULL, NULL), MT_OK);
+    kern_config c;
+    parse(f, cfg, &c);
+    why[0] = 0;
+    return kern_config_valid(f, f->gpu, &s, 64, &c, p, why, cap);
+}
+
+static void expect_refused(const char *fname, const char *shape, const char *cfg,
+                           const dev_props *p, const char *names)
+{
+    char why[256];
+    cr_expect_not(valid_on(fname, shape, cfg, p, why, sizeof why), "%s %s on %s is valid",
+                  fname, cfg, p->arch);
+    cr_expect(strstr(why, names) != NULL, "%s %s: reason '%s' does not name %s", fname, cfg,
+              why, names);
+}
+
+Test(moe_mma, validity_names_the_parameter_at_fault)
+{
+    dev_props emu32 = {.backend = DEV_BACKEND_EMU, .warp_size = 32, .arch = "emu",
+                       .max_threads_per_block = 1024, .shared_mem_per_block = 65536,
+                       .static_shared_per_block = 65536};
+    dev_props emu64 = emu32;
+    emu64.warp_size = 64;
+    dev_props gfx1030 = {.backend = DEV_BACKEND_HIP, .warp_size = 32, .arch = "gfx1030",
+                         .max_threads_per_block = 1024, .shared_mem_per_block = 65536,
+                         .static_shared_per_block = 65536};
+    dev_props sm75 = {.backend = DEV_BACKEND_CUDA, .warp_size = 32, .arch = "sm_75",
+                      .max_threads_per_block = 1024, .shared_mem_per_block = 65536,
+                      .static_shared_per_block = 49152};
+    dev_props h200 = sm75;
+    snprintf(h200.arch, sizeof h200.arch, "sm_90");
+    h200.shared_mem_per_block = 232448;
+    dev_props mi300 = {.backend = DEV_BACKEND_HIP, .warp_size = 64, .arch = "gfx942",
+                       .max_threads_per_block = 1024, .shared_mem_per_block = 65536,
+                       .static_shared_per_block = 65536};
+    const char *up = "glm5.2", *down = "glm5.2-rows";
+    const char *ok16 = "BM=32,BN=64,BK=64,WAVES=4,STAGES=2,SPLITK=1,GROUP_M=8,VEC=8,UNROLL=1,MMA=1";
+    const char *ok32 = "BM=32,BN=64,BK=64,WAVES=2,STAGES=2,SPLITK=1,GROUP_M=8,VEC=8,UNROLL=1,MMA=2";
+    char why[256];
+    cr_expect(valid_on("moe_gemm_up", up, ok16, &emu32, why, sizeof why), "%s", why);
+    cr_expect(valid_on("moe_gemm_up", up, ok16, &h200, why, sizeof why), "%s", why);
+    cr_expect(valid_on("moe_gemm_up", up, ok32, &emu64, why, sizeof why), "%s", why);
+    cr_expect(valid_on("moe_gemm_down", down, ok32, &mi300, why, sizeof why), "%s", why);
+    /* no such instruction: 32x32x8 on wave32, no MFMA on RDNA, no bf16 mma on Turing */
+    expect_refused("moe_gemm_up", up, ok32, &emu32, "MMA=2");
+    expect_refused("moe_gemm_down", down, ok32, &h200, "MMA=2");
+    expect_refused("moe_gemm_up", up, ok16, &gfx1030, "MMA=1");
+    expect_refused("moe_gemm_down", down, ok16, &sm75, "MMA=1");
+    /* tiles: BN=16 has no 32-wide fragment column; 8 waves over a 16x16 tile */
+    expect_refused("moe_gemm_up", up,
+                   "BM=32,BN=16,BK=32,WAVES=1,STAGES=1,SPLITK=1,GROUP_M=1,VEC=4,UNROLL=1,MMA=2",
+                   &emu64, "MMA=2");
+    expect_refused("moe_gemm_up", up,
+                   "BM=16,BN=16,BK=32,WAVES=8,STAGES=1,SPLITK=1,GROUP_M=1,VEC=4,UNROLL=1,MMA=1",
+                   &emu64, "WAVES=8");
+    expect_refused("moe_gemm_down", down,
+                   "BM=16,BN=16,BK=32,WAVES=1,STAGES=1,SPLITK=1,GROUP_M=1,VEC=4,UNROLL=4,MMA=1",
+                   &emu64, "UNROLL=4");
+    /* 2 x 4 x 4 fragments of 16 registers: 128 accumulators per lane */
+    expect_refused("moe_gemm_up", up,
+                   "BM=128,BN=128,BK=32,WAVES=1,STAGES=1,SPLITK=1,GROUP_M=1,VEC=4,UNROLL=1,MMA=2",
+                   &mi300, "accumulator");
+    /* shared memory: 2 x (64 + 2x128) x (128 + 4) bf16 = 168,960 bytes; on
+     * an H200 the static limit (48 KB) refuses what 64 KB would take */
+    expect_refused("moe_gemm_up", up,
+                   "BM=64,BN=128,BK=128,WAVES=8,STAGES=2,SPLITK=1,GROUP_M=1,VEC=4,UNROLL=1,MMA=1",
+                   &mi300, "MMA");
+    const char *mid = "BM=64,BN=64,BK=128,WAVES=4,STAGES=1,SPLITK=1,GROUP_M=1,VEC=4,UNROLL=1,MMA=1";
+    cr_expect(valid_on("moe_gemm_up", up, mid, &mi300, why, sizeof why), "%s", why);
+    expect_refused("moe_gemm_up", up, mid, &h200, "static shared");
+    /* the scalar space is what it was */
+    cr_expect(valid_on("moe_gemm_up", up,
+                       "BM=64,BN=64,BK=64,WAVES=4,STAGES=1,SPLITK=1,GROUP_M=1,VEC=4,UNROLL=1,MMA=0",
+                       &mi300, why, sizeof why), "%s", why);
+}
+
+/* ---- compile-only: instruction mix -------------------------------------- */
+
+static dev_device *open_or_skip(const char *spec, const char *arch)
+{
+    dev_open_opts o = {.arch = arch};
+    dev_device *d = NULL;
+    mt_err err = MT_ERR_INIT;
+    mt_status st = dev_open(spec, &o, &d, &err);
+    if (st == MT_E_UNSUPPORTED || st == MT_E_NOT_FOUND)
+        cr_skip_test("%s %s: %s", spec, arch, err.msg);
+    cr_assert_eq(st, MT_OK, "dev_open(%s, arch %s): %s", spec, arch, err.msg);
+    return d;
+}
+
+/* Instruction counts in one kernel's disassembly (static: a loop body
+ * counts once). */
+typedef struct imix {
+    int named, mfma, global_load, global_store, global_atomic, ds_read, ds_write, scratch, total;
+} imix;
+
+/* llvm-objdump-19's disassembly of kernel `name` in c, counted (named:
+ * instructions starting with `want`); false when llvm-objdump-19 is not
+ * installed. */
+static bool disassembly_mix(const dev_code *c, const char *arch, const char *name,
+                            const char *want, imix *m)
+{
+    memset(m, 0, sizeof *m);
+    if (system("command -v llvm-objdump-19 >/dev/null 2>&1") != 0)
+        return false;
+    size_t len = 0;
+    const void *bytes = dev_code_get_bytes(c, &len);
+    char path[512];
+    cr_assert(mt_tmp_path(path, sizeof path, "moetune-moe-mma-XXXXXX"));
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, bytes, len), (ssize_t)len);
+    close(fd);
+    char cmd[1024], line[1024], head[128];
+    snprintf(cmd, sizeof cmd, "llvm-objdump-19 -d --mcpu=%s %s 2>&1", arch, path);
+    snprintf(head, sizeof head, "<%s>:", name);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    bool in = false;
+    while (fgets(line, sizeof line, p)) {
+        if (strchr(line, '<') && strstr(line, ">:")) { /* a symbol's first line */
+            in = strstr(line, head) != NULL;
+            continue;
+        }
+        const char *t = line + strspn(line, " \t");
+        static const char *const kinds[] = {"s_", "v_", "ds_", "global_", "buffer_",
+                                            "scratch_", "flat_"};
+        bool insn = false;
+        for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
+            insn |= !strncmp(t, kinds[i], strlen(kinds[i]));
+        if (!in || !insn)
+            continue;
+        m->total++;
+        m->named += !strncmp(t, want, strlen(want));
+        m->mfma += !strncmp(t, "v_mfma", 6);
+        m->global_load += !strncmp(t, "global_load", 11);
+        m->global_store += !strncmp(t, "global_store", 12);
+        m->global_atomic += !strncmp(t, "global_atomic", 13);
+        m->ds_read += !strncmp(t, "ds_read", 7);
+        m->ds_write += !strncmp(t, "ds_write", 8);
+        m->scratch += !strncmp(t, "scratch_", 8) || !strncmp(t, "buffer_", 7);
+    }
+    pclose(p);
+    unlink(path);
+    return true;
+}
+
+/* Builds fname at the GLM-5.2 shape with cfg for arch and checks: no
+ * scratch, no spills, the matrix instruction `mfma` in the disassembly
+ * (llvm-objdump-19 where installed). Logs the mix. */
+static void compile_amd(const char *arch, const char *fname, const char *shape, int64_t m,
+                        const char *cfg_text, const char *mfma)
+{
+    const kern_family *f = fam(fname);
+    dev_device *d = open_or_skip("hip", arch);
+    kern_shape s;
+    cr_assert_eq(kern_shape_parse(f, shape, &s, NULL, NULL), MT_OK);
+    kern_config c;
+    parse(f, cfg_text, &c);
+    char why[256] = "";
+    cr_assert(kern_config_valid(f, f->gpu, &s, m, &c, dev_get_props(d), why, sizeof why),
+              "%s %s: %s", arch, cfg_text, why);
+    dev_code *code = NULL;
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(kern_compile(d, f, f->gpu, &s, &c, &code, &err), MT_OK, "%s", err.msg);
+    const dev_kernel_res *r = td_find_res(code, fname);
+    /* $MOETUNE_DUMP_DIR keeps the code objects for a closer look */
+    const char *dump = getenv("MOETUNE_DUMP_DIR");
+    if (dump && *dump) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s-%s-%s-M%lld-%.40s.co", dump, arch, fname, shape,
+                 (long long)m, cfg_text);
+        size_t len = 0;
+        const void *bytes = dev_code_get_bytes(code, &len);
+        FILE *fp = fopen(path, "wb");
+        if (fp) {
+            fwrite(bytes, 1, len, fp);
+            fclose(fp);
+        }
+    }
+    cr_assert_eq(r->private_bytes, 0, "%s %s: %lld bytes of scratch", arch, cfg_text,
+                 (long long)r->private_bytes);
+    cr_assert_eq(r->spill_vgprs, 0, "%s %s: %d VGPRs spilled", arch, cfg_text, r->spill_vgprs);
+    cr_assert_eq(r->spill_sgprs, 0);
+    imix x;
+    if (disassembly_mix(code, arch, fname, mfma, &x)) {
+        cr_assert_gt(x.named, 0, "%s %s: no %s in %s", arch, cfg_text, mfma, fname);
+        cr_assert_eq(x.named, x.mfma, "%s %s: other matrix instructions than %s", arch,
+                     cfg_text, mfma);
+        cr_assert_eq(x.scratch, 0, "%s %s: %d scratch/buffer instructions", arch, cfg_text,
+                     x.scratch);
+        cr_log_info("%s %s %s M=%lld: %d instructions, v_mfma %d, global_load %d, "
+                    "global_store %d, global_atomic %d, ds_read %d, ds_write %d; "
+                    "VGPR %d AGPR %d SGPR %d LDS %lld waves/SIMD %d", arch, fname, cfg_text,
+                    (long long)m, x.total, x.mfma, x.global_load, x.global_store,
+                    x.global_atomic, x.ds_read, x.ds_write, r->vgprs, r->agprs, r->sgprs,
+                    (long long)r->lds_bytes, r->waves_per_simd);
+    }
+    dev_code_free(code);
+    dev_close(d);
+}
+
+/* The GLM-5.2 bucket configs docs/KERNELS.md discusses: decode (M=1, one
+ * real row per 16-row tile) and prefill (M=4096). */
+#define UP_DECODE "BM=16,BN=32,BK=64,WAVES=2,STAGES=2,SPLITK=1,GROUP_M=1,VEC=8,UNROLL=1,MMA=1"
+#define UP_PREFILL "BM=128,BN=64,BK=32,WAVES=4,STAGES=2,SPLITK=1,GROUP_M=8,VEC=8,UNROLL=1,MMA=2"
+#define DOWN_DECODE "BM=16,BN=64,BK=64,WAVES=4,STAGES=2,SPLITK=1,GROUP_M=1,VEC=8,UNROLL=1,MMA=1"
+#define DOWN_PREFILL "BM=128,BN=128,BK=32,WAVES=4,STAGES=2,SPLITK=1,GROUP_M=8,VEC=8,UNROLL=1,MMA=2"
+
+Test(moe_mma, hiprtc_gfx90a_up_builds_mfma_without_scratch)
+{
+    compile_amd("gfx90a", "moe_gemm_up", "glm5.2", 1, UP_DECODE, "v_mfma_f32_16x16x16bf16_1k");
+    compile_amd("gfx90a", "moe_gemm_up", "glm5.2", 4096, UP_PREFILL,
+                "v_mfma_f32_32x32x8bf16_1k");
+    compile_amd("gfx90a", "moe_gemm_up", "glm5.2-a16", 4096, UP_PREFILL,
+                "v_mfma_f32_32x32x8bf16_1k");
+}
+
+Test(moe_mma, hiprtc_gfx90a_down_builds_mfma_without_scratch)
+{
+    compile_amd("gfx90a", "moe_gemm_down", "glm5.2", 1, DOWN_DECODE,
+                "v_mfma_f32_16x16x16bf16_1k");
+    compile_amd("gfx90a", "moe_gemm_down", "glm5.2", 4096, DOWN_PREFILL,
+                "v_mfma_f32_32x32x8bf16_1k");
+    compile_amd("gfx90a", "moe_gemm_down", "glm5.2-rows", 4096, DOWN_PREFILL,
+                "v_mfma_f32_32x32x8bf16_1k");
+}
+
+/* CDNA3 spells the same instructions without the _1k. */
+Test(moe_mma, clang_gfx942_builds_mfma_without_scratch)
+{
+    compile_amd("gfx942", "moe_gemm_up", "glm5.2", 1, UP_DECODE, "v_mfma_f32_16x16x16_bf16");
+    compile_amd("gfx942", "moe_gemm_up", "glm5.2", 4096, UP_PREFILL, "v_mfma_f32_32x32x8_bf16");
+    compile_amd("gfx942", "moe_gemm_down", "glm5.2", 1, DOWN_DECODE,
+                "v_mfma_f32_16x16x16_bf16");
+    compile_amd("gfx942", "moe_gemm_down", "glm5.2", 4096, DOWN_PREFILL,
+                "v_mfma_f32_32x32x8_bf16");
+}
+
+static void compile_nv(const char *fname, const char *shape, int64_t m, const char *cfg_text)
+{
+    const kern_family *f = fam(fname);
+    dev_device *d = open_or_skip("cuda", "sm_90");
+    kern_shape s;
+    cr_assert_eq(kern_shape_parse(f, shape, &s, NULL, NULL), MT_OK);
+    kern_config c;
+    parse(f, cfg_text, &c);
+    char why[256] = "";
+    cr_assert(kern_config_valid(f, f->gpu, &s, m, &c, dev_get_props(d), why, sizeof why),
+              "sm_90 %s: %s", cfg_text, why);
+    dev_code *code = NULL;
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(kern_compile(d, f, f->gpu, &s, &c, &code, &err), MT_OK, "%s", err.msg);
+    const dev_kernel_res *r = td_find_res(code, fname);
+    cr_assert_eq(r->private_bytes, 0, "sm_90 %s %s: %lld bytes of local memory", fname,
+                 cfg_text, (long long)r->private_bytes);
+    cr_log_info("sm_90 %s %s: %d registers, %lld bytes shared", fname, cfg_text, r->vgprs,
+                (long long)r->lds_bytes);
+    dev_code_free(code);
+    dev_close(d);
+}
+
+/* NVRTC's cubin has no disassembler here: no local memory, and the kernel
+ * cannot compile without mma.sync (the source #errors without
+ * MT_MMA_HAVE). */
+Test(moe_mma, nvrtc_sm90_builds_without_local_memory)
+{
+    compile_nv("moe_gemm_up", "glm5.2", 1,
+               "BM=16,BN=32,BK=64,WAVES=4,STAGES=2,SPLITK=1,GROUP_M=1,VEC=8,UNROLL=1,MMA=1");
+    compile_nv("moe_gemm_up", "glm5.2", 4096,
+               "BM=64,BN=64,BK=32,WAVES=4,STAGES=2,SPLITK=1,GROUP_M=8,VEC=8,UNROLL=1,MMA=1");
+    compile_nv("moe_gemm_down", "glm5.2-rows", 4096,
+               "BM=64,BN=64,BK=32,WAVES=4,STAGES=2,SPLITK=1,GROUP_M=8,VEC=8,UNROLL=1,MMA=1");
+}
