@@ -46,6 +46,22 @@
 #define G_N (MOE_UP ? S_I : S_H)
 #define G_LD (BK + 1)
 
+/* mt_e2m1_to_f32(mt_f32_to_e2m1(v)), bit for bit (checked over every f32),
+ * with selects instead of the encoder's branches, which diverge per lane. */
+MT_DEVICE float g_e2m1_round(float v)
+{
+    float a = v < 0.0f ? -v : v, r = 0.0f;
+    r = a > 0.25f ? 0.5f : r;
+    r = a >= 0.75f ? 1.0f : r;
+    r = a > 1.25f ? 1.5f : r;
+    r = a >= 1.75f ? 2.0f : r;
+    r = a > 2.5f ? 3.0f : r;
+    r = a >= 3.5f ? 4.0f : r;
+    r = a > 5.0f ? 6.0f : r;
+    return mt_uint_as_float(mt_float_as_uint(r) |
+                            (r > 0.0f ? mt_float_as_uint(v) & 0x80000000u : 0u));
+}
+
 /* Loads 32 activations of one row (bf16) into dst as floats; for a4w4 as
  * their MXFP4 round trip. */
 MT_DEVICE void g_load_act(const mt_bf16 *src, float *dst)
@@ -68,7 +84,7 @@ MT_DEVICE void g_load_act(const mt_bf16 *src, float *dst)
                                : mt_uint_as_float((unsigned)(ex + 127) << 23);
         float sc = mt_e8m0_to_f32((unsigned)(nan ? 255 : code));
         for (int i = 0; i < 32; i++)
-            dst[i] = nan ? sc : mt_e2m1_to_f32(mt_f32_to_e2m1(dst[i] * inv)) * sc;
+            dst[i] = nan ? sc : g_e2m1_round(dst[i] * inv) * sc;
     }
 }
 
