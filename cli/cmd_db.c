@@ -238,6 +238,23 @@ typedef struct list_ctx {
     int64_t n;
 } list_ctx;
 
+/* "confirmed 0.81x [0.78, 0.84] 10 rounds", "default_kept (BM=64 1.01x
+ * [0.97, 1.05] 10 rounds)", "median". */
+static void decision_text(const db_confirm *d, char *out, size_t cap)
+{
+    if (d->rounds <= 0) {
+        snprintf(out, cap, "%s", db_decision_str(d->decision));
+        return;
+    }
+    char iv[96];
+    snprintf(iv, sizeof iv, "%.3fx [%.3f, %.3f] %d rounds", d->ratio, d->ratio_lo, d->ratio_hi,
+             d->rounds);
+    if (d->decision == DB_DECIDED_CONFIRMED || !d->challenger_key)
+        snprintf(out, cap, "%s %s", db_decision_str(d->decision), iv);
+    else
+        snprintf(out, cap, "%s (%.200s %s)", db_decision_str(d->decision), d->challenger_key, iv);
+}
+
 static int show_winner(void *ctx, const db_winner_row *w)
 {
     list_ctx *c = ctx;
@@ -262,14 +279,27 @@ static int show_winner(void *ctx, const db_winner_row *w)
         }
         if (w->origin)
             cJSON_AddStringToObject(o, "origin", w->origin);
+        const db_confirm *d = &w->confirm;
+        cJSON_AddStringToObject(o, "decision", db_decision_str(d->decision));
+        if (d->challenger_key)
+            cJSON_AddStringToObject(o, "challenger", d->challenger_key);
+        if (d->rounds > 0) {
+            cJSON_AddNumberToObject(o, "ratio", d->ratio);
+            cJSON_AddNumberToObject(o, "ratio_lo", d->ratio_lo);
+            cJSON_AddNumberToObject(o, "ratio_hi", d->ratio_hi);
+            cJSON_AddNumberToObject(o, "confidence", d->confidence);
+            cJSON_AddNumberToObject(o, "rounds", d->rounds);
+        }
         cJSON_AddItemToArray(c->arr, o);
         return 0;
     }
     char vbuf[32] = "-";
     if (w->verified_ms > 0)
         snprintf(vbuf, sizeof vbuf, "%.4f ms", w->verified_time_ms);
-    printf("%-24.24s %-12s %-36s %6" PRId64 "  %-28s %10.4f ms  verified %s%s%s\n",
-           w->device.name, w->family, w->shape_key, w->m, w->config_key, w->time_ms, vbuf,
+    char dbuf[320];
+    decision_text(&w->confirm, dbuf, sizeof dbuf);
+    printf("%-24.24s %-12s %-36s %6" PRId64 "  %-28s %10.4f ms  %s  verified %s%s%s\n",
+           w->device.name, w->family, w->shape_key, w->m, w->config_key, w->time_ms, dbuf, vbuf,
            w->origin ? "  from " : "", w->origin ? w->origin : "");
     return 0;
 }
@@ -282,8 +312,8 @@ static int cmd_best(const opts *o)
         return fail("best", &e);
     list_ctx c = {o->json ? cJSON_CreateArray() : NULL, 0};
     if (!o->json)
-        printf("%-24s %-12s %-36s %6s  %-28s %13s\n", "device", "family", "shape", "M", "config",
-               "median");
+        printf("%-24s %-12s %-36s %6s  %-28s %13s  %s\n", "device", "family", "shape", "M",
+               "config", "median", "decision");
     mt_status st = db_winners_each(db, &o->filter, show_winner, &c, &e);
     db_close(db);
     if (st != MT_OK) {

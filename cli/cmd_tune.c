@@ -54,6 +54,9 @@ static void usage(void)
         "  --timeout SEC       per-candidate limit in the worker (default 60)\n"
         "  --max-reps N        timed repetitions cap per candidate (default 200)\n"
         "  --no-transfer       do not seed each M from neighbouring M's winners\n"
+        "  --confirm-rounds N  paired rounds confirming a best config against the\n"
+        "                      default (default 10; 0: off, the lowest median wins)\n"
+        "  --confidence P      confidence of that decision (default 0.95)\n"
         "  --quiet             no progress output\n");
 }
 
@@ -159,6 +162,22 @@ static int parse(int argc, char **argv, tune_opts *o, tune_cli *c)
             }
             if (o->timing.min_reps > o->timing.max_reps)
                 o->timing.min_reps = o->timing.max_reps;
+        } else if ((v = cli_opt(argc, argv, &i, "--confirm-rounds", &bad))) {
+            char *end = NULL;
+            long n = strtol(v, &end, 10);
+            if (end == v || *end || n < 0 || n == 1 || n > TUNE_CONFIRM_MAX_ROUNDS) {
+                cli_error("tune", "--confirm-rounds: 0 (off) or 2 to %d",
+                          TUNE_CONFIRM_MAX_ROUNDS);
+                return CLI_USAGE;
+            }
+            o->confirm_rounds = n == 0 ? -1 : (int)n;
+        } else if ((v = cli_opt(argc, argv, &i, "--confidence", &bad))) {
+            char *end = NULL;
+            o->confidence = strtod(v, &end);
+            if (end == v || *end || !(o->confidence >= 0.5 && o->confidence < 1)) {
+                cli_error("tune", "--confidence: a level from 0.5 to below 1, e.g. 0.95");
+                return CLI_USAGE;
+            }
         } else {
             if (!bad)
                 cli_error("tune", "unknown option '%s' (see moetune tune --help)", argv[i]);

@@ -34,9 +34,9 @@
 #include "../common/status.h"
 
 /* Schema version written to PRAGMA user_version and meta.schema_version. */
-#define DB_SCHEMA_VERSION 3
+#define DB_SCHEMA_VERSION 4
 /* Version of the JSON export format (docs/DB.md). */
-#define DB_EXPORT_FORMAT_VERSION 1
+#define DB_EXPORT_FORMAT_VERSION 2
 
 typedef struct db db_t;
 
@@ -182,6 +182,38 @@ mt_status db_trial_exists(db_t *db, int64_t device_id, int64_t kernel_id, const 
 
 /* ---- winners ------------------------------------------------------------ */
 
+/* How a winner was decided (persisted: winners.decision; append only).
+ * The tuner confirms a search's best that is not the default config
+ * against the default by paired rounds (docs/TUNING.md, "How winners are
+ * decided"); the decision and its interval are stored with the winner. */
+typedef enum db_decision {
+    DB_DECIDED_MEDIAN = 0,       /* lowest median, never confirmed (schema <= 3,
+                                  * tuning without confirmation, no ok default,
+                                  * or a plain db_winners_recompute) */
+    DB_DECIDED_CONFIRMED = 1,    /* a non-default config, faster than the default
+                                  * with confidence: ratio_hi < 1 */
+    DB_DECIDED_DEFAULT_KEPT = 2, /* the search's best (challenger) was not
+                                  * confirmed: rejected as noise, the default wins */
+    DB_DECIDED_DEFAULT_BEST = 3, /* the default had the lowest median itself */
+    DB_DECISION_COUNT
+} db_decision;
+/* "median", "confirmed", "default_kept", "default_best"; "unknown". */
+const char *db_decision_str(db_decision d);
+bool db_decision_parse(const char *s, db_decision *out);
+
+/* The decision behind a winner. All zero: DB_DECIDED_MEDIAN, no rounds. */
+typedef struct db_confirm {
+    db_decision decision;
+    const char *challenger_key; /* the config confirmed (the winner) or rejected;
+                                 * NULL: none */
+    double ratio;               /* challenger / default time: geometric mean over
+                                 * the paired rounds */
+    double ratio_lo, ratio_hi;  /* its interval at `confidence` */
+    double confidence;          /* e.g. 0.95 */
+    int rounds;                 /* paired rounds; 0: none (the four doubles
+                                 * are then not stored) */
+} db_confirm;
+
 typedef struct db_winner {
     int64_t device_id, kernel_id;
     const char *shape_key;
@@ -189,19 +221,34 @@ typedef struct db_winner {
     const char *config_key, *config_json;
     double time_ms;              /* median time of the winning config, > 0 */
     const char *runner_ups_json; /* JSON array; NULL: "[]" */
+    db_confirm confirm;          /* how it was decided */
 } db_winner;
 
 
 /* Recomputes winners from ok trials: per (device, kernel, shape, m) the
  * trial with the lowest median wins (ties: lower minimum, then config key);
  * the next DB_RUNNER_UPS become runner_ups
- * ([{"config_key":...,"time_ms":...},...]). Scope: device_id / kernel_id 0,
- * shape_key NULL and m <= 0 each mean "all". Keys with no ok trial keep
- * their winner. A winner whose config is unchanged keeps its verified mark.
- * *changed (may be NULL) receives the number of winners written. */
+ * ([{"config_key":...,"time_ms":...},...]), and the winner is stored as
+ * DB_DECIDED_MEDIAN. Scope: device_id / kernel_id 0, shape_key NULL and
+ * m <= 0 each mean "all". Keys with no ok trial keep their winner, and so
+ * do keys whose winner carries a decision (decision != DB_DECIDED_MEDIAN):
+ * only db_winner_decide, after a new confirmation, changes those. A winner
+ * whose config is unchanged keeps its verified mark. *changed (may be
+ * NULL) receives the number of winners written. */
 #define DB_RUNNER_UPS 4
 mt_status db_winners_recompute(db_t *db, int64_t device_id, int64_t kernel_id,
                                const char *shape_key, int64_t m, int64_t *changed, mt_err *err);
+
+/* Makes the ok trial of config_key the winner of (device, kernel, shape,
+ * m) with the decision *conf (NULL: DB_DECIDED_MEDIAN), whatever winner
+ * and decision were stored before; runner-ups are the other ok trials,
+ * lowest median first. The verified mark is kept when the config is
+ * unchanged. MT_E_NOT_FOUND when config_key has no ok trial there;
+ * MT_E_INVALID for a decision out of range or one with rounds whose
+ * ratios are not finite and positive. One transaction. */
+mt_status db_winner_decide(db_t *db, int64_t device_id, int64_t kernel_id, const char *shape_key,
+                           int64_t m, const char *config_key, const db_confirm *conf,
+                           mt_err *err);
 
 
 /* ---- lookup ------------------------------------------------------------- */
@@ -302,6 +349,7 @@ typedef struct db_winner_row {
     int64_t updated_ms, verified_ms; /* verified_ms 0: never re-timed */
     double verified_time_ms;         /* NAN when never */
     const char *origin;              /* NULL: measured here; else merged from */
+    db_confirm confirm;              /* the decision; doubles NAN when rounds 0 */
 } db_winner_row;
 
 typedef struct db_trial_row {

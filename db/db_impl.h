@@ -132,6 +132,11 @@ void db_winner_key_bind(sqlite3_stmt *s, const db_winner *w);
     "d.id, d.backend, d.arch, d.name, d.runtime_version, d.driver_version, " \
     "d.fingerprint, d.compute_units"
 void db_device_row_read(sqlite3_stmt *s, int first, db_device_row *row);
+/* A winner's decision as 7 columns of winners w, in db_confirm's order:
+ * decision, challenger, ratio, ratio_lo, ratio_hi, confidence, rounds. */
+#define DB_WINNER_DECISION_COLUMNS                                                \
+    "w.decision, w.challenger, w.ratio, w.ratio_lo, w.ratio_hi, w.confidence, " \
+    "coalesce(w.rounds, 0)"
 /* Fills a db_trial's measured fields (not its ids) from columns first..
  * first+15 in the order of DB_TRIAL_COLUMNS (db_query.c). */
 #define DB_TRIAL_COLUMNS                                                            \

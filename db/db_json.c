@@ -217,10 +217,18 @@ static mt_status w_winner(void *ctx, const db_winner_rec *r, mt_err *err)
     cJSON *o = cJSON_CreateObject();
     add_str(o, "config", r->w.config_json);
     add_str(o, "config_key", r->w.config_key);
+    const db_confirm *c = &r->w.confirm;
+    add_str(o, "challenger", c->challenger_key);
+    add_real(o, "confidence", c->rounds > 0 ? c->confidence : NAN);
+    add_str(o, "decision", db_decision_str(c->decision));
     add_str(o, "device", r->device_fp);
     add_str(o, "family", r->kernel.family);
     add_int(o, "m", r->w.m);
     add_str(o, "origin", r->origin);
+    add_real(o, "ratio", c->rounds > 0 ? c->ratio : NAN);
+    add_real(o, "ratio_hi", c->rounds > 0 ? c->ratio_hi : NAN);
+    add_real(o, "ratio_lo", c->rounds > 0 ? c->ratio_lo : NAN);
+    add_int_or_null(o, "rounds", c->rounds);
     add_str(o, "runner_ups", r->w.runner_ups_json);
     add_str(o, "shape", r->w.shape_key);
     add_str(o, "source_hash", r->kernel.source_hash);
@@ -519,6 +527,32 @@ static mt_status r_winner(const rd *r, const cJSON *o, db_sink *k, mt_err *err)
         st = get_int(r, o, "verified_ms", true, &w.verified_ms, err);
     if (st == MT_OK)
         st = get_real(r, o, "verified_time_ms", true, &w.verified_time_ms, err);
+    /* The decision (format 2); absent in format 1: never confirmed. */
+    const char *dec = NULL;
+    int64_t rounds = 0;
+    db_confirm *c = &w.w.confirm;
+    c->ratio = c->ratio_lo = c->ratio_hi = c->confidence = NAN;
+    if (st == MT_OK)
+        st = get_str(r, o, "decision", true, &dec, err);
+    if (st == MT_OK && dec && !db_decision_parse(dec, &c->decision))
+        st = mt_fail(err, MT_E_FORMAT, "%s: %s[%d]: unknown decision \"%s\"", r->path,
+                     r->section, r->index, dec);
+    if (st == MT_OK)
+        st = get_str(r, o, "challenger", true, &c->challenger_key, err);
+    if (st == MT_OK)
+        st = get_int(r, o, "rounds", true, &rounds, err);
+    if (st == MT_OK && (rounds < 0 || rounds > 1000000))
+        st = mt_fail(err, MT_E_FORMAT, "%s: %s[%d]: rounds %lld out of range", r->path,
+                     r->section, r->index, (long long)rounds);
+    c->rounds = (int)rounds;
+    if (st == MT_OK)
+        st = get_real(r, o, "ratio", true, &c->ratio, err);
+    if (st == MT_OK)
+        st = get_real(r, o, "ratio_lo", true, &c->ratio_lo, err);
+    if (st == MT_OK)
+        st = get_real(r, o, "ratio_hi", true, &c->ratio_hi, err);
+    if (st == MT_OK)
+        st = get_real(r, o, "confidence", true, &c->confidence, err);
     if (st == MT_OK)
         st = db_sink_visitor.winner(k, &w, err);
     return st;

@@ -1,5 +1,5 @@
 /* db_names.c: the stable names of the persisted enums (backends, trial
- * statuses, session statuses, lookup provenance). Names appear in exports
+ * statuses, session statuses, lookup provenance, winner decisions). Names appear in exports
  * and CLI output; values are persisted; both are append only. */
 #include <string.h>
 
@@ -45,6 +45,15 @@ static const char *const provenance_names[DB_PROVENANCE_COUNT] = {
 };
 _Static_assert(sizeof provenance_names / sizeof provenance_names[0] == DB_PROVENANCE_COUNT,
                "one name per provenance");
+
+static const char *const decision_names[DB_DECISION_COUNT] = {
+    [DB_DECIDED_MEDIAN] = "median",
+    [DB_DECIDED_CONFIRMED] = "confirmed",
+    [DB_DECIDED_DEFAULT_KEPT] = "default_kept",
+    [DB_DECIDED_DEFAULT_BEST] = "default_best",
+};
+_Static_assert(sizeof decision_names / sizeof decision_names[0] == DB_DECISION_COUNT,
+               "one name per winner decision");
 
 static int find_name(const char *const *names, int n, const char *s)
 {
@@ -102,5 +111,19 @@ bool db_provenance_parse(const char *s, db_provenance *out)
     if (i < 0)
         return false;
     *out = (db_provenance)i;
+    return true;
+}
+
+const char *db_decision_str(db_decision d)
+{
+    return (unsigned)d < DB_DECISION_COUNT ? decision_names[d] : "unknown";
+}
+
+bool db_decision_parse(const char *s, db_decision *out)
+{
+    int i = find_name(decision_names, DB_DECISION_COUNT, s);
+    if (i < 0)
+        return false;
+    *out = (db_decision)i;
     return true;
 }

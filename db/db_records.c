@@ -11,8 +11,12 @@ static const char merge_rule[] =
     "merge rule: a trial is keyed by (device fingerprint, kernel family/version/source hash, "
     "shape, M, config key); the incoming trial replaces the existing one only if it is "
     "verified (status ok) and the existing one is not ok or is strictly slower (median time); "
-    "otherwise the existing one is kept. A winner, keyed by (device, kernel, shape, M), is "
-    "replaced only by a strictly faster one. Devices, kernels and sessions are added when "
+    "otherwise the existing one is kept. A winner, keyed by (device, kernel, shape, M): one "
+    "with a decision (confirmed against the default, or the default kept or best) beats one "
+    "without (decision median); between two with a decision, the incoming one replaces only "
+    "if its guaranteed ratio to the default is strictly lower (the upper bound of its "
+    "interval when confirmed, 1 when the default won); between two without, only a strictly "
+    "faster one replaces. The winner's decision and interval travel with it. Devices, kernels and sessions are added when "
     "missing and never changed. Miss counts add up (first seen: earliest, last seen: latest). "
     "Code objects are added when missing. Rows taken from a merged database keep their origin, "
     "or get that database's name as origin.";
@@ -96,6 +100,15 @@ static mt_status row_winner(sqlite3_stmt *s, const db_visitor *v, void *ctx, mt_
         .verified_ms = sqlite3_column_int64(s, 12),
         .verified_time_ms = db_col_real(s, 13),
     };
+    r.w.confirm = (db_confirm){
+        .decision = (db_decision)sqlite3_column_int(s, 14),
+        .challenger_key = db_col_text(s, 15),
+        .ratio = db_col_real(s, 16),
+        .ratio_lo = db_col_real(s, 17),
+        .ratio_hi = db_col_real(s, 18),
+        .confidence = db_col_real(s, 19),
+        .rounds = sqlite3_column_int(s, 20),
+    };
     r.w.shape_key = db_col_text(s, 5);
     r.w.m = sqlite3_column_int64(s, 6);
     r.w.config_key = db_col_text(s, 7);
@@ -156,7 +169,7 @@ mt_status db_visit(db_t *db, const db_visitor *v, void *ctx, mt_err *err)
         {v->winner != NULL, row_winner,
          "SELECT d.fingerprint, k.family, k.version, k.source_hash, w.origin, w.shape, w.m, "
          "w.config_key, w.config_json, w.time_ms, w.runner_ups, w.updated_ms, "
-         "coalesce(w.verified_ms, 0), w.verified_time_ms "
+         "coalesce(w.verified_ms, 0), w.verified_time_ms, " DB_WINNER_DECISION_COLUMNS " "
          "FROM winners w JOIN devices d ON d.id = w.device_id JOIN kernels k ON k.id = w.kernel_id "
          "ORDER BY d.fingerprint, k.family, k.version, k.source_hash, w.shape, w.m"},
         {v->miss != NULL, row_miss,
@@ -310,6 +323,29 @@ static mt_status sink_trial(void *ctx, const db_trial_rec *r, mt_err *err)
     return db_trial_put(k->db, &t, origin_of(k, r->origin), err);
 }
 
+/* What a decided winner guarantees against the default: the upper bound
+ * of its ratio when a challenger was confirmed, 1 when the default won. */
+static double guaranteed_ratio(db_decision d, double hi)
+{
+    if (d == DB_DECIDED_CONFIRMED)
+        return isfinite(hi) && hi > 0 ? hi : 1;
+    return 1;
+}
+
+/* The merge rule for winners (db_merge_rule). */
+static bool winner_beats(const db_winner *in, db_decision have_dec, double have_hi,
+                         double have_ms)
+{
+    bool in_decided = in->confirm.decision != DB_DECIDED_MEDIAN;
+    bool have_decided = have_dec != DB_DECIDED_MEDIAN;
+    if (in_decided != have_decided)
+        return in_decided;
+    if (!in_decided)
+        return in->time_ms < have_ms;
+    return guaranteed_ratio(in->confirm.decision, in->confirm.ratio_hi) <
+           guaranteed_ratio(have_dec, have_hi);
+}
+
 static mt_status sink_winner(void *ctx, const db_winner_rec *r, mt_err *err)
 {
     db_sink *k = ctx;
@@ -328,10 +364,12 @@ static mt_status sink_winner(void *ctx, const db_winner_rec *r, mt_err *err)
     int rc = sqlite3_step(s);
     bool exists = rc == SQLITE_ROW;
     double have = exists ? sqlite3_column_double(s, 1) : NAN;
+    db_decision have_dec = exists ? (db_decision)sqlite3_column_int(s, 5) : DB_DECIDED_MEDIAN;
+    double have_hi = exists ? db_col_real(s, 6) : NAN;
     sqlite3_reset(s);
     if (rc != SQLITE_ROW && rc != SQLITE_DONE)
         return DB_FAIL(k->db, err, rc, "reading a winner");
-    if (exists && !(w.time_ms < have)) {
+    if (exists && !winner_beats(&w, have_dec, have_hi, have)) {
         k->stats->winners_kept++;
         return MT_OK;
     }

@@ -1,4 +1,4 @@
-/* db_schema.c: the current schema (version 3) and the migration from each
+/* db_schema.c: the current schema (version 4) and the migration from each
  * older version. docs/DB.md describes every table and column; keep the two in
  * step. Versions are only appended; each migration runs inside the opening
  * transaction, so a failed upgrade leaves the file as it was.
@@ -13,13 +13,18 @@
  *      and reason; sessions; code objects.
  *   3  trial status 7 (compiled: compile-only, never run); version 2 stored
  *      those as 6 (skipped) with the note "compile-only: compiled, not
- *      timed", and the upgrade turns exactly those into 7. */
+ *      timed", and the upgrade turns exactly those into 7.
+ *   4  winners carry their decision (db_decision) and, when the tuner
+ *      confirmed a challenger against the default by paired rounds, the
+ *      challenger, the ratio to the default with its interval, the
+ *      confidence and the number of rounds. Older winners become
+ *      decision 0 (median: never confirmed). */
 #include <inttypes.h>
 #include <stdio.h>
 
 #include "db_impl.h"
 
-static const char schema_v3[] =
+static const char schema_v4[] =
     "CREATE TABLE meta(\n"
     "  key TEXT PRIMARY KEY,\n"
     "  value TEXT NOT NULL\n"
@@ -91,6 +96,13 @@ static const char schema_v3[] =
     "  verified_ms INTEGER,\n"
     "  verified_time_ms REAL,\n"
     "  origin TEXT,\n"
+    "  decision INTEGER NOT NULL DEFAULT 0 CHECK(decision BETWEEN 0 AND 3),\n"
+    "  challenger TEXT,\n"
+    "  ratio REAL,\n"
+    "  ratio_lo REAL,\n"
+    "  ratio_hi REAL,\n"
+    "  confidence REAL,\n"
+    "  rounds INTEGER,\n"
     "  PRIMARY KEY(device_id, kernel_id, shape, m));\n"
     "CREATE INDEX winners_by_kernel ON winners(kernel_id, shape, m, device_id);\n"
     "CREATE INDEX winners_by_trial ON winners(trial_id);\n"
@@ -266,6 +278,18 @@ static const char migrate_2_3[] =
     "  WHERE status = 6 AND error = 'compile-only: compiled, not timed'\n"
     "    AND time_median_ms IS NULL;\n";
 
+/* Version 3 -> 4: winners gain their decision; every existing winner was
+ * the lowest median, never confirmed (decision 0). */
+static const char migrate_3_4[] =
+    "ALTER TABLE winners ADD COLUMN decision INTEGER NOT NULL DEFAULT 0\n"
+    "  CHECK(decision BETWEEN 0 AND 3);\n"
+    "ALTER TABLE winners ADD COLUMN challenger TEXT;\n"
+    "ALTER TABLE winners ADD COLUMN ratio REAL;\n"
+    "ALTER TABLE winners ADD COLUMN ratio_lo REAL;\n"
+    "ALTER TABLE winners ADD COLUMN ratio_hi REAL;\n"
+    "ALTER TABLE winners ADD COLUMN confidence REAL;\n"
+    "ALTER TABLE winners ADD COLUMN rounds INTEGER;\n";
+
 /* Runs a multi-statement script, binding :now in each statement. */
 static mt_status run_script(db_t *db, const char *sql, const char *what, mt_err *err)
 {
@@ -321,7 +345,7 @@ static mt_status set_version(db_t *db, mt_err *err)
 
 mt_status db_schema_create(db_t *db, mt_err *err)
 {
-    mt_status st = run_script(db, schema_v3, "creating the schema", err);
+    mt_status st = run_script(db, schema_v4, "creating the schema", err);
     if (st)
         return st;
     char buf[64];
@@ -387,6 +411,9 @@ mt_status db_schema_migrate(db_t *db, int from, mt_err *err)
             break;
         case 2:
             st = run_script(db, migrate_2_3, "upgrading schema 2 -> 3", err);
+            break;
+        case 3:
+            st = run_script(db, migrate_3_4, "upgrading schema 3 -> 4", err);
             break;
         default:
             st = mt_fail(err, MT_E_UNSUPPORTED, "%s: no migration from schema version %d",

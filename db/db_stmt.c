@@ -53,16 +53,22 @@ static const char *const stmt_sql[ST_STMT_COUNT] = {
         "AND shape = ?3 AND m = ?4 AND config_key = ?5",
     [ST_WINNER_UPSERT] =
         "INSERT INTO winners(device_id, kernel_id, shape, m, trial_id, config_key, config_json, "
-        "time_ms, runner_ups, updated_ms, verified_ms, verified_time_ms, origin) "
-        "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) "
+        "time_ms, runner_ups, updated_ms, verified_ms, verified_time_ms, origin, decision, "
+        "challenger, ratio, ratio_lo, ratio_hi, confidence, rounds) "
+        "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, "
+        "?18, ?19, ?20) "
         "ON CONFLICT(device_id, kernel_id, shape, m) DO UPDATE SET "
         "trial_id = excluded.trial_id, config_key = excluded.config_key, "
         "config_json = excluded.config_json, time_ms = excluded.time_ms, "
         "runner_ups = excluded.runner_ups, updated_ms = excluded.updated_ms, "
         "verified_ms = excluded.verified_ms, verified_time_ms = excluded.verified_time_ms, "
-        "origin = excluded.origin",
+        "origin = excluded.origin, decision = excluded.decision, "
+        "challenger = excluded.challenger, ratio = excluded.ratio, "
+        "ratio_lo = excluded.ratio_lo, ratio_hi = excluded.ratio_hi, "
+        "confidence = excluded.confidence, rounds = excluded.rounds",
     [ST_WINNER_GET] =
-        "SELECT config_key, time_ms, verified_ms, verified_time_ms, runner_ups FROM winners "
+        "SELECT config_key, time_ms, verified_ms, verified_time_ms, runner_ups, decision, "
+        "ratio_hi, coalesce(rounds, 0), challenger FROM winners "
         "WHERE device_id = ?1 AND kernel_id = ?2 AND shape = ?3 AND m = ?4",
     [ST_LOOKUP_EXACT] =
         LOOKUP_COLUMNS

@@ -1,5 +1,6 @@
 /* db_winners.c: winners per (device, kernel, shape, M): setting one,
- * recomputing them from ok trials, marking one re-verified, listing them. */
+ * recomputing them from ok trials, recording a confirmed decision, marking
+ * one re-verified, listing them. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdlib.h>
@@ -24,6 +25,18 @@ mt_status db_check_winner(const db_winner *w, mt_err *err)
         what = "config JSON is empty or longer than DB_CONFIG_JSON_MAX";
     else if (!(isfinite(w->time_ms) && w->time_ms > 0))
         what = "time must be > 0";
+    const db_confirm *c = &w->confirm;
+    if (!what && (unsigned)c->decision >= DB_DECISION_COUNT)
+        what = "decision out of range";
+    else if (!what && c->rounds < 0)
+        what = "negative confirmation rounds";
+    else if (!what && c->rounds > 0 &&
+             !(isfinite(c->ratio) && c->ratio > 0 && isfinite(c->ratio_lo) && c->ratio_lo > 0 &&
+               isfinite(c->ratio_hi) && c->ratio_hi >= c->ratio_lo && c->confidence > 0 &&
+               c->confidence < 1))
+        what = "confirmation ratios must be finite and > 0, lo <= hi, confidence in (0, 1)";
+    else if (!what && c->challenger_key && strlen(c->challenger_key) > DB_CONFIG_KEY_MAX)
+        what = "challenger key longer than DB_CONFIG_KEY_MAX";
     if (!what && w->runner_ups_json) {
         cJSON *j = cJSON_Parse(w->runner_ups_json);
         if (!cJSON_IsArray(j))
@@ -64,6 +77,16 @@ mt_status db_winner_put(db_t *db, const db_winner *w, int64_t trial_id, int64_t 
         sqlite3_bind_int64(s, 11, verified_ms);
     db_bind_real(s, 12, verified_time_ms);
     db_bind_text(s, 13, origin);
+    const db_confirm *c = &w->confirm;
+    sqlite3_bind_int(s, 14, (int)c->decision);
+    db_bind_text(s, 15, c->challenger_key && *c->challenger_key ? c->challenger_key : NULL);
+    if (c->rounds > 0) {
+        sqlite3_bind_double(s, 16, c->ratio);
+        sqlite3_bind_double(s, 17, c->ratio_lo);
+        sqlite3_bind_double(s, 18, c->ratio_hi);
+        sqlite3_bind_double(s, 19, c->confidence);
+        sqlite3_bind_int(s, 20, c->rounds);
+    }
     int rc = sqlite3_step(s);
     sqlite3_reset(s);
     if (rc != SQLITE_DONE)
@@ -77,6 +100,7 @@ typedef struct winner_prev {
     bool exists, same_config, same_all;
     int64_t verified_ms;
     double verified_time_ms;
+    db_decision decision;
 } winner_prev;
 
 static mt_status winner_prev_get(db_t *db, const db_winner *w, winner_prev *p, mt_err *err)
@@ -92,8 +116,14 @@ static mt_status winner_prev_get(db_t *db, const db_winner *w, winner_prev *p, m
     if (rc == SQLITE_ROW) {
         p->exists = true;
         p->same_config = !strcmp(db_col_text(s, 0), w->config_key);
+        p->decision = (db_decision)sqlite3_column_int(s, 5);
+        const char *ch = db_col_text(s, 8);
+        const char *wch = w->confirm.challenger_key;
         p->same_all = p->same_config && sqlite3_column_double(s, 1) == w->time_ms &&
-                      !strcmp(db_col_text(s, 4), w->runner_ups_json ? w->runner_ups_json : "[]");
+                      !strcmp(db_col_text(s, 4), w->runner_ups_json ? w->runner_ups_json : "[]") &&
+                      p->decision == w->confirm.decision && w->confirm.rounds == 0 &&
+                      sqlite3_column_int(s, 7) == 0 && !ch == !(wch && *wch) &&
+                      (!ch || !strcmp(ch, wch));
         p->verified_ms = sqlite3_column_int64(s, 2);
         p->verified_time_ms = db_col_real(s, 3);
         rc = SQLITE_DONE;
@@ -104,14 +134,16 @@ static mt_status winner_prev_get(db_t *db, const db_winner *w, winner_prev *p, m
     return MT_OK;
 }
 
-/* Writes w unless identical; keeps the verified mark when the config is the
- * same. *changed counts new winners and changed configs. */
-static mt_status winner_write(db_t *db, const db_winner *w, int64_t trial_id, int64_t *changed,
-                              mt_err *err)
+/* Writes w unless identical, or (keep_decided) unless the stored winner
+ * carries a decision; keeps the verified mark when the config is the same.
+ * *changed counts new winners and changed configs. */
+static mt_status winner_write(db_t *db, const db_winner *w, int64_t trial_id, bool keep_decided,
+                              int64_t *changed, mt_err *err)
 {
     winner_prev p;
     mt_status st = winner_prev_get(db, w, &p, err);
-    if (st || (p.exists && p.same_all))
+    if (st || (p.exists && p.same_all) ||
+        (keep_decided && p.exists && p.decision != DB_DECIDED_MEDIAN))
         return st;
     if (changed && !(p.exists && p.same_config))
         (*changed)++;
@@ -128,7 +160,7 @@ mt_status db_winner_set(db_t *db, const db_winner *w, mt_err *err)
     st = db_trial_find(db, w->device_id, w->kernel_id, w->shape_key, w->m, w->config_key,
                        &trial_id, NULL, NULL, err);
     if (st == MT_OK)
-        st = winner_write(db, w, trial_id, NULL, err);
+        st = winner_write(db, w, trial_id, false, NULL, err);
     return db_tx_end(db, st, err);
 }
 
@@ -138,15 +170,18 @@ typedef struct group {
     int64_t trial_id;
     char *shape, *key, *json;
     cJSON *runner_ups;
+    bool decide;          /* db_winner_decide: overrides a stored decision */
 } group;
 
 static void group_clear(group *g)
 {
+    bool decide = g->decide;
     free(g->shape);
     free(g->key);
     free(g->json);
     cJSON_Delete(g->runner_ups);
     memset(g, 0, sizeof *g);
+    g->decide = decide;
 }
 
 static mt_status group_flush(db_t *db, group *g, int64_t *changed, mt_err *err)
@@ -157,7 +192,7 @@ static mt_status group_flush(db_t *db, group *g, int64_t *changed, mt_err *err)
     if (!ru)
         return mt_fail(err, MT_E_NOMEM, "%s: runner-ups", db->path);
     g->w.runner_ups_json = ru;
-    mt_status st = winner_write(db, &g->w, g->trial_id, changed, err);
+    mt_status st = winner_write(db, &g->w, g->trial_id, g->decide ? false : true, changed, err);
     free(ru);
     group_clear(g);
     return st;
@@ -203,6 +238,64 @@ static mt_status group_add(db_t *db, group *g, sqlite3_stmt *s, mt_err *err)
     return MT_OK;
 }
 
+/* Ok trials of a scope, grouped by key, fastest first. */
+static const char ok_trials_sql[] =
+    "SELECT device_id, kernel_id, shape, m, id, config_key, config_json, time_median_ms "
+    "FROM trials WHERE status = 0 AND time_median_ms > 0 "
+    "AND (?1 = 0 OR device_id = ?1) AND (?2 = 0 OR kernel_id = ?2) "
+    "AND (?3 IS NULL OR shape = ?3) AND (?4 <= 0 OR m = ?4) "
+    "ORDER BY device_id, kernel_id, shape, m, time_median_ms, time_min_ms, config_key";
+
+mt_status db_winner_decide(db_t *db, int64_t device_id, int64_t kernel_id, const char *shape_key,
+                           int64_t m, const char *config_key, const db_confirm *conf,
+                           mt_err *err)
+{
+    if (device_id <= 0 || kernel_id <= 0 || !shape_key || !*shape_key || m < 1 || !config_key)
+        return mt_fail(err, MT_E_INVALID, "db_winner_decide: a full key and a config are needed");
+    mt_status st = db_tx_begin(db, err);
+    if (st)
+        return st;
+    sqlite3_stmt *s;
+    int rc = sqlite3_prepare_v2(db->sql, ok_trials_sql, -1, &s, NULL);
+    if (rc != SQLITE_OK)
+        return db_tx_end(db, DB_FAIL(db, err, rc, "deciding a winner"), err);
+    sqlite3_bind_int64(s, 1, device_id);
+    sqlite3_bind_int64(s, 2, kernel_id);
+    sqlite3_bind_text(s, 3, shape_key, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(s, 4, m);
+    /* Two passes over one result: the winner first, then the others in
+     * median order as runner-ups. */
+    group g = {.decide = true};
+    bool found = false;
+    for (int pass = 0; pass < 2 && st == MT_OK; pass++) {
+        while (st == MT_OK && (rc = sqlite3_step(s)) == SQLITE_ROW) {
+            bool is_winner = !strcmp(db_col_text(s, 5), config_key);
+            if (pass == 0 && is_winner && !found) {
+                found = true;
+                st = group_add(db, &g, s, err);
+            } else if (pass == 1 && !is_winner) {
+                st = group_add(db, &g, s, err);
+            }
+        }
+        if (st == MT_OK && rc != SQLITE_DONE)
+            st = DB_FAIL(db, err, rc, "deciding a winner");
+        sqlite3_reset(s);
+        if (st == MT_OK && !found)
+            st = mt_fail(err, MT_E_NOT_FOUND, "%s: no ok trial of %s for %s M=%lld", db->path,
+                         config_key, shape_key, (long long)m);
+    }
+    sqlite3_finalize(s);
+    if (st == MT_OK) {
+        if (conf)
+            g.w.confirm = *conf;
+        st = db_check_winner(&g.w, err);
+    }
+    if (st == MT_OK)
+        st = group_flush(db, &g, NULL, err);
+    group_clear(&g);
+    return db_tx_end(db, st, err);
+}
+
 mt_status db_winners_recompute(db_t *db, int64_t device_id, int64_t kernel_id,
                                const char *shape_key, int64_t m, int64_t *changed, mt_err *err)
 {
@@ -212,14 +305,7 @@ mt_status db_winners_recompute(db_t *db, int64_t device_id, int64_t kernel_id,
     if (st)
         return st;
     sqlite3_stmt *s;
-    int rc = sqlite3_prepare_v2(
-        db->sql,
-        "SELECT device_id, kernel_id, shape, m, id, config_key, config_json, time_median_ms "
-        "FROM trials WHERE status = 0 AND time_median_ms > 0 "
-        "AND (?1 = 0 OR device_id = ?1) AND (?2 = 0 OR kernel_id = ?2) "
-        "AND (?3 IS NULL OR shape = ?3) AND (?4 <= 0 OR m = ?4) "
-        "ORDER BY device_id, kernel_id, shape, m, time_median_ms, time_min_ms, config_key",
-        -1, &s, NULL);
+    int rc = sqlite3_prepare_v2(db->sql, ok_trials_sql, -1, &s, NULL);
     if (rc != SQLITE_OK)
         return db_tx_end(db, DB_FAIL(db, err, rc, "recomputing winners"), err);
     sqlite3_bind_int64(s, 1, device_id);
@@ -299,8 +385,17 @@ static mt_status winner_row(sqlite3_stmt *s, void *arg, bool *stop, mt_err *err)
         .verified_ms = sqlite3_column_int64(s, 13),
         .verified_time_ms = db_col_real(s, 14),
         .origin = db_col_text(s, 15),
+        .confirm = {
+            .decision = (db_decision)sqlite3_column_int(s, 16),
+            .challenger_key = db_col_text(s, 17),
+            .ratio = db_col_real(s, 18),
+            .ratio_lo = db_col_real(s, 19),
+            .ratio_hi = db_col_real(s, 20),
+            .confidence = db_col_real(s, 21),
+            .rounds = sqlite3_column_int(s, 22),
+        },
     };
-    db_device_row_read(s, 16, &r.device);
+    db_device_row_read(s, 23, &r.device);
     *stop = cb->fn(cb->ctx, &r) != 0;
     return MT_OK;
 }
@@ -313,7 +408,7 @@ mt_status db_winners_each(db_t *db, const db_filter *f, db_winner_fn fn, void *c
         "SELECT w.device_id, w.kernel_id, coalesce(w.trial_id, 0), k.family, k.version, "
         "k.source_hash, w.shape, w.m, w.config_key, w.config_json, w.runner_ups, w.time_ms, "
         "w.updated_ms, coalesce(w.verified_ms, 0), w.verified_time_ms, w.origin, "
-        DB_DEVICE_COLUMNS " "
+        DB_WINNER_DECISION_COLUMNS ", " DB_DEVICE_COLUMNS " "
         "FROM winners w JOIN devices d ON d.id = w.device_id JOIN kernels k ON k.id = w.kernel_id "
         "WHERE " DB_FILTER_KERNEL " AND (?2 IS NULL OR w.shape = ?2) "
         "AND (?3 <= 0 OR w.m = ?3) AND (?4 IS NULL OR d.fingerprint = ?4 OR d.name = ?4) "

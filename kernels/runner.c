@@ -281,6 +281,7 @@ mt_status kern_problem_time(kern_problem *p, kern_exec *e, const kern_time_opts 
     if (st != MT_OK)
         return st;
     int cap = o->max_reps > 0 ? o->max_reps : 200;
+    const int batch = o->batch > 1 ? o->batch : 1;
     double *ms = malloc(sizeof(double) * (size_t)cap);
     double *sorted = malloc(sizeof(double) * (size_t)cap);
     dev_event *a = NULL, *b = NULL;
@@ -304,7 +305,7 @@ mt_status kern_problem_time(kern_problem *p, kern_exec *e, const kern_time_opts 
             st = dev_synchronize(p->dev, err);
         if (st == MT_OK)
             st = dev_event_record(p->dev, a, err);
-        if (st == MT_OK)
+        for (int k = 0; k < batch && st == MT_OK; k++)
             st = run_once(p, e, err);
         if (st == MT_OK)
             st = dev_event_record(p->dev, b, err);
@@ -314,6 +315,7 @@ mt_status kern_problem_time(kern_problem *p, kern_exec *e, const kern_time_opts 
             st = dev_event_elapsed_ms(p->dev, a, b, &ms[n], err);
         if (st != MT_OK)
             break;
+        ms[n] /= batch;
         n++;
         memcpy(sorted, ms, sizeof(double) * (size_t)n);
         qsort(sorted, (size_t)n, sizeof(double), cmp_double);

@@ -72,6 +72,13 @@ typedef struct kern_time_opts {
     double target_spread;    /* stop when (p90-p10)/median < this (default 0.05) */
     double abandon_ms;       /* stop early once the median exceeds this; 0 = never */
     bool flush_cache;        /* rotate inputs / touch a buffer > LLC between runs */
+    int batch;               /* launches per timed sample, back to back between
+                              * one pair of events (<= 1: one); the sample is
+                              * their mean, so launch overhead and timer
+                              * granularity do not decide for microsecond
+                              * kernels. The flush and the in-out restore come
+                              * before the batch: only its first launch starts
+                              * cold. */
 } kern_time_opts;
 
 typedef struct kern_timing {

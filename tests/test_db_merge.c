@@ -194,6 +194,26 @@ Test(db_merge, sessions_keep_uid_and_gain_origin)
 
 /* ---- export / import ----------------------------------------------------- */
 
+typedef struct first_winner {
+    int n;
+    int64_t dev[2], ker[2], m[2];
+    char key[2][64], shape[2][64];
+} first_winner;
+
+static int first_winner_cb(void *ctx, const db_winner_row *w)
+{
+    first_winner *f = ctx;
+    if (f->n >= 2)
+        return 1;
+    f->dev[f->n] = w->device_id;
+    f->ker[f->n] = w->kernel_id;
+    f->m[f->n] = w->m;
+    snprintf(f->key[f->n], sizeof f->key[0], "%s", w->config_key);
+    snprintf(f->shape[f->n], sizeof f->shape[0], "%s", w->shape_key);
+    f->n++;
+    return 0;
+}
+
 static void populate(const char *p, uint64_t seed)
 {
     mt_rng rng;
@@ -235,6 +255,18 @@ static void populate(const char *p, uint64_t seed)
                  MT_OK, "%s", e.msg);
     cr_assert_eq(db_miss_record(db, &d2, "moe_gemm", SHAPE_A, 3, &e), MT_OK);
     cr_assert_eq(db_code_put(db, "gfx90a", "k", "\x7f" "ELF", 4, &e), MT_OK);
+    /* Decisions with and without an interval travel too. */
+    first_winner fw = {0};
+    cr_assert_eq(db_winners_each(db, NULL, first_winner_cb, &fw, &e), MT_OK, "%s", e.msg);
+    cr_assert_gt(fw.n, 1);
+    db_confirm c = {.decision = DB_DECIDED_CONFIRMED, .challenger_key = fw.key[0],
+                    .ratio = 1.0 / 3.0, .ratio_lo = 0.3, .ratio_hi = 0.37, .confidence = 0.95,
+                    .rounds = 10};
+    cr_assert_eq(db_winner_decide(db, fw.dev[0], fw.ker[0], fw.shape[0], fw.m[0], fw.key[0], &c,
+                                  &e), MT_OK, "%s", e.msg);
+    db_confirm best = {.decision = DB_DECIDED_DEFAULT_BEST};
+    cr_assert_eq(db_winner_decide(db, fw.dev[1], fw.ker[1], fw.shape[1], fw.m[1], fw.key[1],
+                                  &best, &e), MT_OK, "%s", e.msg);
     db_close(db);
 }
 
@@ -347,6 +379,160 @@ Test(db_export, bad_import_files_change_nothing)
                         "newer", "99");
     expect_import_fails("{\"devices\":[]}", MT_E_FORMAT, "not a moetune database export", "format");
     free(t);
+}
+
+/* ---- merge of winners with decisions --------------------------------------- */
+
+typedef struct dec_row {
+    char key[64], challenger[64];
+    db_decision decision;
+    double ratio, lo, hi, confidence;
+    int rounds;
+    bool merged;
+} dec_row;
+
+static int dec_cb(void *ctx, const db_winner_row *w)
+{
+    dec_row *d = ctx;
+    snprintf(d->key, sizeof d->key, "%s", w->config_key);
+    snprintf(d->challenger, sizeof d->challenger, "%s",
+             w->confirm.challenger_key ? w->confirm.challenger_key : "");
+    d->decision = w->confirm.decision;
+    d->ratio = w->confirm.ratio;
+    d->lo = w->confirm.ratio_lo;
+    d->hi = w->confirm.ratio_hi;
+    d->confidence = w->confirm.confidence;
+    d->rounds = w->confirm.rounds;
+    d->merged = w->origin != NULL;
+    return 0;
+}
+
+static dec_row read_dec(const char *p)
+{
+    dec_row d = {0};
+    db_t *db = open_ok(p, DB_OPEN_READONLY);
+    mt_err e = MT_ERR_INIT;
+    cr_assert_eq(db_winners_each(db, NULL, dec_cb, &d, &e), MT_OK, "%s", e.msg);
+    db_close(db);
+    return d;
+}
+
+/* One key, configs DEF (default) and X: trials with the given medians, and
+ * the winner decided as given (NULL: a plain recompute, decision median). */
+static void decided_db(const char *p, double def_ms, double x_ms, const char *winner,
+                       const db_confirm *c)
+{
+    db_t *db = open_ok(p, DB_OPEN_DEFAULT);
+    db_device d = dev_mi210();
+    int64_t dv = device_id(db, &d), k = kernel_id(db, "moe_gemm", 1, HASH_A);
+    db_trial t = ok_trial(dv, k, SHAPE_A, 16, "DEF", "{}", def_ms);
+    insert_ok(db, &t);
+    t = ok_trial(dv, k, SHAPE_A, 16, "X", "{}", x_ms);
+    insert_ok(db, &t);
+    mt_err e = MT_ERR_INIT;
+    if (c)
+        cr_assert_eq(db_winner_decide(db, dv, k, SHAPE_A, 16, winner, c, &e), MT_OK, "%s", e.msg);
+    else
+        cr_assert_eq(db_winners_recompute(db, 0, 0, NULL, 0, NULL, &e), MT_OK, "%s", e.msg);
+    db_close(db);
+}
+
+static void merge_into(const char *dst, const char *src)
+{
+    db_t *db = open_ok(dst, DB_OPEN_DEFAULT);
+    mt_err e = MT_ERR_INIT;
+    cr_assert_eq(db_merge(db, src, NULL, &e), MT_OK, "%s", e.msg);
+    db_close(db);
+}
+
+static const db_confirm kept_x = {.decision = DB_DECIDED_DEFAULT_KEPT, .challenger_key = "X",
+                                  .ratio = 1.02, .ratio_lo = 0.96, .ratio_hi = 1.08,
+                                  .confidence = 0.95, .rounds = 10};
+static const db_confirm confirmed_x = {.decision = DB_DECIDED_CONFIRMED, .challenger_key = "X",
+                                       .ratio = 0.8, .ratio_lo = 0.75, .ratio_hi = 0.85,
+                                       .confidence = 0.95, .rounds = 12};
+
+/* A confirmed challenger beats a kept default (its guaranteed ratio to the
+ * default is below 1), in either merge direction, and its interval comes
+ * along; a decided winner beats an undecided faster one; a plain recompute
+ * after the merge changes nothing. */
+Test(db_merge, decisions_merge_by_guaranteed_ratio_and_keep_their_interval)
+{
+    decided_db(pa, 1.0, 0.9, "DEF", &kept_x);     /* a: X rejected as noise */
+    decided_db(pb, 1.0, 0.95, "X", &confirmed_x); /* b: X confirmed faster */
+    merge_into(pa, pb);
+    dec_row d = read_dec(pa);
+    cr_expect_str_eq(d.key, "X");
+    cr_expect_eq(d.decision, DB_DECIDED_CONFIRMED);
+    cr_expect_str_eq(d.challenger, "X");
+    cr_expect(d.ratio == 0.8 && d.lo == 0.75 && d.hi == 0.85 && d.confidence == 0.95,
+              "interval %g [%g, %g] at %g", d.ratio, d.lo, d.hi, d.confidence);
+    cr_expect_eq(d.rounds, 12);
+    cr_expect(d.merged);
+
+    /* The other direction keeps b's confirmed winner. */
+    merge_into(pb, pa);
+    d = read_dec(pb);
+    cr_expect_str_eq(d.key, "X");
+    cr_expect_eq(d.decision, DB_DECIDED_CONFIRMED);
+    cr_expect_eq(d.rounds, 12);
+
+    /* An undecided, faster-looking winner does not replace a decision. */
+    decided_db(pc, 1.0, 0.5, NULL, NULL);
+    cr_expect_eq(read_dec(pc).decision, DB_DECIDED_MEDIAN);
+    cr_expect_str_eq(read_dec(pc).key, "X");
+    char pd[160];
+    snprintf(pd, sizeof pd, "%s/d.db", dir);
+    decided_db(pd, 1.0, 1.2, "DEF", &kept_x);
+    merge_into(pd, pc);
+    d = read_dec(pd);
+    cr_expect_str_eq(d.key, "DEF", "an unconfirmed 0.5 ms median replaced a kept default");
+    cr_expect_eq(d.decision, DB_DECIDED_DEFAULT_KEPT);
+    cr_expect_str_eq(d.challenger, "X");
+    cr_expect(d.hi == 1.08);
+    /* ... but a decided one replaces an undecided one. */
+    merge_into(pc, pd);
+    d = read_dec(pc);
+    cr_expect_str_eq(d.key, "DEF");
+    cr_expect_eq(d.decision, DB_DECIDED_DEFAULT_KEPT);
+    cr_expect_eq(d.rounds, 10);
+
+    /* The merged trials (X at 0.5 ms is the lowest median now) do not
+     * overturn the decision through a recompute. */
+    db_t *db = open_ok(pd, DB_OPEN_DEFAULT);
+    mt_err e = MT_ERR_INIT;
+    int64_t changed = -1;
+    cr_assert_eq(db_winners_recompute(db, 0, 0, NULL, 0, &changed, &e), MT_OK, "%s", e.msg);
+    db_close(db);
+    cr_expect_eq(changed, 0);
+    cr_expect_str_eq(read_dec(pd).key, "DEF");
+}
+
+/* Format 1 exports carry no decision: they import as median. */
+Test(db_export, format_1_winners_import_as_median)
+{
+    char jp[160];
+    snprintf(jp, sizeof jp, "%s/v1.json", dir);
+    const char *json =
+        "{\"format\":\"moetune-db\",\"format_version\":1,\"schema_version\":3,\n"
+        "\"devices\":[{\"arch\":\"gfx90a\",\"backend\":\"hip\",\"compute_units\":104,"
+        "\"driver_version\":\"\",\"fingerprint\":\"fp1\",\"name\":\"MI210\","
+        "\"runtime_version\":\"6.0\"}],\n"
+        "\"kernels\":[{\"family\":\"moe_gemm\",\"source_hash\":\"" HASH_A "\",\"version\":1}],\n"
+        "\"winners\":[{\"config\":\"{}\",\"config_key\":\"X\",\"device\":\"fp1\","
+        "\"family\":\"moe_gemm\",\"m\":16,\"origin\":null,\"runner_ups\":\"[]\","
+        "\"shape\":\"" SHAPE_A "\",\"source_hash\":\"" HASH_A "\",\"time_ms\":0.5,"
+        "\"updated_ms\":1,\"verified_ms\":null,\"verified_time_ms\":null,\"version\":1}]}\n";
+    write_bytes(jp, json, strlen(json));
+    db_t *db = open_ok(pa, DB_OPEN_DEFAULT);
+    mt_err e = MT_ERR_INIT;
+    cr_assert_eq(db_import(db, jp, NULL, &e), MT_OK, "%s", e.msg);
+    db_close(db);
+    dec_row d = read_dec(pa);
+    cr_expect_str_eq(d.key, "X");
+    cr_expect_eq(d.decision, DB_DECIDED_MEDIAN);
+    cr_expect_eq(d.rounds, 0);
+    cr_expect(isnan(d.hi));
 }
 
 /* ---- gc ------------------------------------------------------------------ */

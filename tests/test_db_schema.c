@@ -1,5 +1,5 @@
-/* test_db_schema.c: schema creation, migration from the committed version-1
- * and version-2 fixtures, and refusal of bad files (not a database, truncated, newer
+/* test_db_schema.c: schema creation, migration from the committed version-1,
+ * version-2 and version-3 fixtures, and refusal of bad files (not a database, truncated, newer
  * schema, someone else's SQLite file) without changing a byte. */
 #include "test_db_util.h"
 
@@ -83,7 +83,7 @@ Test(db_schema, migrates_the_v1_fixture)
 
     db_t *db = open_ok(path, DB_OPEN_DEFAULT);
     db_close(db);
-    cr_assert_eq(sql_int(path, "PRAGMA user_version"), 3, "1 -> 2 -> 3");
+    cr_assert_eq(sql_int(path, "PRAGMA user_version"), 4, "1 -> 2 -> 3 -> 4");
     cr_expect_eq(sql_int(path, "SELECT count(*) FROM meta WHERE key='migrated_1_to_2_ms'"), 1);
     cr_expect_eq(sql_int(path, "SELECT count(*) FROM meta WHERE key='migrated_2_to_3_ms'"), 1);
     cr_expect_eq(sql_int(path, "SELECT count(*) FROM trials"), sql_int(ref, "SELECT count(*) FROM trials"));
@@ -179,8 +179,8 @@ Test(db_schema, migrates_the_v2_fixture)
 
     db_t *db = open_ok(path, DB_OPEN_DEFAULT);
     db_close(db);
-    cr_assert_eq(sql_int(path, "PRAGMA user_version"), 3);
-    cr_expect_eq(sql_int(path, "SELECT CAST(value AS INTEGER) FROM meta WHERE key='schema_version'"), 3);
+    cr_assert_eq(sql_int(path, "PRAGMA user_version"), 4);
+    cr_expect_eq(sql_int(path, "SELECT CAST(value AS INTEGER) FROM meta WHERE key='schema_version'"), 4);
     cr_expect_eq(sql_int(path, "SELECT count(*) FROM meta WHERE key='migrated_2_to_3_ms'"), 1);
     cr_expect_eq(sql_int(path, "SELECT count(*) FROM trials"), n);
     cr_expect_eq(same_trials(ref), n, "a column other than status/error changed");
@@ -225,6 +225,97 @@ Test(db_schema, migrates_the_v2_fixture)
     sqlite3_close(s);
 }
 
+typedef struct v3_winners {
+    int n, decided;
+    char keys[4][64];
+} v3_winners;
+
+static int v3_winner_cb(void *arg, const db_winner_row *w)
+{
+    v3_winners *c = arg;
+    if (c->n < 4)
+        snprintf(c->keys[c->n], sizeof c->keys[0], "%s", w->config_key);
+    c->n++;
+    if (w->confirm.decision != DB_DECIDED_MEDIAN || w->confirm.rounds != 0 ||
+        w->confirm.challenger_key || !isnan(w->confirm.ratio_hi))
+        c->decided++;
+    return 0;
+}
+
+/* 3 -> 4: winners gain their decision, and every old winner is "median"
+ * (never confirmed); nothing else changes; a decision is then stored and
+ * survives a plain recompute. */
+Test(db_schema, migrates_the_v3_fixture)
+{
+    char ref[160];
+    snprintf(ref, sizeof ref, "%s/ref.db", dir);
+    load_sql(DB_V3_FIXTURE, path);
+    load_sql(DB_V3_FIXTURE, ref);
+    cr_assert_eq(sql_int(path, "PRAGMA user_version"), 3);
+    const long long nw = sql_int(ref, "SELECT count(*) FROM winners");
+    cr_assert_eq(nw, 2);
+
+    db_t *db = open_ok(path, DB_OPEN_DEFAULT);
+    db_close(db);
+    cr_assert_eq(sql_int(path, "PRAGMA user_version"), 4);
+    cr_expect_eq(sql_int(path, "SELECT CAST(value AS INTEGER) FROM meta WHERE key='schema_version'"), 4);
+    cr_expect_eq(sql_int(path, "SELECT count(*) FROM meta WHERE key='migrated_3_to_4_ms'"), 1);
+    cr_expect_eq(same_trials(ref), sql_int(ref, "SELECT count(*) FROM trials"));
+    cr_expect_eq(sql_int(path, "SELECT count(*) FROM winners w JOIN trials t ON t.id = w.trial_id "
+                               "AND t.config_key = w.config_key AND t.time_median_ms = w.time_ms"),
+                 nw, "winners lost their trial or time");
+    cr_expect_eq(sql_int(path, "SELECT count(*) FROM winners WHERE decision = 0 AND challenger "
+                               "IS NULL AND ratio IS NULL AND ratio_lo IS NULL AND ratio_hi IS "
+                               "NULL AND confidence IS NULL AND rounds IS NULL"), nw);
+
+    db = open_ok(path, DB_OPEN_DEFAULT);
+    v3_winners c = {0};
+    mt_err e = MT_ERR_INIT;
+    cr_assert_eq(db_winners_each(db, NULL, v3_winner_cb, &c, &e), MT_OK, "%s", e.msg);
+    cr_expect_eq(c.n, 2);
+    cr_expect_eq(c.decided, 0, "an upgraded winner claims a decision");
+    cr_expect_str_eq(c.keys[0], "ROWS=16");
+
+    /* The fixture's M=1 winner ROWS=16 was a lucky median: record that the
+     * default (ROWS=1) won its confirmation; recompute must not undo it. */
+    db_confirm kept = {.decision = DB_DECIDED_DEFAULT_KEPT, .challenger_key = "ROWS=16",
+                       .ratio = 1.01, .ratio_lo = 0.97, .ratio_hi = 1.05, .confidence = 0.95,
+                       .rounds = 10};
+    cr_assert_eq(db_winner_decide(db, 1, 1, "N=256", 1, "ROWS=1", &kept, &e), MT_OK, "%s", e.msg);
+    cr_assert_eq(db_winners_recompute(db, 0, 0, NULL, 0, NULL, &e), MT_OK, "%s", e.msg);
+    db_close(db);
+    cr_expect_eq(sql_int(path, "SELECT count(*) FROM winners WHERE m = 1 AND config_key = "
+                               "'ROWS=1' AND decision = 2 AND challenger = 'ROWS=16' AND "
+                               "rounds = 10 AND ratio_hi = 1.05"), 1);
+    sqlite3 *s;
+    cr_assert_eq(sqlite3_open(path, &s), SQLITE_OK);
+    cr_expect_neq(sqlite3_exec(s, "UPDATE winners SET decision = 4", NULL, NULL, NULL), SQLITE_OK,
+                  "decision 4 passed the CHECK");
+    sqlite3_close(s);
+}
+
+Test(db_schema, readonly_open_of_v3_upgrades_a_memory_copy_only)
+{
+    load_sql(DB_V3_FIXTURE, path);
+    size_t n0, n1;
+    char *before = slurp(path, &n0);
+    db_t *db = open_ok(path, DB_OPEN_READONLY);
+    db_stats st;
+    mt_err e = MT_ERR_INIT;
+    cr_assert_eq(db_stats_get(db, &st, &e), MT_OK, "%s", e.msg);
+    cr_expect_eq(st.schema_version, 4);
+    cr_expect_eq(st.winners, 2);
+    v3_winners c = {0};
+    cr_assert_eq(db_winners_each(db, NULL, v3_winner_cb, &c, &e), MT_OK, "%s", e.msg);
+    cr_expect_eq(c.n, 2);
+    db_close(db);
+    char *after = slurp(path, &n1);
+    cr_assert(n0 == n1 && !memcmp(before, after, n0), "read-only open changed the file");
+    cr_expect_eq(sql_int(path, "PRAGMA user_version"), 3);
+    free(before);
+    free(after);
+}
+
 Test(db_schema, readonly_open_of_v2_upgrades_a_memory_copy_only)
 {
     load_sql(DB_V2_FIXTURE, path);
@@ -234,7 +325,7 @@ Test(db_schema, readonly_open_of_v2_upgrades_a_memory_copy_only)
     db_stats st;
     mt_err e = MT_ERR_INIT;
     cr_assert_eq(db_stats_get(db, &st, &e), MT_OK, "%s", e.msg);
-    cr_expect_eq(st.schema_version, 3);
+    cr_expect_eq(st.schema_version, 4);
     cr_expect_eq(st.trials_by_status[DB_TRIAL_COMPILED], 3);
     cr_expect_eq(st.trials_by_status[DB_TRIAL_SKIPPED], 1);
     db_close(db);
@@ -254,7 +345,7 @@ Test(db_schema, readonly_open_of_v1_upgrades_a_memory_copy_only)
     db_stats st;
     mt_err e = MT_ERR_INIT;
     cr_assert_eq(db_stats_get(db, &st, &e), MT_OK, "%s", e.msg);
-    cr_expect_eq(st.schema_version, 3);
+    cr_expect_eq(st.schema_version, 4);
     cr_expect_eq(st.trials, 8);
     db_device d = dev_mi210();
     int64_t id;

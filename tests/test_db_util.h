@@ -25,6 +25,7 @@
 #endif
 #define DB_V1_FIXTURE MOETUNE_SOURCE_DIR "/tests/fixtures/db_v1.sql"
 #define DB_V2_FIXTURE MOETUNE_SOURCE_DIR "/tests/fixtures/db_v2.sql"
+#define DB_V3_FIXTURE MOETUNE_SOURCE_DIR "/tests/fixtures/db_v3.sql"
 
 #define SHAPE_A "H=256,I=128,E=16,topk=4,a=bf16"
 #define HASH_A "5f1c0b6e9d2a4e7f8a3b1c2d4e5f60718293a4b5c6d7e8f9012345678abcdef0"
@@ -162,7 +163,8 @@ static inline void insert_ok(db_t *db, const db_trial *t)
 static inline void set_winner(db_t *db, int64_t dev, int64_t ker, const char *shape, int64_t m,
                               const char *key, const char *json, double t)
 {
-    db_winner w = {dev, ker, shape, m, key, json, t, NULL};
+    db_winner w = {.device_id = dev, .kernel_id = ker, .shape_key = shape, .m = m,
+                   .config_key = key, .config_json = json, .time_ms = t};
     mt_err e = MT_ERR_INIT;
     cr_assert_eq(db_winner_set(db, &w, &e), MT_OK, "%s", e.msg);
 }

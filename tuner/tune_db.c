@@ -77,6 +77,9 @@ static int winners_cb(void *arg, const db_winner_row *row)
     w->time_ms = row->time_ms;
     snprintf(w->config_key, sizeof w->config_key, "%s", row->config_key);
     runner_ups(row->runner_ups_json, w);
+    w->decision = row->confirm.decision;
+    snprintf(w->challenger, sizeof w->challenger, "%s",
+             row->confirm.challenger_key ? row->confirm.challenger_key : "");
     return 0;
 }
 

@@ -31,6 +31,8 @@ typedef struct tune_winner {
     char config_key[256];
     int n_runner_ups;
     char runner_ups[TUNE_RUNNER_UPS][256];
+    db_decision decision;
+    char challenger[256];      /* "" when none */
 } tune_winner;
 
 /* Winners of (key) at m (m <= 0: every M), up to cap; returns the count

@@ -83,6 +83,26 @@ mt_status tune_worker_measure(tune_worker *w, const kern_config *cfg, const void
                               double timeout_s, volatile sig_atomic_t *stop,
                               tune_measure *out, mt_err *err);
 
+/* Paired timing of two compiled configs a and b on the prepared problem:
+ * `rounds` rounds (at most TUNE_CONFIRM_MAX_ROUNDS), each timing both back
+ * to back with kern_problem_time(topts), a first in even rounds and b first
+ * in odd ones (ABBA...), so drift hits both alike. Both are loaded once. */
+typedef struct tune_paired {
+    mt_status status;   /* MT_OK, or the failure of the step that failed */
+    char step[16];      /* "load", "time" */
+    int rounds;         /* rounds completed */
+    double a_ms[TUNE_CONFIRM_MAX_ROUNDS], b_ms[TUNE_CONFIRM_MAX_ROUNDS]; /* medians */
+    int reps;           /* timed runs per config and round (of the last round) */
+    char msg[1024];
+} tune_paired;
+
+/* Returns like tune_worker_measure; timeout_s bounds the whole exchange. */
+mt_status tune_worker_paired(tune_worker *w, const kern_config *cfg_a, const void *code_a,
+                             size_t len_a, const kern_config *cfg_b, const void *code_b,
+                             size_t len_b, int rounds, const kern_time_opts *topts,
+                             double timeout_s, volatile sig_atomic_t *stop, tune_paired *out,
+                             mt_err *err);
+
 /* ---- search strategies (tune_search.c) ------------------------------------
  * Holds the valid (sharded) space of one (job, M), the configs already
  * known (in the database or proposed) and the results so far; proposes the

@@ -45,8 +45,9 @@ void tune_report_print(const tune_report *r, FILE *out)
             print_compile_only(j, out);
             continue;
         }
-        fprintf(out, "  %6s  %-32s %10s %9s %8s %8s %5s %6s %6s %6s\n", "M", "best config",
-                "time ms", "GFLOP/s", "GB/s", "vs dflt", "det", "new", "failed", "known");
+        fprintf(out, "  %6s  %-32s %10s %9s %8s %8s %-12s %5s %6s %6s %6s\n", "M",
+                "best config", "time ms", "GFLOP/s", "GB/s", "vs dflt", "decided", "det", "new",
+                "failed", "known");
         for (int i = 0; i < j->n_m; i++) {
             const tune_m_report *m = &j->m[i];
             char speed[16] = "-";
@@ -54,13 +55,14 @@ void tune_report_print(const tune_report *r, FILE *out)
                 snprintf(speed, sizeof speed, "%.2fx", m->default_ms / m->best_ms);
             const char *det = m->deterministic < 0 ? "-" : m->deterministic ? "yes" : "NO";
             if (m->has_winner)
-                fprintf(out, "  %6lld  %-32s %10.4g %9.3g %8.3g %8s %5s %6d %6d %6d\n",
+                fprintf(out, "  %6lld  %-32s %10.4g %9.3g %8.3g %8s %-12s %5s %6d %6d %6d\n",
                         (long long)m->m, m->best_key, m->best_ms, m->gflops, m->gbps, speed,
-                        det, m->measured, failed_count(m), m->resumed);
+                        db_decision_str(m->decision), det, m->measured, failed_count(m),
+                        m->resumed);
             else
-                fprintf(out, "  %6lld  %-32s %10s %9s %8s %8s %5s %6d %6d %6d\n",
-                        (long long)m->m, "(no winner)", "-", "-", "-", "-", det, m->measured,
-                        failed_count(m), m->resumed);
+                fprintf(out, "  %6lld  %-32s %10s %9s %8s %8s %-12s %5s %6d %6d %6d\n",
+                        (long long)m->m, "(no winner)", "-", "-", "-", "-", "-", det,
+                        m->measured, failed_count(m), m->resumed);
         }
     }
     if (r->compile_only) {
@@ -69,6 +71,9 @@ void tune_report_print(const tune_report *r, FILE *out)
         return;
     }
     fprintf(out, "\ncolumns: time = median of the winner; vs dflt = default config's median "
-                 "over the winner's; det = winner re-run bit-identical; new = trials "
+                 "over the winner's; decided = confirmed (faster than the default with "
+                 "confidence), default_kept (the search's best rejected as noise), "
+                 "default_best, or median (not confirmed); det = winner re-run "
+                 "bit-identical; new = trials "
                  "measured now; known = already in the database (not re-measured)\n");
 }

@@ -487,6 +487,181 @@ static void check_determinism(run_ctx *r, const char *key, int *det)
     dev_code_free(code);
 }
 
+/* ---- deciding the winner ---------------------------------------------------- */
+
+/* A sample of at least this long (a batch of launches) keeps launch
+ * overhead and timer granularity from deciding a paired round; a round
+ * times each config for at least TUNE_ROUND_MIN_MS of samples. */
+#define TUNE_SAMPLE_MIN_MS 0.1
+#define TUNE_ROUND_MIN_MS 2.0
+
+static double median_of(const double *v, int n)
+{
+    double s[TUNE_CONFIRM_MAX_ROUNDS];
+    memcpy(s, v, sizeof(double) * (size_t)n);
+    for (int i = 1; i < n; i++) /* insertion sort: n is small */
+        for (int j = i; j > 0 && s[j - 1] > s[j]; j--) {
+            double t = s[j];
+            s[j] = s[j - 1];
+            s[j - 1] = t;
+        }
+    return n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
+}
+
+/* The timing of one config in a paired round: a fixed number of samples
+ * (the same work for both configs in every round), each a batch of
+ * launches lasting at least TUNE_SAMPLE_MIN_MS. */
+static kern_time_opts paired_opts(const run_ctx *r, double fast_ms)
+{
+    kern_time_opts t = r->o->timing;
+    t.abandon_ms = 0;
+    t.target_spread = 0;
+    if (t.warmup < 1)
+        t.warmup = 1;
+    int batch = fast_ms > 0 ? (int)ceil(TUNE_SAMPLE_MIN_MS / fast_ms) : 1;
+    t.batch = batch < 1 ? 1 : batch > 256 ? 256 : batch;
+    int lo = t.min_reps > 3 ? t.min_reps : 3;
+    int hi = t.max_reps > lo ? t.max_reps : lo;
+    double sample_ms = fast_ms > 0 ? fast_ms * t.batch : TUNE_SAMPLE_MIN_MS;
+    int reps = (int)ceil(TUNE_ROUND_MIN_MS / sample_ms);
+    reps = reps < lo ? lo : reps > hi ? hi : reps;
+    t.min_reps = t.max_reps = reps;
+    return t;
+}
+
+/* Paired rounds of the challenger (a) against the default (b); fills *iv
+ * and the two configs' median round times. A failure of the timing (the
+ * challenger crashed, hung or failed) is returned in *why with MT_OK;
+ * only an interruption or a dead spawner is an error. */
+static mt_status confirm(run_ctx *r, const char *cand_key, const char *dflt_key, int rounds,
+                         uint64_t seed, tune_interval *iv, double *cand_ms, double *dflt_ms,
+                         char *why, size_t why_cap, mt_err *err)
+{
+    why[0] = 0;
+    kern_config ca, cb;
+    dev_code *code_a = NULL, *code_b = NULL;
+    mt_err e = MT_ERR_INIT;
+    if (kern_config_parse(r->im, cand_key, &ca, &e) != MT_OK ||
+        kern_config_parse(r->im, dflt_key, &cb, &e) != MT_OK ||
+        kern_compile(r->dev, r->job->fam, r->im, &r->job->shape, &ca, &code_a, &e) != MT_OK ||
+        kern_compile(r->dev, r->job->fam, r->im, &r->job->shape, &cb, &code_b, &e) != MT_OK) {
+        snprintf(why, why_cap, "%.400s", e.msg);
+        dev_code_free(code_a);
+        dev_code_free(code_b);
+        return MT_OK;
+    }
+    mt_status st = ensure_worker(r, err);
+    tune_paired *pr = st == MT_OK ? calloc(1, sizeof *pr) : NULL;
+    if (st == MT_OK && !pr)
+        st = mt_fail(err, MT_E_NOMEM, "paired timing");
+    if (st == MT_OK) {
+        size_t la = 0, lb = 0;
+        const void *ba = dev_code_get_bytes(code_a, &la);
+        const void *bb = dev_code_get_bytes(code_b, &lb);
+        kern_time_opts t = paired_opts(r, fmin(r->best_ms, r->default_ms));
+        mt_status ws = tune_worker_paired(r->worker, &ca, ba, la, &cb, bb, lb, rounds, &t,
+                                          r->timeout_s * (2 + rounds), r->o->stop, pr, &e);
+        if (ws == MT_E_INTERRUPTED) {
+            worker_dead(r, false);
+            st = mt_fail(err, ws, "interrupted while confirming %s", cand_key);
+        } else if (ws != MT_OK) {
+            worker_dead(r, true);
+            snprintf(why, why_cap, "%.400s", e.msg);
+        } else if (pr->status != MT_OK) {
+            snprintf(why, why_cap, "%s: %.400s", pr->step, pr->msg);
+        } else {
+            *cand_ms = median_of(pr->a_ms, pr->rounds);
+            *dflt_ms = median_of(pr->b_ms, pr->rounds);
+            if (tune_ratio_interval(pr->a_ms, pr->b_ms, pr->rounds, iv->level, seed, iv, &e) !=
+                MT_OK)
+                snprintf(why, why_cap, "%.400s", e.msg);
+        }
+    }
+    free(pr);
+    dev_code_free(code_a);
+    dev_code_free(code_b);
+    return st;
+}
+
+/* Decides the winner of this M (see "How winners are decided" in
+ * docs/TUNING.md) and records it with its decision. */
+static mt_status decide(run_ctx *r, const tune_db_key *dk, uint64_t seed, mt_err *err)
+{
+    tune_m_report *mr = r->mr;
+    mr->ratio = mr->ratio_lo = mr->ratio_hi = NAN;
+    mt_status st = db_winners_recompute(r->db, r->device_id, r->kernel_id, r->shape_key, r->m,
+                                        NULL, err);
+    if (st != MT_OK || !r->best_key[0])
+        return st; /* no ok trial: no winner */
+    const char *best = r->best_key, *dflt = mr->default_key;
+    int rounds = r->o->confirm_rounds == 0 ? 10 : r->o->confirm_rounds;
+    if (rounds > TUNE_CONFIRM_MAX_ROUNDS)
+        rounds = TUNE_CONFIRM_MAX_ROUNDS;
+    db_confirm c = {.decision = DB_DECIDED_MEDIAN};
+    if (rounds < 2 || !(r->default_ms > 0)) {
+        /* No confirmation asked for, or no ok default to confirm against. */
+    } else if (!strcmp(best, dflt)) {
+        c.decision = DB_DECIDED_DEFAULT_BEST;
+    } else {
+        tune_winner w;
+        int nw = tune_db_winners(r->db, dk, r->m, &w, 1, err);
+        if (nw < 0)
+            return err ? err->status : MT_E_DB;
+        if (r->new_ok == 0 && nw == 1 && !strcmp(w.challenger, best) &&
+            (w.decision == DB_DECIDED_CONFIRMED || w.decision == DB_DECIDED_DEFAULT_KEPT)) {
+            /* Nothing new since this very decision was made: keep it. */
+            mr->decision = w.decision;
+            snprintf(mr->challenger_key, sizeof mr->challenger_key, "%s", best);
+            mr->challenger_ms = r->best_ms;
+            tune_progress_note(&r->prog, "tune: M=%lld: nothing new measured: the decision "
+                               "on %s against the default stands (%s)", (long long)r->m, best,
+                               db_decision_str(w.decision));
+            return MT_OK;
+        }
+        tune_progress_phase(&r->prog, "confirming");
+        tune_interval iv = {.level = r->o->confidence > 0 && r->o->confidence < 1
+                                         ? r->o->confidence
+                                         : 0.95};
+        double cand_ms = NAN, dflt_ms = NAN;
+        char why[512];
+        st = confirm(r, best, dflt, rounds, seed, &iv, &cand_ms, &dflt_ms, why, sizeof why, err);
+        if (st != MT_OK)
+            return st;
+        snprintf(mr->challenger_key, sizeof mr->challenger_key, "%s", best);
+        mr->challenger_ms = r->best_ms;
+        c.challenger_key = best;
+        if (why[0]) {
+            c.decision = DB_DECIDED_DEFAULT_KEPT;
+            tune_progress_note(&r->prog, "tune: M=%lld: %s not confirmed against the default "
+                               "%s (paired timing failed: %s); the default stays",
+                               (long long)r->m, best, dflt, why);
+        } else {
+            c.ratio = iv.ratio;
+            c.ratio_lo = iv.lo;
+            c.ratio_hi = iv.hi;
+            c.confidence = iv.level;
+            c.rounds = iv.rounds;
+            mr->ratio = iv.ratio;
+            mr->ratio_lo = iv.lo;
+            mr->ratio_hi = iv.hi;
+            mr->rounds = iv.rounds;
+            bool ok = tune_interval_accepts(&iv);
+            c.decision = ok ? DB_DECIDED_CONFIRMED : DB_DECIDED_DEFAULT_KEPT;
+            tune_progress_note(
+                &r->prog,
+                "tune: M=%lld: %s %.4g ms vs the default %s %.4g ms: ratio %.3f, %.0f%% "
+                "interval [%.3f, %.3f] over %d paired rounds: %s",
+                (long long)r->m, best, cand_ms, dflt, dflt_ms, iv.ratio, iv.level * 100, iv.lo,
+                iv.hi, iv.rounds,
+                ok ? "confirmed faster" : "rejected as noise, the default stays");
+        }
+    }
+    mr->decision = c.decision;
+    const char *winner = c.decision == DB_DECIDED_DEFAULT_KEPT ? dflt : best;
+    return db_winner_decide(r->db, r->device_id, r->kernel_id, r->shape_key, r->m, winner, &c,
+                            err);
+}
+
 static mt_status tune_m(run_ctx *r, int mi, mt_err *err)
 {
     const tune_opts *o = r->o;
@@ -576,8 +751,7 @@ static mt_status tune_m(run_ctx *r, int mi, mt_err *err)
         return st;
     }
     if (!r->compile_only) {
-        st = db_winners_recompute(r->db, r->device_id, r->kernel_id, r->shape_key, r->m, NULL,
-                                  err);
+        st = decide(r, &dk, seed, err);
         tune_winner w;
         int nw = st == MT_OK ? tune_db_winners(r->db, &dk, r->m, &w, 1, err) : -1;
         if (nw < 0 && st == MT_OK)

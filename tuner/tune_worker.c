@@ -30,7 +30,7 @@
 
 /* ---- framing --------------------------------------------------------------- */
 
-enum { MSG_HELLO = 1, MSG_PREPARE = 2, MSG_MEASURE = 3, MSG_REPLY = 4 };
+enum { MSG_HELLO = 1, MSG_PREPARE = 2, MSG_MEASURE = 3, MSG_REPLY = 4, MSG_PAIRED = 5 };
 
 typedef struct msg_head {
     uint32_t kind;
@@ -134,6 +134,14 @@ typedef struct measure_msg {
     kern_time_opts topts;
 } measure_msg;
 
+typedef struct paired_msg {
+    kern_config cfg_a, cfg_b;
+    uint64_t len_a, len_b;  /* code bytes follow: a's, then b's */
+    int32_t rounds;
+    uint32_t timeout_ms;
+    kern_time_opts topts;
+} paired_msg;
+
 typedef struct worker_state {
     dev_device *dev;
     kern_problem *prob;  /* at the tuned M: timing, determinism */
@@ -236,6 +244,54 @@ static void worker_measure(worker_state *w, const measure_msg *rq, const void *b
     kern_exec_close(e); /* frees the code too */
 }
 
+static mt_status load_exec(worker_state *w, const kern_config *cfg, const void *bytes,
+                           size_t len, kern_exec **e, mt_err *err)
+{
+    dev_code *code = NULL;
+    mt_status st = dev_code_from_bytes(w->dev, bytes, len, &code, err);
+    if (st == MT_OK)
+        st = kern_exec_open_code(w->dev, kern_problem_family(w->prob),
+                                 kern_problem_shape(w->prob), cfg, code, e, err);
+    return st;
+}
+
+static void worker_paired(worker_state *w, const paired_msg *rq, const void *bytes,
+                          tune_paired *rp)
+{
+    mt_err err = MT_ERR_INIT;
+    memset(rp, 0, sizeof *rp);
+    kern_exec *ea = NULL, *eb = NULL;
+    mt_status st = MT_OK;
+    snprintf(rp->step, sizeof rp->step, "load");
+    if (!w->prob)
+        st = mt_fail(&err, MT_E_INVALID, "paired timing before prepare");
+    if (st == MT_OK)
+        st = load_exec(w, &rq->cfg_a, bytes, (size_t)rq->len_a, &ea, &err);
+    if (st == MT_OK)
+        st = load_exec(w, &rq->cfg_b, (const char *)bytes + rq->len_a, (size_t)rq->len_b, &eb,
+                       &err);
+    dev_set_launch_timeout(w->dev, rq->timeout_ms);
+    int rounds = rq->rounds < TUNE_CONFIRM_MAX_ROUNDS ? rq->rounds : TUNE_CONFIRM_MAX_ROUNDS;
+    snprintf(rp->step, sizeof rp->step, "time");
+    for (int i = 0; i < rounds && st == MT_OK; i++) {
+        for (int k = 0; k < 2 && st == MT_OK; k++) {
+            bool a = (k == 0) == (i % 2 == 0); /* ab, ba, ab, ... */
+            kern_timing t;
+            st = kern_problem_time(w->prob, a ? ea : eb, &rq->topts, &t, &err);
+            if (st == MT_OK) {
+                (a ? rp->a_ms : rp->b_ms)[i] = t.median_ms;
+                rp->reps = t.reps;
+            }
+        }
+        if (st == MT_OK)
+            rp->rounds = i + 1;
+    }
+    rp->status = st;
+    snprintf(rp->msg, sizeof rp->msg, "%.1000s", err.msg);
+    kern_exec_close(ea);
+    kern_exec_close(eb);
+}
+
 static void worker_main(int fd, const char *spec, const char *arch)
 {
     signal(SIGINT, SIG_IGN); /* Ctrl-C is the tuner's to handle */
@@ -273,6 +329,20 @@ static void worker_main(int fd, const char *spec, const char *arch)
             if (!bytes || !rp || !recv_all(fd, &rq, sizeof rq) || !recv_all(fd, bytes, len))
                 break;
             worker_measure(&w, &rq, bytes, len, rp);
+            ok = send_msg(fd, MSG_REPLY, rp, sizeof *rp, NULL, 0);
+            free(bytes);
+            free(rp);
+            if (!ok)
+                break;
+        } else if (h.kind == MSG_PAIRED && h.len >= sizeof(paired_msg)) {
+            paired_msg rq;
+            size_t len = (size_t)h.len - sizeof rq;
+            void *bytes = malloc(len ? len : 1);
+            tune_paired *rp = calloc(1, sizeof *rp);
+            if (!bytes || !rp || !recv_all(fd, &rq, sizeof rq) || !recv_all(fd, bytes, len) ||
+                rq.len_a + rq.len_b != len)
+                break;
+            worker_paired(&w, &rq, bytes, rp);
             ok = send_msg(fd, MSG_REPLY, rp, sizeof *rp, NULL, 0);
             free(bytes);
             free(rp);
@@ -602,6 +672,32 @@ mt_status tune_worker_measure(tune_worker *w, const kern_config *cfg, const void
         kern_time_opts_default(&rq.topts);
     double deadline = timeout_s > 0 ? mt_now_ms() + timeout_s * 1000 : 0;
     if (w->dead || !send_msg(w->fd, MSG_MEASURE, &rq, sizeof rq, code, code_len))
+        return worker_lost(w, MT_E_CRASH, timeout_s, err);
+    return read_reply(w, out, sizeof *out, deadline, stop, timeout_s, err);
+}
+
+mt_status tune_worker_paired(tune_worker *w, const kern_config *cfg_a, const void *code_a,
+                             size_t len_a, const kern_config *cfg_b, const void *code_b,
+                             size_t len_b, int rounds, const kern_time_opts *topts,
+                             double timeout_s, volatile sig_atomic_t *stop, tune_paired *out,
+                             mt_err *err)
+{
+    paired_msg rq;
+    memset(&rq, 0, sizeof rq);
+    rq.cfg_a = *cfg_a;
+    rq.cfg_b = *cfg_b;
+    rq.len_a = len_a;
+    rq.len_b = len_b;
+    rq.rounds = rounds;
+    rq.timeout_ms = timeout_s > 0 ? (uint32_t)(timeout_s * 1000) : 0;
+    if (topts)
+        rq.topts = *topts;
+    else
+        kern_time_opts_default(&rq.topts);
+    double deadline = timeout_s > 0 ? mt_now_ms() + timeout_s * 1000 : 0;
+    msg_head h = {MSG_PAIRED, 0, (uint64_t)(sizeof rq + len_a + len_b)};
+    if (w->dead || !send_all(w->fd, &h, sizeof h) || !send_all(w->fd, &rq, sizeof rq) ||
+        !send_all(w->fd, code_a, len_a) || !send_all(w->fd, code_b, len_b))
         return worker_lost(w, MT_E_CRASH, timeout_s, err);
     return read_reply(w, out, sizeof *out, deadline, stop, timeout_s, err);
 }

@@ -104,6 +104,11 @@ typedef struct tune_opts {
     kern_time_opts timing;   /* the runner's options; abandon_ms is set by
                                 the tuner (2x the best so far) */
     bool transfer;           /* seed each M from winners of neighbouring M */
+    int confirm_rounds;      /* paired rounds confirming a non-default best
+                                against the default (see tune_m); 0: 10,
+                                < 0: no confirmation (the lowest median wins,
+                                recorded as unconfirmed) */
+    double confidence;       /* of the confirmation interval; 0: 0.95 */
     volatile sig_atomic_t *stop; /* set (by a signal handler) to stop; may be NULL */
     FILE *log;               /* progress and log lines; NULL: silent */
     bool tty;                /* log is a terminal: one line rewritten in place */
@@ -132,6 +137,13 @@ typedef struct tune_m_report {
     double default_ms;
     int deterministic;         /* winner re-run bit-identical: 1, differs: 0,
                                   not checked (nothing new measured): -1 */
+    db_decision decision;      /* how the winner was decided */
+    char challenger_key[256];  /* the search's best when it was confirmed or
+                                  rejected; "" otherwise */
+    double challenger_ms;      /* its median in the search */
+    double ratio, ratio_lo, ratio_hi; /* challenger/default and its interval;
+                                  NAN when not confirmed in this run */
+    int rounds;                /* confirmation rounds run now (0: none) */
 } tune_m_report;
 
 typedef struct tune_job_report {
@@ -153,6 +165,36 @@ typedef struct tune_report {
     int n_jobs;
     tune_job_report *jobs;     /* n_jobs entries */
 } tune_report;
+
+/* ---- deciding a winner ------------------------------------------------------
+ * A candidate whose median beat the default's in the search is confirmed
+ * against the default by R paired rounds: each round times both back to
+ * back in the same worker (alternating which goes first), and gives the
+ * ratio candidate/default of the two times. The statistic is the geometric
+ * mean of the ratios (the mean of their logarithms): symmetric in the two
+ * configs, smooth under resampling with few rounds (a median of 10 values
+ * resamples to a handful of distinct values), and every round's time is
+ * itself a median of many runs, so one disturbed launch does not move it.
+ * Its interval is a percentile bootstrap (TUNE_BOOTSTRAP_RESAMPLES
+ * resamples of the rounds, seeded: the same rounds give the same interval).
+ * The candidate wins only when the interval's upper bound is below 1. */
+#define TUNE_BOOTSTRAP_RESAMPLES 4000
+#define TUNE_CONFIRM_MAX_ROUNDS 64
+
+typedef struct tune_interval {
+    double ratio;   /* geometric mean of cand/default over the rounds */
+    double lo, hi;  /* two-sided percentile-bootstrap interval of ratio */
+    double level;   /* its confidence, e.g. 0.95 */
+    int rounds;
+} tune_interval;
+
+/* Interval of the geometric mean of cand_ms[i] / dflt_ms[i] over n paired
+ * rounds (2 <= n <= TUNE_CONFIRM_MAX_ROUNDS, every time finite and > 0) at
+ * confidence level (0 < level < 1), from `seed`. MT_E_INVALID otherwise. */
+mt_status tune_ratio_interval(const double *cand_ms, const double *dflt_ms, int n, double level,
+                              uint64_t seed, tune_interval *out, mt_err *err);
+/* The decision rule: faster with confidence (hi < 1). */
+bool tune_interval_accepts(const tune_interval *iv);
 
 /* Runs the jobs (at most TUNE_MAX_JOBS). *report (out may be NULL) receives
  * a report the caller frees with tune_report_free, filled as far as the run
