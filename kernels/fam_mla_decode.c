@@ -19,7 +19,11 @@
  * query with no visible token outputs zeros.
  *
  * Page table: rows of ceil(C / ps) page ids, C the runtime dim (at least
- * every query's ctx_len); qseq[m] names query m's row. */
+ * every query's ctx_len); qseq[m] names query m's row.
+ *
+ * scale is (D + R)^-0.5 unless the runtime dim sm carries another as float32
+ * bits (a YaRN checkpoint's mscale^2 correction, model/config.h); the
+ * kernels take it as an argument, so it costs no compile. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,7 +34,8 @@
 #include "attn_common.h"
 #include "family.h"
 
-enum { D_H, D_L, D_R, D_D, D_TOPK, D_PS, D_KV, D_SPARSE, D_C, D_COUNT };
+/* C stays last (tests set it by index). */
+enum { D_H, D_L, D_R, D_D, D_TOPK, D_PS, D_KV, D_SPARSE, D_SM, D_C, D_COUNT };
 
 static const kern_dim_desc dims[D_COUNT] = {
     [D_H] = {"H", KERN_DIM_INT, false, 1, 256, "attention heads"},
@@ -41,15 +46,17 @@ static const kern_dim_desc dims[D_COUNT] = {
     [D_PS] = {"ps", KERN_DIM_INT, false, 1, 4096, "tokens per cache page"},
     [D_KV] = {"kv", KERN_DIM_DTYPE, false, 0, 0, "cache element type: bf16 or fp8"},
     [D_SPARSE] = {"sparse", KERN_DIM_INT, false, 0, 1, "1: attend only the selected tokens"},
+    [D_SM] = {"sm", KERN_DIM_INT, true, 0, 0x7F7FFFFF,
+              "softmax scale as float32 bits; 0: (D+R)^-0.5 (YaRN's mscale^2 needs another)"},
     [D_C] = {"C", KERN_DIM_INT, true, 1, 1 << 22, "context length of the last query"},
 };
 
 static const kern_preset presets[] = {
-    {"glm5.2", "H=64,L=512,R=64,D=192,topk=2048,ps=64,kv=bf16,sparse=1,C=4096"},
-    {"tiny", "H=4,L=32,R=16,D=32,topk=16,ps=16,kv=bf16,sparse=1,C=40"},
-    {"glm5.2-dense", "H=64,L=512,R=64,D=192,topk=2048,ps=64,kv=bf16,sparse=0,C=4096"},
-    {"glm5.2-fp8", "H=64,L=512,R=64,D=192,topk=2048,ps=64,kv=fp8,sparse=1,C=4096"},
-    {"tiny-dense", "H=4,L=32,R=16,D=32,topk=16,ps=16,kv=bf16,sparse=0,C=40"},
+    {"glm5.2", "H=64,L=512,R=64,D=192,topk=2048,ps=64,kv=bf16,sparse=1,sm=0,C=4096"},
+    {"tiny", "H=4,L=32,R=16,D=32,topk=16,ps=16,kv=bf16,sparse=1,sm=0,C=40"},
+    {"glm5.2-dense", "H=64,L=512,R=64,D=192,topk=2048,ps=64,kv=bf16,sparse=0,sm=0,C=4096"},
+    {"glm5.2-fp8", "H=64,L=512,R=64,D=192,topk=2048,ps=64,kv=fp8,sparse=1,sm=0,C=4096"},
+    {"tiny-dense", "H=4,L=32,R=16,D=32,topk=16,ps=16,kv=bf16,sparse=0,sm=0,C=40"},
 };
 
 /* ---- problem layout (shared by fill, reference, cost and run) ----------- */
@@ -68,8 +75,17 @@ static float kscale_of(const kern_shape *s)
 {
     return s->v[D_KV] == KERN_DT_FP8E4M3 ? 0.375f : 1.0f;
 }
+/* The scale the kernel multiplies q . k by: the sm dim's float when set
+ * (the runtime passes the model's, e.g. with YaRN's correction), else
+ * (D + R)^-0.5. */
 static float softmax_scale(const kern_shape *s)
 {
+    if (s->v[D_SM]) {
+        uint32_t bits = (uint32_t)s->v[D_SM];
+        float f;
+        memcpy(&f, &bits, sizeof f);
+        return f;
+    }
     return (float)(1.0 / sqrt((double)(s->v[D_D] + s->v[D_R])));
 }
 
@@ -167,7 +183,8 @@ static void reference(const kern_shape *s, int64_t m, void *const *host)
 {
     attn_decode_args a = {
         .m = m, .h = s->v[D_H], .l = s->v[D_L], .r = s->v[D_R],
-        .scale = 1.0 / sqrt((double)(s->v[D_D] + s->v[D_R])),
+        .scale = s->v[D_SM] ? (double)softmax_scale(s)
+                            : 1.0 / sqrt((double)(s->v[D_D] + s->v[D_R])),
         .q = host[B_Q], .pool = host[B_CACHE], .kv = (kern_dtype)s->v[D_KV],
         .kscale = *(const float *)host[B_KSCALE], .ps = s->v[D_PS], .table = host[B_TABLE],
         .max_pages = max_pages(s), .qseq = host[B_QSEQ], .ctx_len = host[B_CTX],
@@ -431,6 +448,8 @@ static const kern_case cases[] = {
     {"H=8,L=64,R=16,D=48,topk=24,ps=16,kv=bf16,sparse=1,C=70", 2},
     {"H=8,L=512,R=64,D=192,topk=32,ps=64,kv=fp8,sparse=1,C=45", 1}, /* glm5.2 widths */
     {"H=8,L=512,R=64,D=192,topk=32,ps=64,kv=bf16,sparse=0,C=21", 2},
+    /* an explicit scale: (32 + 16)^-0.5 times YaRN's mscale^2 at factor 40 */
+    {"H=4,L=32,R=16,D=32,topk=16,ps=16,kv=bf16,sparse=1,sm=1049262777,C=40", 3},
 };
 
 const kern_family fam_mla_decode = {

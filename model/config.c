@@ -113,6 +113,238 @@ void model_config_destroy(model_config *c)
     free(c);
 }
 
+/* ---- RoPE -------------------------------------------------------------------- */
+
+/* A number member `key` of the rope object (its name in messages is
+ * obj.key). Absent or null leaves *out alone and sets *given false. */
+static mt_status rope_num(const ctx *x, const cJSON *obj, const char *obj_name, const char *key,
+                          double *out, bool *given)
+{
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(obj, key);
+    *given = !absent(j);
+    if (!*given)
+        return MT_OK;
+    if (!cJSON_IsNumber(j) || !isfinite(j->valuedouble))
+        return mt_fail(x->err, MT_E_FORMAT, "%s: \"%s.%s\" must be a number", x->label, obj_name,
+                       key);
+    *out = j->valuedouble;
+    return MT_OK;
+}
+
+/* transformers' get_mscale (yarn_get_mscale in DeepSeek-V3). */
+static double yarn_mscale(double scale, double m)
+{
+    return scale <= 1 ? 1.0 : 0.1 * m * log(scale) + 1.0;
+}
+
+static mt_status parse_yarn(const ctx *x, const cJSON *rope, const char *rn, model_config *c)
+{
+    model_rope_yarn *y = &c->yarn;
+    bool given;
+    /* original_max_position_embeddings: transformers 5's standardization
+     * lets a top-level key win, then the rope object's, else
+     * max_position_embeddings. */
+    const cJSON *top = item(x, "original_max_position_embeddings");
+    const cJSON *in = cJSON_GetObjectItemCaseSensitive(rope, "original_max_position_embeddings");
+    const cJSON *o = !absent(top) ? top : in;
+    char oname[64];
+    snprintf(oname, sizeof oname, "%s%s", !absent(top) ? "" : rn, !absent(top) ? "" : ".");
+    y->original_max_position_embeddings = c->max_position_embeddings;
+    if (!absent(o)) {
+        double d = o->valuedouble;
+        if (!cJSON_IsNumber(o) || d != floor(d) || !(d >= 1 && d <= (double)DIM_MAX))
+            return mt_fail(x->err, MT_E_FORMAT, "%s: \"%soriginal_max_position_embeddings\" "
+                           "must be a positive integer", x->label, oname);
+        y->original_max_position_embeddings = (int64_t)d;
+    }
+    /* factor: a required key (transformers' yarn validation); null means
+     * the ratio of the two context lengths. */
+    if (!cJSON_GetObjectItemCaseSensitive(rope, "factor"))
+        return mt_fail(x->err, MT_E_FORMAT, "%s: missing required key \"%s.factor\" (rope type "
+                       "\"yarn\")", x->label, rn);
+    MT_CHECK(rope_num(x, rope, rn, "factor", &y->factor, &given));
+    if (!given)
+        y->factor = (double)c->max_position_embeddings /
+                    (double)y->original_max_position_embeddings;
+    else if (!(y->factor > 0))
+        return mt_fail(x->err, MT_E_FORMAT, "%s: \"%s.factor\" is %g, must be positive", x->label,
+                       rn, y->factor);
+    /* beta_fast / beta_slow: `value or default`, so 0 and null mean the
+     * default too. Negative values would take the log of a negative. */
+    y->beta_fast = 0;
+    y->beta_slow = 0;
+    MT_CHECK(rope_num(x, rope, rn, "beta_fast", &y->beta_fast, &given));
+    if (y->beta_fast < 0)
+        return mt_fail(x->err, MT_E_FORMAT, "%s: \"%s.beta_fast\" is %g, must not be negative",
+                       x->label, rn, y->beta_fast);
+    MT_CHECK(rope_num(x, rope, rn, "beta_slow", &y->beta_slow, &given));
+    if (y->beta_slow < 0)
+        return mt_fail(x->err, MT_E_FORMAT, "%s: \"%s.beta_slow\" is %g, must not be negative",
+                       x->label, rn, y->beta_slow);
+    if (y->beta_fast == 0)
+        y->beta_fast = 32;
+    if (y->beta_slow == 0)
+        y->beta_slow = 1;
+    y->mscale = 0;
+    y->mscale_all_dim = 0;
+    MT_CHECK(rope_num(x, rope, rn, "mscale", &y->mscale, &given));
+    MT_CHECK(rope_num(x, rope, rn, "mscale_all_dim", &y->mscale_all_dim, &given));
+    MT_CHECK(rope_num(x, rope, rn, "attention_factor", &y->attention_factor, &given));
+    if (given && !(y->attention_factor > 0))
+        return mt_fail(x->err, MT_E_FORMAT, "%s: \"%s.attention_factor\" is %g, must be "
+                       "positive", x->label, rn, y->attention_factor);
+    if (!given)
+        y->attention_factor = y->mscale != 0 && y->mscale_all_dim != 0
+                                  ? yarn_mscale(y->factor, y->mscale) /
+                                        yarn_mscale(y->factor, y->mscale_all_dim)
+                                  : yarn_mscale(y->factor, 1.0);
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(rope, "truncate");
+    if (!absent(t) && !cJSON_IsBool(t))
+        return mt_fail(x->err, MT_E_FORMAT, "%s: \"%s.truncate\" must be true or false", x->label,
+                       rn);
+    y->truncate = absent(t) || cJSON_IsTrue(t);
+    /* DeepSeek-V3's attention: scaling *= mscale^2 when mscale_all_dim is
+     * non-zero, with mscale = get_mscale(factor, mscale_all_dim). */
+    double m = y->mscale_all_dim != 0 ? yarn_mscale(y->factor, y->mscale_all_dim) : 1.0;
+    y->softmax_mult = m * m;
+    return MT_OK;
+}
+
+/* transformers 5 writes rope_parameters, 4.x rope_theta + rope_scaling;
+ * transformers 5 reads a non-empty rope_scaling in preference to
+ * rope_parameters (convert_rope_params_to_dict), so this does too. */
+static mt_status parse_rope(const ctx *x, model_config *c)
+{
+    const cJSON *rp = item(x, "rope_parameters"), *rs = item(x, "rope_scaling");
+    if (!absent(rp) && !cJSON_IsObject(rp))
+        return mt_fail(x->err, MT_E_FORMAT, "%s: \"rope_parameters\" must be an object",
+                       x->label);
+    if (!absent(rs) && !cJSON_IsObject(rs))
+        return mt_fail(x->err, MT_E_FORMAT, "%s: \"rope_scaling\" must be an object or null",
+                       x->label);
+    const cJSON *rope = cJSON_IsObject(rs) && rs->child ? rs : cJSON_IsObject(rp) ? rp : NULL;
+    const char *rn = rope == rs ? "rope_scaling" : "rope_parameters";
+    const cJSON *theta = rope ? cJSON_GetObjectItemCaseSensitive(rope, "rope_theta") : NULL;
+    if (absent(theta))
+        theta = item(x, "rope_theta");
+    if (absent(theta))
+        return mt_fail(x->err, MT_E_FORMAT, "%s: missing required key \"%s.rope_theta\" (or "
+                       "\"rope_theta\")", x->label, rope ? rn : "rope_parameters");
+    if (!cJSON_IsNumber(theta) || !(theta->valuedouble > 0) || !isfinite(theta->valuedouble))
+        return mt_fail(x->err, MT_E_FORMAT, "%s: \"rope_theta\" must be a positive number",
+                       x->label);
+    c->rope_theta = theta->valuedouble;
+    snprintf(c->rope_type, sizeof c->rope_type, "default");
+    c->rope_kind = MODEL_ROPE_DEFAULT;
+    if (!rope)
+        return MT_OK;
+
+    const char *tkey = "rope_type";
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(rope, tkey);
+    if (absent(t)) {
+        tkey = "type";
+        t = cJSON_GetObjectItemCaseSensitive(rope, tkey);
+    }
+    if (!absent(t)) {
+        if (!cJSON_IsString(t))
+            return mt_fail(x->err, MT_E_FORMAT, "%s: \"%s.%s\" must be a string", x->label, rn,
+                           tkey);
+        if (!strcmp(t->valuestring, "yarn"))
+            c->rope_kind = MODEL_ROPE_YARN;
+        else if (strcmp(t->valuestring, "default"))
+            return mt_fail(x->err, MT_E_UNSUPPORTED, "%s: \"%s.%s\" is \"%.40s\"; this runtime "
+                           "applies RoPE types \"default\" and \"yarn\" only", x->label, rn, tkey,
+                           t->valuestring);
+        snprintf(c->rope_type, sizeof c->rope_type, "%s", t->valuestring);
+    }
+    /* partial_rotary_factor would shrink the rotated dims below
+     * qk_rope_head_dim: nothing in this family uses it. */
+    double prf = 1;
+    bool given;
+    MT_CHECK(rope_num(x, rope, rn, "partial_rotary_factor", &prf, &given));
+    if (prf != 1)
+        return mt_fail(x->err, MT_E_UNSUPPORTED, "%s: \"%s.partial_rotary_factor\" is %g; this "
+                       "runtime rotates all qk_rope_head_dim dims (1.0)", x->label, rn, prf);
+    return c->rope_kind == MODEL_ROPE_YARN ? parse_yarn(x, rope, rn, c) : MT_OK;
+}
+
+/* transformers' find_correction_dim: the dim whose wavelength fits n
+ * rotations into the original context (2 pi as Python's 2 * math.pi). */
+static double correction_dim(double n, int dim, double base, double orig)
+{
+    return (double)dim * log(orig / (n * 6.283185307179586)) / (2.0 * log(base));
+}
+
+/* The YaRN ramp's ends [lo, hi] in units of frequency index. */
+static void yarn_range(const model_config *c, double *lo, double *hi)
+{
+    const model_rope_yarn *y = &c->yarn;
+    int dim = (int)c->qk_rope_head_dim;
+    double orig = (double)y->original_max_position_embeddings;
+    double l = correction_dim(y->beta_fast, dim, c->rope_theta, orig);
+    double h = correction_dim(y->beta_slow, dim, c->rope_theta, orig);
+    if (y->truncate) {
+        l = floor(l);
+        h = ceil(h);
+    }
+    l = l > 0 ? l : 0;
+    h = h < dim - 1 ? h : dim - 1;
+    if (l == h)
+        h += 0.001; /* as transformers: no division by zero */
+    *lo = l;
+    *hi = h;
+}
+
+/* Inverse frequency i; lo and hi from yarn_range (unused for "default"). */
+static double inv_freq_at(const model_config *c, int i, double lo, double hi)
+{
+    double dim = (double)c->qk_rope_head_dim;
+    if (c->rope_kind != MODEL_ROPE_YARN)
+        return pow(c->rope_theta, -2.0 * i / dim); /* the runtime's expression since v1 */
+    double base_freq = pow(c->rope_theta, 2.0 * i / dim);
+    double extrap = 1.0 / base_freq, interp = 1.0 / (c->yarn.factor * base_freq);
+    double ramp = ((double)i - lo) / (hi - lo);
+    ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+    /* ramp 0: high frequencies, kept as they are; 1: divided by factor */
+    return interp * ramp + extrap * (1.0 - ramp);
+}
+
+void model_config_rope_inv_freq(const model_config *c, double *inv_freq)
+{
+    double lo = 0, hi = 1;
+    if (c->rope_kind == MODEL_ROPE_YARN)
+        yarn_range(c, &lo, &hi);
+    for (int i = 0; i < (int)c->qk_rope_head_dim / 2; i++)
+        inv_freq[i] = inv_freq_at(c, i, lo, hi);
+}
+
+double model_config_rope_attention_factor(const model_config *c)
+{
+    return c->rope_kind == MODEL_ROPE_YARN ? c->yarn.attention_factor : 1.0;
+}
+
+void model_config_rope_table(const model_config *c, int64_t npos, float *cos_sin)
+{
+    int r = (int)c->qk_rope_head_dim, half = r / 2;
+    double lo = 0, hi = 1, af = model_config_rope_attention_factor(c);
+    if (c->rope_kind == MODEL_ROPE_YARN)
+        yarn_range(c, &lo, &hi);
+    for (int i = 0; i < half; i++) {
+        double f = inv_freq_at(c, i, lo, hi);
+        for (int64_t p = 0; p < npos; p++) {
+            double a = (double)p * f;
+            cos_sin[p * r + i] = (float)(cos(a) * af); /* af 1: exactly cos(a) */
+            cos_sin[p * r + half + i] = (float)(sin(a) * af);
+        }
+    }
+}
+
+double model_config_softmax_scale(const model_config *c)
+{
+    double s = 1.0 / sqrt((double)(c->qk_nope_head_dim + c->qk_rope_head_dim));
+    return c->rope_kind == MODEL_ROPE_YARN ? s * c->yarn.softmax_mult : s;
+}
+
 /* The fields, in the order of config.h. */
 static mt_status parse_fields(const ctx *x, model_config *c)
 {
@@ -188,29 +420,7 @@ static mt_status parse_fields(const ctx *x, model_config *c)
                        "attention biases", x->label);
     MT_CHECK(get_bool(x, "rope_interleave", false, true, &c->rope_interleave));
 
-    /* RoPE: transformers 5 writes rope_parameters, 4.x rope_theta + rope_scaling. */
-    const cJSON *rp = item(x, "rope_parameters");
-    const cJSON *rs = item(x, "rope_scaling");
-    const cJSON *rope = cJSON_IsObject(rp) ? rp : cJSON_IsObject(rs) ? rs : NULL;
-    const cJSON *theta = cJSON_IsObject(rp) ? cJSON_GetObjectItemCaseSensitive(rp, "rope_theta")
-                                            : NULL;
-    if (absent(theta))
-        theta = item(x, "rope_theta");
-    if (absent(theta))
-        return mt_fail(x->err, MT_E_FORMAT, "%s: missing required key \"rope_parameters.rope_theta"
-                       "\" (or \"rope_theta\")", x->label);
-    if (!cJSON_IsNumber(theta) || !(theta->valuedouble > 0))
-        return mt_fail(x->err, MT_E_FORMAT, "%s: \"rope_theta\" must be a positive number",
-                       x->label);
-    c->rope_theta = theta->valuedouble;
-    snprintf(c->rope_type, sizeof c->rope_type, "default");
-    if (rope) {
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(rope, "rope_type");
-        if (absent(t))
-            t = cJSON_GetObjectItemCaseSensitive(rope, "type");
-        if (cJSON_IsString(t))
-            snprintf(c->rope_type, sizeof c->rope_type, "%s", t->valuestring);
-    }
+    MT_CHECK(parse_rope(x, c));
 
     MT_CHECK(get_int(x, "index_topk", true, 0, 1, DIM_MAX, &c->index_topk));
     MT_CHECK(get_int(x, "index_n_heads", true, 0, 1, 65536, &c->index_n_heads));

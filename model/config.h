@@ -34,6 +34,38 @@
 
 #define MODEL_MAX_EOS 8
 
+/* RoPE variants the runtime applies. */
+typedef enum model_rope_kind {
+    MODEL_ROPE_DEFAULT = 0,
+    MODEL_ROPE_YARN = 1,
+    MODEL_ROPE_COUNT
+} model_rope_kind;
+
+/* YaRN parameters after transformers' defaults (_compute_yarn_parameters in
+ * modeling_rope_utils.py, transformers 5, and DeepseekV3Attention):
+ *   factor: required key; null means max_position_embeddings /
+ *     original_max_position_embeddings;
+ *   original_max_position_embeddings: a top-level key of that name wins,
+ *     then the rope object's, else max_position_embeddings;
+ *   beta_fast / beta_slow: 32 / 1 when absent, null or 0;
+ *   mscale / mscale_all_dim: 0 when absent or null ("not given");
+ *   attention_factor: given, else get_mscale(factor, mscale) /
+ *     get_mscale(factor, mscale_all_dim) when both mscales are non-zero, else
+ *     get_mscale(factor, 1), with get_mscale(s, m) = s <= 1 ? 1 : 0.1 m ln s + 1;
+ *     it multiplies every cos and sin of the table;
+ *   truncate: true when absent (floor/ceil of the correction range);
+ *   softmax_mult: get_mscale(factor, mscale_all_dim)^2 when mscale_all_dim
+ *     is non-zero, else 1: the DeepSeek-V3 attention-scale correction. */
+typedef struct model_rope_yarn {
+    double factor;
+    int64_t original_max_position_embeddings;
+    double beta_fast, beta_slow;
+    double mscale, mscale_all_dim;
+    double attention_factor;
+    bool truncate;
+    double softmax_mult;
+} model_rope_yarn;
+
 typedef struct model_config {
     char model_type[32];
     char architecture[64]; /* architectures[0], "" when absent */
@@ -68,7 +100,9 @@ typedef struct model_config {
     int64_t qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
     bool attention_bias;
     double rope_theta;
-    char rope_type[24]; /* "default" unless rope_parameters/rope_scaling say otherwise */
+    char rope_type[24]; /* "default" or "yarn" (any other type is refused) */
+    model_rope_kind rope_kind;
+    model_rope_yarn yarn; /* resolved; meaningful when rope_kind is MODEL_ROPE_YARN */
     bool rope_interleave;
 
     /* DSA indexer */
@@ -109,6 +143,26 @@ static inline bool model_config_layer_is_mtp(const model_config *c, int64_t laye
 {
     return layer >= c->num_hidden_layers;
 }
+
+/* RoPE: the single source of the rotary frequencies for the runtime and the
+ * reference. dim = qk_rope_head_dim (transformers' rotary dim for this
+ * family); every function is pure and thread-safe.
+ *
+ * model_config_rope_inv_freq writes the dim/2 inverse frequencies, in
+ * double: theta^(-2i/dim) for "default" (the expression the runtime has
+ * always used), the YaRN blend of theta^(-2i/dim) and theta^(-2i/dim) /
+ * factor over the beta_fast..beta_slow correction range for "yarn". */
+void model_config_rope_inv_freq(const model_config *c, double *inv_freq);
+/* The factor applied to cos and sin: 1 for "default". */
+double model_config_rope_attention_factor(const model_config *c);
+/* Fills the [npos][dim] table the rope kernels read: row p holds
+ * attention_factor * cos(p * inv_freq[i]) for i < dim/2, then the sines
+ * (angles in double, stored as float). Identical to attn_rope_table for
+ * "default". */
+void model_config_rope_table(const model_config *c, int64_t npos, float *cos_sin);
+/* The attention softmax scale: (qk_nope_head_dim + qk_rope_head_dim)^-0.5,
+ * times yarn.softmax_mult under YaRN. */
+double model_config_softmax_scale(const model_config *c);
 
 /* The DSA rule alone: does layer i run its own indexer under freq/offset? */
 bool model_config_indexer_rule(int64_t layer, int64_t freq, int64_t offset);

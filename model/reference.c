@@ -33,6 +33,8 @@ struct model_ref {
     const model_config *c;
     int64_t H, V, NH, QL, L, R, D, VD, IH, ID, TOPK, E, TOPKE, IE, n_layers, cap;
     double eps;
+    double *inv_freq;         /* [R/2] RoPE inverse frequencies (config.h) */
+    double rope_af, sm_scale; /* cos/sin factor and softmax scale (YaRN or not) */
     float *embed, *norm, *lm_head;
     ref_layer *layers;
 };
@@ -215,6 +217,7 @@ void model_ref_close(model_ref *r)
     for (int64_t i = 0; r->layers && i < r->n_layers; i++)
         free_layer(r, &r->layers[i]);
     free(r->layers);
+    free(r->inv_freq);
     free(r->embed);
     free(r->norm);
     free(r->lm_head);
@@ -255,6 +258,13 @@ mt_status model_ref_open(const char *dir, const model_ref_opts *o, model_ref **o
     r->cap = c->max_position_embeddings;
     if (r->QL <= 0)
         st = mt_fail(err, MT_E_UNSUPPORTED, "reference: q_lora_rank 0");
+    if (st == MT_OK && !(r->inv_freq = malloc(sizeof(double) * (size_t)(r->R / 2 + 1))))
+        st = mt_fail(err, MT_E_NOMEM, "reference: rope");
+    if (st == MT_OK) {
+        model_config_rope_inv_freq(c, r->inv_freq);
+        r->rope_af = model_config_rope_attention_factor(c);
+        r->sm_scale = model_config_softmax_scale(c);
+    }
     if (st == MT_OK)
         st = load_tensor(r, "model.embed_tokens.weight", r->V * r->H, false, &r->embed, err);
     if (st == MT_OK)
@@ -308,12 +318,13 @@ static void rmsnorm(const model_ref *r, const float *x, const float *w, int64_t 
         y[i] = bf(r, (float)(bf(r, x[i]) * s * w[i]));
 }
 
-/* Interleaved RoPE on x[0:rd] at position pos. */
+/* Interleaved RoPE on x[0:rd] at position pos, cos and sin times the
+ * attention factor (YaRN; 1 otherwise). */
 static void rope(const model_ref *r, float *x, int64_t rd, int64_t pos)
 {
     for (int64_t i = 0; i < rd / 2; i++) {
-        double f = pow(r->c->rope_theta, -2.0 * (double)i / (double)rd) * (double)pos;
-        double c = cos(f), s = sin(f), a = x[2 * i], b = x[2 * i + 1];
+        double f = r->inv_freq[i] * (double)pos;
+        double c = cos(f) * r->rope_af, s = sin(f) * r->rope_af, a = x[2 * i], b = x[2 * i + 1];
         x[2 * i] = (float)(a * c - b * s);
         x[2 * i + 1] = (float)(b * c + a * s);
     }
@@ -415,7 +426,7 @@ static void attention(model_ref *r, ref_layer *ly, int64_t t, float *resid, ref_
         memcpy(s->sel, s->order, sizeof(int32_t) * (size_t)s->nsel);
     }
     /* Absorbed attention in latent space over the selected tokens. */
-    double scale = 1.0 / sqrt((double)(D + R));
+    double scale = r->sm_scale; /* (D + R)^-0.5, YaRN-corrected */
     for (int64_t h = 0; h < NH; h++) {
         const float *qh = s->q + h * (D + R);
         for (int64_t l = 0; l < L; l++) {

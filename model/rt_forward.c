@@ -68,6 +68,7 @@ static mt_status attention(model_runtime *rt, rt_layer *ly, int64_t M, int64_t c
     RUN(k->copy_qrope, M * rt->NH, NULL, b->q, b->qabs);
     kern_shape s = k->decode->shape;
     model_kern_shape_set(k->decode, &s, "C", cmax);
+    model_kern_shape_set(k->decode, &s, "sm", rt->sm_bits);
     RUN(k->decode, M, &s, b->qabs, kvc_latent_pool(ly->kv), kvc_latent_scale(ly->kv), b->table,
         b->qseq, b->ctx, b->idx, b->o);
     RUN(k->copy_o, M, NULL, b->o, b->ob);

@@ -99,6 +99,8 @@ struct model_runtime {
     /* dims */
     int64_t H, V, NH, QL, L, R, D, VD, IH, ID, TOPK, E, TOPKE, IE, n_layers;
     int eps_e, eps6_e;           /* rms_norm_eps and the q/kv latent norms' 1e-6 */
+    int64_t sm_bits;             /* mla_decode's sm dim: the softmax scale's float bits
+                                  * under YaRN, 0 (the family's (D+R)^-0.5) otherwise */
     bool a4;                     /* MXFP4 activations into the expert GEMMs */
     kern_dtype kv_dtype;
     int ps;                      /* tokens per page */

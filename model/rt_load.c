@@ -20,7 +20,6 @@
 #include <string.h>
 
 #include "../common/numeric.h"
-#include "../kernels/attn_common.h"
 #include "../kernels/moe_common.h"
 #include "../kernels/mxfp4.h"
 #include "rt_impl.h"
@@ -426,11 +425,20 @@ mt_status rt_load(model_runtime *rt, mt_err *err)
     if (st != MT_OK)
         return st;
 
-    /* RoPE table for every position the runtime can hold. */
+    /* RoPE table for every position the runtime can hold, shared by the
+     * attention and indexer rope kernels: config.h's frequencies (plain or
+     * YaRN) with YaRN's attention factor folded into cos and sin. */
     float *cs = malloc(sizeof(float) * (size_t)(rt->max_ctx * rt->R));
     if (!cs)
         return mt_fail(err, MT_E_NOMEM, "rope table");
-    attn_rope_table(rt->cfg->rope_theta, (int)rt->R, rt->max_ctx, cs);
+    model_config_rope_table(rt->cfg, rt->max_ctx, cs);
+    rt->sm_bits = 0;
+    if (rt->cfg->rope_kind == MODEL_ROPE_YARN) {
+        float sm = (float)model_config_softmax_scale(rt->cfg);
+        uint32_t bits;
+        memcpy(&bits, &sm, sizeof bits);
+        rt->sm_bits = bits;
+    }
     st = upload(rt, cs, sizeof(float) * (size_t)(rt->max_ctx * rt->R), &rt->rope_cs, err);
     free(cs);
     if (st != MT_OK)

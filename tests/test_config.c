@@ -3,6 +3,7 @@
  * the key. */
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -380,4 +381,134 @@ Test(config, damaged_text_never_crashes)
     cr_log_info("damaged configs accepted: %d of 2000 (seed %llu)", accepted,
                 (unsigned long long)seed);
     free(buf);
+}
+
+/* ---- RoPE types and YaRN fields ------------------------------------------------- */
+
+static void set_rope(cJSON *j, const void *arg)
+{
+    const kv *p = arg; /* key: "rope_parameters" or "rope_scaling"; json: the object */
+    cJSON_DeleteItemFromObject(j, "rope_parameters");
+    cJSON_AddNumberToObject(j, "rope_theta", 8000000);
+    cJSON_AddItemToObject(j, p->key, cJSON_Parse(p->json));
+}
+
+Test(config, other_rope_types_are_refused_naming_the_field_and_value)
+{
+    const char *types[] = {"linear", "dynamic", "llama3", "longrope", "ntk", "deepseek_yarn"};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        char obj[128], want[128];
+        snprintf(obj, sizeof obj, "{\"rope_type\":\"%s\",\"factor\":4}", types[i]);
+        const char *msg = fail_edited(set_rope, &(kv){"rope_parameters", obj}, MT_E_UNSUPPORTED);
+        snprintf(want, sizeof want, "\"rope_parameters.rope_type\" is \"%s\"", types[i]);
+        cr_expect_not_null(strstr(msg, want), "%s", msg);
+        snprintf(obj, sizeof obj, "{\"type\":\"%s\",\"factor\":4}", types[i]);
+        msg = fail_edited(set_rope, &(kv){"rope_scaling", obj}, MT_E_UNSUPPORTED);
+        snprintf(want, sizeof want, "\"rope_scaling.type\" is \"%s\"", types[i]);
+        cr_expect_not_null(strstr(msg, want), "%s", msg);
+    }
+    const char *msg = fail_edited(set_rope, &(kv){"rope_scaling", "{\"type\":7}"}, MT_E_FORMAT);
+    cr_expect_not_null(strstr(msg, "\"rope_scaling.type\" must be a string"), "%s", msg);
+    msg = fail_edited(set_rope, &(kv){"rope_scaling", "[1]"}, MT_E_FORMAT);
+    cr_expect_not_null(strstr(msg, "\"rope_scaling\""), "%s", msg);
+}
+
+Test(config, bad_yarn_fields_are_refused_naming_the_field)
+{
+    const struct {
+        const char *obj, *field;
+    } bad[] = {
+        {"{\"rope_type\":\"yarn\"}", "missing required key \"rope_parameters.factor\""},
+        {"{\"rope_type\":\"yarn\",\"factor\":0}", "\"rope_parameters.factor\" is 0"},
+        {"{\"rope_type\":\"yarn\",\"factor\":-2}", "\"rope_parameters.factor\" is -2"},
+        {"{\"rope_type\":\"yarn\",\"factor\":\"4\"}", "\"rope_parameters.factor\" must be a number"},
+        {"{\"rope_type\":\"yarn\",\"factor\":4,\"original_max_position_embeddings\":0}",
+         "\"rope_parameters.original_max_position_embeddings\""},
+        {"{\"rope_type\":\"yarn\",\"factor\":4,\"original_max_position_embeddings\":40.5}",
+         "\"rope_parameters.original_max_position_embeddings\""},
+        {"{\"rope_type\":\"yarn\",\"factor\":4,\"original_max_position_embeddings\":\"4096\"}",
+         "\"rope_parameters.original_max_position_embeddings\""},
+        {"{\"rope_type\":\"yarn\",\"factor\":4,\"beta_fast\":\"32\"}",
+         "\"rope_parameters.beta_fast\" must be a number"},
+        {"{\"rope_type\":\"yarn\",\"factor\":4,\"beta_slow\":-1}", "\"rope_parameters.beta_slow\""},
+        {"{\"rope_type\":\"yarn\",\"factor\":4,\"mscale\":true}",
+         "\"rope_parameters.mscale\" must be a number"},
+        {"{\"rope_type\":\"yarn\",\"factor\":4,\"mscale_all_dim\":[1]}",
+         "\"rope_parameters.mscale_all_dim\" must be a number"},
+        {"{\"rope_type\":\"yarn\",\"factor\":4,\"attention_factor\":0}",
+         "\"rope_parameters.attention_factor\" is 0"},
+        {"{\"rope_type\":\"yarn\",\"factor\":4,\"truncate\":1}",
+         "\"rope_parameters.truncate\" must be true or false"},
+        {"{\"rope_type\":\"yarn\",\"factor\":4,\"partial_rotary_factor\":0.5}",
+         "\"rope_parameters.partial_rotary_factor\""},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        mt_err err = MT_ERR_INIT;
+        model_config *c = NULL;
+        mt_status st = parse_edited(set_rope, &(kv){"rope_parameters", bad[i].obj}, &c, &err);
+        cr_expect_neq(st, MT_OK, "%s was accepted", bad[i].obj);
+        cr_expect_null(c);
+        cr_expect_not_null(strstr(err.msg, bad[i].field), "%s: %s", bad[i].obj, err.msg);
+        model_config_destroy(c);
+    }
+    const char *msg = fail_edited(set_rope, &(kv){"rope_scaling", "{\"type\":\"yarn\",\"factor\":"
+                                                  "0}"}, MT_E_FORMAT);
+    cr_expect_not_null(strstr(msg, "\"rope_scaling.factor\" is 0"), "%s", msg);
+}
+
+Test(config, yarn_defaults_follow_transformers)
+{
+    /* Only the factor: original context = max_position_embeddings, betas
+     * 32 / 1, truncate, attention factor get_mscale(factor), no softmax
+     * correction. */
+    model_config *c = ok_edited(set_rope, &(kv){"rope_scaling", "{\"type\":\"yarn\",\"factor\":4}"});
+    cr_assert_eq(c->rope_kind, MODEL_ROPE_YARN);
+    cr_assert_str_eq(c->rope_type, "yarn");
+    cr_assert_eq(c->yarn.factor, 4);
+    cr_assert_eq(c->yarn.original_max_position_embeddings, 202752);
+    cr_assert_eq(c->yarn.beta_fast, 32);
+    cr_assert_eq(c->yarn.beta_slow, 1);
+    cr_assert_eq(c->yarn.mscale, 0);
+    cr_assert_eq(c->yarn.mscale_all_dim, 0);
+    cr_assert(c->yarn.truncate);
+    cr_assert_float_eq(c->yarn.attention_factor, 0.1 * log(4.0) + 1, 1e-15);
+    cr_assert_eq(c->yarn.softmax_mult, 1);
+    model_config_destroy(c);
+    /* 0 and null betas mean the defaults (transformers: `value or 32`);
+     * null factor is max_position_embeddings / original; rope_theta inside
+     * the object wins over the top-level one. */
+    c = ok_edited(set_rope, &(kv){"rope_parameters", "{\"rope_type\":\"yarn\",\"factor\":null,"
+                                  "\"rope_theta\":1000,\"original_max_position_embeddings\":"
+                                  "50688,\"beta_fast\":0,\"beta_slow\":null,\"mscale\":null}"});
+    cr_assert_eq(c->rope_theta, 1000);
+    cr_assert_eq(c->yarn.factor, 4);
+    cr_assert_eq(c->yarn.beta_fast, 32);
+    cr_assert_eq(c->yarn.beta_slow, 1);
+    model_config_destroy(c);
+    /* A top-level original_max_position_embeddings wins (transformers 5's
+     * standardization); rope_scaling wins over rope_parameters. */
+    cJSON *j = cJSON_Parse(glm52);
+    cJSON_AddNumberToObject(j, "original_max_position_embeddings", 8192);
+    cJSON_AddItemToObject(j, "rope_scaling", cJSON_Parse("{\"type\":\"yarn\",\"factor\":40,\"rope_theta\":8e6,"
+                          "\"original_max_position_embeddings\":4096,\"mscale_all_dim\":1,"
+                          "\"truncate\":false}"));
+    char *text = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(model_config_parse(text, strlen(text), "config.json", &c, &err), MT_OK, "%s",
+                 err.msg);
+    free(text);
+    cr_assert_eq(c->rope_kind, MODEL_ROPE_YARN);
+    cr_assert_eq(c->rope_theta, 8e6);
+    cr_assert_eq(c->yarn.original_max_position_embeddings, 8192);
+    cr_assert(!c->yarn.truncate);
+    double m = 0.1 * log(40.0) + 1;
+    cr_assert_float_eq(c->yarn.softmax_mult, m * m, 1e-15);
+    cr_assert_float_eq(model_config_softmax_scale(c), m * m / 16, 1e-15);
+    model_config_destroy(c);
+    /* Plain RoPE: rope_kind default, no correction. */
+    c = ok_edited(NULL, NULL);
+    cr_assert_eq(c->rope_kind, MODEL_ROPE_DEFAULT);
+    cr_assert_eq(model_config_softmax_scale(c), 1.0 / 16);
+    model_config_destroy(c);
 }

@@ -1,0 +1,178 @@
+/* test_yarn_forward.c: the model runtime with YaRN rope scaling on the tiny
+ * checkpoint (its config.json edited after writing): logits match the plain
+ * C reference with YaRN (a16w4, median relative L2 error <= 1e-2, loose
+ * mean and worst-position bounds for flipped expert choices), and differ from
+ * the same checkpoint run with plain RoPE, so neither side can pass by
+ * ignoring YaRN. Two settings: GLM/DeepSeek-like (mscale = mscale_all_dim =
+ * 1: cos/sin unscaled, softmax scale x mscale^2) and one where the
+ * frequencies and the attention factor on cos/sin carry the change (theta
+ * 1e4, an original context of 16, no mscale_all_dim). Prompts of 24 tokens
+ * exceed the tiny model's index_topk of 16, so the indexer's rope path
+ * decides which tokens are attended. */
+#include <cjson/cJSON.h>
+
+#include "test_forward_util.h"
+
+/* Replaces rope_parameters in dir/config.json with the JSON object rope. */
+static void set_rope(const char *dir, const char *rope)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "%s", path);
+    static char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    cJSON *j = cJSON_Parse(buf);
+    cr_assert_not_null(j);
+    cJSON_DeleteItemFromObject(j, "rope_parameters");
+    cJSON *r = cJSON_Parse(rope);
+    cr_assert_not_null(r, "%s", rope);
+    cJSON_AddItemToObject(j, "rope_parameters", r);
+    char *text = cJSON_Print(j);
+    cJSON_Delete(j);
+    f = fopen(path, "wb");
+    cr_assert_not_null(f);
+    cr_assert_eq(fwrite(text, 1, strlen(text), f), strlen(text));
+    fclose(f);
+    free(text);
+}
+
+static float *run_runtime(const char *dir, const char *device, int max_batch, const int32_t *tok,
+                          int n)
+{
+    model_runtime *rt = fw_open(dir, (fw_open_args){.device = device, .act = MODEL_ACT_NONE,
+                                                    .max_batch_tokens = max_batch});
+    float *lg = fw_prefill(rt, tok, n, NULL);
+    model_runtime_close(rt);
+    return lg;
+}
+
+static float *run_reference(const char *dir, const int32_t *tok, int n, int32_t V)
+{
+    model_ref_opts ro = {.mimic = true};
+    model_ref *ref = NULL;
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(model_ref_open(dir, &ro, &ref, &err), MT_OK, "%s", err.msg);
+    float *want = malloc(sizeof(float) * (size_t)V * (size_t)n);
+    cr_assert_eq(model_ref_forward(ref, tok, n, want, &err), MT_OK, "%s", err.msg);
+    model_ref_close(ref);
+    return want;
+}
+
+/* Mean and worst relative L2 error of n rows. */
+static double rows_err(const float *got, const float *want, int n, int32_t V, double *worst)
+{
+    double mean = 0;
+    *worst = 0;
+    for (int t = 0; t < n; t++) {
+        double e = fw_rel_l2(got + (size_t)t * V, want + (size_t)t * V, V);
+        cr_assert(!isnan(e), "NaN logits at position %d", t);
+        *worst = e > *worst ? e : *worst;
+        mean += e / n;
+    }
+    return mean;
+}
+
+static int by_value(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median relative L2 error over positions 1 .. n-1. */
+static double median_err(const float *got, const float *want, int n, int32_t V)
+{
+    double e[64];
+    cr_assert(n - 1 <= 64 && n > 1);
+    for (int t = 1; t < n; t++)
+        e[t - 1] = fw_rel_l2(got + (size_t)t * V, want + (size_t)t * V, V);
+    qsort(e, (size_t)(n - 1), sizeof e[0], by_value);
+    return e[(n - 1) / 2];
+}
+
+/* min_move: the least mean relative change YaRN must cause (short prompts
+ * change less: the first positions see few tokens). */
+static void check_yarn(const char *device, int n, int max_batch, double min_move,
+                       const char *yarn, const char *plain)
+{
+    char *dir = fw_tiny_dir();
+    uint64_t seed = mt_seed_fresh();
+    const int32_t V = 512; /* the tiny vocabulary (tiny.h) */
+    int32_t *tok = fw_tokens(seed, n, V);
+
+    set_rope(dir, yarn);
+    float *got = run_runtime(dir, device, max_batch, tok, n);
+    float *want = run_reference(dir, tok, n, V);
+    set_rope(dir, plain);
+    float *got_plain = run_runtime(dir, device, max_batch, tok, n);
+    float *want_plain = run_reference(dir, tok, n, V);
+
+    /* Expert choices near a tie flip between the two (a whole position
+     * then moves by ~0.2, and later positions read its cache), more often
+     * with YaRN's sharper softmax: hence medians, and loose mean and
+     * worst-position bounds. */
+    double worst, mean = rows_err(got, want, n, V, &worst);
+    double med = median_err(got, want, n, V), med_plain = median_err(got, want_plain, n, V);
+    cr_expect_leq(worst, 0.5, "seed %" PRIu64 " on %s: worst position %.3g", seed, device, worst);
+    cr_expect_leq(mean, 0.1, "seed %" PRIu64 " on %s: mean error %.3g", seed, device, mean);
+    cr_expect_leq(med, 1e-2, "seed %" PRIu64 " on %s: median error %.3g", seed, device, med);
+    /* The runtime is nearer the YaRN reference than the plain one, by far
+     * at the median, and at nearly every position with context (position 0
+     * attends only itself: rope cannot move it). */
+    int nearer = 0;
+    for (int t = 1; t < n; t++) {
+        size_t o = (size_t)t * V;
+        nearer += fw_rel_l2(got + o, want + o, V) < fw_rel_l2(got + o, want_plain + o, V);
+    }
+    cr_expect_geq(4 * nearer, 3 * (n - 1), "seed %" PRIu64 " on %s: only %d of %d positions "
+                  "nearer the YaRN reference", seed, device, nearer, n - 1);
+    cr_expect_leq(4 * med, med_plain, "seed %" PRIu64 " on %s: median error %.3g against the "
+                  "YaRN reference, %.3g against the plain one", seed, device, med, med_plain);
+    double w2, moved = rows_err(got, got_plain, n, V, &w2);
+    double w3, moved_ref = rows_err(want, want_plain, n, V, &w3);
+    double w4, plain_err = rows_err(got_plain, want_plain, n, V, &w4);
+    cr_log_info("%s: error %.3g (worst %.3g; plain RoPE %.3g, worst %.3g), YaRN moved the "
+                "runtime %.3g, the reference %.3g", device, mean, worst, plain_err, w4, moved,
+                moved_ref);
+    cr_expect_geq(moved, min_move, "seed %" PRIu64 " on %s: runtime moved only %.3g", seed, device,
+                  moved);
+    cr_expect_geq(moved_ref, min_move, "seed %" PRIu64 ": reference moved only %.3g", seed, moved_ref);
+    free(got);
+    free(want);
+    free(got_plain);
+    free(want_plain);
+    free(tok);
+    fw_rm_dir(dir);
+}
+
+static const char glm_like[] =
+    "{\"rope_type\":\"yarn\",\"rope_theta\":8000000,\"factor\":4,"
+    "\"original_max_position_embeddings\":1024,\"beta_fast\":32,\"beta_slow\":1,"
+    "\"mscale\":1,\"mscale_all_dim\":1}";
+static const char glm_plain[] = "{\"rope_type\":\"default\",\"rope_theta\":8000000}";
+static const char freq_heavy[] =
+    "{\"rope_type\":\"yarn\",\"rope_theta\":10000,\"factor\":8,"
+    "\"original_max_position_embeddings\":16}";
+static const char freq_plain[] = "{\"rope_type\":\"default\",\"rope_theta\":10000}";
+
+Test(yarn_forward, cpu_glm_like_matches_reference_and_moves_logits)
+{
+    check_yarn("cpu", 24, 64, 0.1, glm_like, glm_plain);
+}
+
+Test(yarn_forward, cpu_frequencies_and_attention_factor_match_reference)
+{
+    check_yarn("cpu", 24, 64, 0.1, freq_heavy, freq_plain);
+}
+
+Test(yarn_forward, emu_glm_like_matches_reference)
+{
+    check_yarn("emu", 5, 8, 0.02, glm_like, glm_plain);
+}
+
+Test(yarn_forward, emu_frequencies_and_attention_factor_match_reference)
+{
+    check_yarn("emu", 5, 8, 0.02, freq_heavy, freq_plain);
+}
