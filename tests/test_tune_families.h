@@ -6,7 +6,8 @@
  *     the family's way (#error; one wrong element; a write to address 16;
  *     an endless loop), every other config is correct;
  *   tspin: y = 2x plus busy work proportional to SPIN*PAD, so the fastest
- *     config is unique (SPIN=1,PAD=1) and the next one does 3x the work.
+ *     config is unique (SPIN=1,PAD=1) and the next one does 3x the work;
+ *   tlucky: y = 2x; the default V=1 and V=2 do equal work, V=3 1.5x.
  *
  * Shape: N (elements per row); M rows. */
 #ifndef TEST_TUNE_FAMILIES_H
@@ -141,5 +142,16 @@ TFAM_IMPL(tfault_hang, 4, 20000, tfault_params, 3)
 /* About 70 us of busy work per unit: far above launch overhead, so the
  * least-work config is the fastest by a clear 3x. */
 TFAM_IMPL(tspin, 0, 200000, tspin_params, 3)
+
+/* tlucky: V=1 (the default) and V=2 do the same work, V=3 does 1.5x: a
+ * config that only a lucky median (planted by the test) makes the search's
+ * best, and that a paired confirmation must reject. */
+static const int tlucky_spin[] = {4};
+static const kern_param_desc tlucky_params[] = {
+    {"V", tfam_v, 3, "variant; V=3 does 1.5x the work"},
+    {"SPIN", tlucky_spin, 1, "busy work multiplier"},
+    {"PAD", tfam_one, 1, "unused"},
+};
+TFAM_IMPL(tlucky, 0, (V == 3 ? 75000 : 50000), tlucky_params, 3)
 
 #endif
