@@ -2,7 +2,10 @@
  * place on bf16 rows x [M][H][HD], rotating dims ROFF .. ROFF+R-1 of each
  * head in adjacent pairs (2i, 2i+1) by angle pos[m] * theta^(-2i/R), read
  * from a cos/sin table [P][R] (attn_rope_table: cos of the R/2 angles,
- * then their sin). Optionally (ln=1) a LayerNorm over the whole head
+ * then their sin). The kernels only read the table: the model runtime
+ * passes its own (model_config_rope_table), which under YaRN holds the
+ * scaled frequencies with the attention factor folded into cos and sin;
+ * theta only shapes the test table here. Optionally (ln=1) a LayerNorm over the whole head
  * (weight, bias, eps 1e-6) first: the indexer key's k_norm + rope in one
  * pass.
  *

@@ -6,11 +6,13 @@
  *
  * Semantics (what the runtime computes): embeddings; per layer RMSNorm,
  * MLA with the low-rank query path, RMSNorm'd latent (eps 1e-6 for the q
- * and kv latents), interleaved RoPE, the DSA indexer (LayerNorm'd keys,
- * scores IH^-0.5 sum_h w_h relu(ID^-0.5 q_h.k), top index_topk per query,
- * ties to the lower position; layers without their own indexer reuse the
- * last full layer's selection) and softmax attention in latent space over
- * the selected tokens; dense SwiGLU MLP or the MoE (sigmoid router with the
+ * and kv latents), interleaved RoPE (plain or YaRN: config.h's frequencies
+ * and attention factor), the DSA indexer (LayerNorm'd keys, scores
+ * IH^-0.5 sum_h w_h relu(ID^-0.5 q_h.k), top index_topk per query, ties to
+ * the lower position; layers without their own indexer reuse the last full
+ * layer's selection) and softmax attention in latent space over the
+ * selected tokens (scale model_config_softmax_scale: YaRN-corrected); dense
+ * SwiGLU MLP or the MoE (sigmoid router with the
  * correction bias for selection only, top-k ties to the lower expert,
  * normalized and scaled weights, MXFP4 experts, shared expert); final norm
  * and lm_head. MTP layers are not run.
