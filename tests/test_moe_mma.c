@@ -8,7 +8,7 @@
  * (gfx90a), clang-19 (gfx942) and NVRTC (sm_90) build the GLM-5.2 tiles
  * with matrix instructions and no scratch (each skipped when its compiler
  * is absent). The compile tests log the instruction mix that
- * docs/KERNELS.md quotes. */
+ * docs/BENCHMARKS.md quotes. */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 #include <inttypes.h>
@@ -337,7 +337,7 @@ static void compile_amd(const char *arch, const char *fname, const char *shape, 
     dev_close(d);
 }
 
-/* The GLM-5.2 bucket configs docs/KERNELS.md discusses: decode (M=1, one
+/* The GLM-5.2 bucket configs docs/BENCHMARKS.md discusses: decode (M=1, one
  * real row per 16-row tile) and prefill (M=4096). */
 #define UP_DECODE "BM=16,BN=32,BK=64,WAVES=2,STAGES=2,SPLITK=1,GROUP_M=1,VEC=8,UNROLL=1,MMA=1"
 #define UP_PREFILL "BM=128,BN=64,BK=32,WAVES=4,STAGES=2,SPLITK=1,GROUP_M=8,VEC=8,UNROLL=1,MMA=2"
@@ -347,6 +347,8 @@ static void compile_amd(const char *arch, const char *fname, const char *shape, 
 Test(moe_mma, hiprtc_gfx90a_up_builds_mfma_without_scratch)
 {
     compile_amd("gfx90a", "moe_gemm_up", "glm5.2", 1, UP_DECODE, "v_mfma_f32_16x16x16bf16_1k");
+    compile_amd("gfx90a", "moe_gemm_up", "glm5.2-a16", 1, UP_DECODE,
+                "v_mfma_f32_16x16x16bf16_1k");
     compile_amd("gfx90a", "moe_gemm_up", "glm5.2", 4096, UP_PREFILL,
                 "v_mfma_f32_32x32x8bf16_1k");
     compile_amd("gfx90a", "moe_gemm_up", "glm5.2-a16", 4096, UP_PREFILL,
@@ -356,6 +358,8 @@ Test(moe_mma, hiprtc_gfx90a_up_builds_mfma_without_scratch)
 Test(moe_mma, hiprtc_gfx90a_down_builds_mfma_without_scratch)
 {
     compile_amd("gfx90a", "moe_gemm_down", "glm5.2", 1, DOWN_DECODE,
+                "v_mfma_f32_16x16x16bf16_1k");
+    compile_amd("gfx90a", "moe_gemm_down", "glm5.2-a16", 1, DOWN_DECODE,
                 "v_mfma_f32_16x16x16bf16_1k");
     compile_amd("gfx90a", "moe_gemm_down", "glm5.2", 4096, DOWN_PREFILL,
                 "v_mfma_f32_32x32x8bf16_1k");
@@ -368,6 +372,9 @@ Test(moe_mma, clang_gfx942_builds_mfma_without_scratch)
 {
     compile_amd("gfx942", "moe_gemm_up", "glm5.2", 1, UP_DECODE, "v_mfma_f32_16x16x16_bf16");
     compile_amd("gfx942", "moe_gemm_up", "glm5.2", 4096, UP_PREFILL, "v_mfma_f32_32x32x8_bf16");
+    compile_amd("gfx942", "moe_gemm_up", "glm5.2-a16", 1, UP_DECODE, "v_mfma_f32_16x16x16_bf16");
+    compile_amd("gfx942", "moe_gemm_up", "glm5.2-a16", 4096, UP_PREFILL,
+                "v_mfma_f32_32x32x8_bf16");
     compile_amd("gfx942", "moe_gemm_down", "glm5.2", 1, DOWN_DECODE,
                 "v_mfma_f32_16x16x16_bf16");
     compile_amd("gfx942", "moe_gemm_down", "glm5.2", 4096, DOWN_PREFILL,
