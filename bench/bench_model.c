@@ -8,7 +8,9 @@
  *  2. Speed: prefill and decode tokens per second with every kernel at its
  *     default config, then with a database tuned in this run by the tuner's
  *     C API (tuner/tuner.h; a small budget per shape) for the kernels that
- *     carry the work (GEMMs, MoE stages, attention, norms), and the ratio.
+ *     carry the work (GEMMs, MoE stages, attention, norms), and the ratio;
+ *     then both again in batch-invariant mode (one config per kernel at
+ *     every M), as the ratio to the same selection without it.
  *
  * usage: bench_model [--budget TRIALS] [--prompt N] [--decode N] */
 #include <inttypes.h>
@@ -33,11 +35,12 @@ static FILE *quiet(void)
     return f;
 }
 
-static model_runtime *open_rt(const char *dir, const char *db, model_act_quant act, int T)
+static model_runtime *open_inv(const char *dir, const char *db, model_act_quant act, int T,
+                               bool invariant)
 {
     model_runtime_opts o = {.model_dir = dir, .device = "cpu", .db_path = db, .act_quant = act,
                             .act_quant_set = true, .kv_pages = 128, .max_batch_tokens = T,
-                            .log = quiet()};
+                            .batch_invariant = invariant, .log = quiet()};
     model_runtime *rt = NULL;
     mt_err err = MT_ERR_INIT;
     if (model_runtime_open(&o, &rt, &err) != MT_OK) {
@@ -45,6 +48,11 @@ static model_runtime *open_rt(const char *dir, const char *db, model_act_quant a
         exit(1);
     }
     return rt;
+}
+
+static model_runtime *open_rt(const char *dir, const char *db, model_act_quant act, int T)
+{
+    return open_inv(dir, db, act, T, false);
 }
 
 static void step_or_die(model_runtime *rt, model_step_item *it)
@@ -255,12 +263,23 @@ int main(int argc, char **argv)
     double p1, d1;
     speed(rt, tok, n_prompt, n_dec, &p1, &d1);
     model_runtime_close(rt);
+    /* ---- batch-invariant mode: one config per kernel at every M ---- */
+    double pi[2], di[2];
+    for (int t = 0; t < 2; t++) {
+        rt = open_inv(dir, t ? db : NULL, MODEL_ACT_MXFP4, T, true);
+        speed(rt, tok, n_prompt, n_dec, &pi[t], &di[t]);
+        model_runtime_close(rt);
+    }
     printf("\ncpu, a4w4, best of 3; prompt %d tokens in one step, then %d decode steps\n",
            n_prompt, n_dec);
     printf("  %-34s %14s %14s\n", "kernels", "prefill tok/s", "decode tok/s");
     printf("  %-34s %14.0f %14.1f\n", "defaults (no database)", p0, d0);
     printf("  %-34s %14.0f %14.1f\n", "tuned database", p1, d1);
     printf("  %-34s %13.2fx %13.2fx\n", "tuned / default", p1 / p0, d1 / d0);
+    printf("  %-34s %14.0f %14.1f\n", "defaults, batch-invariant", pi[0], di[0]);
+    printf("  %-34s %14.0f %14.1f\n", "tuned database, batch-invariant", pi[1], di[1]);
+    printf("  %-34s %13.2fx %13.2fx\n", "batch-invariant cost (defaults)", pi[0] / p0, di[0] / d0);
+    printf("  %-34s %13.2fx %13.2fx\n", "batch-invariant cost (tuned)", pi[1] / p1, di[1] / d1);
     printf("  selection with the database: %d tuned, %d nearest bucket, %d default (untuned "
            "glue kernels and shapes)\n", c.tuned, c.nearest, c.defaults + c.stale);
     char cmd[400];

@@ -320,8 +320,8 @@ static bool runs_everywhere(const model_kset *ks, const model_kern *k, const ker
 static mt_status pin(const model_kset *ks, model_kern *k, mt_err *err)
 {
     model_choice cand[4];
-    cand[0] = k->ch[k->n - 1];
-    cand[1] = k->ch[0];
+    cand[0] = k->ch[0];
+    cand[1] = k->ch[k->n - 1];
     for (int i = 2; i < 4; i++) {
         cand[i] = cand[i - 2];
         k->impl->default_config(&k->shape, cand[i].m, ks->props, &cand[i].cfg);

@@ -86,8 +86,9 @@ void model_kset_destroy(model_kset *ks);
 /* Batch-invariant selection (call before select): every kernel runs one
  * config at every M, and no config whose sums follow thread timing (split-K
  * with atomics; kern_impl.order_varies). The config is the one chosen for
- * the kernel's largest bucket when it runs every M, else M=1's, else the
- * default at those buckets; select fails naming the kernel when none does.
+ * M=1 (decode, where serving spends its steps) when it runs every M, else
+ * the largest bucket's, else the default at those buckets; select fails
+ * naming the kernel when none does.
  * A kernel whose rows are computed independently then gives each row the
  * same bits whatever else is in the batch. */
 void model_kset_set_batch_invariant(model_kset *ks, bool on);
