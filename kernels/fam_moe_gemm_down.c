@@ -189,11 +189,23 @@ static void cpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern
     moe_cpu_default(s->v[D_I], s->v[D_H], m * s->v[D_TOPK], s->v[D_E], false, cfg);
 }
 
+/* comb=0 adds every pair's row into y with float atomics, in the order the
+ * work items happen to run (both implementations). */
+static bool order_varies(const kern_shape *s, const kern_config *cfg, char *why, size_t cap)
+{
+    (void)cfg;
+    if (s->v[D_COMB])
+        return false;
+    snprintf(why, cap, "comb=0 adds the pairs' rows into y with float atomics");
+    return true;
+}
+
 static const kern_impl cpu_impl = {
     .source = "moe_gemm.cpu",
     .params = moe_cpu_params,
     .n_params = MOE_CPU_NPARAMS,
     .valid = cpu_valid,
+    .order_varies = order_varies,
     .default_config = cpu_default,
     .scratch_bytes = cpu_scratch,
     .run = cpu_run,
@@ -249,6 +261,7 @@ static const kern_impl gpu_impl = {
     .params = moe_gpu_params,
     .n_params = MOE_GPU_NPARAMS,
     .valid = gpu_valid,
+    .order_varies = order_varies,
     .default_config = gpu_default,
     .defines = gpu_defines,
     .run = gpu_run,

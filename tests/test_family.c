@@ -2,6 +2,7 @@
  * sampling, defines, and the default comparison rule. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "kernels/family.h"
@@ -214,4 +215,43 @@ Test(kern_valid, static_shared_memory_limit_is_the_static_one)
     cr_expect(kern_config_valid(f, f->gpu, &s, 64, &c, &mi300, why, sizeof why), "%s", why);
     cr_expect_not(kern_config_valid(f, f->gpu, &s, 64, &c, &h200, why, sizeof why));
     cr_expect(strstr(why, "static shared") != NULL, "reason: %s", why);
+}
+
+/* kern_impl.order_varies flags the configs whose sums follow thread timing
+ * (the batch-invariant runtime refuses them): gemm's split-K on GPUs and
+ * moe_gemm_down's atomic combine, nothing else. */
+Test(kern_impl, order_varies_flags_atomic_accumulation_only)
+{
+    char why[160];
+    kern_shape s;
+    kern_config c;
+    const kern_family *g = kern_family_find("gemm");
+    cr_assert_eq(kern_shape_parse(g, "tiny", &s, NULL, NULL), MT_OK);
+    kern_space_point(g->gpu, 0, &c);
+    const int sk = 5; /* gemm's gpu params: BM BN BK TM TN SPLITK MMA */
+    cr_assert_str_eq(g->gpu->params[sk].name, "SPLITK");
+    c.v[sk] = 1;
+    cr_assert_not(g->gpu->order_varies(&s, &c, why, sizeof why));
+    c.v[sk] = 2;
+    cr_assert(g->gpu->order_varies(&s, &c, why, sizeof why));
+    cr_assert(strstr(why, "SPLITK=2"), "%s", why);
+    cr_assert_null(g->cpu->order_varies);
+    const kern_family *d = kern_family_find("moe_gemm_down");
+    for (int comb = 0; comb < 2; comb++) {
+        char key[200];
+        snprintf(key, sizeof key, "H=256,I=128,E=16,topk=4,a=bf16,comb=%d", comb);
+        cr_assert_eq(kern_shape_parse(d, key, &s, NULL, NULL), MT_OK, "%s", key);
+        const kern_impl *im[2] = {d->gpu, d->cpu};
+        for (int i = 0; i < 2; i++) {
+            kern_space_point(im[i], 0, &c);
+            cr_assert_eq(im[i]->order_varies(&s, &c, why, sizeof why), comb == 0, "%s", key);
+        }
+    }
+    /* The other families sum in a fixed order. */
+    for (const kern_family *const *f = kern_families(); *f; f++) {
+        if (!strcmp((*f)->name, "gemm") || !strcmp((*f)->name, "moe_gemm_down"))
+            continue;
+        cr_assert(!((*f)->gpu && (*f)->gpu->order_varies), "%s", (*f)->name);
+        cr_assert(!((*f)->cpu && (*f)->cpu->order_varies), "%s", (*f)->name);
+    }
 }
