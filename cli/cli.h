@@ -25,6 +25,7 @@ int cmd_generate(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_bench_serve(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_isa(int argc, char **argv);
 
 /* Option parsing: "--name value" or "--name=value". Returns the value and
  * advances *i, or NULL when argv[*i] is not that option. A missing value

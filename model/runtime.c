@@ -29,9 +29,6 @@ static int eps_exponent(model_runtime *rt, double eps, const char *what)
 static void check_config(model_runtime *rt)
 {
     const model_config *c = rt->cfg;
-    if (strcmp(c->rope_type, "default"))
-        fprintf(rt->log, "warning: rope_type \"%s\": this runtime applies plain RoPE (theta %g)"
-                " without scaling\n", c->rope_type, c->rope_theta);
     if (!c->rope_interleave || !c->indexer_rope_interleave)
         fprintf(rt->log, "warning: config asks for half-split RoPE; the kernels rotate "
                 "interleaved pairs\n");
