@@ -53,10 +53,16 @@ mt_status tune_ratio_interval(const double *cand_ms, const double *dflt_ms, int 
         boot[b] = s / n;
     }
     qsort(boot, TUNE_BOOTSTRAP_RESAMPLES, sizeof *boot, cmp_double);
-    double alpha = 1 - level;
-    out->ratio = exp(sum / n);
-    out->lo = exp(quantile(boot, TUNE_BOOTSTRAP_RESAMPLES, alpha / 2));
-    out->hi = exp(quantile(boot, TUNE_BOOTSTRAP_RESAMPLES, 1 - alpha / 2));
+    double alpha = 1 - level, mean = sum / n;
+    /* The plain percentile interval is too narrow with few rounds (the
+     * resampled spread is the n-divisor one); widen it around the mean by
+     * sqrt(n / (n - 1)), the usual small-sample correction. */
+    double widen = sqrt((double)n / (n - 1));
+    double qlo = quantile(boot, TUNE_BOOTSTRAP_RESAMPLES, alpha / 2);
+    double qhi = quantile(boot, TUNE_BOOTSTRAP_RESAMPLES, 1 - alpha / 2);
+    out->ratio = exp(mean);
+    out->lo = exp(mean + widen * (qlo - mean));
+    out->hi = exp(mean + widen * (qhi - mean));
     out->level = level;
     out->rounds = n;
     free(boot);

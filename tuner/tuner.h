@@ -176,7 +176,8 @@ typedef struct tune_report {
  * resamples to a handful of distinct values), and every round's time is
  * itself a median of many runs, so one disturbed launch does not move it.
  * Its interval is a percentile bootstrap (TUNE_BOOTSTRAP_RESAMPLES
- * resamples of the rounds, seeded: the same rounds give the same interval).
+ * resamples of the rounds, seeded: the same rounds give the same interval),
+ * widened around the mean by sqrt(n / (n - 1)) for the few rounds.
  * The candidate wins only when the interval's upper bound is below 1. */
 #define TUNE_BOOTSTRAP_RESAMPLES 4000
 #define TUNE_CONFIRM_MAX_ROUNDS 64
