@@ -8,7 +8,7 @@
  * bounds each kernel is marked (*): bandwidth for decode-like calls,
  * FLOP/s for prefill. Caches are flushed between timed runs.
  *
- * Usage: bench_attn [--device cpu|cpu:T] [--reps N] */
+ * Usage: bench_attn [--device cpu|cpu:T] [--reps N] [--only FAMILY] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,13 +108,16 @@ int main(int argc, char **argv)
 {
     const char *spec = "cpu";
     int reps = 5;
+    const char *only = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--device") && i + 1 < argc)
             spec = argv[++i];
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
             reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc)
+            only = argv[++i];
         else {
-            fprintf(stderr, "usage: bench_attn [--device cpu|cpu:T] [--reps N]\n");
+            fprintf(stderr, "usage: bench_attn [--device cpu|cpu:T] [--reps N] [--only FAMILY]\n");
             return 2;
         }
     }
@@ -154,7 +157,8 @@ int main(int argc, char **argv)
         {&fam_mla_prefill, "glm5.2-fp8", 256, false},
     };
     for (size_t i = 0; i < sizeof items / sizeof items[0]; i++)
-        bench_one(d, &l, &items[i], reps);
+        if (!only || !strcmp(only, items[i].fam->name))
+            bench_one(d, &l, &items[i], reps);
     printf("(*) the limit that bounds the kernel: bandwidth for decode-like calls, FLOP/s for "
            "prefill\n");
     bench_limits_close(l.probe);
