@@ -8,11 +8,13 @@
  *  2. Speed: prefill and decode tokens per second with every kernel at its
  *     default config, then with a database tuned in this run by the tuner's
  *     C API (tuner/tuner.h; a small budget per shape) for the kernels that
- *     carry the work (GEMMs, MoE stages, attention, norms), and the ratio;
- *     then both again in batch-invariant mode (one config per kernel at
- *     every M), as the ratio to the same selection without it.
+ *     carry the work (GEMMs, MoE stages, attention, norms), compared with
+ *     the defaults in paired, interleaved rounds (lib/model_ab.h: the
+ *     speedup with its bootstrap interval, so noise is not read as a win
+ *     or a regression); then batch-invariant mode (one config per kernel at
+ *     every M) against the same selection without it, the same way.
  *
- * usage: bench_model [--budget TRIALS] [--prompt N] [--decode N] */
+ * usage: bench_model [--budget TRIALS] [--prompt N] [--decode N] [--rounds R] */
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -25,6 +27,7 @@
 #include "../model/reference.h"
 #include "../model/runtime.h"
 #include "../model/tiny.h"
+#include "lib/model_ab.h"
 #include "../tuner/tuner.h"
 
 static FILE *quiet(void)
@@ -95,31 +98,23 @@ static void rel_err(const float *got, const float *want, int n, int32_t V, doubl
 
 /* Best of 3: prefill of n tokens in one step, and decode of d tokens one
  * per step after it. */
-static void speed(model_runtime *rt, const int32_t *tok, int n, int d, double *pre_tps,
-                  double *dec_tps)
+static void ab_or_die(model_runtime *a, model_runtime *b, const int32_t *tok, int n, int d,
+                      const model_ab_opts *o, model_ab_result *r)
 {
-    int32_t V = model_runtime_vocab(rt);
-    float *lg = malloc(sizeof(float) * (size_t)V);
-    *pre_tps = *dec_tps = 0;
-    for (int rep = 0; rep < 3; rep++) {
-        int seq;
-        model_seq_create(rt, &seq, NULL);
-        model_step_item it = {.seq = seq, .tokens = tok, .n_tokens = n, .logits = lg};
-        double t0 = mt_now_ms();
-        step_or_die(rt, &it);
-        double t1 = mt_now_ms();
-        for (int i = 0; i < d; i++) {
-            model_step_item one = {.seq = seq, .tokens = tok + (i % n), .n_tokens = 1,
-                                   .logits = lg};
-            step_or_die(rt, &one);
-        }
-        double t2 = mt_now_ms();
-        model_seq_free(rt, seq);
-        double p = n / ((t1 - t0) / 1000.0), q = d / ((t2 - t1) / 1000.0);
-        *pre_tps = p > *pre_tps ? p : *pre_tps;
-        *dec_tps = q > *dec_tps ? q : *dec_tps;
+    mt_err err = MT_ERR_INIT;
+    if (model_ab_compare(a, b, tok, n, d, o, r, &err) != MT_OK) {
+        fprintf(stderr, "bench_model: %s\n", err.msg);
+        exit(1);
     }
-    free(lg);
+}
+
+static void ab_row(const char *what, const model_ab_result *r)
+{
+    char pre[96], dec[96];
+    model_ab_phase_text(&r->prefill, r->level, pre, sizeof pre);
+    model_ab_phase_text(&r->decode, r->level, dec, sizeof dec);
+    printf("  %-44s %6.0f/%6.1f %6.0f/%6.1f  %-40s %s\n", what, r->prefill.a_tps,
+           r->decode.a_tps, r->prefill.b_tps, r->decode.b_tps, pre, dec);
 }
 
 /* The (family, shape) pairs the runtime selects for, from its report. */
@@ -162,7 +157,7 @@ static int runtime_jobs(model_runtime *rt, const int64_t *ms, int n_m, tune_job 
 
 int main(int argc, char **argv)
 {
-    int budget = 6, n_prompt = 128, n_dec = 32;
+    int budget = 6, n_prompt = 128, n_dec = 32, rounds = 10;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--budget"))
             budget = atoi(argv[i + 1]);
@@ -170,6 +165,8 @@ int main(int argc, char **argv)
             n_prompt = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--decode"))
             n_dec = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--rounds"))
+            rounds = atoi(argv[i + 1]);
     }
     char dir[] = "/tmp/mt_bench_model_XXXXXX";
     if (!mkdtemp(dir))
@@ -221,11 +218,9 @@ int main(int argc, char **argv)
     free(want);
     free(want4);
 
-    /* ---- speed without a database ---- */
+    /* ---- the runtime without a database: the kernels to tune ---- */
     int T = n_prompt > 64 ? n_prompt : 64;
     model_runtime *rt = open_rt(dir, NULL, MODEL_ACT_MXFP4, T);
-    double p0, d0;
-    speed(rt, tok, n_prompt, n_dec, &p0, &d0);
 
     /* ---- tune a database with the tuner's C API ---- */
     char db[300];
@@ -256,30 +251,32 @@ int main(int argc, char **argv)
     }
     printf("tuned in %.0f s\n", (mt_now_ms() - tt) / 1000.0);
 
-    /* ---- speed with it ---- */
+    /* ---- speed with it: paired rounds against the defaults ---- */
+    model_runtime *rd = open_rt(dir, NULL, MODEL_ACT_MXFP4, T);
     rt = open_rt(dir, db, MODEL_ACT_MXFP4, T);
     model_selection_counts c;
     model_runtime_selection(rt, &c);
-    double p1, d1;
-    speed(rt, tok, n_prompt, n_dec, &p1, &d1);
-    model_runtime_close(rt);
-    /* ---- batch-invariant mode: one config per kernel at every M ---- */
-    double pi[2], di[2];
+    model_ab_opts ab = {.rounds = rounds, .level = 0.95, .seed = 1};
+    model_ab_result tuned;
+    ab_or_die(rd, rt, tok, n_prompt, n_dec, &ab, &tuned);
+    /* ---- batch-invariant mode (one config per kernel at every M) against
+     * the same selection without it ---- */
+    model_ab_result inv[2];
     for (int t = 0; t < 2; t++) {
-        rt = open_inv(dir, t ? db : NULL, MODEL_ACT_MXFP4, T, true);
-        speed(rt, tok, n_prompt, n_dec, &pi[t], &di[t]);
-        model_runtime_close(rt);
+        model_runtime *ri = open_inv(dir, t ? db : NULL, MODEL_ACT_MXFP4, T, true);
+        ab_or_die(t ? rt : rd, ri, tok, n_prompt, n_dec, &ab, &inv[t]);
+        model_runtime_close(ri);
     }
-    printf("\ncpu, a4w4, best of 3; prompt %d tokens in one step, then %d decode steps\n",
-           n_prompt, n_dec);
-    printf("  %-34s %14s %14s\n", "kernels", "prefill tok/s", "decode tok/s");
-    printf("  %-34s %14.0f %14.1f\n", "defaults (no database)", p0, d0);
-    printf("  %-34s %14.0f %14.1f\n", "tuned database", p1, d1);
-    printf("  %-34s %13.2fx %13.2fx\n", "tuned / default", p1 / p0, d1 / d0);
-    printf("  %-34s %14.0f %14.1f\n", "defaults, batch-invariant", pi[0], di[0]);
-    printf("  %-34s %14.0f %14.1f\n", "tuned database, batch-invariant", pi[1], di[1]);
-    printf("  %-34s %13.2fx %13.2fx\n", "batch-invariant cost (defaults)", pi[0] / p0, di[0] / d0);
-    printf("  %-34s %13.2fx %13.2fx\n", "batch-invariant cost (tuned)", pi[1] / p1, di[1] / d1);
+    model_runtime_close(rt);
+    model_runtime_close(rd);
+    printf("\ncpu, a4w4; prompt %d tokens in one step, then %d decode steps; %d paired rounds "
+           "(A then B, B then A, ...), tok/s medians, B/A speedup with its 95%% bootstrap "
+           "interval\n", n_prompt, n_dec, rounds);
+    printf("  %-44s %13s %13s  %-40s %s\n", "B against A", "A tok/s", "B tok/s", "prefill B/A",
+           "decode B/A");
+    ab_row("tuned database vs defaults", &tuned);
+    ab_row("batch-invariant vs not (defaults)", &inv[0]);
+    ab_row("batch-invariant vs not (tuned database)", &inv[1]);
     printf("  selection with the database: %d tuned, %d nearest bucket, %d default (untuned "
            "glue kernels and shapes)\n", c.tuned, c.nearest, c.defaults + c.stale);
     char cmd[400];

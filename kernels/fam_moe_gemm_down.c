@@ -190,14 +190,27 @@ static void cpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern
 }
 
 /* comb=0 adds every pair's row into y with float atomics, in the order the
- * work items happen to run (both implementations). */
-static bool order_varies(const kern_shape *s, const kern_config *cfg, char *why, size_t cap)
+ * work items happen to run. With one expert per token (the shared expert
+ * as a one-expert MoE) and no split K, each element of y gets one add: no
+ * order to vary. */
+static bool comb_varies(const kern_shape *s, int splitk, char *why, size_t cap)
+{
+    if (s->v[D_COMB] || (s->v[D_TOPK] == 1 && splitk <= 1))
+        return false;
+    snprintf(why, cap, "comb=0 adds %s into y with float atomics",
+             s->v[D_TOPK] > 1 ? "the pairs' rows" : "split-K partial rows");
+    return true;
+}
+
+static bool cpu_order_varies(const kern_shape *s, const kern_config *cfg, char *why, size_t cap)
 {
     (void)cfg;
-    if (s->v[D_COMB])
-        return false;
-    snprintf(why, cap, "comb=0 adds the pairs' rows into y with float atomics");
-    return true;
+    return comb_varies(s, 1, why, cap);
+}
+
+static bool gpu_order_varies(const kern_shape *s, const kern_config *cfg, char *why, size_t cap)
+{
+    return comb_varies(s, cfg->v[MOE_GPU_SPLITK], why, cap);
 }
 
 static const kern_impl cpu_impl = {
@@ -205,7 +218,7 @@ static const kern_impl cpu_impl = {
     .params = moe_cpu_params,
     .n_params = MOE_CPU_NPARAMS,
     .valid = cpu_valid,
-    .order_varies = order_varies,
+    .order_varies = cpu_order_varies,
     .default_config = cpu_default,
     .scratch_bytes = cpu_scratch,
     .run = cpu_run,
@@ -261,7 +274,7 @@ static const kern_impl gpu_impl = {
     .params = moe_gpu_params,
     .n_params = MOE_GPU_NPARAMS,
     .valid = gpu_valid,
-    .order_varies = order_varies,
+    .order_varies = gpu_order_varies,
     .default_config = gpu_default,
     .defines = gpu_defines,
     .run = gpu_run,
