@@ -33,6 +33,7 @@
 #include "../common/rng.h"
 #include "attn_common.h"
 #include "family.h"
+#include "moe_common.h"
 
 /* C stays last (tests set it by index). */
 enum { D_H, D_L, D_R, D_D, D_TOPK, D_PS, D_KV, D_SPARSE, D_SM, D_C, D_COUNT };
@@ -259,7 +260,7 @@ static mt_status run(const kern_ctx *c, mt_err *err)
     dev_dim3 grid = {(unsigned)nsplit, (unsigned)(s->v[D_H] / hb), (unsigned)c->m};
     dev_dim3 block = {nt, 1, 1};
     size_t shm = 0;
-    if (gpu) {
+    if (gpu && !param(c, "MMA")) { /* the MMA path's tiles are static */
         shm = gpu_shared(s, hb, param(c, "BN"));
     }
     st = dev_launch(c->dev, ks, grid, block, shm, args, err);
@@ -296,14 +297,68 @@ static const int hb_v[] = {1, 2, 4, 8, 16, 32, 64};
 static const int bn_v[] = {8, 16, 32, 64};
 static const int waves_v[] = {1, 2, 4, 8};
 static const int split_v[] = {1, 2, 4, 8, 16, 32, 64};
+static const int mma_v[] = {0, 1, 2};
 
-/* Order matters: HB first and NSPLIT last (defines and scratch_bytes). */
-static const kern_param_desc gpu_params[] = {
-    {"HB", hb_v, 7, "heads per block (they share each loaded cache row)"},
-    {"BN", bn_v, 4, "tokens per tile"},
-    {"WAVES", waves_v, 4, "waves per block"},
-    {"NSPLIT", split_v, 7, "pieces of the context per query (reduced after)"},
+/* Order matters: HB first, WAVES third and NSPLIT last (defines and
+ * scratch_bytes). */
+enum { GP_HB, GP_BN, GP_WAVES, GP_MMA, GP_NSPLIT, GP_COUNT };
+static const kern_param_desc gpu_params[GP_COUNT] = {
+    [GP_HB] = {"HB", hb_v, 7, "heads per block (they share each loaded cache row)"},
+    [GP_BN] = {"BN", bn_v, 4, "tokens per tile"},
+    [GP_WAVES] = {"WAVES", waves_v, 4, "waves per block"},
+    [GP_MMA] = {"MMA", mma_v, 3, "0 scalar FP32; 1, 2 matrix instructions for QK^T and PV, "
+                "the platform's small (16-row) or large (32x32x8, AMD) tile"},
+    [GP_NSPLIT] = {"NSPLIT", split_v, 7, "pieces of the context per query (reduced after)"},
 };
+
+/* Static shared memory of the MMA path, as mla_decode.hip declares it: the
+ * bf16 tile [BN][W + pad], P [2][HB][BN + pad] bf16, S [HB][BN + 1] f32, three
+ * per-head floats and BN slots; pad 4 (wave64) or 8 (wave32) bf16. */
+static size_t gpu_mma_shared(const kern_shape *s, int hb, int bn, int ws)
+{
+    size_t w = (size_t)width(s), pad = ws == 64 ? 4 : 8;
+    return (size_t)bn * (w + pad) * 2 + (size_t)hb * ((size_t)bn + pad) * 4 +
+           (size_t)hb * ((size_t)bn + 1) * 4 + 3 * (size_t)hb * 4 + (size_t)bn * 4;
+}
+
+/* The MMA path's rules: fragments tile the HB x BN scores (K = L + R) and
+ * the HB x L output, whose fragments the waves split (L first, then heads)
+ * and keep in registers across the context. */
+static bool gpu_mma_valid(const kern_shape *s, const kern_config *c, const dev_props *p,
+                          char *why, size_t cap)
+{
+    int mma = c->v[GP_MMA], hb = c->v[GP_HB], bn = c->v[GP_BN], waves = c->v[GP_WAVES];
+    int tm, tn, tk;
+    if (!moe_gpu_mma_tile(p, mma, &tm, &tn, &tk)) {
+        snprintf(why, cap, "MMA=%d: %s has no such matrix instruction", mma, p->arch);
+        return false;
+    }
+    int64_t l = s->v[D_L], w = width(s);
+    if (hb % tm || bn % tn || bn % tk || w % tk) {
+        snprintf(why, cap, "MMA=%d: %dx%dx%d fragments do not tile HB=%d heads x BN=%d "
+                 "tokens over L+R=%lld", mma, tm, tn, tk, hb, bn, (long long)w);
+        return false;
+    }
+    int wn = l / tn < waves ? (int)(l / tn) : waves, wm = wn ? waves / wn : 0;
+    if (!wn || l % ((int64_t)wn * tn) || waves % wn || hb % (wm * tm)) {
+        snprintf(why, cap, "MMA=%d: WAVES=%d waves of %dx%d fragments do not tile the "
+                 "HB=%d x L=%lld output", mma, waves, tm, tn, hb, (long long)l);
+        return false;
+    }
+    int64_t regs = (int64_t)hb * l / ((int64_t)waves * p->warp_size);
+    if (regs > 128) {
+        snprintf(why, cap, "MMA=%d: %lld accumulator registers per lane (HB*L/threads, at "
+                 "most 128)", mma, (long long)regs);
+        return false;
+    }
+    size_t sh = gpu_mma_shared(s, hb, bn, p->warp_size);
+    if (sh > p->static_shared_per_block) {
+        snprintf(why, cap, "MMA=%d: HB=%d, BN=%d need %zu bytes of static shared memory, the "
+                 "device allows %zu", mma, hb, bn, sh, p->static_shared_per_block);
+        return false;
+    }
+    return true;
+}
 
 static bool gpu_valid(const kern_shape *s, int64_t m, const kern_config *c,
                       const dev_props *p, char *why, size_t cap)
@@ -322,6 +377,8 @@ static bool gpu_valid(const kern_shape *s, int64_t m, const kern_config *c,
         snprintf(why, cap, "BN=%d and HB=%d must not exceed the %d threads", bn, hb, nt);
         return false;
     }
+    if (c->v[GP_MMA])
+        return gpu_mma_valid(s, c, p, why, cap);
     int64_t nacc = (hb * s->v[D_L] + nt - 1) / nt;
     if (nacc > 128) {
         snprintf(why, cap, "%lld accumulators per thread (HB*L/threads) exceed 128",
@@ -349,7 +406,8 @@ static int pick_split(const kern_shape *s, int64_t m, int blocks_per_split, int 
 
 static void gpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern_config *c)
 {
-    c->n = 4;
+    c->n = GP_COUNT;
+    c->v[GP_MMA] = 0;
     c->v[2] = p->max_threads_per_block >= 4 * p->warp_size ? 4 : 1;
     c->v[0] = 16;
     while (c->v[0] > 1 && s->v[D_H] % c->v[0])
@@ -367,7 +425,7 @@ static void gpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern
         else
             break;
     }
-    c->v[3] = pick_split(s, m, (int)(s->v[D_H] / c->v[0]), 2 * p->compute_units);
+    c->v[GP_NSPLIT] = pick_split(s, m, (int)(s->v[D_H] / c->v[0]), 2 * p->compute_units);
 }
 
 static int gpu_defines(const kern_shape *s, const kern_config *cfg, const dev_props *p,
@@ -379,7 +437,7 @@ static int gpu_defines(const kern_shape *s, const kern_config *cfg, const dev_pr
 static const kern_impl gpu_impl = {
     .source = "mla_decode.hip",
     .params = gpu_params,
-    .n_params = 4,
+    .n_params = GP_COUNT,
     .valid = gpu_valid,
     .default_config = gpu_default,
     .defines = gpu_defines,
@@ -454,7 +512,7 @@ static const kern_case cases[] = {
 
 const kern_family fam_mla_decode = {
     .name = "mla_decode",
-    .version = 1,
+    .version = 2, /* 2: the GPU side's MMA parameter */
     .summary = "absorbed MLA over the paged latent cache, split-context, dense or DSA-sparse",
     .dims = dims,
     .n_dims = D_COUNT,

@@ -8,9 +8,16 @@
  * sum of the latent rows in registers. Writes (o, max, sum) per head.
  * mla_decode_reduce: block (head, query) combines the NSPLIT pieces.
  *
- * Params: HB, BN, WAVES, NSPLIT; NT threads, NACC accumulators per thread
- * and KV_FP8 come from the family. Shape: S_H, S_L, S_R, S_topk, S_ps,
- * S_sparse. */
+ * MMA=1 or 2 runs the split kernel on the prelude's matrix fragments
+ * (MT_MMA_SHAPE 16 or 32), see "MMA path" below; MMA=0 is the scalar path.
+ *
+ * Params: HB, BN, WAVES, MMA, NSPLIT; NT threads, NACC accumulators per
+ * thread and KV_FP8 come from the family. Shape: S_H, S_L, S_R, S_topk,
+ * S_ps, S_sparse. */
+
+#ifndef MMA
+#define MMA 0
+#endif
 
 #if KV_FP8
 typedef unsigned char kv_t;
@@ -23,6 +30,7 @@ typedef mt_bf16 kv_t;
 #define W (S_L + S_R)
 #define NEG_BIG (-1.0e30f)
 
+#if !MMA
 MT_KERNEL __launch_bounds__(NT) void mla_decode_split(
     const mt_bf16 *__restrict__ q, const kv_t *__restrict__ pool, const float *kscale,
     const int *table, int max_pages, const int *qseq, const int *ctx_len, const int *sel,
@@ -132,6 +140,232 @@ MT_KERNEL __launch_bounds__(NT) void mla_decode_split(
         pr[S_L + 1] = sSum[tid];
     }
 }
+
+#endif /* !MMA */
+
+#if MMA
+/* ---- MMA path ------------------------------------------------------------
+ * Per KV tile of BN tokens:
+ *  1. the tile's cache rows are decoded to bf16 (fp8 e4m3 is exact in
+ *     bf16; kscale stays a scalar) into sKV [BN][A_LDK], rows padded by
+ *     A_PAD so no row stride is a power of two;
+ *  2. S = Q K^T: HB x BN fragments over K = L + R; A (the absorbed query)
+ *     straight from global memory (64 heads x 576 bf16 do not fit LDS
+ *     next to the tile; the rows stay in L1/L2 across tiles), B from sKV
+ *     rows (load_bt); stored f32 to sS;
+ *  3. online softmax: a group of A_G lanes of one wave per head row, max
+ *     and sum by shuffles; P to sP as two bf16 parts, hi = bf16(p) and
+ *     lo = bf16(p - hi) (p to about 2^-17: one bf16 P is off by up to
+ *     2^-9 per weight, which the family's tolerance, 2e-4 + 2e-3 |o|,
+ *     rejects by 5-7x), the running max and sum and this tile's rescale
+ *     alpha per row;
+ *  4. O = O * alpha + P_hi V + P_lo V: the waves own fixed fragments of
+ *     the HB x L output (L split across waves first, then heads), A from
+ *     sP, B the latent part of sKV read as a K x N tile (load_b).
+ * The split-K over the context, the slot addressing (dense, sparse, paged)
+ * and the (o, max, sum) output are the scalar path's. */
+#if !MT_MMA_HAVE
+#error "MMA needs matrix instructions, which this target does not have"
+#endif
+#if MMA == 2
+#if !MT_MMA_HAVE_32
+#error "MMA=2 needs the 32x32x8 matrix instruction (AMD wave64)"
+#endif
+#undef MT_MMA_SHAPE
+#define MT_MMA_SHAPE 32
+#endif
+#if NT != WAVES * MT_MMA_WAVE
+#error "MMA: the block's waves must be the matrix instruction's"
+#endif
+
+#define A_PAD (MT_MMA_WAVE == 64 ? 4 : 8)
+#define A_LDK (W + A_PAD)            /* sKV row pitch (bf16) */
+#define A_LDP (BN + A_PAD)           /* sP row pitch (bf16) */
+#define A_LDS (BN + 1)               /* sS row pitch (f32) */
+/* S = Q K^T: QI x QJ fragments; QSJ waves share a fragment row (splitting
+ * its columns), QWR waves walk the rows. */
+#define A_QI (HB / MT_MMA_M)
+#define A_QJ (BN / MT_MMA_N)
+#define A_QSJ0 (WAVES / A_QI < 1 ? 1 : WAVES / A_QI)
+#define A_QSJ (A_QSJ0 < A_QJ ? A_QSJ0 : A_QJ)
+#define A_QNJ (A_QJ / A_QSJ)
+#define A_QWR (WAVES / A_QSJ)
+/* O: waves across L first (A_WN), then heads (A_WM); each owns A_TM x A_TN
+ * fragments. */
+#define A_WN (WAVES < S_L / MT_MMA_N ? WAVES : S_L / MT_MMA_N)
+#define A_WM (WAVES / A_WN)
+#define A_TM (HB / (A_WM * MT_MMA_M))
+#define A_TN (S_L / (A_WN * MT_MMA_N))
+/* Softmax: A_G lanes per head row (a power of two within one wave). */
+#define A_G0 (NT / HB < 1 ? 1 : NT / HB)
+#define A_G1 (A_G0 < BN ? A_G0 : BN)
+#define A_G (A_G1 < MT_MMA_WAVE ? A_G1 : MT_MMA_WAVE)
+
+/* Four bf16 of one cache row, decoded, as one 64-bit word. */
+MT_DEVICE unsigned long long a_load4(const kv_t *src)
+{
+#if KV_FP8
+    unsigned v = *(const unsigned *)src;
+    unsigned long long r = 0;
+    for (int e = 0; e < 4; e++) {
+        unsigned b = mt_float_as_uint(mt_fp8e4m3_to_f32((unsigned char)(v >> (8 * e)))) >> 16;
+        r |= (unsigned long long)b << (16 * e);
+    }
+    return r;
+#else
+    return *(const unsigned long long *)src;
+#endif
+}
+
+MT_KERNEL __launch_bounds__(NT) void mla_decode_split(
+    const mt_bf16 *__restrict__ q, const kv_t *__restrict__ pool, const float *kscale,
+    const int *table, int max_pages, const int *qseq, const int *ctx_len, const int *sel,
+    float *part, float scale)
+{
+    __shared__ __attribute__((aligned(16))) mt_bf16 sKV[BN * A_LDK];
+    __shared__ __attribute__((aligned(16))) mt_bf16 sP[2][HB * A_LDP]; /* hi, lo */
+    __shared__ float sS[HB * A_LDS];
+    __shared__ float sAlpha[HB], sMax[HB], sSum[HB];
+    __shared__ int sSlot[BN];
+
+    const int tid = threadIdx.x, wave = tid / MT_MMA_WAVE;
+    const int split = blockIdx.x, h0 = blockIdx.y * HB, m = blockIdx.z;
+    const int len = ctx_len[m];
+    const int n_items = S_sparse ? S_topk : len;
+    const int chunk = (n_items + NSPLIT - 1) / NSPLIT;
+    const int b0 = split * chunk;
+    const int b1 = b0 + chunk < n_items ? b0 + chunk : n_items;
+    const int *tbl = table + (long)qseq[m] * max_pages;
+    const float ks = kscale[0];
+    const float sscale = ks * scale;
+    const mt_bf16 *qm = q + ((long)m * S_H + h0) * W;
+
+    if (tid < HB) {
+        sMax[tid] = NEG_BIG;
+        sSum[tid] = 0.0f;
+    }
+    const int wm = wave / A_WN, wn = wave % A_WN;
+    mt_mma_acc acc[A_TM][A_TN];
+    for (int i = 0; i < A_TM; i++)
+        for (int j = 0; j < A_TN; j++)
+            acc[i][j] = mt_mma_acc_zero();
+
+    for (int t0 = b0; t0 < b1; t0 += BN) {
+        if (tid < BN) {
+            int it = t0 + tid, pos = -1;
+            if (it < b1)
+                pos = S_sparse ? sel[(long)m * S_topk + it] : it;
+            sSlot[tid] = (pos >= 0 && pos < len) ? tbl[pos / S_ps] * S_ps + pos % S_ps : -1;
+        }
+        __syncthreads();
+        /* 1: the tile, 4 values per item (W % 4 == 0: aligned loads) */
+        for (int e = tid; e < BN * (W / 4); e += NT) {
+            int j = e / (W / 4), c = e - j * (W / 4);
+            int slot = sSlot[j];
+            *(unsigned long long *)(sKV + j * A_LDK + 4 * c) =
+                slot >= 0 ? a_load4(pool + (long)slot * W + 4 * c) : 0ull;
+        }
+        __syncthreads();
+        /* 2: S = Q K^T */
+        for (int i = wave / A_QSJ; i < A_QI; i += A_QWR) {
+            const int j0 = (wave % A_QSJ) * A_QNJ;
+            mt_mma_acc s[A_QNJ];
+            for (int j = 0; j < A_QNJ; j++)
+                s[j] = mt_mma_acc_zero();
+            const mt_bf16 *qa = qm + (long)i * MT_MMA_M * W;
+            for (int kk = 0; kk < W; kk += MT_MMA_K) {
+                mt_mma_a fa = mt_mma_load_a(qa + kk, W);
+                for (int j = 0; j < A_QNJ; j++) {
+                    mt_mma_b fb = mt_mma_load_bt(sKV + (j0 + j) * MT_MMA_N * A_LDK + kk, A_LDK);
+                    s[j] = mt_mma_bf16(fa, fb, s[j]);
+                }
+            }
+            for (int j = 0; j < A_QNJ; j++)
+                mt_mma_store_acc(sS + i * MT_MMA_M * A_LDS + (j0 + j) * MT_MMA_N, A_LDS, s[j]);
+        }
+        __syncthreads();
+        /* 3: online softmax, A_G lanes per row; every lane takes part in
+         * the shuffles (rows past HB only when NT / A_G > HB) */
+        for (int r0 = 0; r0 < HB; r0 += NT / A_G) {
+            const int r = r0 + tid / A_G, g = tid % A_G;
+            const int live = r < HB;
+            float mx = NEG_BIG;
+            for (int j = g; j < BN; j += A_G)
+                if (live && sSlot[j] >= 0)
+                    mx = mt_fmaxf(mx, sS[r * A_LDS + j] * sscale);
+            for (int o = A_G / 2; o > 0; o /= 2)
+                mx = mt_fmaxf(mx, mt_shfl_xor_f32(mx, o));
+            const float old = live ? sMax[r] : NEG_BIG;
+            const float mnew = mt_fmaxf(old, mx);
+            float sum = 0.0f;
+            for (int j = g; j < BN; j += A_G) {
+                float pj = 0.0f;
+                if (live && sSlot[j] >= 0)
+                    pj = mt_expf(sS[r * A_LDS + j] * sscale - mnew);
+                mt_bf16 hi = mt_f32_to_bf16(pj);
+                sum += pj;
+                if (live) {
+                    sP[0][r * A_LDP + j] = hi;
+                    sP[1][r * A_LDP + j] = mt_f32_to_bf16(pj - mt_bf16_to_f32(hi));
+                }
+            }
+            for (int o = A_G / 2; o > 0; o /= 2)
+                sum += mt_shfl_xor_f32(sum, o);
+            if (live && g == 0) {
+                float alpha = mt_expf(old - mnew);
+                sAlpha[r] = alpha;
+                sSum[r] = sSum[r] * alpha + sum;
+                sMax[r] = mnew;
+            }
+        }
+        __syncthreads();
+        /* 4: O = O * alpha + P V */
+        for (int i = 0; i < A_TM; i++) {
+            float al[MT_MMA_ACC_REGS];
+            for (int rg = 0; rg < MT_MMA_ACC_REGS; rg++)
+                al[rg] = sAlpha[(wm * A_TM + i) * MT_MMA_M + mt_mma_acc_row(rg)];
+            for (int j = 0; j < A_TN; j++)
+                for (int rg = 0; rg < MT_MMA_ACC_REGS; rg++)
+                    acc[i][j].x[rg] *= al[rg];
+        }
+        for (int kk = 0; kk < BN; kk += MT_MMA_K) {
+            mt_mma_a fa[2][A_TM];
+            for (int i = 0; i < A_TM; i++) {
+                int o = (wm * A_TM + i) * MT_MMA_M * A_LDP + kk;
+                fa[0][i] = mt_mma_load_a(sP[0] + o, A_LDP);
+                fa[1][i] = mt_mma_load_a(sP[1] + o, A_LDP);
+            }
+            for (int j = 0; j < A_TN; j++) {
+                mt_mma_b fb = mt_mma_load_b(sKV + kk * A_LDK + (wn * A_TN + j) * MT_MMA_N, A_LDK);
+                for (int i = 0; i < A_TM; i++) {
+                    acc[i][j] = mt_mma_bf16(fa[0][i], fb, acc[i][j]);
+                    acc[i][j] = mt_mma_bf16(fa[1][i], fb, acc[i][j]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    /* part[m][h][split][0:L] = o * kscale, then max and sum. One fragment
+     * at a time (short loops stay unrolled: NVRTC puts acc in local memory
+     * when a loop over registers is not). */
+    float *pb = part + (((long)m * S_H + h0) * NSPLIT + split) * (S_L + 2);
+    for (int i = 0; i < A_TM; i++)
+        for (int j = 0; j < A_TN; j++) {
+            mt_mma_acc o = acc[i][j];
+            for (int rg = 0; rg < MT_MMA_ACC_REGS; rg++)
+                o.x[rg] *= ks;
+            mt_mma_store_acc(pb + (long)(wm * A_TM + i) * MT_MMA_M * NSPLIT * (S_L + 2) +
+                                 (wn * A_TN + j) * MT_MMA_N,
+                             NSPLIT * (S_L + 2), o);
+        }
+    if (tid < HB) {
+        float *pr = part + (((long)m * S_H + h0 + tid) * NSPLIT + split) * (S_L + 2);
+        pr[S_L] = sMax[tid];
+        pr[S_L + 1] = sSum[tid];
+    }
+}
+#endif /* MMA */
 
 MT_KERNEL __launch_bounds__(NT) void mla_decode_reduce(const float *part, float *out)
 {
