@@ -9,6 +9,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../bench/lib/model_ab.h"
+#include "../common/rng.h"
 #include "../model/plan.h"
 #include "../tuner/tuner.h"
 #include "cli.h"
@@ -57,6 +59,9 @@ static void usage(void)
         "  --confirm-rounds N  paired rounds confirming a best config against the\n"
         "                      default (default 10; 0: off, the lowest median wins)\n"
         "  --confidence P      confidence of that decision (default 0.95)\n"
+        "  --model-check R     with --model: end by timing the whole model with the\n"
+        "                      tuned database against the default configs in R paired\n"
+        "                      rounds, with a 95%% interval (default 10; 0: skip)\n"
         "  --quiet             no progress output\n");
 }
 
@@ -65,6 +70,7 @@ typedef struct tune_cli {
     bool quiet;
     model_plan_opts plan;  /* --model: the runtime options that change kernels */
     bool plan_opts_given;
+    int check_rounds;      /* --model-check */
 } tune_cli;
 
 static int parse(int argc, char **argv, tune_opts *o, tune_cli *c)
@@ -90,6 +96,16 @@ static int parse(int argc, char **argv, tune_opts *o, tune_cli *c)
             c->model = v;
         else if ((v = cli_opt(argc, argv, &i, "--m", &bad)))
             c->mlist = v;
+        else if ((v = cli_opt(argc, argv, &i, "--model-check", &bad))) {
+            char *end;
+            long r = strtol(v, &end, 10);
+            if (!*v || *end || r < 0 || r > TUNE_CONFIRM_MAX_ROUNDS || r == 1) {
+                cli_error("tune", "--model-check '%s': 0 (skip) or 2..%d rounds", v,
+                          TUNE_CONFIRM_MAX_ROUNDS);
+                return CLI_USAGE;
+            }
+            c->check_rounds = (int)r;
+        }
         else if ((v = cli_opt(argc, argv, &i, "--act-quant", &bad))) {
             c->plan_opts_given = true;
             c->plan.act_quant_set = true;
@@ -195,6 +211,10 @@ static int parse(int argc, char **argv, tune_opts *o, tune_cli *c)
                           "--family/--shape");
         return CLI_USAGE;
     }
+    if (!c->model && c->check_rounds != 10) {
+        cli_error("tune", "--model-check goes with --model");
+        return CLI_USAGE;
+    }
     if (!c->model && c->plan_opts_given) {
         cli_error("tune", "--act-quant, --kv-dtype and --max-batch-tokens go with --model");
         return CLI_USAGE;
@@ -287,11 +307,76 @@ static int build_jobs(const tune_cli *c, tune_job *jobs, int *n_jobs)
     return 0;
 }
 
+/* The end of `tune --model`: the whole forward with the tuned database
+ * against the default configs, in paired rounds (bench/lib/model_ab.h).
+ * Informational: it never fails the command, but a tuned model slower with
+ * confidence is a warning. */
+static void model_check(const tune_cli *c, const tune_opts *o)
+{
+    static FILE *quiet;
+    if (!quiet)
+        quiet = fopen("/dev/null", "w");
+    model_runtime_opts ro = {.model_dir = c->model, .device = o->device ? o->device : "auto",
+                             .act_quant = c->plan.act_quant,
+                             .act_quant_set = c->plan.act_quant_set,
+                             .kv_dtype = c->plan.kv_dtype, .kv_page_size = c->plan.kv_page_size,
+                             .kv_pages = c->plan.kv_pages,
+                             .max_batch_tokens = c->plan.max_batch_tokens,
+                             .log = quiet ? quiet : stderr};
+    model_runtime *def = NULL, *tuned = NULL;
+    mt_err err = MT_ERR_INIT;
+    mt_status st = model_runtime_open(&ro, &def, &err);
+    ro.db_path = o->db_path;
+    if (st == MT_OK)
+        st = model_runtime_open(&ro, &tuned, &err);
+    int32_t *tok = NULL;
+    int n = 0, d = 16;
+    if (st == MT_OK) {
+        int64_t T = c->plan.max_batch_tokens > 0 ? c->plan.max_batch_tokens : 512;
+        n = T < 128 ? (int)T : 128;
+        tok = malloc(sizeof *tok * (size_t)n);
+        if (!tok)
+            st = mt_fail(&err, MT_E_NOMEM, "model check");
+        mt_rng rng;
+        mt_rng_seed(&rng, 12345);
+        int32_t V = model_runtime_vocab(def);
+        for (int i = 0; tok && i < n; i++)
+            tok[i] = (int32_t)mt_rng_below(&rng, (uint64_t)V);
+    }
+    model_ab_result r;
+    model_ab_opts ab = {.rounds = c->check_rounds, .level = 0.95, .seed = 1};
+    if (st == MT_OK)
+        st = model_ab_compare(def, tuned, tok, n, d, &ab, &r, &err);
+    if (st != MT_OK) {
+        fprintf(stderr, "moetune tune: model check skipped: %s\n", err.msg);
+    } else {
+        char pre[96], dec[96];
+        model_ab_phase_text(&r.prefill, r.level, pre, sizeof pre);
+        model_ab_phase_text(&r.decode, r.level, dec, sizeof dec);
+        printf("\nmodel check (%s, %d paired rounds, tuned database vs default configs):\n"
+               "  prefill of %d tokens: %.0f -> %.0f tok/s, %s\n"
+               "  decode:               %.1f -> %.1f tok/s, %s\n",
+               ro.device, r.rounds, n, r.prefill.a_tps, r.prefill.b_tps, pre, r.decode.a_tps,
+               r.decode.b_tps, dec);
+        if (r.prefill.b_slower || r.decode.b_slower)
+            fprintf(stderr, "moetune tune: WARNING: the model with the tuned database is slower "
+                    "than with the default configs (%s%s%s); the kernels' winners were each "
+                    "confirmed alone, so the loss is in how they run together (caches, "
+                    "launch overheads) or in untuned kernels\n",
+                    r.prefill.b_slower ? "prefill" : "",
+                    r.prefill.b_slower && r.decode.b_slower ? ", " : "",
+                    r.decode.b_slower ? "decode" : "");
+    }
+    free(tok);
+    model_runtime_close(tuned);
+    model_runtime_close(def);
+}
+
 int cmd_tune(int argc, char **argv)
 {
     tune_opts o;
     tune_opts_default(&o);
-    tune_cli c = {0};
+    tune_cli c = {.check_rounds = 10};
     const char *env_db = getenv("MOETUNE_DB");
     o.db_path = env_db && *env_db ? env_db : "moetune.db";
     int rc = parse(argc, argv, &o, &c);
@@ -325,7 +410,10 @@ int cmd_tune(int argc, char **argv)
     sigaction(SIGINT, &old, NULL);
     if (rep)
         tune_report_print(rep, stdout);
+    bool ran = rep && !rep->compile_only && st == MT_OK;
     tune_report_free(rep);
+    if (ran && c.model && c.check_rounds > 0 && !stop_flag)
+        model_check(&c, &o);
     free(jobs);
     if (st == MT_E_INTERRUPTED) {
         fprintf(stderr, "moetune tune: interrupted; the database is consistent. Run the same "
