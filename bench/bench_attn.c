@@ -2,13 +2,30 @@
  * dsa_indexer, rope) at GLM-5.2 dims on the cpu backend, against limits
  * measured in the same run through the same backend and compiler: memory
  * read bandwidth (a streaming-sum kernel over a buffer far larger than the
- * last-level cache) and fp32 FMA peak (independent vector FMA chains).
+ * last-level cache, bench/lib/limits.h) and the compute peaks: fp32 FMA
+ * (12 independent vector FMA chains per work item) and, where the CPU has
+ * AVX512_BF16, bf16 dot products (the same with vdpbf16ps: two multiply-adds
+ * per lane and instruction).
  * Prints time, achieved bandwidth and FLOP/s (the family's cost model:
  * minimum bytes and flops) and their fractions of the limits; the one that
  * bounds each kernel is marked (*): bandwidth for decode-like calls,
  * FLOP/s for prefill. Caches are flushed between timed runs.
  *
- * Usage: bench_attn [--device cpu|cpu:T] [--reps N] [--only FAMILY] */
+ * The compute limit of a kernel is the time its flops take at the peaks of
+ * the instructions it runs them with: on an AVX512_BF16 CPU the cpu kernels
+ * of mla_decode (the score GEMM, (L+R)/(2L+R) of the flops) and dsa_indexer
+ * (the q.k products) use vdpbf16ps, the rest fp32 FMA; "of pk" is that
+ * time over the kernel's. A fraction above 1 is a bug.
+ *
+ * On a shared machine other processes take cycles from probes and kernels
+ * alike, so both are timed the same way: launches of 64 short work items
+ * (a few ms), repeated (the peak probes before the first and after every
+ * kernel), and each kernel's fastest run is compared with the fastest
+ * probe. The median time and the load average before and after are printed
+ * too. The table is printed at the end.
+ *
+ * Usage: bench_attn [--device cpu|cpu:T] [--reps N] [--only FAMILY [--config KEY]]
+ * (--config: that config instead of the default, for the --only family). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,11 +43,128 @@ static void die(const char *what, const mt_err *err)
     exit(1);
 }
 
-/* The limits of this run: read bandwidth and fp32 FMA peak (medians). */
+/* Compute-peak probes: 64 work items of PEAK_ITERS steps of 12 independent
+ * vector chains each (fp32 FMA, or vdpbf16ps: 2 multiply-adds per lane);
+ * bf16_dot writes out[1001] = 0 where the CPU has no AVX512_BF16. */
+enum { PEAK_ITEMS = 64, PEAK_ITERS = 40000 };
+static const char peak_src[] =
+    "#if defined(__AVX512F__)\n"
+    "#define VW 16\n"
+    "#else\n"
+    "#define VW 8\n"
+    "#endif\n"
+    "typedef float mt_vf __attribute__((vector_size(VW * 4)));\n"
+    "MT_CPU_KERNEL void fma_chains(float *out, int iters)\n"
+    "{\n"
+    "    mt_vf a[12], m, c;\n"
+    "    for (int k = 0; k < VW; k++) { m[k] = 0.999f; c[k] = 0.001f * (k + 1); }\n"
+    "    for (int j = 0; j < 12; j++) a[j] = c + (float)j;\n"
+    "    for (int i = 0; i < iters; i++)\n"
+    "#pragma GCC unroll 12\n"
+    "        for (int j = 0; j < 12; j++) a[j] = a[j] * m + c;\n"
+    "    float s = 0.0f;\n"
+    "    for (int j = 0; j < 12; j++) for (int k = 0; k < VW; k++) s += a[j][k];\n"
+    "    out[itemIdx.x] = s;\n"
+    "    if (itemIdx.x == 0) out[1000] = VW;\n"
+    "}\n"
+    "#if defined(__AVX512F__) && defined(__AVX512BF16__)\n"
+    "#include <immintrin.h>\n"
+    "MT_CPU_KERNEL void bf16_dot(float *out, int iters)\n"
+    "{\n"
+    "    __m512 a[12];\n"
+    "    __m512i x = _mm512_set1_epi32(0x3f7f3f7f), y = _mm512_set1_epi32(0x3a803a80);\n"
+    "    for (int j = 0; j < 12; j++) a[j] = _mm512_set1_ps((float)j);\n"
+    "    for (int i = 0; i < iters; i++) {\n"
+    "#pragma GCC unroll 12\n"
+    "        for (int j = 0; j < 12; j++) a[j] = _mm512_dpbf16_ps(a[j], (__m512bh)x, (__m512bh)y);\n"
+    "        __asm__ volatile(\"\" : \"+v\"(x));\n"
+    "    }\n"
+    "    float s = 0.0f;\n"
+    "    for (int j = 0; j < 12; j++) s += _mm512_reduce_add_ps(a[j]);\n"
+    "    out[itemIdx.x] = s;\n"
+    "    if (itemIdx.x == 0) out[1001] = 32;\n"
+    "}\n"
+    "#else\n"
+    "MT_CPU_KERNEL void bf16_dot(float *out, int iters)\n"
+    "{\n"
+    "    (void)iters;\n"
+    "    if (itemIdx.x == 0) out[1001] = 0;\n"
+    "}\n"
+    "#endif\n";
+
+/* The limits of this run: read bandwidth (p90 of its probe) and the best
+ * fp32 FMA and bf16 dot rates of n_probe short probes (bf16 0: none). */
 typedef struct limits {
     bench_limits *probe;
-    double gbps, gflops;
+    dev_device *dev;
+    dev_code *code;
+    dev_module *mod;
+    dev_kernel *fma, *dot;
+    float *out;
+    double gbps, gflops, bf16_gflops;
+    int n_probe;
 } limits;
+
+static double time_peak(limits *l, dev_kernel *k, int slot)
+{
+    mt_err err = MT_ERR_INIT;
+    int iters = PEAK_ITERS;
+    void *args[] = {&l->out, &iters};
+    double t0 = mt_now_ms();
+    if (dev_launch(l->dev, k, (dev_dim3){PEAK_ITEMS, 1, 1}, (dev_dim3){1, 1, 1}, 0, args,
+                   &err) != MT_OK ||
+        dev_synchronize(l->dev, &err) != MT_OK)
+        die("peak probe", &err);
+    double ms = mt_now_ms() - t0;
+    float lanes = 0;
+    if (dev_copy_from(l->dev, &lanes, l->out + slot, sizeof lanes, &err) != MT_OK)
+        die("peak probe", &err);
+    /* fp32: VW lanes x 1 FMA; bf16: 16 lanes x 2 (lanes holds 32). */
+    return (double)PEAK_ITEMS * PEAK_ITERS * 12 * lanes * 2 / (ms * 1e6);
+}
+
+static void open_peaks(limits *l, dev_device *d)
+{
+    mt_err err = MT_ERR_INIT;
+    dev_compile_req req = {.name = "bench_attn_peaks.cpu", .source = peak_src};
+    l->dev = d;
+    if (dev_compile(d, &req, &l->code, &err) != MT_OK ||
+        dev_module_load(d, l->code, &l->mod, &err) != MT_OK ||
+        dev_module_get_kernel(l->mod, "fma_chains", "pi", &l->fma, &err) != MT_OK ||
+        dev_module_get_kernel(l->mod, "bf16_dot", "pi", &l->dot, &err) != MT_OK ||
+        dev_alloc(d, 4096, (void **)&l->out, &err) != MT_OK)
+        die("peak probes", &err);
+}
+
+/* Five launches of each probe; keeps the best of all so far. */
+static void probe_peaks(limits *l)
+{
+    for (int i = 0; i < 5; i++) {
+        double f = time_peak(l, l->fma, 1000), b = time_peak(l, l->dot, 1001);
+        if (f > l->gflops)
+            l->gflops = f;
+        if (b > l->bf16_gflops)
+            l->bf16_gflops = b;
+    }
+    l->n_probe += 5;
+}
+
+static void close_peaks(limits *l)
+{
+    dev_free(l->dev, l->out);
+    dev_module_unload(l->mod);
+    dev_code_free(l->code);
+}
+
+/* One result line, printed once every limit is known. */
+typedef struct row {
+    const char *fam, *key;
+    int64_t m;
+    bool bw_bound;
+    double bf16_share;
+    char config[128];
+    double ms_median, ms_best, flops, bytes;
+} row;
 
 /* ---- one family call -------------------------------------------------------------------- */
 
@@ -39,6 +173,7 @@ typedef struct item {
     const char *key;
     int64_t m;
     bool bw_bound;
+    double bf16_share; /* of the flops, run as bf16 dot products where the CPU can */
 } item;
 
 /* One call through the executor, waited for. */
@@ -49,7 +184,8 @@ static mt_status run_sync(kern_exec *e, const kern_shape *s, int64_t m, void *co
     return st == MT_OK ? dev_synchronize(kern_exec_device(e), err) : st;
 }
 
-static void bench_one(dev_device *d, limits *l, const item *it, int reps)
+static void bench_one(dev_device *d, limits *l, const item *it, int reps, const char *config,
+                      row *out)
 {
     mt_err err = MT_ERR_INIT;
     kern_shape s;
@@ -67,8 +203,12 @@ static void bench_one(dev_device *d, limits *l, const item *it, int reps)
     for (int i = 0; i < n; i++)
         if (dev_copy_to(d, dbuf[i], host[i], bufs[i].bytes, &err) != MT_OK)
             die("upload", &err);
+    kern_config cfg;
+    if (config && kern_config_parse(kern_family_impl(it->fam, dev_get_props(d)->backend), config,
+                                    &cfg, &err) != MT_OK)
+        die(config, &err);
     kern_exec *e = NULL;
-    if (kern_exec_open(d, it->fam, &s, it->m, NULL, &e, &err) != MT_OK)
+    if (kern_exec_open(d, it->fam, &s, it->m, config ? &cfg : NULL, &e, &err) != MT_OK)
         die(it->key, &err);
     if (run_sync(e, &s, it->m, dbuf, &err) != MT_OK) /* warm-up */
         die(it->key, &err);
@@ -87,15 +227,11 @@ static void bench_one(dev_device *d, limits *l, const item *it, int reps)
             t[j] = t[j - 1];
             t[j - 1] = x;
         }
-    double ms = t[reps / 2], flops, bytes;
-    it->fam->cost(&s, it->m, &flops, &bytes);
-    double gbps = bytes / (ms * 1e6), gfl = flops / (ms * 1e6);
-    char ck[128];
+    *out = (row){.fam = it->fam->name, .key = it->key, .m = it->m, .bw_bound = it->bw_bound,
+                  .bf16_share = it->bf16_share, .ms_median = t[reps / 2], .ms_best = t[0]};
+    it->fam->cost(&s, it->m, &out->flops, &out->bytes);
     kern_config_key(kern_family_impl(it->fam, dev_get_props(d)->backend), kern_exec_config(e),
-                    ck, sizeof ck);
-    printf("%-12s %-14s %5lld %-28s %9.3f %8.2f %6.3f%s %8.2f %6.3f%s\n", it->fam->name,
-           it->key, (long long)it->m, ck, ms, gbps, gbps / l->gbps, it->bw_bound ? "*" : " ",
-           gfl, gfl / l->gflops, it->bw_bound ? " " : "*");
+                    out->config, sizeof out->config);
     free(t);
     kern_exec_close(e);
     for (int i = 0; i < n; i++) {
@@ -108,7 +244,7 @@ int main(int argc, char **argv)
 {
     const char *spec = "cpu";
     int reps = 5;
-    const char *only = NULL;
+    const char *only = NULL, *config = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--device") && i + 1 < argc)
             spec = argv[++i];
@@ -116,13 +252,20 @@ int main(int argc, char **argv)
             reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--only") && i + 1 < argc)
             only = argv[++i];
+        else if (!strcmp(argv[i], "--config") && i + 1 < argc)
+            config = argv[++i];
         else {
-            fprintf(stderr, "usage: bench_attn [--device cpu|cpu:T] [--reps N] [--only FAMILY]\n");
+            fprintf(stderr, "usage: bench_attn [--device cpu|cpu:T] [--reps N] "
+                    "[--only FAMILY [--config KEY]]\n");
             return 2;
         }
     }
     if (reps < 1)
         reps = 1;
+    if (config && !only) {
+        fprintf(stderr, "bench_attn: --config needs --only FAMILY\n");
+        return 2;
+    }
     dev_device *d = NULL;
     mt_err err = MT_ERR_INIT;
     if (dev_open(spec, NULL, &d, &err) != MT_OK)
@@ -132,35 +275,62 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_attn: the limits are measured with cpu kernels; use cpu\n");
         return 2;
     }
+    double load0[3] = {0}, load1[3] = {0};
+    getloadavg(load0, 3);
     limits l = {0};
-    bench_spread bw, fma;
+    bench_spread bw;
     if (bench_limits_open(d, &l.probe, &err) != MT_OK ||
-        bench_limits_bandwidth(l.probe, 5, &bw, &err) != MT_OK ||
-        bench_limits_fma(l.probe, &fma, &err) != MT_OK)
+        bench_limits_bandwidth(l.probe, 5, &bw, &err) != MT_OK)
         die("limits", &err);
-    l.gbps = bw.median;
-    l.gflops = fma.median;
-    printf("device %s (%s, %d threads): measured read bandwidth %.1f GB/s (p10 %.1f, p90 %.1f), "
-           "fp32 FMA peak %.1f GFLOP/s (p10 %.1f, p90 %.1f)\n", p->spec, p->name,
-           p->compute_units, bw.median, bw.p10, bw.p90, fma.median, fma.p10, fma.p90);
-    printf("%-12s %-14s %5s %-28s %9s %8s %7s %8s %7s\n", "family", "shape", "M", "config",
-           "ms", "GB/s", "of bw", "GFLOP/s", "of pk");
-    static const item items[] = {
-        {&fam_mla_decode, "glm5.2", 1, true},           /* DSA: 2048 of 4096 tokens */
-        {&fam_mla_decode, "glm5.2-dense", 1, true},
-        {&fam_mla_decode, "glm5.2-fp8", 1, true},
-        {&fam_mla_decode, "glm5.2", 6, true},           /* MTP: 6 draft tokens */
-        {&fam_dsa_indexer, "glm5.2", 1, true},          /* 8192 tokens */
-        {&fam_dsa_indexer, "glm5.2-fp8", 1, true},
-        {&fam_rope, "glm5.2", 256, true},
-        {&fam_mla_prefill, "glm5.2", 256, false},       /* 256 new after 1024 cached */
-        {&fam_mla_prefill, "glm5.2-fp8", 256, false},
+    l.gbps = bw.p90;
+    open_peaks(&l, d);
+    probe_peaks(&l);
+    /* bf16 shares: mla_decode's score GEMM, 2 (L+R) of 2 (2L+R) flops per
+     * token and head; dsa_indexer's q.k, 2 ID of 2 ID + 2. */
+    const double dec = 576.0 / 1088.0, idx = 256.0 / 258.0;
+    const item items[] = {
+        {&fam_mla_decode, "glm5.2", 1, true, dec},      /* DSA: 2048 of 4096 tokens */
+        {&fam_mla_decode, "glm5.2-dense", 1, true, dec},
+        {&fam_mla_decode, "glm5.2-fp8", 1, true, dec},
+        {&fam_mla_decode, "glm5.2", 6, true, dec},      /* MTP: 6 draft tokens */
+        {&fam_dsa_indexer, "glm5.2", 1, true, idx},     /* 8192 tokens */
+        {&fam_dsa_indexer, "glm5.2-fp8", 1, true, idx},
+        {&fam_rope, "glm5.2", 256, true, 0},
+        {&fam_mla_prefill, "glm5.2", 256, false, 0},    /* 256 new after 1024 cached */
+        {&fam_mla_prefill, "glm5.2-fp8", 256, false, 0},
     };
-    for (size_t i = 0; i < sizeof items / sizeof items[0]; i++)
-        if (!only || !strcmp(only, items[i].fam->name))
-            bench_one(d, &l, &items[i], reps);
+    enum { N_ITEMS = sizeof items / sizeof items[0] };
+    row rows[N_ITEMS];
+    int n_rows = 0;
+    for (size_t i = 0; i < N_ITEMS; i++)
+        if (!only || !strcmp(only, items[i].fam->name)) {
+            bench_one(d, &l, &items[i], reps, config, &rows[n_rows++]);
+            probe_peaks(&l);
+        }
+    getloadavg(load1, 3);
+    printf("device %s (%s, %d threads), load average %.2f before, %.2f after\n", p->spec,
+           p->name, p->compute_units, load0[0], load1[0]);
+    printf("read bandwidth %.1f GB/s (p90; p10 %.1f, median %.1f); peaks (best of %d probes): "
+           "fp32 FMA %.1f GFLOP/s, bf16 dot %.1f GFLOP/s%s\n", bw.p90, bw.p10, bw.median,
+           l.n_probe, l.gflops, l.bf16_gflops, l.bf16_gflops > 0 ? "" : " (no AVX512_BF16)");
+    printf("%-12s %-14s %5s %-28s %9s %9s %8s %7s %8s %7s\n", "family", "shape", "M", "config",
+           "ms med", "ms best", "GB/s", "of bw", "GFLOP/s", "of pk");
+    for (int i = 0; i < n_rows; i++) {
+        const row *r = &rows[i];
+        double gbps = r->bytes / (r->ms_best * 1e6), gfl = r->flops / (r->ms_best * 1e6);
+        /* The flops' time at the peaks of the instructions that run them. */
+        double share = l.bf16_gflops > 0 ? r->bf16_share : 0;
+        double limit_ms = r->flops * (1 - share) / (l.gflops * 1e6) +
+                          (share > 0 ? r->flops * share / (l.bf16_gflops * 1e6) : 0);
+        printf("%-12s %-14s %5lld %-28s %9.3f %9.3f %8.2f %6.3f%s %8.2f %6.3f%s\n", r->fam,
+               r->key, (long long)r->m, r->config, r->ms_median, r->ms_best, gbps,
+               gbps / l.gbps, r->bw_bound ? "*" : " ", gfl, limit_ms / r->ms_best,
+               r->bw_bound ? " " : "*");
+    }
     printf("(*) the limit that bounds the kernel: bandwidth for decode-like calls, FLOP/s for "
-           "prefill\n");
+           "prefill; GB/s and GFLOP/s from the best time; of pk: the flops' time at the fp32 "
+           "FMA peak (bf16 dot peak for the bf16 share) over the best time\n");
+    close_peaks(&l);
     bench_limits_close(l.probe);
     dev_close(d);
     return 0;
