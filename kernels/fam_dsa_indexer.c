@@ -19,7 +19,9 @@
  * QB; a tile of keys is reused by every query of the tile that shares its
  * page-table row), then one block (work item) per query: 4-pass radix
  * select of the threshold on order-preserving 32-bit keys, and an
- * index-ordered compaction that takes ties lowest-index first. */
+ * index-ordered compaction that takes ties lowest-index first. On GPUs,
+ * MMA=1|2 computes the scores on matrix instructions (dsa_indexer.hip);
+ * the top-k is the same. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +31,7 @@
 #include "../common/rng.h"
 #include "attn_common.h"
 #include "family.h"
+#include "moe_common.h"
 
 enum { D_IH, D_ID, D_TOPK, D_PS, D_KV, D_C, D_COUNT };
 
@@ -310,7 +313,9 @@ static mt_status run(const kern_ctx *c, mt_err *err)
                      &wscale};
     dev_dim3 sgrid = {kern_cdiv(cs, bt), kern_cdiv(m, qb), 1};
     dev_dim3 sblock = {gpu ? (unsigned)(param(c, "WAVES") * c->props->warp_size) : 1, 1, 1};
-    st = dev_launch(c->dev, ks, sgrid, sblock, gpu ? score_shared(s, bt) : 0, sargs, err);
+    /* the MMA path's tiles are static shared memory (MMA is 0 on cpu) */
+    size_t shm = gpu && !param(c, "MMA") ? score_shared(s, bt) : 0;
+    st = dev_launch(c->dev, ks, sgrid, sblock, shm, sargs, err);
     if (st != MT_OK)
         return st;
     void *targs[] = {&scores, &cs, (void *)&c->bufs[B_CTX], (void *)&c->bufs[B_IDX],
@@ -344,14 +349,61 @@ static const int bt_v[] = {16, 32, 64, 128};
 static const int qb_v[] = {1, 2, 4, 8};
 static const int waves_v[] = {1, 2, 4};
 static const int tk_waves_v[] = {1, 2, 4, 8};
+static const int mma_v[] = {0, 1, 2};
 
 /* Order matters: defines() reads WAVES third and TK_WAVES fourth. */
-static const kern_param_desc gpu_params[] = {
-    {"BT", bt_v, 4, "tokens per score block"},
-    {"QB", qb_v, 4, "queries per score block (sharing a key tile)"},
-    {"WAVES", waves_v, 3, "waves per score block"},
-    {"TK_WAVES", tk_waves_v, 4, "waves per top-k block"},
+enum { GP_BT, GP_QB, GP_WAVES, GP_TK_WAVES, GP_MMA, GP_COUNT };
+static const kern_param_desc gpu_params[GP_COUNT] = {
+    [GP_BT] = {"BT", bt_v, 4, "tokens per score block"},
+    [GP_QB] = {"QB", qb_v, 4, "queries per score block (sharing a key tile)"},
+    [GP_WAVES] = {"WAVES", waves_v, 3, "waves per score block"},
+    [GP_TK_WAVES] = {"TK_WAVES", tk_waves_v, 4, "waves per top-k block"},
+    [GP_MMA] = {"MMA", mma_v, 3, "scores: 0 scalar FP32; 1, 2 matrix instructions for Q K^T, "
+                "the platform's small (16-row) or large (32x32x8, AMD) tile"},
 };
+
+static int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
+
+/* Static shared memory of the MMA path, as dsa_indexer.hip declares it: the
+ * bf16 key tile [BT][IDP + pad] and the query [IHP][IDP + pad], heads and
+ * dims rounded up to whole fragments, pad 4 (wave64) or 8 (wave32) bf16. */
+static size_t gpu_mma_shared(const kern_shape *s, int bt, int tm, int tk, int ws)
+{
+    int64_t ld = round_up(s->v[D_ID], tk) + (ws == 64 ? 4 : 8);
+    return (size_t)(bt + round_up(s->v[D_IH], tm)) * (size_t)ld * 2;
+}
+
+/* The MMA path's rules: whole fragment columns of keys per wave, the
+ * query's fragments held in registers, the tiles in static shared memory. */
+static bool gpu_mma_valid(const kern_shape *s, const kern_config *c, const dev_props *p,
+                          char *why, size_t cap)
+{
+    int mma = c->v[GP_MMA], bt = c->v[GP_BT], waves = c->v[GP_WAVES];
+    int tm, tn, tk;
+    if (!moe_gpu_mma_tile(p, mma, &tm, &tn, &tk)) {
+        snprintf(why, cap, "MMA=%d: %s has no such matrix instruction", mma, p->arch);
+        return false;
+    }
+    if (bt % tn || bt / tn < waves) {
+        snprintf(why, cap, "MMA=%d: BT=%d keys are not whole %d-key fragment columns for "
+                 "each of WAVES=%d waves", mma, bt, tn, waves);
+        return false;
+    }
+    /* A fragments: IHP x IDP bf16 over the wave, 2 per 32-bit register */
+    int64_t aregs = round_up(s->v[D_IH], tm) * round_up(s->v[D_ID], tk) / (2 * p->warp_size);
+    if (aregs > 64) {
+        snprintf(why, cap, "MMA=%d: the query's fragments take %lld registers per lane "
+                 "(IH x ID bf16 over a wave, at most 64)", mma, (long long)aregs);
+        return false;
+    }
+    size_t sh = gpu_mma_shared(s, bt, tm, tk, p->warp_size);
+    if (sh > p->static_shared_per_block) {
+        snprintf(why, cap, "MMA=%d: BT=%d needs %zu bytes of static shared memory, the "
+                 "device allows %zu", mma, bt, sh, p->static_shared_per_block);
+        return false;
+    }
+    return true;
+}
 
 static bool gpu_valid(const kern_shape *s, int64_t m, const kern_config *c,
                       const dev_props *p, char *why, size_t cap)
@@ -363,13 +415,20 @@ static bool gpu_valid(const kern_shape *s, int64_t m, const kern_config *c,
                  p->max_threads_per_block);
         return false;
     }
+    size_t tshm = ((size_t)tk + 260) * 4;
+    if (tshm > p->shared_mem_per_block) {
+        snprintf(why, cap, "TK_WAVES=%d needs %zu bytes of shared memory, the device has %zu",
+                 c->v[GP_TK_WAVES], tshm, p->shared_mem_per_block);
+        return false;
+    }
+    if (c->v[GP_MMA])
+        return gpu_mma_valid(s, c, p, why, cap);
     if (bt > nt) {
         snprintf(why, cap, "BT=%d exceeds the %d threads (one token per thread)", bt, nt);
         return false;
     }
     size_t shm = score_shared(s, bt);
-    size_t tshm = ((size_t)tk + 260) * 4;
-    if (shm > p->shared_mem_per_block || tshm > p->shared_mem_per_block) {
+    if (shm > p->shared_mem_per_block) {
         snprintf(why, cap, "needs %zu bytes of shared memory, the device has %zu", shm,
                  p->shared_mem_per_block);
         return false;
@@ -379,7 +438,8 @@ static bool gpu_valid(const kern_shape *s, int64_t m, const kern_config *c,
 
 static void gpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern_config *c)
 {
-    c->n = 4;
+    c->n = GP_COUNT;
+    c->v[GP_MMA] = 0;
     c->v[0] = 64;
     c->v[1] = m >= 4 ? 4 : 1;
     c->v[2] = 64 / p->warp_size > 1 ? 64 / p->warp_size : 1;
@@ -404,7 +464,7 @@ static int gpu_defines(const kern_shape *s, const kern_config *cfg, const dev_pr
 static const kern_impl gpu_impl = {
     .source = "dsa_indexer.hip",
     .params = gpu_params,
-    .n_params = 4,
+    .n_params = GP_COUNT,
     .valid = gpu_valid,
     .default_config = gpu_default,
     .defines = gpu_defines,
@@ -461,7 +521,7 @@ static const kern_case cases[] = {
 
 const kern_family fam_dsa_indexer = {
     .name = "dsa_indexer",
-    .version = 1,
+    .version = 2, /* 2: the GPU side's MMA parameter */
     .summary = "DSA lightning-indexer scores over the paged key cache and per-query top-k",
     .dims = dims,
     .n_dims = D_COUNT,

@@ -11,8 +11,16 @@
  * index-ordered compaction (block prefix sums) then writes the kept
  * indices ascending, ties lowest index first.
  *
- * Params: BT, QB, WAVES, TK_WAVES; NT, TK_NT, KV_FP8 from the family.
+ * MMA=1 or 2 computes dsa_scores on the prelude's matrix fragments
+ * (MT_MMA_SHAPE 16 or 32), see "MMA path" below; MMA=0 is the scalar path.
+ * dsa_topk is the same for both.
+ *
+ * Params: BT, QB, WAVES, TK_WAVES, MMA; NT, TK_NT, KV_FP8 from the family.
  * Shape: S_IH, S_ID, S_topk, S_ps. */
+
+#ifndef MMA
+#define MMA 0
+#endif
 
 #if KV_FP8
 typedef unsigned char kv_t;
@@ -22,6 +30,7 @@ typedef mt_bf16 kv_t;
 #define KV_F(x) mt_bf16_to_f32(x)
 #endif
 
+#if !MMA
 MT_KERNEL __launch_bounds__(NT) void dsa_scores(
     const mt_bf16 *__restrict__ q, const float *__restrict__ w, const kv_t *__restrict__ pool,
     const float *kscale, const int *table, int max_pages, const int *qseq, const int *ctx_len,
@@ -79,6 +88,188 @@ MT_KERNEL __launch_bounds__(NT) void dsa_scores(
         }
     }
 }
+
+#endif /* !MMA */
+
+#if MMA
+/* ---- MMA path ------------------------------------------------------------
+ * Per key tile of BT tokens:
+ *  1. the tile's keys are decoded to bf16 (fp8 e4m3 is exact in bf16; the
+ *     cache scale multiplies the dot products instead, as a scalar) into
+ *     sK [BT][X_LD], rows padded by X_PAD (no power-of-two pitch), dims
+ *     past ID zero; the query's heads go to sQ [X_IHP][X_LD] the same way
+ *     (heads past IH zero), and from there into registers once per query;
+ *  2. S = Q K^T, X_IHP x BT over K = ID: each wave takes whole fragment
+ *     columns of the tile (every head of a key in one wave);
+ *  3. on the accumulator: v = kscale * s, relu, times the head's weight
+ *     (kept in registers per query), summed over the lane's rows, then
+ *     across the lanes that hold the same column (xor shuffles);
+ *  4. one lane per key writes IH^-0.5 ID^-0.5 * sum to scores.
+ * The key tile, the page-table reuse across the block's queries, the
+ * masking (keys past the query's ctx_len are not written) and the scores
+ * layout are the scalar path's. */
+#if !MT_MMA_HAVE
+#error "MMA needs matrix instructions, which this target does not have"
+#endif
+#if MMA == 2
+#if !MT_MMA_HAVE_32
+#error "MMA=2 needs the 32x32x8 matrix instruction (AMD wave64)"
+#endif
+#undef MT_MMA_SHAPE
+#define MT_MMA_SHAPE 32
+#endif
+#if NT != WAVES * MT_MMA_WAVE
+#error "MMA: the block's waves must be the matrix instruction's"
+#endif
+#if BT % MT_MMA_N
+#error "MMA: BT must be whole fragment columns"
+#endif
+
+#define X_PAD (MT_MMA_WAVE == 64 ? 4 : 8)
+#define X_IHP ((S_IH + MT_MMA_M - 1) / MT_MMA_M * MT_MMA_M) /* heads, padded */
+#define X_IDP ((S_ID + MT_MMA_K - 1) / MT_MMA_K * MT_MMA_K) /* dims, padded */
+#define X_LD (X_IDP + X_PAD)                                 /* sK, sQ row pitch */
+#define X_FI (X_IHP / MT_MMA_M)                              /* fragment rows */
+#define X_FK (X_IDP / MT_MMA_K)                              /* k steps */
+#define X_FJ (BT / MT_MMA_N)                                 /* fragment columns */
+/* The accumulator layouts (prelude): AMD keeps one column per lane (lane %
+ * N) and spreads the rows over lane / N; NVIDIA's 16x8 keeps two columns
+ * per lane (register i & 1) and spreads the rows over lane / 4. X_CPL
+ * columns per lane; lanes X_LSTEP apart hold the same columns. */
+#if MT_MMA_WAVE == 64
+#define X_CPL 1
+#define X_LSTEP MT_MMA_N
+#else
+#define X_CPL 2
+#define X_LSTEP 4
+#endif
+
+/* Four values of a row of n (< 4 at the end of an odd-width row) as four
+ * bf16 in one 64-bit word; zero past n. */
+MT_DEVICE unsigned long long x_key4(const kv_t *src, int n)
+{
+    unsigned long long r = 0;
+#if S_ID % 4 == 0 && KV_FP8
+    (void)n;
+    unsigned v = *(const unsigned *)src;
+    for (int e = 0; e < 4; e++) {
+        unsigned b = mt_float_as_uint(mt_fp8e4m3_to_f32((unsigned char)(v >> (8 * e)))) >> 16;
+        r |= (unsigned long long)b << (16 * e);
+    }
+#elif S_ID % 4 == 0
+    (void)n;
+    r = *(const unsigned long long *)src;
+#else
+    for (int e = 0; e < 4 && e < n; e++) {
+#if KV_FP8
+        unsigned b = mt_float_as_uint(mt_fp8e4m3_to_f32(src[e])) >> 16;
+#else
+        unsigned b = src[e];
+#endif
+        r |= (unsigned long long)b << (16 * e);
+    }
+#endif
+    return r;
+}
+
+MT_DEVICE unsigned long long x_q4(const mt_bf16 *src, int n)
+{
+#if S_ID % 4 == 0
+    (void)n;
+    return *(const unsigned long long *)src;
+#else
+    unsigned long long r = 0;
+    for (int e = 0; e < 4 && e < n; e++)
+        r |= (unsigned long long)src[e] << (16 * e);
+    return r;
+#endif
+}
+
+MT_KERNEL __launch_bounds__(NT) void dsa_scores(
+    const mt_bf16 *__restrict__ q, const float *__restrict__ w, const kv_t *__restrict__ pool,
+    const float *kscale, const int *table, int max_pages, const int *qseq, const int *ctx_len,
+    float *scores, int cstride, int m, float wscale)
+{
+    __shared__ __attribute__((aligned(16))) mt_bf16 sK[BT * X_LD];
+    __shared__ __attribute__((aligned(16))) mt_bf16 sQ[X_IHP * X_LD];
+    const int tid = threadIdx.x, wave = tid / MT_MMA_WAVE, lane = mt_lane_id();
+    const int t0 = blockIdx.x * BT, q0 = blockIdx.y * QB;
+    const float ks = kscale[0];
+    int loaded = -1;
+
+    for (int qq = 0; qq < QB && q0 + qq < m; qq++) {
+        const int mi = q0 + qq, len = ctx_len[mi], sq = qseq[mi];
+        if (t0 >= len)
+            continue;
+        __syncthreads(); /* the previous query is done with sK, sQ */
+        if (sq != loaded) {
+            /* Load as far as the longest following query of this row needs. */
+            int limit = len;
+            for (int k = qq + 1; k < QB && q0 + k < m && qseq[q0 + k] == sq; k++)
+                limit = ctx_len[q0 + k] > limit ? ctx_len[q0 + k] : limit;
+            const int *tbl = table + (long)sq * max_pages;
+            for (int e = tid; e < BT * (X_IDP / 4); e += NT) {
+                int j = e / (X_IDP / 4), d = 4 * (e - j * (X_IDP / 4)), t = t0 + j;
+                unsigned long long v = 0ull;
+                if (t < limit && d < S_ID)
+                    v = x_key4(pool + ((long)tbl[t / S_ps] * S_ps + t % S_ps) * S_ID + d,
+                               S_ID - d);
+                *(unsigned long long *)(sK + j * X_LD + d) = v;
+            }
+            loaded = sq;
+        }
+        for (int e = tid; e < X_IHP * (X_IDP / 4); e += NT) {
+            int h = e / (X_IDP / 4), d = 4 * (e - h * (X_IDP / 4));
+            unsigned long long v = 0ull;
+            if (h < S_IH && d < S_ID)
+                v = x_q4(q + ((long)mi * S_IH + h) * S_ID + d, S_ID - d);
+            *(unsigned long long *)(sQ + h * X_LD + d) = v;
+        }
+        __syncthreads();
+        /* The query's fragments and the lane's head weights, for all of
+         * this wave's key columns. */
+        mt_mma_a fa[X_FI][X_FK];
+        float wr[X_FI][MT_MMA_ACC_REGS];
+        for (int i = 0; i < X_FI; i++) {
+            for (int k = 0; k < X_FK; k++)
+                fa[i][k] = mt_mma_load_a(sQ + i * MT_MMA_M * X_LD + k * MT_MMA_K, X_LD);
+            for (int r = 0; r < MT_MMA_ACC_REGS; r++) {
+                int h = i * MT_MMA_M + mt_mma_acc_row(r);
+                wr[i][r] = h < S_IH ? w[(long)mi * S_IH + h] : 0.0f;
+            }
+        }
+        for (int jf = wave; jf < X_FJ && t0 + jf * MT_MMA_N < len; jf += WAVES) {
+            const mt_bf16 *kb = sK + jf * MT_MMA_N * X_LD;
+            mt_mma_acc s[X_FI];
+            for (int i = 0; i < X_FI; i++)
+                s[i] = mt_mma_acc_zero();
+            for (int k = 0; k < X_FK; k++) {
+                mt_mma_b fb = mt_mma_load_bt(kb + k * MT_MMA_K, X_LD);
+                for (int i = 0; i < X_FI; i++)
+                    s[i] = mt_mma_bf16(fa[i][k], fb, s[i]);
+            }
+            float part[X_CPL];
+            for (int c = 0; c < X_CPL; c++)
+                part[c] = 0.0f;
+            for (int i = 0; i < X_FI; i++)
+                for (int r = 0; r < MT_MMA_ACC_REGS; r++) {
+                    float v = s[i].x[r] * ks;
+                    if (v > 0.0f)
+                        part[r % X_CPL] += wr[i][r] * v;
+                }
+            for (int o = X_LSTEP; o < MT_MMA_WAVE; o *= 2)
+                for (int c = 0; c < X_CPL; c++)
+                    part[c] += mt_shfl_xor_f32(part[c], o);
+            if (lane < X_LSTEP)
+                for (int c = 0; c < X_CPL; c++) {
+                    int t = t0 + jf * MT_MMA_N + mt_mma_acc_col(c);
+                    if (t < len)
+                        scores[(long)mi * cstride + t] = part[c] * wscale;
+                }
+        }
+    }
+}
+#endif /* MMA */
 
 /* Unsigned keys in the order of the floats. */
 MT_DEVICE unsigned order_key(float f)
