@@ -313,7 +313,7 @@ static mt_status run(const kern_ctx *c, mt_err *err)
                      &wscale};
     dev_dim3 sgrid = {kern_cdiv(cs, bt), kern_cdiv(m, qb), 1};
     dev_dim3 sblock = {gpu ? (unsigned)(param(c, "WAVES") * c->props->warp_size) : 1, 1, 1};
-    /* the MMA path's tiles are static shared memory (MMA is 0 on cpu) */
+    /* the MMA path's tiles are static shared memory; cpu launches take none */
     size_t shm = gpu && !param(c, "MMA") ? score_shared(s, bt) : 0;
     st = dev_launch(c->dev, ks, sgrid, sblock, shm, sargs, err);
     if (st != MT_OK)
