@@ -369,8 +369,9 @@ size_t moe_gpu_shared(const kern_config *cfg, int wr, int ws)
 {
     const int *v = cfg->v;
     size_t rows = (size_t)(v[MOE_GPU_BM] + wr * v[MOE_GPU_BN]);
-    if (v[MOE_GPU_MMA]) /* bf16 tiles */
-        return (size_t)v[MOE_GPU_STAGES] * rows * (size_t)(v[MOE_GPU_BK] + mma_pad(ws)) * 2;
+    if (v[MOE_GPU_MMA]) /* bf16 tiles, and moe_gemm.hip's 256-word decode table q_tab */
+        return (size_t)v[MOE_GPU_STAGES] * rows * (size_t)(v[MOE_GPU_BK] + mma_pad(ws)) * 2 +
+               256 * 4;
     return (size_t)v[MOE_GPU_STAGES] * rows * (size_t)(v[MOE_GPU_BK] + 1) * 4;
 }
 

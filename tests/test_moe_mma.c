@@ -12,6 +12,7 @@
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -125,6 +126,115 @@ Test(moe_mma, down_matches_the_reference_on_wave32, .timeout = 900)
 {
     check_on("emu:wave32", "moe_gemm_down", wave32_cfgs, 2, down_cases, 3);
     check_on("emu:wave32", "moe_gemm_down", wave32_split, 1, down_cases, 1);
+}
+
+/* ---- the weight decode (q_decode of moe_gemm.hip) ------------------------ */
+
+/* A kernel appended to moe_gemm.hip: for every E8M0 code c, out8 holds the
+ * 256 byte values decoded 8 per call, out1 one per call, and ref the
+ * per-element reference (e2m1 x e8m0 in f32, top halves). */
+static const char dec_kernel[] =
+    "\nMT_KERNEL void q_dec_test(unsigned *out8, unsigned *out1, unsigned *ref)\n"
+    "{\n"
+    "    __shared__ unsigned tab[256];\n"
+    "    q_tab_fill(tab);\n"
+    "    __syncthreads();\n"
+    "    const unsigned t = threadIdx.x;\n"
+    "    for (unsigned c = 0; c < 256; c++) {\n"
+    "        if (t < 32) {\n"
+    "            unsigned long long v = 0;\n"
+    "            for (unsigned j = 0; j < 8; j++)\n"
+    "                v |= (unsigned long long)(8 * t + j) << (8 * j);\n"
+    "            q_decode(tab, v, c, out8 + c * 256 + 8 * t, 8);\n"
+    "        }\n"
+    "        for (unsigned b = t; b < 256; b += 64) {\n"
+    "            q_decode(tab, b, c, out1 + c * 256 + b, 1);\n"
+    "            float sc = mt_e8m0_to_f32(c);\n"
+    "            ref[c * 256 + b] = q_pair(mt_e2m1_to_f32(b & 15u) * sc,\n"
+    "                                      mt_e2m1_to_f32(b >> 4) * sc);\n"
+    "        }\n"
+    "    }\n"
+    "}\n";
+
+/* bf16 bits of e2m1 code n times 2^(c-127), from the format's definition. */
+static unsigned host_half(unsigned n, unsigned c)
+{
+    static const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    if (c == 255)
+        return 0x7fc0u;
+    double v = (n & 8 ? -1.0 : 1.0) * mag[n & 7] * ldexp(1.0, (int)c - 127);
+    float f = (float)v; /* exact, or inf past the range, as bf16 */
+    unsigned u;
+    memcpy(&u, &f, 4);
+    cr_assert_eq(u & 0xffffu, 0u, "e2m1 %u x 2^(%u-127) is not a bf16", n, c);
+    return u >> 16;
+}
+
+static bool same_half(unsigned a, unsigned b)
+{
+    bool na = (a & 0x7f80u) == 0x7f80u && (a & 0x7fu), nb = (b & 0x7f80u) == 0x7f80u && (b & 0x7fu);
+    return na || nb ? na && nb : a == b;
+}
+
+Test(moe_mma, weight_decode_is_exact_for_every_byte_and_scale, .timeout = 300)
+{
+    dev_device *d = td_open("emu:wave64", NULL);
+    const char *base = kern_source_get("moe_gemm.hip");
+    cr_assert_not_null(base);
+    size_t n = strlen(base);
+    char *src = malloc(n + sizeof dec_kernel);
+    cr_assert_not_null(src);
+    memcpy(src, base, n);
+    memcpy(src + n, dec_kernel, sizeof dec_kernel);
+    static const dev_define defs[] = {
+        {"MT_WS", "64"}, {"MOE_UP", "1"}, {"S_H", "256"},   {"S_I", "128"},
+        {"S_topk", "4"}, {"S_a", "0"},    {"BM", "16"},     {"BN", "16"},
+        {"BK", "32"},    {"WAVES", "1"},  {"STAGES", "1"},  {"SPLITK", "1"},
+        {"GROUP_M", "1"}, {"VEC", "8"},   {"UNROLL", "1"},  {"MMA", "1"},
+    };
+    dev_module *m = td_build(d, "moe_gemm.hip", src, defs, (int)(sizeof defs / sizeof defs[0]),
+                             true);
+    free(src);
+    dev_kernel *k = td_kernel(m, "q_dec_test", "ppp");
+    const size_t bytes = 256 * 256 * 4;
+    unsigned *g8 = td_alloc(d, bytes), *g1 = td_alloc(d, bytes), *gr = td_alloc(d, bytes);
+    void *args[] = {&g8, &g1, &gr};
+    td_launch(d, k, (dev_dim3){1, 1, 1}, (dev_dim3){64, 1, 1}, 0, args);
+    unsigned *h8 = malloc(bytes), *h1 = malloc(bytes), *hr = malloc(bytes);
+    cr_assert(h8 && h1 && hr);
+    td_download(d, h8, g8, bytes);
+    td_download(d, h1, g1, bytes);
+    td_download(d, hr, gr, bytes);
+    int bad = 0;
+    for (unsigned c = 0; c < 256; c++)
+        for (unsigned b = 0; b < 256; b++) {
+            unsigned i = c * 256 + b;
+            unsigned want = host_half(b & 15, c) | host_half(b >> 4, c) << 16;
+            for (int h = 0; h < 2; h++) {
+                unsigned w = want >> (16 * h) & 0xffffu;
+                bool ok = same_half(h8[i] >> (16 * h) & 0xffffu, w) &&
+                          same_half(h1[i] >> (16 * h) & 0xffffu, w) &&
+                          same_half(hr[i] >> (16 * h) & 0xffffu, w);
+                if (!ok && bad++ < 8)
+                    cr_log_error("byte 0x%02x scale %u half %d: decode8 %04x decode1 %04x "
+                                 "reference %04x want %04x",
+                                 b, c, h, h8[i] >> (16 * h) & 0xffffu, h1[i] >> (16 * h) & 0xffffu,
+                                 hr[i] >> (16 * h) & 0xffffu, w);
+            }
+            /* bit for bit the prelude's per-element decode, NaN included */
+            if ((h8[i] != hr[i] || h1[i] != hr[i]) && bad++ < 8)
+                cr_log_error("byte 0x%02x scale %u: decode8 %08x decode1 %08x reference %08x",
+                             b, c, h8[i], h1[i], hr[i]);
+        }
+    cr_expect_eq(bad, 0, "%d halves differ", bad);
+    free(h8);
+    free(h1);
+    free(hr);
+    dev_free(d, g8);
+    dev_free(d, g1);
+    dev_free(d, gr);
+    dev_module_unload(m);
+    dev_close(d);
 }
 
 /* ---- validity ------------------------------------------------------------ */

@@ -21,6 +21,8 @@
  * E2M1 x 2^e values, exact in bf16) in shared rows padded by Q_PAD, the
  * waves split BN first and then BM, each wave multiplies Q_TM x Q_TN
  * fragments (x2 in stage 1), and the epilogues are the scalar path's.
+ * The weight bytes are decoded by a 256-entry table of bf16 pairs in
+ * shared memory and one integer exponent add per pair (q_decode).
  *
  * Params: BM, BN, BK, WAVES, STAGES, SPLITK, GROUP_M, VEC (bytes per
  * weight load: 1, 4, 8), UNROLL (k steps per inner iteration), MMA.
@@ -250,9 +252,61 @@ MT_DEVICE unsigned q_pair(float lo, float hi)
     return (mt_float_as_uint(lo) >> 16) | (mt_float_as_uint(hi) & 0xffff0000u);
 }
 
+/* The weight decode. q_tab[b] is the bf16 pair of byte b's two E2M1
+ * nibbles (low nibble in the low half) times 2^(Q_TAB_C - 127): every
+ * nonzero half then has exponent field 4..7 (0.5 -> 4, 6 -> 7), so bit 9
+ * of a half is set exactly when its value is nonzero, and a zero half is
+ * +0 or -0 (0x0000, 0x8000). Scaling to E8M0 code c is one add of
+ * (c - Q_TAB_C) << 7 to the exponent of each nonzero half: exact, since
+ * the result's exponent field (c - 1 .. c + 2) stays normal for c in
+ * [Q_TAB_C, 252]. Other codes (2^-127..2^-123, where results reach bf16
+ * subnormals; 253 and 254, where they overflow to inf; 255, NaN) take the
+ * per-element path, as the reference computes them. */
+#define Q_TAB_C 5u
+#define Q_TAB_CMAX 252u
+
+MT_DEVICE unsigned q_tab_entry(unsigned b)
+{
+    float s = mt_e8m0_to_f32(Q_TAB_C);
+    return q_pair(mt_e2m1_to_f32(b & 15u) * s, mt_e2m1_to_f32(b >> 4) * s);
+}
+
+/* Fills q_tab (256 words); the caller synchronizes before use. */
+MT_DEVICE void q_tab_fill(unsigned *tab)
+{
+    for (int i = threadIdx.x; i < 256; i += G_T)
+        tab[i] = q_tab_entry((unsigned)i);
+}
+
+/* Decodes the nb (<= 8) bytes of v, scale code c, into nb bf16 pairs. */
+MT_DEVICE void q_decode(const unsigned *tab, unsigned long long v, unsigned c, unsigned *d,
+                        int nb)
+{
+    if (c - Q_TAB_C <= Q_TAB_CMAX - Q_TAB_C) {
+        const unsigned dx = (c - Q_TAB_C) << 7;
+        for (int j = 0; j < nb; j++) {
+            unsigned t = tab[(unsigned)(v >> (8 * j)) & 0xffu];
+            d[j] = t + ((t >> 9) & 0x00010001u) * dx;
+        }
+    } else {
+        /* rare: a loop that ends at a sentinel bit, which compilers do not
+         * count and unroll, so the fast path's loop keeps its size */
+        const float sc = mt_e8m0_to_f32(c);
+        for (int h = 0; h < nb; h += 4) {
+            int n = nb - h < 4 ? nb - h : 4;
+            unsigned long long w = (v >> (8 * h)) & ((1ull << (8 * n)) - 1u);
+            for (w |= 1ull << (8 * n); w > 1u; w >>= 8) {
+                unsigned byte = (unsigned)w & 0xffu;
+                *d++ = q_pair(mt_e2m1_to_f32(byte & 15u) * sc, mt_e2m1_to_f32(byte >> 4) * sc);
+            }
+        }
+    }
+}
+
 /* Stages K slice k0 as bf16 pairs: xs [BM][Q_LDW] activations (zero rows
- * for padding), ws [G_WR*BN][Q_LDW] weights, as g_stage. */
-MT_DEVICE void q_stage(unsigned *xs, unsigned *ws, const mt_bf16 *act, const int *sorted,
+ * for padding), ws [G_WR*BN][Q_LDW] weights, as g_stage; tab is q_tab. */
+MT_DEVICE void q_stage(unsigned *xs, unsigned *ws, const unsigned *tab, const mt_bf16 *act,
+                       const int *sorted,
                        int row0, int npairs, int rowdiv, const unsigned char *w0,
                        const unsigned char *s0, const unsigned char *w1,
                        const unsigned char *s1, int n0, int k0)
@@ -303,12 +357,7 @@ MT_DEVICE void q_stage(unsigned *xs, unsigned *ws, const mt_bf16 *act, const int
         unsigned long long v = VEC == 8   ? *(const unsigned long long *)wr
                                : VEC == 4 ? *(const unsigned *)wr
                                           : wr[0];
-        float sc = mt_e8m0_to_f32(sr[(k0 + c * VEC * 2) / 32]);
-        unsigned *d = ws + r * Q_LDW + c * VEC;
-        for (int j = 0; j < VEC; j++) {
-            unsigned byte = (unsigned)(v >> (8 * j)) & 0xffu;
-            d[j] = q_pair(mt_e2m1_to_f32(byte & 15u) * sc, mt_e2m1_to_f32(byte >> 4) * sc);
-        }
+        q_decode(tab, v, sr[(k0 + c * VEC * 2) / 32], ws + r * Q_LDW + c * VEC, VEC);
     }
 }
 
@@ -319,6 +368,9 @@ MT_DEVICE void q_stage(unsigned *xs, unsigned *ws, const mt_bf16 *act, const int
 #define Q_MAINLOOP(ACT, ROWDIV, W0, S0, W1, S1)                                         \
     __shared__ __attribute__((aligned(16))) unsigned xs[STAGES][BM * Q_LDW];            \
     __shared__ __attribute__((aligned(16))) unsigned ws[STAGES][G_WR * BN * Q_LDW];     \
+    __shared__ unsigned q_tab[256];                                                     \
+    q_tab_fill(q_tab);                                                                  \
+    __syncthreads();                                                                    \
     const int wave = threadIdx.x / MT_MMA_WAVE;                                         \
     const int wm = wave / Q_WN, wn = wave % Q_WN;                                       \
     mt_mma_acc acc[G_WR][Q_TM][Q_TN];                                                   \
@@ -329,8 +381,8 @@ MT_DEVICE void q_stage(unsigned *xs, unsigned *ws, const mt_bf16 *act, const int
     const int kper = G_K / SPLITK, kbeg = blockIdx.y * kper, nk = kper / BK;            \
     for (int t = 0; t < nk + STAGES - 1; t++) {                                         \
         if (t < nk)                                                                     \
-            q_stage(xs[t % STAGES], ws[t % STAGES], ACT, sorted, row0, npairs, ROWDIV,  \
-                    W0, S0, W1, S1, n0, kbeg + t * BK);                                 \
+            q_stage(xs[t % STAGES], ws[t % STAGES], q_tab, ACT, sorted, row0, npairs,   \
+                    ROWDIV, W0, S0, W1, S1, n0, kbeg + t * BK);                         \
         if (STAGES == 1)                                                                \
             __syncthreads();                                                            \
         const int kt = t - (STAGES - 1);                                                \
