@@ -117,7 +117,13 @@ static void check_yarn(const char *device, int n, int max_batch, double min_move
     double med = median_err(got, want, n, V), med_plain = median_err(got, want_plain, n, V);
     cr_expect_leq(worst, 0.5, "seed %" PRIu64 " on %s: worst position %.3g", seed, device, worst);
     cr_expect_leq(mean, 0.1, "seed %" PRIu64 " on %s: mean error %.3g", seed, device, mean);
-    cr_expect_leq(med, 1e-2, "seed %" PRIu64 " on %s: median error %.3g", seed, device, med);
+    /* 3e-2: test_forward's mean bound for a16w4. YaRN's attention factor
+     * sharpens the softmax, so a bf16 rounding flip moves more: medians of
+     * 0.012 and 0.018 were seen, about once in 20 runs (1e-2 flaked). The
+     * check that tells YaRN from plain RoPE is the next one: the runtime is
+     * nearer the YaRN reference at nearly every position, by 4x at the
+     * median. */
+    cr_expect_leq(med, 3e-2, "seed %" PRIu64 " on %s: median error %.3g", seed, device, med);
     /* The runtime is nearer the YaRN reference than the plain one, by far
      * at the median, and at nearly every position with context (position 0
      * attends only itself: rope cannot move it). */
