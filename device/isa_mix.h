@@ -48,7 +48,7 @@ typedef struct dev_isa_counts {
     int total;
 } dev_isa_counts;
 
-#define DEV_ISA_MAX_LOOPS 16
+#define DEV_ISA_MAX_LOOPS 128
 #define DEV_ISA_MAX_FUNCS 16
 
 typedef struct dev_isa_loop {

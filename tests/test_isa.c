@@ -220,3 +220,32 @@ Test(isa_cli, json_names_the_hot_loop_and_bad_input_is_a_usage_error, .timeout =
         free(out);
     }
 }
+
+/* A kernel with many loops keeps them all (the cap once hid the K loop of
+ * moe_gemm_down, the 17th backward branch): 40 one-instruction loops, the
+ * last with the only MFMA, which must be the hot one. */
+Test(isa_mix, many_loops_are_all_kept)
+{
+    size_t cap = 1 << 16, n = 0;
+    char *t = malloc(cap);
+    n += (size_t)snprintf(t + n, cap - n, "0000000000001000 <big>:\n");
+    uint64_t a = 0x1000;
+    for (int l = 0; l < 40; l++) {
+        uint64_t top = a;
+        n += (size_t)snprintf(t + n, cap - n, "\t%s v0, v1 // %012llX: 00000000\n",
+                              l == 39 ? "v_mfma_f32_16x16x16bf16_1k" : "v_add_f32_e32",
+                              (unsigned long long)a);
+        a += 4;
+        n += (size_t)snprintf(t + n, cap - n, "\ts_cbranch_scc1 65535 // %012llX: BF85FFFF "
+                              "<big+0x%llx>\n", (unsigned long long)a,
+                              (unsigned long long)(top - 0x1000));
+        a += 4;
+    }
+    dev_isa_report r;
+    dev_isa_parse(t, &r);
+    free(t);
+    cr_assert_eq(r.n_funcs, 1);
+    cr_assert_eq(r.funcs[0].n_loops, 40);
+    cr_assert_eq(r.funcs[0].hot, 39);
+    cr_assert_eq(r.funcs[0].loops[39].c.n[DEV_ISA_MFMA], 1);
+}
