@@ -136,17 +136,18 @@ static void open_peaks(limits *l, dev_device *d)
         die("peak probes", &err);
 }
 
-/* Five launches of each probe; keeps the best of all so far. */
+/* Twenty launches of each probe (about 2 ms each); keeps the best of all
+ * so far. */
 static void probe_peaks(limits *l)
 {
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 20; i++) {
         double f = time_peak(l, l->fma, 1000), b = time_peak(l, l->dot, 1001);
         if (f > l->gflops)
             l->gflops = f;
         if (b > l->bf16_gflops)
             l->bf16_gflops = b;
     }
-    l->n_probe += 5;
+    l->n_probe += 20;
 }
 
 static void close_peaks(limits *l)
@@ -322,10 +323,12 @@ int main(int argc, char **argv)
         double share = l.bf16_gflops > 0 ? r->bf16_share : 0;
         double limit_ms = r->flops * (1 - share) / (l.gflops * 1e6) +
                           (share > 0 ? r->flops * share / (l.bf16_gflops * 1e6) : 0);
-        printf("%-12s %-14s %5lld %-28s %9.3f %9.3f %8.2f %6.3f%s %8.2f %6.3f%s\n", r->fam,
+        printf("%-12s %-14s %5lld %-28s %9.3f %9.3f %8.2f %6.3f%s %8.2f %6.3f%s%s\n", r->fam,
                r->key, (long long)r->m, r->config, r->ms_median, r->ms_best, gbps,
                gbps / l.gbps, r->bw_bound ? "*" : " ", gfl, limit_ms / r->ms_best,
-               r->bw_bound ? " " : "*");
+               r->bw_bound ? " " : "*",
+               gbps > l.gbps || limit_ms > r->ms_best
+                   ? "  (above a limit: a probe never had every thread to itself; rerun)" : "");
     }
     printf("(*) the limit that bounds the kernel: bandwidth for decode-like calls, FLOP/s for "
            "prefill; GB/s and GFLOP/s from the best time; of pk: the flops' time at the fp32 "
