@@ -13,6 +13,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#ifdef MOETUNE_ASAN
+#include <sanitizer/asan_interface.h>
+#endif
+
 mt_status emu_stack_alloc(emu_stack *s, size_t size, mt_err *err)
 {
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
@@ -38,6 +42,14 @@ mt_status emu_stack_alloc(emu_stack *s, size_t size, mt_err *err)
 
 void emu_stack_free(emu_stack *s)
 {
+#ifdef MOETUNE_ASAN
+    /* Frames abandoned on this stack leave redzones in the shadow, and
+     * munmap does not clear them: a later mapping at this address (a
+     * device buffer) would inherit them and a memcpy into it reads as a
+     * stack-buffer-underflow. */
+    if (s->map)
+        ASAN_UNPOISON_MEMORY_REGION(s->map, s->map_len);
+#endif
     if (s->map)
         munmap(s->map, s->map_len);
     memset(s, 0, sizeof *s);

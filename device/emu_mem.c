@@ -13,6 +13,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#ifdef MOETUNE_ASAN
+#include <sanitizer/asan_interface.h>
+#endif
+
 void emu_mem_init(emu_mem *m)
 {
     memset(m, 0, sizeof *m);
@@ -51,6 +55,10 @@ mt_status emu_mem_alloc(emu_mem *m, size_t bytes, void **ptr, mt_err *err)
         return mt_fail(err, MT_E_NOMEM, "emu: mprotect of a %zu-byte buffer failed: %s",
                        bytes, strerror(e));
     }
+#ifdef MOETUNE_ASAN
+    /* A fresh mapping may sit where a freed fiber stack kept poison. */
+    ASAN_UNPOISON_MEMORY_REGION(map, len);
+#endif
     emu_buf b = {
         .user = (uintptr_t)(map + page + data_pages - data),
         .size = bytes,
