@@ -31,7 +31,6 @@
 #include "../common/rng.h"
 #include "attn_common.h"
 #include "family.h"
-#include "moe_common.h"
 
 enum { D_IH, D_ID, D_TOPK, D_PS, D_KV, D_C, D_COUNT };
 
@@ -380,7 +379,7 @@ static bool gpu_mma_valid(const kern_shape *s, const kern_config *c, const dev_p
 {
     int mma = c->v[GP_MMA], bt = c->v[GP_BT], waves = c->v[GP_WAVES];
     int tm, tn, tk;
-    if (!moe_gpu_mma_tile(p, mma, &tm, &tn, &tk)) {
+    if (!kern_mma_tile(p, mma, &tm, &tn, &tk)) {
         snprintf(why, cap, "MMA=%d: %s has no such matrix instruction", mma, p->arch);
         return false;
     }

@@ -44,35 +44,6 @@ static const kern_param_desc gpu_params[P_COUNT] = {
                "platform's small (16-row) or large (32x32x8, AMD) tile"},
 };
 
-/* The tile MT_MMA_SHAPE 16 (mma 1) or 32 (mma 2) gives on this device, as
- * prelude_gpu.h defines them; false where it has none: AMD MFMA bf16_1k
- * (gfx90a, gfx940-942, gfx950) and emu wave64 16x16x16 / 32x32x8, NVIDIA
- * mma.sync (sm_80 on) and emu wave32 16x8x16. */
-static bool mma_tile(const dev_props *p, int mma, int *tm, int *tn, int *tk)
-{
-    bool wave64;
-    if (p->backend == DEV_BACKEND_EMU)
-        wave64 = p->warp_size == 64;
-    else if (p->backend == DEV_BACKEND_HIP)
-        wave64 = true;
-    else
-        wave64 = false;
-    bool have;
-    if (p->backend == DEV_BACKEND_HIP)
-        have = !strcmp(p->arch, "gfx90a") || !strncmp(p->arch, "gfx94", 5) ||
-               !strcmp(p->arch, "gfx950");
-    else if (p->backend == DEV_BACKEND_CUDA)
-        have = !strncmp(p->arch, "sm_", 3) && atoi(p->arch + 3) >= 80;
-    else
-        have = p->backend == DEV_BACKEND_EMU;
-    if (!have || (mma == 2 && !wave64) || mma < 1 || mma > 2)
-        return false;
-    *tm = mma == 2 ? 32 : 16;
-    *tn = mma == 2 ? 32 : wave64 ? 16 : 8;
-    *tk = mma == 2 ? 8 : 16;
-    return true;
-}
-
 /* The MMA path's block: waves (each TM x TN fragments) times the wave. */
 static int mma_threads(const int *v, const dev_props *p, int tm, int tn)
 {
@@ -84,7 +55,7 @@ static bool mma_valid(const kern_shape *s, const int *v, const dev_props *p, cha
                       size_t cap)
 {
     int tm, tn, tk;
-    if (!mma_tile(p, v[P_MMA], &tm, &tn, &tk)) {
+    if (!kern_mma_tile(p, v[P_MMA], &tm, &tn, &tk)) {
         snprintf(why, cap, "MMA=%d: %s has no such matrix instruction", v[P_MMA], p->arch);
         return false;
     }
@@ -196,7 +167,7 @@ static mt_status gpu_run(const kern_ctx *c, mt_err *err)
                      (unsigned)v[P_SPLITK]};
     int threads = (v[P_BM] / v[P_TM]) * (v[P_BN] / v[P_TN]), tm, tn, tk;
     if (v[P_MMA]) {
-        if (!mma_tile(c->props, v[P_MMA], &tm, &tn, &tk))
+        if (!kern_mma_tile(c->props, v[P_MMA], &tm, &tn, &tk))
             return mt_fail(err, MT_E_INVALID, "gemm: MMA=%d on %s", v[P_MMA], c->props->arch);
         threads = mma_threads(v, c->props, tm, tn);
     }

@@ -33,7 +33,6 @@
 #include "../common/rng.h"
 #include "attn_common.h"
 #include "family.h"
-#include "moe_common.h"
 
 /* C stays last (tests set it by index). */
 enum { D_H, D_L, D_R, D_D, D_TOPK, D_PS, D_KV, D_SPARSE, D_SM, D_C, D_COUNT };
@@ -329,7 +328,7 @@ static bool gpu_mma_valid(const kern_shape *s, const kern_config *c, const dev_p
 {
     int mma = c->v[GP_MMA], hb = c->v[GP_HB], bn = c->v[GP_BN], waves = c->v[GP_WAVES];
     int tm, tn, tk;
-    if (!moe_gpu_mma_tile(p, mma, &tm, &tn, &tk)) {
+    if (!kern_mma_tile(p, mma, &tm, &tn, &tk)) {
         snprintf(why, cap, "MMA=%d: %s has no such matrix instruction", mma, p->arch);
         return false;
     }

@@ -471,3 +471,26 @@ mt_status kern_get(const kern_ctx *c, const char *name, const char *sig,
 {
     return dev_module_get_kernel(c->mod, name, sig, k, err);
 }
+
+/* The matrix fragment tiles of prelude_gpu.h, by backend (family.h). */
+bool kern_mma_tile(const dev_props *p, int mma, int *tm, int *tn, int *tk)
+{
+    bool wave64, have;
+    if (p->backend == DEV_BACKEND_EMU)
+        wave64 = p->warp_size == 64;
+    else
+        wave64 = p->backend == DEV_BACKEND_HIP;
+    if (p->backend == DEV_BACKEND_HIP)
+        have = !strcmp(p->arch, "gfx90a") || !strncmp(p->arch, "gfx94", 5) ||
+               !strcmp(p->arch, "gfx950");
+    else if (p->backend == DEV_BACKEND_CUDA)
+        have = !strncmp(p->arch, "sm_", 3) && atoi(p->arch + 3) >= 80;
+    else
+        have = p->backend == DEV_BACKEND_EMU;
+    if (!have || (mma == 2 && !wave64) || mma < 1 || mma > 2)
+        return false;
+    *tm = mma == 2 ? 32 : 16;
+    *tn = mma == 2 ? 32 : wave64 ? 16 : 8;
+    *tk = mma == 2 ? 8 : 16;
+    return true;
+}

@@ -216,6 +216,13 @@ mt_status kern_config_parse(const kern_impl *im, const char *text, kern_config *
 uint64_t kern_space_size(const kern_impl *im);
 /* The idx-th point of the space in mixed-radix order (first param fastest). */
 void kern_space_point(const kern_impl *im, uint64_t idx, kern_config *c);
+/* The fragment tile (tm x tn x tk) of a config parameter MMA=mma (1:
+ * MT_MMA_SHAPE 16, 2: 32) on p, as prelude_gpu.h defines it; false where p
+ * has no such instruction (AMD MFMA bf16_1k on gfx90a/gfx94x/gfx950 and emu
+ * wave64: 16x16x16, 32x32x8; NVIDIA mma.sync on sm_80+ and emu wave32:
+ * 16x8x16 only). Shared by every family with an MMA parameter. */
+bool kern_mma_tile(const dev_props *p, int mma, int *tm, int *tn, int *tk);
+
 /* Value of parameter `name` in c, or `dflt` when the impl has none. */
 int kern_config_get(const kern_impl *im, const kern_config *c, const char *name,
                     int dflt);

@@ -375,35 +375,13 @@ size_t moe_gpu_shared(const kern_config *cfg, int wr, int ws)
     return (size_t)v[MOE_GPU_STAGES] * rows * (size_t)(v[MOE_GPU_BK] + 1) * 4;
 }
 
-bool moe_gpu_mma_tile(const dev_props *p, int mma, int *tm, int *tn, int *tk)
-{
-    bool wave64, have;
-    if (p->backend == DEV_BACKEND_EMU)
-        wave64 = p->warp_size == 64;
-    else
-        wave64 = p->backend == DEV_BACKEND_HIP;
-    if (p->backend == DEV_BACKEND_HIP)
-        have = !strcmp(p->arch, "gfx90a") || !strncmp(p->arch, "gfx94", 5) ||
-               !strcmp(p->arch, "gfx950");
-    else if (p->backend == DEV_BACKEND_CUDA)
-        have = !strncmp(p->arch, "sm_", 3) && atoi(p->arch + 3) >= 80;
-    else
-        have = p->backend == DEV_BACKEND_EMU;
-    if (!have || (mma == 2 && !wave64) || mma < 1 || mma > 2)
-        return false;
-    *tm = mma == 2 ? 32 : 16;
-    *tn = mma == 2 ? 32 : wave64 ? 16 : 8;
-    *tk = mma == 2 ? 8 : 16;
-    return true;
-}
-
 /* The MMA path's own rules (the scalar register layout does not apply):
  * the waves split BN first (as many as BN has fragment columns), then BM. */
 static bool mma_valid(const int *v, const dev_props *p, int wr, char *why, size_t cap)
 {
     int tm, tn, tk, mma = v[MOE_GPU_MMA];
     int BM = v[MOE_GPU_BM], BN = v[MOE_GPU_BN], W = v[MOE_GPU_WAVES];
-    if (!moe_gpu_mma_tile(p, mma, &tm, &tn, &tk)) {
+    if (!kern_mma_tile(p, mma, &tm, &tn, &tk)) {
         snprintf(why, cap, "MMA=%d: %s has no such matrix instruction", mma, p->arch);
         return false;
     }

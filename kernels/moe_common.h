@@ -128,11 +128,6 @@ extern const kern_param_desc moe_gpu_params[MOE_GPU_NPARAMS];
 /* Shared memory of a config (bytes) on a device of wave size ws; wr = 2 for
  * stage 1 (gate and up). */
 size_t moe_gpu_shared(const kern_config *cfg, int wr, int ws);
-/* The fragment tile (tm x tn x tk) of MMA=mma (1: MT_MMA_SHAPE 16, 2: 32)
- * on p, as prelude_gpu.h defines it; false where p has no such instruction
- * (AMD MFMA bf16_1k on gfx90a/gfx94x/gfx950 and emu wave64: 16x16x16,
- * 32x32x8; NVIDIA mma.sync on sm_80+ and emu wave32: 16x8x16 only). */
-bool moe_gpu_mma_tile(const dev_props *p, int mma, int *tm, int *tn, int *tk);
 /* Validity for reduction length k, n output rows per expert, layout tile
  * height bm, stage 1 (up) or 2, combine path comb (stage 2). */
 bool moe_gpu_valid(int64_t k, int64_t n, int64_t bm, bool up, int comb, const kern_config *cfg,
