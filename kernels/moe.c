@@ -30,8 +30,11 @@ void moe_layer_keys(const moe_dims *d, moe_keys *k)
     snprintf(k->sh_align, sizeof k->sh_align, "E=1,topk=1,bm=%d,skew=0", bm);
     snprintf(k->sh_up, sizeof k->sh_up, "H=%lld,I=%lld,E=1,topk=1,a=%s,cat=1,bm=%d,skew=0", H, S,
              dt(d->a4), bm);
+    /* With the deterministic combine the shared expert writes rows too
+     * (its split-K, where a config has one, then sums in a fixed order). */
     snprintf(k->sh_down, sizeof k->sh_down,
-             "H=%lld,I=%lld,E=1,topk=1,a=%s,comb=0,bm=%d,skew=0", H, S, dt(d->a4), bm);
+             "H=%lld,I=%lld,E=1,topk=1,a=%s,comb=%d,bm=%d,skew=0", H, S, dt(d->a4),
+             d->comb ? 1 : 0, bm);
 }
 
 /* ---- reference --------------------------------------------------------- */

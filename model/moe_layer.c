@@ -12,7 +12,7 @@ struct model_moe_ws {
     moe_dims d;       /* capacity: E, topk, bm; largest inter and shared_inter */
     int64_t max_m;
     void *ids, *tw, *sorted, *tile, *total, *h, *rows;
-    void *sh_ids, *sh_w, *sh_sorted, *sh_tile, *sh_total, *sh_h;
+    void *sh_ids, *sh_w, *sh_sorted, *sh_tile, *sh_total, *sh_h, *sh_rows;
 };
 
 void model_moe_dims(const model_config *c, bool a4, int64_t shared_inter, moe_dims *out)
@@ -59,7 +59,8 @@ void model_moe_ws_destroy(model_moe_ws *ws)
     if (!ws)
         return;
     void *p[] = {ws->ids, ws->tw, ws->sorted, ws->tile, ws->total, ws->h, ws->rows,
-                 ws->sh_ids, ws->sh_w, ws->sh_sorted, ws->sh_tile, ws->sh_total, ws->sh_h};
+                 ws->sh_ids, ws->sh_w, ws->sh_sorted, ws->sh_tile, ws->sh_total, ws->sh_h,
+                 ws->sh_rows};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
         dev_free(ws->dev, p[i]);
     free(ws);
@@ -89,6 +90,7 @@ mt_status model_moe_ws_create(dev_device *dev, const moe_dims *d, int64_t max_m,
         {&ws->sh_ids, S ? (size_t)M * 4 : 0}, {&ws->sh_w, S ? (size_t)M * 4 : 0},
         {&ws->sh_sorted, S ? (size_t)cap1 * 4 : 0}, {&ws->sh_tile, S ? (size_t)(cap1 / bm + 1) * 4 : 0},
         {&ws->sh_total, S ? 4 : 0}, {&ws->sh_h, S ? (size_t)(M * S) * 2 : 0},
+        {&ws->sh_rows, S && d->comb ? (size_t)(M * d->hidden) * 4 : 0},
     };
     mt_status st = MT_OK;
     for (size_t i = 0; i < sizeof a / sizeof a[0] && st == MT_OK; i++)
@@ -147,17 +149,20 @@ mt_status model_moe_run(const model_moe_kernels *k, model_moe_ws *ws, const moe_
     if (M <= 0)
         return MT_OK;
     mt_status st = fits(ws, d, M, err);
-    if (st == MT_OK)
+    /* y starts at zero where something adds into it: the atomic combine,
+     * or the combine's "shared" input when no shared expert writes rows. */
+    void *xv = (void *)(uintptr_t)x, *yv = y;
+    void *shared = d->shared_inter && d->comb ? ws->sh_rows : yv;
+    if (st == MT_OK && shared == yv)
         st = dev_memset(ws->dev, y, 0, (size_t)(M * d->hidden) * 4, err);
     if (st != MT_OK)
         return st;
-    void *xv = (void *)(uintptr_t)x, *yv = y;
     if (d->shared_inter) {
         RUN(k->sh_align, ws->sh_ids, ws->sh_sorted, ws->sh_tile, ws->sh_total);
         RUN(k->sh_up, xv, ws->sh_ids, ws->sh_sorted, ws->sh_tile, ws->sh_total,
             (void *)w->sh_w13, (void *)w->sh_s13, ws->sh_h);
         RUN(k->sh_down, ws->sh_h, ws->sh_ids, ws->sh_sorted, ws->sh_tile, ws->sh_total, ws->sh_w,
-            (void *)w->sh_w2, (void *)w->sh_s2, yv);
+            (void *)w->sh_w2, (void *)w->sh_s2, shared);
     }
     RUN(k->route, xv, (void *)w->gate, (void *)w->bias, ws->ids, ws->tw);
     RUN(k->align, ws->ids, ws->sorted, ws->tile, ws->total);
@@ -166,7 +171,7 @@ mt_status model_moe_run(const model_moe_kernels *k, model_moe_ws *ws, const moe_
     RUN(k->down, ws->h, ws->ids, ws->sorted, ws->tile, ws->total, ws->tw, (void *)w->w2,
         (void *)w->s2, d->comb ? ws->rows : yv);
     if (d->comb)
-        RUN(k->combine, ws->rows, yv, yv);
+        RUN(k->combine, ws->rows, shared, yv);
     return MT_OK;
 }
 
