@@ -166,7 +166,7 @@ static bool func_header(const char *line, uint64_t *addr, char *name, size_t cap
 }
 
 /* "\tmnemonic operands // 000000001D00: C00A... <name+0x120c>" */
-static bool insn_line(const char *line, uint64_t fstart, insn *out)
+static bool insn_line(const char *line, uint64_t fstart, insn *out, char *mn_out, size_t cap)
 {
     const char *p = line;
     while (*p == ' ' || *p == '\t')
@@ -189,6 +189,7 @@ static bool insn_line(const char *line, uint64_t fstart, insn *out)
         return false;
     out->addr = a;
     out->cls = dev_isa_classify(mn);
+    snprintf(mn_out, cap, "%s", mn);
     out->target = UINT64_MAX;
     if (out->cls == DEV_ISA_BRANCH && (starts(mn, "s_branch") || starts(mn, "s_cbranch"))) {
         const char *t = strrchr(end, '<');
@@ -199,6 +200,19 @@ static bool insn_line(const char *line, uint64_t fstart, insn *out)
             out->target = fstart;
     }
     return true;
+}
+
+static void note_mma_kind(dev_isa_func *f, const char *mn)
+{
+    for (int i = 0; i < f->n_mma_kinds; i++)
+        if (!strcmp(f->mma_kind[i], mn)) {
+            f->mma_kind_n[i]++;
+            return;
+        }
+    if (f->n_mma_kinds == DEV_ISA_MAX_MMA_KINDS)
+        return;
+    snprintf(f->mma_kind[f->n_mma_kinds], sizeof f->mma_kind[0], "%s", mn);
+    f->mma_kind_n[f->n_mma_kinds++] = 1;
 }
 
 void dev_isa_parse(const char *text, dev_isa_report *out)
@@ -232,8 +246,11 @@ void dev_isa_parse(const char *text, dev_isa_report *out)
             continue;
         }
         insn in;
-        if (!cur || !insn_line(line, fstart, &in))
+        char mn[64];
+        if (!cur || !insn_line(line, fstart, &in, mn, sizeof mn))
             continue;
+        if (in.cls == DEV_ISA_MFMA)
+            note_mma_kind(cur, mn);
         if (b.n == b.cap) {
             int cap = b.cap ? 2 * b.cap : 1024;
             insn *v = realloc(b.v, sizeof *v * (size_t)cap);

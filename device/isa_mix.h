@@ -50,6 +50,7 @@ typedef struct dev_isa_counts {
 
 #define DEV_ISA_MAX_LOOPS 128
 #define DEV_ISA_MAX_FUNCS 16
+#define DEV_ISA_MAX_MMA_KINDS 4
 
 typedef struct dev_isa_loop {
     int first, last;   /* instruction indices in the function, inclusive */
@@ -63,6 +64,11 @@ typedef struct dev_isa_func {
     int n_loops;       /* loops past DEV_ISA_MAX_LOOPS are not kept */
     dev_isa_loop loops[DEV_ISA_MAX_LOOPS];
     int hot;           /* index into loops, -1 without loops */
+    /* The distinct matrix mnemonics, in order of first use, with counts
+     * (kinds past DEV_ISA_MAX_MMA_KINDS are counted in all.n only). */
+    int n_mma_kinds;
+    char mma_kind[DEV_ISA_MAX_MMA_KINDS][64];
+    int mma_kind_n[DEV_ISA_MAX_MMA_KINDS];
 } dev_isa_func;
 
 typedef struct dev_isa_report {

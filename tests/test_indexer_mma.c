@@ -23,7 +23,7 @@
 #include "device/device.h"
 #include "kernels/family.h"
 #include "kernels/runner.h"
-#include "test_dev_util.h"
+#include "test_mma_util.h"
 
 static const kern_family *fam(void)
 {
@@ -184,115 +184,12 @@ Test(indexer_mma, validity_names_the_parameter_at_fault)
 
 /* ---- compile-only: instruction mix -------------------------------------- */
 
-static dev_device *open_or_skip(const char *spec, const char *arch)
-{
-    dev_open_opts o = {.arch = arch};
-    dev_device *d = NULL;
-    mt_err err = MT_ERR_INIT;
-    mt_status st = dev_open(spec, &o, &d, &err);
-    if (st == MT_E_UNSUPPORTED || st == MT_E_NOT_FOUND)
-        cr_skip_test("%s %s: %s", spec, arch, err.msg);
-    cr_assert_eq(st, MT_OK, "dev_open(%s, arch %s): %s", spec, arch, err.msg);
-    return d;
-}
-
-/* Instruction counts in one kernel's disassembly (static: a loop body
- * counts once). */
-typedef struct imix {
-    int named, mfma, valu, salu, global_load, global_store, ds_read, ds_write, scratch, total;
-} imix;
-
-/* llvm-objdump-19's disassembly of kernel `name` in c, counted (named:
- * instructions starting with `want`); false when llvm-objdump-19 is not
- * installed. */
-static bool disassembly_mix(const dev_code *c, const char *arch, const char *name,
-                            const char *want, imix *m)
-{
-    memset(m, 0, sizeof *m);
-    if (system("command -v llvm-objdump-19 >/dev/null 2>&1") != 0)
-        return false;
-    size_t len = 0;
-    const void *bytes = dev_code_get_bytes(c, &len);
-    char path[512];
-    cr_assert(mt_tmp_path(path, sizeof path, "moetune-indexer-mma-XXXXXX"));
-    int fd = mkstemp(path);
-    cr_assert_geq(fd, 0);
-    cr_assert_eq(write(fd, bytes, len), (ssize_t)len);
-    close(fd);
-    char cmd[1024], line[1024], head[128];
-    snprintf(cmd, sizeof cmd, "llvm-objdump-19 -d --mcpu=%s %s 2>&1", arch, path);
-    snprintf(head, sizeof head, "<%s>:", name);
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p);
-    bool in = false;
-    while (fgets(line, sizeof line, p)) {
-        if (strchr(line, '<') && strstr(line, ">:")) { /* a symbol's first line */
-            in = strstr(line, head) != NULL;
-            continue;
-        }
-        const char *t = line + strspn(line, " \t");
-        static const char *const kinds[] = {"s_", "v_", "ds_", "global_", "buffer_",
-                                            "scratch_", "flat_"};
-        bool insn = false;
-        for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
-            insn |= !strncmp(t, kinds[i], strlen(kinds[i]));
-        if (!in || !insn)
-            continue;
-        m->total++;
-        m->named += !strncmp(t, want, strlen(want));
-        m->mfma += !strncmp(t, "v_mfma", 6);
-        m->valu += !strncmp(t, "v_", 2) && strncmp(t, "v_mfma", 6);
-        m->salu += !strncmp(t, "s_", 2);
-        m->global_load += !strncmp(t, "global_load", 11);
-        m->global_store += !strncmp(t, "global_store", 12);
-        m->ds_read += !strncmp(t, "ds_read", 7);
-        m->ds_write += !strncmp(t, "ds_write", 8);
-        m->scratch += !strncmp(t, "scratch_", 8) || !strncmp(t, "buffer_", 7);
-    }
-    pclose(p);
-    unlink(path);
-    return true;
-}
-
-/* Builds dsa_indexer at shape with cfg for arch and checks dsa_scores: no
- * scratch, no spills, the matrix instruction `mfma` in its disassembly
- * (llvm-objdump-19 where installed). Logs the mix. */
+/* dsa_indexer at shape with cfg for arch: test_mma_util.h's checks on
+ * dsa_scores. */
 static void compile_amd(const char *arch, const char *shape, const char *cfg_text,
                         const char *mfma)
 {
-    const kern_family *f = fam();
-    dev_device *d = open_or_skip("hip", arch);
-    kern_shape s;
-    cr_assert_eq(kern_shape_parse(f, shape, &s, NULL, NULL), MT_OK);
-    kern_config c;
-    parse(cfg_text, &c);
-    char why[256] = "";
-    cr_assert(kern_config_valid(f, f->gpu, &s, 4, &c, dev_get_props(d), why, sizeof why),
-              "%s %s: %s", arch, cfg_text, why);
-    dev_code *code = NULL;
-    mt_err err = MT_ERR_INIT;
-    cr_assert_eq(kern_compile(d, f, f->gpu, &s, &c, &code, &err), MT_OK, "%s", err.msg);
-    const dev_kernel_res *r = td_find_res(code, "dsa_scores");
-    cr_assert_eq(r->private_bytes, 0, "%s %s: %lld bytes of scratch", arch, cfg_text,
-                 (long long)r->private_bytes);
-    cr_assert_eq(r->spill_vgprs, 0, "%s %s: %d VGPRs spilled", arch, cfg_text, r->spill_vgprs);
-    cr_assert_eq(r->spill_sgprs, 0);
-    imix x;
-    if (disassembly_mix(code, arch, "dsa_scores", mfma, &x)) {
-        cr_assert_gt(x.named, 0, "%s %s: no %s", arch, cfg_text, mfma);
-        cr_assert_eq(x.named, x.mfma, "%s %s: other matrix instructions than %s", arch,
-                     cfg_text, mfma);
-        cr_assert_eq(x.scratch, 0, "%s %s: %d scratch/buffer instructions", arch, cfg_text,
-                     x.scratch);
-        cr_log_info("%s dsa_scores %s %s: %d instructions, v_mfma %d, other VALU %d, SALU %d, "
-                    "global_load %d, global_store %d, ds_read %d, ds_write %d; VGPR %d AGPR "
-                    "%d SGPR %d LDS %lld waves/SIMD %d", arch, shape, cfg_text, x.total,
-                    x.mfma, x.valu, x.salu, x.global_load, x.global_store, x.ds_read,
-                    x.ds_write, r->vgprs, r->agprs, r->sgprs, (long long)r->lds_bytes,
-                    r->waves_per_simd);
-    }
-    dev_code_free(code);
-    dev_close(d);
+    mma_compile_amd(fam(), "dsa_scores", arch, shape, 1, cfg_text, mfma);
 }
 
 /* The GLM-5.2 tiles docs/BENCHMARKS.md discusses: 4 waves, one fragment
@@ -321,7 +218,7 @@ Test(indexer_mma, clang_gfx942_builds_mfma_without_scratch)
 static void compile_nv(const char *shape, const char *cfg_text)
 {
     const kern_family *f = fam();
-    dev_device *d = open_or_skip("cuda", "sm_90");
+    dev_device *d = mma_open_or_skip("cuda", "sm_90");
     kern_shape s;
     cr_assert_eq(kern_shape_parse(f, shape, &s, NULL, NULL), MT_OK);
     kern_config c;

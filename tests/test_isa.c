@@ -81,6 +81,9 @@ Test(isa_mix, functions_loops_and_the_hot_loop_are_found)
     cr_assert_eq(k1->all.n[DEV_ISA_BRANCH], 3);
     cr_assert_eq(k1->all.n[DEV_ISA_SMEM], 1);
     cr_assert_eq(k1->all.n[DEV_ISA_GLOBAL_STORE], 1);
+    cr_assert_eq(k1->n_mma_kinds, 1);
+    cr_assert_str_eq(k1->mma_kind[0], "v_mfma_f32_16x16x16bf16_1k");
+    cr_assert_eq(k1->mma_kind_n[0], 2);
     cr_assert_eq(k1->n_loops, 2, "the forward branch is no loop");
     cr_assert_geq(k1->hot, 0);
     const dev_isa_loop *hot = &k1->loops[k1->hot];
