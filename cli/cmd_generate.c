@@ -11,6 +11,7 @@
 #include "../common/rng.h"
 #include "../kernels/family.h"
 #include "../model/runtime.h"
+#include "../model/spec.h"
 #include "cli.h"
 
 static void usage(FILE *f)
@@ -21,6 +22,7 @@ static void usage(FILE *f)
             "                        [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
             "                        [--act-quant none|mxfp4] [--kv-dtype bf16|fp8]\n"
             "                        [--logits FILE] [--report] [--batch-invariant]\n"
+            "                        [--speculative-steps K]\n"
             "Runs the GLM-5 checkpoint in DIR on the device (default auto) with kernels from\n"
             "the tuning database FILE (every kernel runs its default config without one),\n"
             "prints the generated text (with a tokenizer) and the token ids. Sampling:\n"
@@ -30,7 +32,10 @@ static void usage(FILE *f)
             "every prompt position as raw little-endian float32 [prompt tokens, vocab].\n"
             "--report prints the full kernel selection table to stderr. --batch-invariant\n"
             "runs one config per kernel at every token count and no split-K, so a token's\n"
-            "logits are bitwise the same alone, batched, in prefill or in decode.\n");
+            "logits are bitwise the same alone, batched, in prefill or in decode.\n"
+            "--speculative-steps K (1-8) drafts K tokens a round with the checkpoint's MTP\n"
+            "layer and verifies them in one step (greedy acceptance, speculative sampling\n"
+            "above temperature 0); the acceptance rate goes to stderr.\n");
 }
 
 static bool parse_num(const char *v, double *out)
@@ -76,7 +81,7 @@ int cmd_generate(int argc, char **argv)
 {
     const char *model = NULL, *db = NULL, *device = "auto", *prompt = NULL, *tokens = NULL;
     const char *logits_path = NULL, *v;
-    double max_tokens = 32, temp = 0, top_k = 0, top_p = 1, seed = -1, num;
+    double max_tokens = 32, temp = 0, top_k = 0, top_p = 1, seed = -1, spec = 0, num;
     model_runtime_opts o = {0};
     bool bad = false, report = false;
     for (int i = 1; i < argc && !bad; i++) {
@@ -120,13 +125,14 @@ int cmd_generate(int argc, char **argv)
             }
         } else {
             static const char *const nums[] = {"--max-tokens", "--temperature", "--top-k",
-                                               "--top-p", "--seed"};
-            double *dst[] = {&max_tokens, &temp, &top_k, &top_p, &seed};
+                                               "--top-p", "--seed", "--speculative-steps"};
+            double *dst[] = {&max_tokens, &temp, &top_k, &top_p, &seed, &spec};
             int which = -1;
-            for (int k = 0; k < 5 && which < 0 && !bad; k++)
+            for (int k = 0; k < 6 && which < 0 && !bad; k++)
                 if ((v = cli_opt(argc, argv, &i, nums[k], &bad))) {
                     which = k;
-                    if (!parse_num(v, &num) || num < 0 || (k == 3 && num > 1)) {
+                    if (!parse_num(v, &num) || num < 0 || (k == 3 && num > 1) ||
+                        (k == 5 && (num != (int)num || num > MODEL_SPEC_MAX_STEPS))) {
                         cli_error("generate", "%s '%s' is not a valid value", nums[k], v);
                         bad = true;
                     } else {
@@ -143,10 +149,15 @@ int cmd_generate(int argc, char **argv)
         cli_error("generate", "--model and exactly one of --prompt, --tokens are required");
         bad = true;
     }
+    if (!bad && spec > 0 && logits_path) {
+        cli_error("generate", "--logits and --speculative-steps: pick one");
+        bad = true;
+    }
     if (bad) {
         usage(stderr);
         return CLI_USAGE;
     }
+    o.speculative_steps = (int)spec;
     o.model_dir = model;
     o.db_path = db;
     o.device = device;
@@ -199,8 +210,25 @@ int cmd_generate(int argc, char **argv)
     model_sampler smp = {.temperature = (float)temp, .top_p = (float)top_p, .top_k = (int)top_k};
     int32_t eos[MODEL_MAX_EOS + 1];
     int n_eos = model_runtime_eos(rt, eos, MODEL_MAX_EOS + 1);
+    double t0 = mt_now_ms(), t1 = t0;
+    int produced = 0;
+    if (spec > 0) {
+        model_spec_gen_opts go = {.k = (int)spec, .max_tokens = gen, .eos = eos, .n_eos = n_eos,
+                                  .sampler = smp, .rng = &rng};
+        model_spec_seq st;
+        if (model_spec_generate(rt, seq, ids, (int64_t)n, &go, out, &produced, &st, &err) !=
+            MT_OK) {
+            cli_error("generate", "%s", err.msg);
+            goto done;
+        }
+        fprintf(stderr, "speculative: %d steps, %" PRId64 " rounds, acceptance rate %.3f (%"
+                PRId64 " of %" PRId64 " drafts), mean accepted length %.2f tokens per round\n",
+                (int)spec, st.rounds, st.drafted ? (double)st.accepted / (double)st.drafted : 0.0,
+                st.accepted, st.drafted,
+                st.rounds ? 1.0 + (double)st.accepted / (double)st.rounds : 0.0);
+        goto print;
+    }
     /* The prompt in chunks of at most 256 tokens, then one token per step. */
-    double t0 = mt_now_ms();
     size_t done_tok = 0;
     while (done_tok < n) {
         int chunk = n - done_tok > 256 ? 256 : (int)(n - done_tok);
@@ -212,8 +240,7 @@ int cmd_generate(int argc, char **argv)
         }
         done_tok += (size_t)chunk;
     }
-    double t1 = mt_now_ms();
-    int produced = 0;
+    t1 = mt_now_ms();
     for (; produced < gen; produced++) {
         int32_t next = model_sample(lg, V, &smp, &rng);
         out[produced] = next;
@@ -232,6 +259,7 @@ int cmd_generate(int argc, char **argv)
             goto done;
         }
     }
+print:;
     double t2 = mt_now_ms();
     if (logits_path) {
         FILE *f = fopen(logits_path, "wb");

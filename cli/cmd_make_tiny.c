@@ -13,22 +13,27 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: moetune make-tiny-model --out DIR [--seed N]\n"
+    fprintf(f, "usage: moetune make-tiny-model --out DIR [--seed N] [--mtp-map]\n"
                "Writes config.json (with a Quark MXFP4 quantization_config), two safetensors\n"
                "shards with model.safetensors.index.json, and tokenizer.json into DIR: a tiny\n"
                "GLM-5 (hidden 256, 4 layers + 1 MTP layer, 16 experts top-4, vocab 512) with\n"
-               "seeded random weights (default seed 1). The same seed writes the same files.\n");
+               "seeded random weights (default seed 1). The same seed writes the same files.\n"
+               "--mtp-map builds it as a next-token map (each token continues with a fixed\n"
+               "other one) whose MTP layer predicts the main model's next token, so\n"
+               "speculative decoding accepts nearly every draft.\n");
 }
 
 int cmd_make_tiny_model(int argc, char **argv)
 {
     const char *out = NULL, *v;
     uint64_t seed = 1;
-    bool bad = false;
+    bool bad = false, mtp_map = false;
     for (int i = 1; i < argc; i++) {
         if (cli_flag(argv[i], "--help") || cli_flag(argv[i], "-h")) {
             usage(stdout);
             return CLI_OK;
+        } else if (cli_flag(argv[i], "--mtp-map")) {
+            mtp_map = true;
         } else if ((v = cli_opt(argc, argv, &i, "--out", &bad))) {
             out = v;
         } else if ((v = cli_opt(argc, argv, &i, "--seed", &bad))) {
@@ -50,7 +55,8 @@ int cmd_make_tiny_model(int argc, char **argv)
         return CLI_USAGE;
     }
     mt_err err = MT_ERR_INIT;
-    if (model_tiny_write(out, seed, &err) != MT_OK) {
+    if ((mtp_map ? model_tiny_write_mtp_map(out, seed, &err) : model_tiny_write(out, seed, &err)) !=
+        MT_OK) {
         cli_error("make-tiny-model", "%s", err.msg);
         return CLI_FAIL;
     }

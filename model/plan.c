@@ -37,7 +37,8 @@ void model_plan_opts_from_runtime(const model_runtime_opts *ro, model_plan_opts 
 {
     *out = (model_plan_opts){.act_quant = ro->act_quant, .act_quant_set = ro->act_quant_set,
                              .kv_dtype = ro->kv_dtype, .kv_page_size = ro->kv_page_size,
-                             .kv_pages = ro->kv_pages, .max_batch_tokens = ro->max_batch_tokens};
+                             .kv_pages = ro->kv_pages, .max_batch_tokens = ro->max_batch_tokens,
+                             .mtp = ro->speculative_steps > 0};
 }
 
 /* ---- building ------------------------------------------------------------ */
@@ -244,6 +245,20 @@ static mt_status global_uses(builder *b)
     return MT_OK;
 }
 
+/* The MTP head around its decoder layer (rt_mtp.c): [enorm(embed) |
+ * hnorm(hidden)] -> eh_proj -> the residual stream. */
+static mt_status mtp_uses(builder *b)
+{
+    int64_t T = b->p->p.T, H = b->c->hidden_size;
+    int *g = b->p->g;
+    COPY(&g[MODEL_GS_MTP_CAT_E], T, "mtp concat", H, 0, H, 2 * H, 0, "bf16", "bf16");
+    COPY(&g[MODEL_GS_MTP_CAT_H], T, "mtp concat", H, 0, H, 2 * H, H, "bf16", "bf16");
+    USE(&g[MODEL_GS_MTP_EH], "gemm", T, "mtp eh_proj", "N=%" PRId64 ",K=%" PRId64, H, 2 * H);
+    COPY(&g[MODEL_GS_MTP_TO_BF16], T, "mtp resid", H, 0, H, H, 0, "f32", "bf16");
+    COPY(&g[MODEL_GS_MTP_TO_F32], T, "mtp resid", H, 0, H, H, 0, "f32", "f32");
+    return MT_OK;
+}
+
 #undef COPY
 #undef USE
 
@@ -364,6 +379,28 @@ static mt_status layer_facts(const model_config *c, const model_plan_opts *o, in
     return MT_OK;
 }
 
+/* The first MTP layer (layers[n_layers]) and the head around it. */
+static mt_status mtp_layer_uses(builder *b, const model_plan_opts *o)
+{
+    const model_config *c = b->c;
+    model_plan *p = b->p;
+    if (c->num_nextn_predict_layers < 1)
+        return mt_fail(b->err, MT_E_UNSUPPORTED, "config.json: num_nextn_predict_layers 0: the "
+                       "checkpoint has no MTP layer to draft with");
+    model_plan_layer *ly = &p->layers[p->n_layers];
+    mt_status st = layer_facts(c, o, p->n_layers, ly, b->err);
+    if (st == MT_OK && !ly->full)
+        st = mt_fail(b->err, MT_E_UNSUPPORTED, "MTP layer %" PRId64 " has no DSA indexer of its "
+                     "own (index_share_for_mtp_iteration): drafting needs one", p->n_layers);
+    if (st == MT_OK)
+        st = attention_uses(b, ly);
+    if (st == MT_OK)
+        st = mlp_uses(b, ly);
+    if (st == MT_OK)
+        st = mtp_uses(b);
+    return st == MT_OK ? MT_OK : mt_err_prefix(b->err, "MTP layer %" PRId64, p->n_layers);
+}
+
 void model_plan_free(model_plan *p)
 {
     if (!p)
@@ -386,8 +423,11 @@ mt_status model_plan_build(const model_config *c, const model_plan_opts *o, mode
     model_plan *p = calloc(1, sizeof *p);
     if (!p)
         return mt_fail(err, MT_E_NOMEM, "kernel plan");
-    p->n_layers = c->num_hidden_layers; /* MTP layers are not run */
-    p->layers = calloc((size_t)p->n_layers, sizeof *p->layers);
+    p->n_layers = c->num_hidden_layers;
+    p->mtp = o->mtp;
+    for (int g = 0; g < MODEL_GS_COUNT; g++)
+        p->g[g] = -1;
+    p->layers = calloc((size_t)(p->n_layers + 1), sizeof *p->layers);
     if (!p->layers) {
         model_plan_free(p);
         return mt_fail(err, MT_E_NOMEM, "kernel plan: layers");
@@ -406,6 +446,8 @@ mt_status model_plan_build(const model_config *c, const model_plan_opts *o, mode
     }
     if (st == MT_OK)
         st = global_uses(&b);
+    if (st == MT_OK && p->mtp)
+        st = mtp_layer_uses(&b, o);
     if (st != MT_OK) {
         model_plan_free(p);
         return st;

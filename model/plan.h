@@ -43,6 +43,7 @@ typedef struct model_plan_opts {
     int kv_page_size;            /* tokens per KV page; 0 = 16 */
     int kv_pages;                /* pages in the pool; 0 = enough for 8 full contexts */
     int max_batch_tokens;        /* largest step; 0 = 512 */
+    bool mtp;                    /* also the MTP layer's kernels (speculative decoding) */
     /* Optional: an opened checkpoint. Formats the files decide (shared
      * expert MXFP4 or bf16, activation quantization) then come from the
      * tensors as the runtime loads them, not from the Quark config; the
@@ -92,6 +93,11 @@ typedef enum model_plan_slot {
 /* The kernels outside the layers. */
 typedef enum model_plan_gslot {
     MODEL_GS_EMBED = 0, MODEL_GS_NORM_FINAL, MODEL_GS_GATHER, MODEL_GS_LM_HEAD,
+    /* MTP head (plans built with mtp; -1 otherwise): normed embedding and
+     * hidden state copied into the two halves of eh_proj's input, eh_proj,
+     * and its f32 output as the bf16 and f32 residual stream */
+    MODEL_GS_MTP_CAT_E, MODEL_GS_MTP_CAT_H, MODEL_GS_MTP_EH, MODEL_GS_MTP_TO_BF16,
+    MODEL_GS_MTP_TO_F32,
     MODEL_GS_COUNT
 } model_plan_gslot;
 
@@ -119,8 +125,10 @@ typedef struct model_plan {
     model_plan_params p;
     model_plan_entry *entries;
     int n_entries;
-    int64_t n_layers;          /* main layers (MTP layers are not run) */
-    model_plan_layer *layers;  /* [n_layers] */
+    int64_t n_layers;          /* main layers */
+    bool mtp;                  /* built with mtp: layers[n_layers] is the first MTP layer
+                                * (its routed experts quantized to MXFP4 at load) */
+    model_plan_layer *layers;  /* [n_layers + mtp] */
     int g[MODEL_GS_COUNT];     /* entry index of each global kernel */
 } model_plan;
 

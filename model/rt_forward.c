@@ -110,6 +110,12 @@ static mt_status mlp(model_runtime *rt, rt_layer *ly, int64_t M, mt_err *err)
     return MT_OK;
 }
 
+mt_status rt_layer_forward(model_runtime *rt, rt_layer *ly, int64_t M, int64_t cmax, mt_err *err)
+{
+    mt_status st = attention(rt, ly, M, cmax, err);
+    return st == MT_OK ? mlp(rt, ly, M, err) : st;
+}
+
 /* The whole batch: M rows, the longest context cmax, nl rows of logits. */
 static mt_status forward(model_runtime *rt, int64_t M, int64_t cmax, int64_t nl, mt_err *err)
 {
@@ -276,6 +282,9 @@ mt_status model_step(model_runtime *rt, model_step_item *items, int n, mt_err *e
         st = kvc_table_upload(rt->layers[0].kv, seqs0, n, max_pages, b->table, err);
     if (st == MT_OK)
         st = forward(rt, M, cmax, nl, err);
+    /* Its rows' hidden states are what model_mtp_step reads next (rt_mtp.c). */
+    rt->mtp.last_rows = st == MT_OK ? M : 0;
+    rt->mtp.last_was_mtp = false;
     if (st != MT_OK)
         goto fail;
 

@@ -71,7 +71,21 @@ typedef struct rt_seq {
     bool used;
     bool shared;                 /* forked from or into: the last page may be shared */
     kvc_seq **kv;                /* one per layer; page ids identical in every layer */
+    kvc_seq *mtp_kv;             /* the MTP layer's cache (own pages; may run ahead or behind) */
 } rt_seq;
+
+/* The MTP layer (layers[n_layers]) and its head (rt_mtp.c). */
+typedef struct rt_mtp {
+    bool on;
+    void *enorm, *hnorm, *head_norm; /* [H] bf16 */
+    void *w_eh;                  /* [H][2H] bf16 */
+    void *hin, *cat, *hrows;     /* [T][H], [T][2H] bf16; int32 [T] */
+    model_kern *cat_e, *cat_h, *eh, *to_bf16, *to_f32;
+    /* The last forward on the runtime: its row count and whether it was the
+     * MTP layer's (its xb rows are the hidden states model_mtp_step reads). */
+    int64_t last_rows;
+    bool last_was_mtp;
+} rt_mtp;
 
 /* Device activation buffers, sized for max_batch_tokens (T). */
 typedef struct rt_bufs {
@@ -117,6 +131,7 @@ struct model_runtime {
     model_moe_ws *moe_ws;        /* the MoE layers' workspace */
 
     rt_bufs b;
+    rt_mtp mtp;
     rt_seq seqs[RT_MAX_SEQS];
     int32_t *h_i32;              /* host staging, T * max(TOPK, 8) entries */
 };
@@ -131,5 +146,15 @@ void rt_unload(model_runtime *rt);
 /* Allocates the activation buffers and the MoE workspace for rt->T tokens. */
 mt_status rt_bufs_alloc(model_runtime *rt, mt_err *err);
 void rt_bufs_free(model_runtime *rt);
+/* The MTP layer and head weights, kernels and buffers (after rt_bufs_alloc). */
+mt_status rt_mtp_load(model_runtime *rt, mt_err *err);
+void rt_mtp_unload(model_runtime *rt);
+
+/* ---- rt_forward.c ---- */
+
+/* One decoder layer (attention and MLP) over the M rows staged in rt->b
+ * (tokens' positions, pool rows, page table, query rows, contexts), xb and
+ * resid in, xb and resid out; cmax the longest context. */
+mt_status rt_layer_forward(model_runtime *rt, rt_layer *ly, int64_t M, int64_t cmax, mt_err *err);
 
 #endif

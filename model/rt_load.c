@@ -139,10 +139,27 @@ static mt_status upload_fused(model_runtime *rt, const char *const *modules, con
     return st;
 }
 
-/* Routed or shared experts: n experts named prefix%d / prefix (shared). */
+/* A float linear [out][in] quantized to MXFP4 (Quark layout, the scale rule
+ * of mxfp4.h) into packed[out * in / 2] and scales[out * in / 32]. */
+static mt_status quantize_linear(model_runtime *rt, const char *module, int64_t out, int64_t in,
+                                 uint8_t *packed, uint8_t *scales, mt_err *err)
+{
+    uint16_t *h = malloc((size_t)(out * in) * 2);
+    if (!h)
+        return mt_fail(err, MT_E_NOMEM, "%s: quantization buffer", module);
+    mt_status st = linear_bf16(rt, module, out, in, h, err);
+    for (int64_t r = 0; st == MT_OK && r < out; r++)
+        mxfp4_quantize_row_bf16(h + r * in, in, packed + r * (in / 2), scales + r * (in / 32));
+    free(h);
+    return st;
+}
+
+/* Routed or shared experts: n experts named prefix%d / prefix (shared).
+ * quantize: float experts (the MTP layer's bf16 ones) are quantized to
+ * MXFP4 here; otherwise they must be MXFP4 in the file. */
 static mt_status upload_experts(model_runtime *rt, const char *prefix, bool shared, int64_t n,
-                                int64_t inter, void **w13, void **s13, void **w2, void **s2,
-                                mt_err *err)
+                                int64_t inter, bool quantize, void **w13, void **s13, void **w2,
+                                void **s2, mt_err *err)
 {
     int64_t H = rt->H;
     size_t b13 = (size_t)(2 * inter * H / 2), c13 = (size_t)(2 * inter * H / 32);
@@ -164,6 +181,13 @@ static mt_status upload_experts(model_runtime *rt, const char *prefix, bool shar
             st = model_weights_linear(rt->w, name, &l, err);
             if (st != MT_OK)
                 break;
+            if (l->fmt != MODEL_WFMT_MXFP4 && quantize) {
+                int64_t out = p < 2 ? inter : H, in = p < 2 ? H : inter;
+                uint8_t *wq = p < 2 ? hw13 + e * b13 + (size_t)p * b13 / 2 : hw2 + e * b2;
+                uint8_t *sq = p < 2 ? hs13 + e * c13 + (size_t)p * c13 / 2 : hs2 + e * c2;
+                st = quantize_linear(rt, name, out, in, wq, sq, err);
+                continue;
+            }
             if (l->fmt != MODEL_WFMT_MXFP4) {
                 st = mt_fail(err, MT_E_UNSUPPORTED, "%s is %s in %s: the MoE kernels read MXFP4 "
                              "experts", name, model_wfmt_name(l->fmt), l->weight->file);
@@ -351,14 +375,14 @@ static mt_status load_layer(model_runtime *rt, int64_t i, rt_layer *ly, mt_err *
         snprintf(n1, sizeof n1, "%smlp.gate.e_score_correction_bias", p);
         MT_CHECK(upload_vec(rt, n1, rt->E, true, &ly->bias, err));
         snprintf(n1, sizeof n1, "%smlp.experts.", p);
-        MT_CHECK(upload_experts(rt, n1, false, rt->E, rt->IE, &ly->w13, &ly->s13, &ly->w2, &ly->s2,
-                            err));
+        MT_CHECK(upload_experts(rt, n1, false, rt->E, rt->IE, i >= rt->n_layers, &ly->w13,
+                                &ly->s13, &ly->w2, &ly->s2, err));
         ly->sh_inter = pl->sh_inter;
         if (ly->sh_inter) {
             ly->sh_mxfp4 = pl->sh_mxfp4; /* from the file (the plan was built with the weights) */
             snprintf(n1, sizeof n1, "%smlp.shared_experts.", p);
             if (ly->sh_mxfp4) {
-                MT_CHECK(upload_experts(rt, n1, true, 1, ly->sh_inter, &ly->sh_w13, &ly->sh_s13,
+                MT_CHECK(upload_experts(rt, n1, true, 1, ly->sh_inter, false, &ly->sh_w13, &ly->sh_s13,
                                     &ly->sh_w2, &ly->sh_s2, err));
             } else {
                 snprintf(n1, sizeof n1, "%smlp.shared_experts.gate_proj", p);
@@ -446,10 +470,12 @@ mt_status rt_load(model_runtime *rt, mt_err *err)
 
     if ((st = register_plan(rt, err)) != MT_OK)
         return st;
-    rt->layers = calloc((size_t)rt->n_layers, sizeof *rt->layers);
+    /* With MTP its layer is layers[n_layers] (plan.h), loaded like the others. */
+    int64_t n_load = rt->n_layers + (rt->plan->mtp ? 1 : 0);
+    rt->layers = calloc((size_t)n_load, sizeof *rt->layers);
     if (!rt->layers)
         return mt_fail(err, MT_E_NOMEM, "layers");
-    for (int64_t i = 0; i < rt->n_layers; i++) {
+    for (int64_t i = 0; i < n_load; i++) {
         st = load_layer(rt, i, &rt->layers[i], err);
         if (st != MT_OK)
             return mt_err_prefix(err, "layer %" PRId64, i);
@@ -466,7 +492,7 @@ void rt_unload(model_runtime *rt)
 {
     if (!rt->dev)
         return;
-    for (int64_t i = 0; rt->layers && i < rt->n_layers; i++)
+    for (int64_t i = 0; rt->layers && i < rt->n_layers + (rt->plan->mtp ? 1 : 0); i++)
         free_layer(rt, &rt->layers[i]);
     free(rt->layers);
     rt->layers = NULL;
@@ -484,7 +510,7 @@ mt_status rt_bufs_alloc(model_runtime *rt, mt_err *err)
     rt_bufs *b = &rt->b;
     int64_t T = rt->T, H = rt->H, NH = rt->NH, L = rt->L, R = rt->R, D = rt->D;
     int64_t n_a = 0, n_b = 0, inter = 0;
-    for (int64_t i = 0; i < rt->n_layers; i++) {
+    for (int64_t i = 0; i < rt->n_layers + (rt->plan->mtp ? 1 : 0); i++) {
         rt_layer *ly = &rt->layers[i];
         n_a = ly->n_a > n_a ? ly->n_a : n_a;
         n_b = ly->n_b > n_b ? ly->n_b : n_b;
@@ -544,4 +570,51 @@ void rt_bufs_free(model_runtime *rt)
         dev_free(rt->dev, all[i]);
         all[i] = NULL;
     }
+}
+
+/* ---- the MTP head ------------------------------------------------------------ */
+
+/* The MTP layer itself was loaded with the others (layers[n_layers]); this
+ * adds the head around it: enorm, hnorm, eh_proj [H][2H], shared_head.norm
+ * (the logits come from the main lm_head, which GLM-5 shares with the MTP
+ * layer), the head's kernels and its buffers. */
+mt_status rt_mtp_load(model_runtime *rt, mt_err *err)
+{
+    if (!rt->plan->mtp)
+        return MT_OK;
+    rt_mtp *m = &rt->mtp;
+    int64_t H = rt->H, T = rt->T, i = rt->n_layers;
+    char n1[160];
+    snprintf(n1, sizeof n1, "model.layers.%" PRId64 ".enorm.weight", i);
+    MT_CHECK(upload_vec(rt, n1, H, false, &m->enorm, err));
+    snprintf(n1, sizeof n1, "model.layers.%" PRId64 ".hnorm.weight", i);
+    MT_CHECK(upload_vec(rt, n1, H, false, &m->hnorm, err));
+    snprintf(n1, sizeof n1, "model.layers.%" PRId64 ".shared_head.norm.weight", i);
+    MT_CHECK(upload_vec(rt, n1, H, false, &m->head_norm, err));
+    snprintf(n1, sizeof n1, "model.layers.%" PRId64 ".eh_proj", i);
+    const char *mods[1] = {n1};
+    int64_t outs[1] = {H};
+    MT_CHECK(upload_fused(rt, mods, outs, 1, 2 * H, &m->w_eh, err));
+    MT_CHECK(dev_alloc(rt->dev, (size_t)(T * H) * 2, &m->hin, err));
+    MT_CHECK(dev_alloc(rt->dev, (size_t)(T * 2 * H) * 2, &m->cat, err));
+    MT_CHECK(dev_alloc(rt->dev, (size_t)T * 4, &m->hrows, err));
+    const int *g = rt->plan->g;
+    m->cat_e = model_kset_kernel(rt->ks, g[MODEL_GS_MTP_CAT_E]);
+    m->cat_h = model_kset_kernel(rt->ks, g[MODEL_GS_MTP_CAT_H]);
+    m->eh = model_kset_kernel(rt->ks, g[MODEL_GS_MTP_EH]);
+    m->to_bf16 = model_kset_kernel(rt->ks, g[MODEL_GS_MTP_TO_BF16]);
+    m->to_f32 = model_kset_kernel(rt->ks, g[MODEL_GS_MTP_TO_F32]);
+    m->on = true;
+    return MT_OK;
+}
+
+void rt_mtp_unload(model_runtime *rt)
+{
+    rt_mtp *m = &rt->mtp;
+    if (!rt->dev)
+        return;
+    void *ptrs[] = {m->enorm, m->hnorm, m->head_norm, m->w_eh, m->hin, m->cat, m->hrows};
+    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
+        dev_free(rt->dev, ptrs[i]);
+    memset(m, 0, sizeof *m);
 }

@@ -106,7 +106,7 @@ static mt_status setup(model_runtime *rt, mt_err *err)
     rt->E = c->n_routed_experts;
     rt->TOPKE = c->num_experts_per_tok;
     rt->IE = c->moe_intermediate_size;
-    rt->n_layers = c->num_hidden_layers; /* MTP layers are not run */
+    rt->n_layers = c->num_hidden_layers; /* the MTP layer, when loaded, is layers[n_layers] */
     rt->eps_e = eps_exponent(rt, c->rms_norm_eps, "rms_norm_eps");
     rt->eps6_e = pp->eps6_e;
     rt->a4 = pp->a4;
@@ -123,8 +123,11 @@ static mt_status setup(model_runtime *rt, mt_err *err)
             o->model_dir, rt->n_layers, rt->H, rt->E, rt->TOPKE, rt->V, rt->props->spec,
             rt->props->name, rt->a4 ? "a4w4 (MXFP4 activations)" : "a16w4 (bf16 activations)",
             kern_dtype_name(rt->kv_dtype), rt->n_pages, rt->ps, rt->max_ctx);
+    if (o->speculative_steps < 0 || o->speculative_steps > MODEL_SPEC_MAX_STEPS)
+        return mt_fail(err, MT_E_INVALID, "speculative_steps %d: 0 (off) to %d",
+                       o->speculative_steps, MODEL_SPEC_MAX_STEPS);
     if ((st = rt_load(rt, err)) != MT_OK || (st = model_kset_select(rt->ks, err)) != MT_OK ||
-        (st = rt_bufs_alloc(rt, err)) != MT_OK)
+        (st = rt_bufs_alloc(rt, err)) != MT_OK || (st = rt_mtp_load(rt, err)) != MT_OK)
         return st;
     size_t stage = (size_t)rt->T * (size_t)(rt->TOPK > 8 ? rt->TOPK : 8) +
                    (size_t)(rt->b.table_entries);
@@ -158,6 +161,7 @@ void model_runtime_close(model_runtime *rt)
     for (int i = 0; i < RT_MAX_SEQS; i++)
         model_seq_free(rt, i);
     rt_bufs_free(rt);
+    rt_mtp_unload(rt);
     rt_unload(rt);
     model_kset_destroy(rt->ks);
     model_plan_free(rt->plan);
@@ -208,6 +212,7 @@ static mt_status new_slot(model_runtime *rt, int *seq, mt_err *err)
                 return mt_fail(err, MT_E_NOMEM, "sequence");
             rt->seqs[i].used = true;
             rt->seqs[i].shared = false;
+            rt->seqs[i].mtp_kv = NULL;
             *seq = i;
             return MT_OK;
         }
@@ -220,6 +225,8 @@ mt_status model_seq_create(model_runtime *rt, int *seq, mt_err *err)
     mt_status st = new_slot(rt, &s, err);
     for (int64_t l = 0; st == MT_OK && l < rt->n_layers; l++)
         st = kvc_seq_create(rt->layers[l].kv, &rt->seqs[s].kv[l], err);
+    if (st == MT_OK && rt->mtp.on)
+        st = kvc_seq_create(rt->layers[rt->n_layers].kv, &rt->seqs[s].mtp_kv, err);
     if (st != MT_OK) {
         if (s >= 0)
             model_seq_free(rt, s);
@@ -246,6 +253,13 @@ mt_status model_seq_fork(model_runtime *rt, int src, int64_t n, int *seq, mt_err
     mt_status st = new_slot(rt, &s, err);
     for (int64_t l = 0; st == MT_OK && l < rt->n_layers; l++)
         st = kvc_seq_fork(rt->layers[l].kv, rt->seqs[src].kv[l], n, &rt->seqs[s].kv[l], err);
+    if (st == MT_OK && rt->mtp.on) {
+        /* The MTP cache as far as the source has it (a shorter one only
+         * drafts worse until it catches up: verification keeps output exact). */
+        int64_t mlen = kvc_seq_len(rt->seqs[src].mtp_kv);
+        st = kvc_seq_fork(rt->layers[rt->n_layers].kv, rt->seqs[src].mtp_kv, n < mlen ? n : mlen,
+                          &rt->seqs[s].mtp_kv, err);
+    }
     if (st != MT_OK) {
         if (s >= 0)
             model_seq_free(rt, s);
@@ -264,6 +278,9 @@ void model_seq_free(model_runtime *rt, int seq)
     for (int64_t l = 0; l < rt->n_layers; l++)
         if (s->kv[l])
             kvc_seq_destroy(rt->layers[l].kv, s->kv[l]);
+    if (s->mtp_kv)
+        kvc_seq_destroy(rt->layers[rt->n_layers].kv, s->mtp_kv);
+    s->mtp_kv = NULL;
     free(s->kv);
     s->kv = NULL;
     s->used = false;

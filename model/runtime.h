@@ -47,6 +47,8 @@ typedef struct model_runtime_opts {
     int max_batch_tokens;    /* largest step (tokens over all items); 0 = 512 */
     bool batch_invariant;    /* one config per kernel at every M, no split-K (kset.h): a
                               * token's logits do not depend on the batch */
+    int speculative_steps;   /* > 0: load the MTP layer to draft with (model_mtp_step); the
+                              * most draft tokens a round may use (<= MODEL_SPEC_MAX_STEPS) */
     FILE *log;               /* selection report and warnings; NULL = stderr */
 } model_runtime_opts;
 
@@ -100,6 +102,49 @@ typedef struct model_step_item {
  * when the KV pool cannot hold the tokens; MT_E_INVALID for a token id out
  * of range or a sequence past the maximum context, naming the item. */
 mt_status model_step(model_runtime *rt, model_step_item *items, int n, mt_err *err);
+
+/* ---- speculative decoding (the MTP layer; see spec.h) ------------------------ */
+
+#define MODEL_SPEC_MAX_STEPS 8
+
+/* Whether the runtime loaded the MTP layer (opts.speculative_steps > 0). */
+bool model_runtime_has_mtp(const model_runtime *rt);
+
+/* Keeps the first len tokens of the sequence's KV cache (all layers' latent
+ * and indexer-key caches; the MTP layer's cache is cut to len too when it
+ * is longer). Pages still shared with other sequences are never written:
+ * only the sequence's own references are dropped, and a later write into
+ * a shared page copies it. MT_E_INVALID when len exceeds the length. */
+mt_status model_seq_truncate(model_runtime *rt, int seq, int64_t len, mt_err *err);
+
+/* Tokens in the sequence's MTP cache (-1 without MTP or sequence). MTP
+ * position i holds (token i + 1, hidden state of position i). */
+int64_t model_mtp_len(const model_runtime *rt, int seq);
+
+/* Keeps the first len positions of the sequence's MTP cache (drafts'
+ * positions are dropped before the next catch-up). */
+mt_status model_mtp_truncate(model_runtime *rt, int seq, int64_t len, mt_err *err);
+
+typedef struct model_mtp_item {
+    int seq;                 /* sequence whose MTP cache the positions extend */
+    const int32_t *tokens;   /* n_tokens ids: for MTP position p the token at p + 1 */
+    int n_tokens;
+    int hidden_row;          /* row of the previous forward's batch holding position
+                              * model_mtp_len's hidden state; n_tokens rows from it */
+    float *logits;           /* vocab floats: the draft logits after the last token; may
+                              * be NULL */
+} model_mtp_item;
+
+/* One batched forward of the MTP layer: per item, positions mtp_len ..
+ * mtp_len + n_tokens - 1 of its MTP cache, each from the embedding of the
+ * next token and the hidden state of the position (the last layer's
+ * output after its final norm) found in row hidden_row + t of the batch of
+ * the forward that ran last on this runtime: a model_step (rows are its
+ * items' tokens in order) or a model_mtp_step (then the MTP layer's output
+ * after shared_head.norm, which is what autoregressive drafting feeds
+ * back). No other forward may run in between. Errors as model_step
+ * (nothing appended); MT_E_UNSUPPORTED without MTP. */
+mt_status model_mtp_step(model_runtime *rt, model_mtp_item *items, int n, mt_err *err);
 
 /* ---- sampling --------------------------------------------------------------- */
 

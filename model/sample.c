@@ -10,6 +10,7 @@
 #include <stdlib.h>
 
 #include "runtime.h"
+#include "spec.h"
 
 typedef struct cand {
     float v;
@@ -130,4 +131,63 @@ void model_logprobs(const float *logits, int32_t vocab, float temperature, int32
         top_ids[at] = i;
     }
 #undef LP
+}
+
+/* The same steps as model_sample, stopping before the draw. */
+bool model_sampler_probs(const float *logits, int32_t vocab, const model_sampler *s,
+                         double *probs)
+{
+    for (int32_t i = 0; i < vocab; i++)
+        probs[i] = 0.0;
+    if (vocab <= 0)
+        return true;
+    if (!s || !(s->temperature > 0.0f) || s->top_k == 1) {
+        probs[argmax(logits, vocab)] = 1.0;
+        return true;
+    }
+    cand *c = malloc(sizeof(cand) * (size_t)vocab);
+    double *p = malloc(sizeof(double) * (size_t)vocab), sum = 0.0;
+    if (!c || !p) {
+        free(c);
+        free(p);
+        return false;
+    }
+    int32_t n = 0;
+    for (int32_t i = 0; i < vocab; i++)
+        if (!isnan(logits[i]))
+            c[n++] = (cand){logits[i] / s->temperature, i};
+    if (n == 0) {
+        probs[0] = 1.0;
+        free(c);
+        free(p);
+        return true;
+    }
+    qsort(c, (size_t)n, sizeof(cand), cand_cmp);
+    if (s->top_k > 0 && s->top_k < n)
+        n = s->top_k;
+    for (int32_t i = 0; i < n; i++) {
+        p[i] = isinf(c[0].v) && c[0].v > 0 ? (c[i].v == c[0].v ? 1.0 : 0.0)
+                                            : exp((double)c[i].v - (double)c[0].v);
+        sum += p[i];
+    }
+    if (s->top_p > 0.0f && s->top_p < 1.0f) {
+        double acc = 0.0;
+        int32_t keep = n;
+        for (int32_t i = 0; i < n; i++) {
+            acc += p[i] / sum;
+            if (acc >= (double)s->top_p) {
+                keep = i + 1;
+                break;
+            }
+        }
+        n = keep;
+        sum = 0.0;
+        for (int32_t i = 0; i < n; i++)
+            sum += p[i];
+    }
+    for (int32_t i = 0; i < n; i++)
+        probs[c[i].id] = p[i] / sum;
+    free(c);
+    free(p);
+    return true;
 }

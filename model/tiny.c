@@ -236,6 +236,11 @@ typedef struct gen {
     uint16_t *h;  /* scratch bf16 */
     uint8_t *q, *s;
     mt_err *err;
+    /* The next-token-map checkpoint (model_tiny_write_mtp_map): every
+     * linear that writes the residual stream is zero, lm_head row perm[t]
+     * is embedding row t, eh_proj passes enorm(embedding) through. */
+    bool mapped;
+    uint16_t *emb;   /* [VOCAB][HIDDEN] the embedding as written */
 } gen;
 
 static mt_status put(gen *g, const char *name, model_dtype dt, int ndim, const int64_t *shape,
@@ -284,7 +289,7 @@ static mt_status put_linear(gen *g, const char *prefix, const char *suffix, int6
                             int64_t in, bool mxfp4, bool residual)
 {
     char name[256];
-    float std = (residual ? 0.5f : 1.0f) / sqrtf((float)in);
+    float std = (residual ? (g->mapped ? 0.0f : 0.5f) : 1.0f) / sqrtf((float)in);
     snprintf(name, sizeof name, "%s%s.weight", prefix, suffix);
     int64_t shape[2] = {out, in};
     if (!mxfp4)
@@ -360,7 +365,18 @@ static mt_status put_layer(gen *g, int L)
         return MT_OK;
     MT_CHECK(put_vec(g, p, "enorm.weight", HIDDEN, 1, 0.02f));
     MT_CHECK(put_vec(g, p, "hnorm.weight", HIDDEN, 1, 0.02f));
-    MT_CHECK(put_linear(g, p, "eh_proj", HIDDEN, 2 * HIDDEN, false, false));
+    if (g->mapped) {
+        /* [I | 0]: the MTP layer's input is enorm(embedding of the next token). */
+        int64_t es[2] = {HIDDEN, 2 * HIDDEN};
+        for (int64_t i = 0; i < HIDDEN * 2 * HIDDEN; i++)
+            g->h[i] = 0;
+        for (int64_t r = 0; r < HIDDEN; r++)
+            g->h[r * 2 * HIDDEN + r] = mt_f32_to_bf16(1.0f);
+        snprintf(q, sizeof q, "%seh_proj.weight", p);
+        MT_CHECK(put(g, q, MODEL_DTYPE_BF16, 2, es, g->h, (size_t)(HIDDEN * 2 * HIDDEN) * 2));
+    } else {
+        MT_CHECK(put_linear(g, p, "eh_proj", HIDDEN, 2 * HIDDEN, false, false));
+    }
     MT_CHECK(put_vec(g, p, "shared_head.norm.weight", HIDDEN, 1, 0.02f));
     return MT_OK;
 }
@@ -370,14 +386,36 @@ static mt_status put_all(gen *g)
     int64_t emb[2] = {VOCAB, HIDDEN};
     g->cur = 0;
     mt_status st = put_bf16(g, "model.embed_tokens.weight", 2, emb, 0, 1.0f);
+    if (g->mapped)
+        memcpy(g->emb, g->h, sizeof(uint16_t) * VOCAB * HIDDEN);
     for (int L = 0; L <= MTP && st == MT_OK; L++) {
         g->cur = L < 2 ? 0 : 1;
         st = put_layer(g, L);
     }
     if (st == MT_OK)
         st = put_vec(g, "model.", "norm.weight", HIDDEN, 1, 0.02f);
-    if (st == MT_OK)
+    if (st == MT_OK && g->mapped) {
+        /* lm_head row perm[t] = embedding row t: the logits of norm(embed(t))
+         * peak at perm[t] (a unit-variance row's dot with itself, about
+         * HIDDEN, beats its dot with any other row, about sqrt(HIDDEN)). */
+        int32_t perm[VOCAB];
+        for (int i = 0; i < VOCAB; i++)
+            perm[i] = i;
+        for (int i = VOCAB - 1; i > 0; i--) {
+            int j = (int)(mt_rng_u64(&g->rng) % (uint64_t)(i + 1));
+            int32_t t = perm[i];
+            perm[i] = perm[j];
+            perm[j] = t;
+        }
+        for (int t = 0; t < VOCAB; t++)
+            memcpy(g->h + (size_t)perm[t] * HIDDEN, g->emb + (size_t)t * HIDDEN,
+                   sizeof(uint16_t) * HIDDEN);
+        int64_t ls[2] = {VOCAB, HIDDEN};
+        st = put(g, "lm_head.weight", MODEL_DTYPE_BF16, 2, ls, g->h,
+                 sizeof(uint16_t) * VOCAB * HIDDEN);
+    } else if (st == MT_OK) {
         st = put_linear(g, "", "lm_head", VOCAB, HIDDEN, false, false);
+    }
     return st;
 }
 
@@ -417,7 +455,7 @@ mt_status model_tiny_write_tokenizer(const char *path, mt_err *err)
     return st;
 }
 
-mt_status model_tiny_write(const char *dir, uint64_t seed, mt_err *err)
+static mt_status write_all(const char *dir, uint64_t seed, bool mapped, mt_err *err)
 {
     mt_status st = mt_mkdirs(dir, err);
     if (st != MT_OK)
@@ -454,14 +492,15 @@ mt_status model_tiny_write(const char *dir, uint64_t seed, mt_err *err)
 
     size_t big = (size_t)VOCAB * HIDDEN > (size_t)INTER * HIDDEN ? (size_t)VOCAB * HIDDEN
                                                                  : (size_t)INTER * HIDDEN;
-    gen g = {.err = err};
+    gen g = {.err = err, .mapped = mapped};
     mt_rng_seed(&g.rng, seed);
     g.weight_map = cJSON_CreateObject();
     g.f = malloc(big * sizeof *g.f);
     g.h = malloc(big * sizeof *g.h);
     g.q = malloc(big / 2);
     g.s = malloc(big / 32);
-    if (!g.weight_map || !g.f || !g.h || !g.q || !g.s)
+    g.emb = mapped ? malloc(sizeof(uint16_t) * VOCAB * HIDDEN) : NULL;
+    if (!g.weight_map || !g.f || !g.h || !g.q || !g.s || (mapped && !g.emb))
         st = mt_fail(err, MT_E_NOMEM, "out of memory");
     for (int i = 0; i < 2 && st == MT_OK; i++)
         st = model_st_writer_create(&g.shard[i], err);
@@ -496,5 +535,16 @@ mt_status model_tiny_write(const char *dir, uint64_t seed, mt_err *err)
     free(g.h);
     free(g.q);
     free(g.s);
+    free(g.emb);
     return st;
+}
+
+mt_status model_tiny_write(const char *dir, uint64_t seed, mt_err *err)
+{
+    return write_all(dir, seed, false, err);
+}
+
+mt_status model_tiny_write_mtp_map(const char *dir, uint64_t seed, mt_err *err)
+{
+    return write_all(dir, seed, true, err);
 }

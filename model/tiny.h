@@ -30,6 +30,18 @@
 /* Writes the checkpoint into dir (created if needed; files replaced). */
 mt_status model_tiny_write(const char *dir, uint64_t seed, mt_err *err);
 
+/* The same architecture and format, built so the MTP layer predicts well
+ * (speculative decoding's acceptance): a next-token map instead of random
+ * behaviour. Every linear that writes the residual stream (o_proj, the MLP
+ * and expert down projections, main and MTP layers) is zero, so the hidden
+ * state is the token's embedding; lm_head row perm[t] is embedding row t
+ * (perm a seeded random permutation), so the model continues t with
+ * perm[t]; eh_proj is [I | 0], so the MTP layer sees enorm(embedding of the
+ * next token) and, through the shared lm_head, predicts the token the main
+ * model will emit after it. Everything else is random as in
+ * model_tiny_write. */
+mt_status model_tiny_write_mtp_map(const char *dir, uint64_t seed, mt_err *err);
+
 /* The built-in English text the tokenizer is trained on (NUL-terminated). */
 const char *model_tiny_corpus(void);
 
