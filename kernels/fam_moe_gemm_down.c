@@ -28,7 +28,8 @@ static const kern_dim_desc dims[D_COUNT] = {
     [D_E] = {"E", KERN_DIM_INT, false, 1, 1024, "routed experts"},
     [D_TOPK] = {"topk", KERN_DIM_INT, false, 1, 32, "experts per token"},
     [D_A] = {"a", KERN_DIM_DTYPE, false, 0, 0,
-             "activations: bf16 (a16w4) or mxfp4 (a4w4, quantized per 32-block)"},
+             "activations: bf16 (a16w4), mxfp4 (a4w4) or i8 (a8w4, cpu only), the last two "
+             "quantized per 32-block"},
     [D_COMB] = {"comb", KERN_DIM_INT, false, 0, 1,
                 "0: atomically accumulate into y; 1: write weighted per-pair rows"},
     [D_BM] = {"bm", KERN_DIM_INT, true, 16, 256,
@@ -45,12 +46,16 @@ static const kern_preset presets[] = {
     {"tiny-rows", "H=256,I=128,E=16,topk=4,a=mxfp4,comb=1,bm=128,skew=0"},
     {"glm5.2-a16", "H=6144,I=2048,E=256,topk=8,a=bf16,comb=0,bm=128,skew=0"},
     {"tiny-a16", "H=256,I=128,E=16,topk=4,a=bf16,comb=0,bm=128,skew=0"},
+    {"glm5.2-a8", "H=6144,I=2048,E=256,topk=8,a=i8,comb=0,bm=128,skew=0"},
+    {"tiny-a8", "H=256,I=128,E=16,topk=4,a=i8,comb=0,bm=128,skew=0"},
+    {"glm5.2-a8-rows", "H=6144,I=2048,E=256,topk=8,a=i8,comb=1,bm=128,skew=0"},
 };
 
 static moe_gemm_dims gdims(const kern_shape *s)
 {
     return (moe_gemm_dims){.h = s->v[D_H], .i = s->v[D_I], .e = s->v[D_E],
-                           .topk = (int)s->v[D_TOPK], .a4 = s->v[D_A] == KERN_DT_MXFP4};
+                           .topk = (int)s->v[D_TOPK], .a4 = s->v[D_A] == KERN_DT_MXFP4,
+                           .a8 = s->v[D_A] == KERN_DT_I8};
 }
 
 enum { B_H, B_IDS, B_SORTED, B_TILE, B_TOTAL, B_TOPKW, B_W, B_S, B_OUT, B_COUNT };
@@ -58,8 +63,8 @@ enum { B_H, B_IDS, B_SORTED, B_TILE, B_TOTAL, B_TOPKW, B_W, B_S, B_OUT, B_COUNT 
 static bool shape_ok(const kern_shape *s, int64_t m, char *why, size_t cap)
 {
     (void)m;
-    if (s->v[D_A] != KERN_DT_BF16 && s->v[D_A] != KERN_DT_MXFP4) {
-        snprintf(why, cap, "a=%s: activations are bf16 or mxfp4",
+    if (s->v[D_A] != KERN_DT_BF16 && s->v[D_A] != KERN_DT_MXFP4 && s->v[D_A] != KERN_DT_I8) {
+        snprintf(why, cap, "a=%s: activations are bf16, mxfp4 or i8",
                  kern_dtype_name((kern_dtype)s->v[D_A]));
         return false;
     }
@@ -230,6 +235,10 @@ static bool gpu_valid(const kern_shape *s, int64_t m, const kern_config *cfg,
                       const dev_props *p, char *why, size_t cap)
 {
     (void)m;
+    if (s->v[D_A] == KERN_DT_I8) {
+        snprintf(why, cap, "a=i8 (a8w4) has a cpu kernel only");
+        return false;
+    }
     return moe_gpu_valid(s->v[D_I], s->v[D_H], s->v[D_BM], false, (int)s->v[D_COMB], cfg, p,
                          why, cap);
 }

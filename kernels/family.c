@@ -17,7 +17,7 @@ static const char *const dtype_names[KERN_DT_COUNT] = {
     [KERN_DT_F32] = "f32",     [KERN_DT_BF16] = "bf16",
     [KERN_DT_F16] = "f16",     [KERN_DT_MXFP4] = "mxfp4",
     [KERN_DT_FP8E4M3] = "fp8", [KERN_DT_I32] = "i32",
-    [KERN_DT_U8] = "u8",
+    [KERN_DT_U8] = "u8",       [KERN_DT_I8] = "i8",
 };
 _Static_assert(sizeof dtype_names / sizeof dtype_names[0] == KERN_DT_COUNT,
                "one name per dtype");
@@ -36,6 +36,10 @@ bool kern_dtype_parse(const char *s, kern_dtype *out)
         }
     if (!strcmp(s, "fp8e4m3") || !strcmp(s, "e4m3")) {
         *out = KERN_DT_FP8E4M3;
+        return true;
+    }
+    if (!strcmp(s, "int8")) {
+        *out = KERN_DT_I8;
         return true;
     }
     return false;

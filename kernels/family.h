@@ -38,6 +38,7 @@ typedef enum kern_dtype {
     KERN_DT_FP8E4M3 = 4,
     KERN_DT_I32 = 5,
     KERN_DT_U8 = 6,
+    KERN_DT_I8 = 7,      /* int8 per 32-block with an fp32 scale (a8w4 activations) */
     KERN_DT_COUNT
 } kern_dtype;
 

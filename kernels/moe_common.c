@@ -99,6 +99,34 @@ void moe_act_row(const uint16_t *x, int64_t k, bool a4, float *out)
         mxfp4_roundtrip_row(out, k, out);
 }
 
+void moe_act_row_i8(const uint16_t *x, int64_t k, float *out)
+{
+    for (int64_t b = 0; b < k; b += 32) {
+        int64_t n = k - b < 32 ? k - b : 32;
+        float amax = 0.0f;
+        bool finite = true;
+        for (int64_t i = 0; i < n; i++) {
+            float v = mt_bf16_to_f32(x[b + i]);
+            finite &= isfinite(v);
+            amax = fmaxf(amax, fabsf(v));
+        }
+        float s = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        for (int64_t i = 0; i < n; i++) {
+            float q = rintf(mt_bf16_to_f32(x[b + i]) * inv);
+            q = q > 127.0f ? 127.0f : q < -127.0f ? -127.0f : q;
+            out[b + i] = finite ? q * s : NAN;
+        }
+    }
+}
+
+static void act_row(const moe_gemm_dims *d, const uint16_t *x, int64_t k, float *out)
+{
+    if (d->a8)
+        moe_act_row_i8(x, k, out);
+    else
+        moe_act_row(x, k, d->a4, out);
+}
+
 /* ---- routing ----------------------------------------------------------- */
 
 /* Index of the best value among n (not yet taken), ties to the lower index. */
@@ -189,7 +217,7 @@ void moe_up_ref(const moe_gemm_dims *d, const uint16_t *x, const int32_t *ids,
     float *act = malloc(sizeof(float) * (size_t)(np * K));
     float *rg = malloc(sizeof(float) * (size_t)K * 2), *ru = rg + K;
     for (int64_t p = p0; p < p1; p++)
-        moe_act_row(x + (p / d->topk) * K, K, d->a4, act + (p - p0) * K);
+        act_row(d, x + (p / d->topk) * K, K, act + (p - p0) * K);
     for (int64_t e = 0; e < d->e; e++) {
         bool used = false;
         for (int64_t p = p0; p < p1 && !used; p++)
@@ -221,7 +249,7 @@ void moe_down_ref(const moe_gemm_dims *d, const uint16_t *hact, const int32_t *i
     float *rw = malloc(sizeof(float) * (size_t)K);
     float *val = malloc(sizeof(float) * (size_t)(np * N));
     for (int64_t p = p0; p < p1; p++)
-        moe_act_row(hact + p * K, K, d->a4, act + (p - p0) * K);
+        act_row(d, hact + p * K, K, act + (p - p0) * K);
     for (int64_t e = 0; e < d->e; e++) {
         bool used = false;
         for (int64_t p = p0; p < p1 && !used; p++)

@@ -51,6 +51,11 @@ int moe_gen_scale_base(int64_t k);
 /* Activation row as the kernels see it: bf16 -> f32, or for a4w4 the
  * MXFP4 round trip of that ("even" rule). */
 void moe_act_row(const uint16_t *x, int64_t k, bool a4, float *out);
+/* The a8w4 activation row: bf16 -> f32, then per 32-block quantized to
+ * int8 with an fp32 scale s = amax / 127, q = rint(v * (127 / amax)),
+ * returned as q * s (exactly the values moe_gemm.cpu's moe_prep makes). A
+ * block with a non-finite value reads as NaN; an all-zero block as zeros. */
+void moe_act_row_i8(const uint16_t *x, int64_t k, float *out);
 
 /* ---- routing ----------------------------------------------------------- */
 
@@ -77,6 +82,7 @@ typedef struct moe_gemm_dims {
     int64_t h, i, e;   /* hidden, expert intermediate, experts */
     int topk;
     bool a4;           /* MXFP4 activations (a4w4) */
+    bool a8;           /* int8 activations per 32-block (a8w4; a4 false) */
 } moe_gemm_dims;
 
 /* h[p] = bf16(silu(x[t] . Wg[e,n]) * (x[t] . Wu[e,n])) for pairs p in
