@@ -1,0 +1,230 @@
+/* test_spec.c: MTP speculative decoding in the runtime (spec.h): greedy
+ * output with speculation is token-for-token the plain output under
+ * batch-invariant kernels (20 prompts of mixed lengths), the next-token-map
+ * checkpoint's drafts are accepted, rollback never changes a page shared
+ * with a fork, and speculative sampling draws from the target distribution
+ * (chi-square on a small vocabulary). */
+#include "model/spec.h"
+#include "test_forward_util.h"
+
+static model_runtime *spec_open(const char *dir, int steps)
+{
+    static FILE *quiet;
+    if (!quiet)
+        quiet = fopen("/dev/null", "w");
+    model_runtime_opts o = {.model_dir = dir, .device = "cpu", .kv_pages = 96,
+                            .max_batch_tokens = 64, .batch_invariant = true,
+                            .speculative_steps = steps, .log = quiet};
+    model_runtime *rt = NULL;
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(model_runtime_open(&o, &rt, &err), MT_OK, "open %s: %s", dir, err.msg);
+    return rt;
+}
+
+/* Generates from prompt on a fresh sequence with k drafts per round. */
+static int spec_run(model_runtime *rt, const int32_t *prompt, int n, int k, int max_tokens,
+                    bool stop_at_eos, int32_t *out, model_spec_seq *stats)
+{
+    int32_t eos[8];
+    int n_eos = stop_at_eos ? model_runtime_eos(rt, eos, 8) : 0;
+    mt_rng rng;
+    mt_rng_seed(&rng, 1);
+    model_spec_gen_opts o = {.k = k, .max_tokens = max_tokens, .eos = eos, .n_eos = n_eos,
+                             .sampler = {.temperature = 0, .top_p = 1}, .rng = &rng,
+                             .prefill_chunk = 16};
+    int seq, produced = 0;
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(model_seq_create(rt, &seq, &err), MT_OK, "%s", err.msg);
+    cr_assert_eq(model_spec_generate(rt, seq, prompt, n, &o, out, &produced, stats, &err), MT_OK,
+                 "%s", err.msg);
+    model_seq_free(rt, seq);
+    return produced;
+}
+
+Test(spec, greedy_with_three_drafts_matches_plain_decoding_on_20_prompts)
+{
+    char *dir = fw_tiny_dir();
+    model_runtime *rt = spec_open(dir, 3);
+    uint64_t seed = mt_seed_fresh();
+    mt_rng r;
+    mt_rng_seed(&r, seed);
+    int32_t V = model_runtime_vocab(rt);
+    int64_t drafted = 0, accepted = 0;
+    for (int p = 0; p < 20; p++) {
+        /* mixed lengths: 1..40 tokens (some cross the 16-token prefill chunks and pages) */
+        int n = 1 + (int)mt_rng_below(&r, 40);
+        int32_t prompt[40], plain[10], spec[10];
+        for (int i = 0; i < n; i++)
+            prompt[i] = (int32_t)mt_rng_below(&r, (uint64_t)V);
+        int np = spec_run(rt, prompt, n, 0, 10, true, plain, NULL);
+        model_spec_seq st;
+        int ns = spec_run(rt, prompt, n, 3, 10, true, spec, &st);
+        drafted += st.drafted;
+        accepted += st.accepted;
+        cr_assert_eq(ns, np, "seed %" PRIu64 " prompt %d (%d tokens): %d tokens with speculation, "
+                     "%d without", seed, p, n, ns, np);
+        for (int i = 0; i < np; i++)
+            cr_assert_eq(spec[i], plain[i], "seed %" PRIu64 " prompt %d (%d tokens): token %d is "
+                         "%d with speculation, %d without", seed, p, n, i, spec[i], plain[i]);
+    }
+    cr_assert_eq(model_kv_free_pages(rt), 96, "every page back after the sequences are freed");
+    printf("spec: random tiny model, 20 prompts: %" PRId64 " of %" PRId64 " drafts accepted "
+           "(seed %" PRIu64 ")\n", accepted, drafted, seed);
+    model_runtime_close(rt);
+    fw_rm_dir(dir);
+}
+
+Test(spec, next_token_map_checkpoint_accepts_most_drafts)
+{
+    char *dir = tmp_dir_dup("mt_spec_map");
+    mt_err err = MT_ERR_INIT;
+    uint64_t seed = mt_seed_fresh();
+    cr_assert_eq(model_tiny_write_mtp_map(dir, seed, &err), MT_OK, "%s", err.msg);
+    model_runtime *rt = spec_open(dir, 3);
+    int32_t prompt[5] = {11, 200, 37, 400, 9}, plain[24], spec[24];
+    int np = spec_run(rt, prompt, 5, 0, 24, false, plain, NULL);
+    model_spec_seq st;
+    int ns = spec_run(rt, prompt, 5, 3, 24, false, spec, &st);
+    cr_assert_eq(np, 24);
+    cr_assert_eq(ns, 24);
+    cr_assert_arr_eq(spec, plain, sizeof plain, "seed %" PRIu64, seed);
+    double rate = st.drafted ? (double)st.accepted / (double)st.drafted : 0.0;
+    printf("spec: next-token map (seed %" PRIu64 "): acceptance %.3f (%" PRId64 "/%" PRId64
+           "), %.2f tokens per round\n", seed, rate, st.accepted, st.drafted,
+           1.0 + (double)st.accepted / (double)st.rounds);
+    cr_assert_gt(rate, 0.5, "seed %" PRIu64 ": acceptance %.3f", seed, rate);
+    cr_assert_lt(st.rounds, 12, "%" PRId64 " rounds for 23 tokens", st.rounds);
+    model_runtime_close(rt);
+    fw_rm_dir(dir);
+}
+
+/* A fork shares the source's whole pages; rolling the fork back into a
+ * shared page and writing there must copy the page, so the source's next
+ * logits stay bitwise those of a fresh sequence with its tokens. */
+Test(spec, rollback_into_a_shared_page_leaves_the_source_intact)
+{
+    char *dir = fw_tiny_dir();
+    model_runtime *rt = spec_open(dir, 2);
+    int32_t V = model_runtime_vocab(rt);
+    uint64_t seed = mt_seed_fresh();
+    int32_t *tok = fw_tokens(seed, 41, V), *other = fw_tokens(seed + 1, 30, V);
+    int a, b, c;
+    float *la = malloc(sizeof(float) * (size_t)V), *lc = malloc(sizeof(float) * (size_t)V);
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(model_seq_create(rt, &a, &err), MT_OK);
+    model_step_item it = {.seq = a, .tokens = tok, .n_tokens = 40};
+    cr_assert_eq(model_step(rt, &it, 1, &err), MT_OK, "%s", err.msg);
+    cr_assert_eq(model_seq_fork(rt, a, 40, &b, &err), MT_OK, "%s", err.msg);
+    int64_t free0 = model_kv_free_pages(rt);
+    cr_assert_eq(model_seq_truncate(rt, b, 20, &err), MT_OK, "%s", err.msg); /* inside page 1 */
+    cr_assert_eq(model_seq_len(rt, b), 20);
+    cr_assert_geq(model_kv_free_pages(rt), free0, "truncation frees the fork's own pages");
+    cr_assert_eq(model_seq_truncate(rt, b, 21, &err), MT_E_INVALID, "cannot grow by truncating");
+    it = (model_step_item){.seq = b, .tokens = other, .n_tokens = 30};
+    cr_assert_eq(model_step(rt, &it, 1, &err), MT_OK, "%s", err.msg);
+    it = (model_step_item){.seq = a, .tokens = tok + 40, .n_tokens = 1, .logits = la};
+    cr_assert_eq(model_step(rt, &it, 1, &err), MT_OK, "%s", err.msg);
+    cr_assert_eq(model_seq_create(rt, &c, &err), MT_OK);
+    it = (model_step_item){.seq = c, .tokens = tok, .n_tokens = 41, .logits = lc};
+    cr_assert_eq(model_step(rt, &it, 1, &err), MT_OK, "%s", err.msg);
+    for (int32_t i = 0; i < V; i++)
+        cr_assert_eq(memcmp(&la[i], &lc[i], sizeof(float)), 0, "seed %" PRIu64 ": logit %d "
+                     "%g after the fork's rollback, %g fresh", seed, i, la[i], lc[i]);
+    free(la);
+    free(lc);
+    free(tok);
+    free(other);
+    model_runtime_close(rt);
+    fw_rm_dir(dir);
+}
+
+/* ---- the rules --------------------------------------------------------------------- */
+
+/* Pearson chi-square of counts against probabilities p (cells with p = 0
+ * must stay empty). */
+static double chi_square(const int *count, const double *p, int V, int N, int *df)
+{
+    double x = 0;
+    *df = -1;
+    for (int i = 0; i < V; i++) {
+        if (p[i] == 0) {
+            cr_assert_eq(count[i], 0, "token %d has probability 0 but was drawn %d times", i,
+                         count[i]);
+            continue;
+        }
+        double e = p[i] * N;
+        x += (count[i] - e) * (count[i] - e) / e;
+        (*df)++;
+    }
+    return x;
+}
+
+Test(spec, speculative_sampling_draws_from_the_target_distribution)
+{
+    uint64_t seed = mt_seed_fresh();
+    mt_rng r;
+    mt_rng_seed(&r, seed);
+    enum { V = 6, N = 200000 };
+    /* exact target and a draft that over- and under-weights tokens (and
+     * proposes token 5, which the target never emits) */
+    const double p[V] = {0.30, 0.25, 0.20, 0.15, 0.10, 0.0};
+    const double q[V] = {0.10, 0.40, 0.05, 0.25, 0.10, 0.10};
+    int count[V] = {0}, acc = 0;
+    for (int i = 0; i < N; i++) {
+        int32_t d = model_sample_probs(q, V, &r);
+        bool a;
+        int32_t t = model_spec_resolve(p, q, V, d, &r, &a);
+        cr_assert(t >= 0 && t < V);
+        count[t]++;
+        acc += a;
+    }
+    int df;
+    double x = chi_square(count, p, V, N, &df);
+    /* chi-square 0.999 quantile with 4 degrees of freedom: 18.47 */
+    cr_assert_eq(df, 4);
+    cr_assert_lt(x, 18.47, "seed %" PRIu64 ": chi-square %.2f, counts %d %d %d %d %d %d", seed, x,
+                 count[0], count[1], count[2], count[3], count[4], count[5]);
+    /* acceptance probability is sum min(p, q) = 0.10+0.25+0.05+0.15+0.10 = 0.65 */
+    double ar = (double)acc / N;
+    cr_assert_lt(fabs(ar - 0.65), 5 * sqrt(0.65 * 0.35 / N), "seed %" PRIu64 ": acceptance %.4f",
+                 seed, ar);
+}
+
+Test(spec, sampler_probs_is_the_distribution_model_sample_draws_from)
+{
+    uint64_t seed = mt_seed_fresh();
+    mt_rng r;
+    mt_rng_seed(&r, seed);
+    enum { V = 7, N = 100000 };
+    float lg[V] = {1.0f, 2.5f, 0.2f, 2.0f, NAN, -1.0f, 1.5f};
+    model_sampler s = {.temperature = 0.8f, .top_p = 0.9f, .top_k = 4};
+    double p[V];
+    cr_assert(model_sampler_probs(lg, V, &s, p));
+    /* by hand: top-4 of lg/0.8 are ids 1, 3, 6, 0; top-p 0.9 keeps the
+     * prefix that reaches 0.9 */
+    double e[4] = {exp(2.5 / 0.8), exp(2.0 / 0.8), exp(1.5 / 0.8), exp(1.0 / 0.8)}, z = 0;
+    for (int i = 0; i < 4; i++)
+        z += e[i];
+    int keep = 0;
+    for (double a = 0; keep < 4 && a < 0.9;)
+        a += e[keep++] / z;
+    const int ids[4] = {1, 3, 6, 0};
+    double zk = 0;
+    for (int i = 0; i < keep; i++)
+        zk += e[i];
+    double want[V] = {0};
+    for (int i = 0; i < keep; i++)
+        want[ids[i]] = e[i] / zk;
+    for (int i = 0; i < V; i++)
+        cr_assert_float_eq(p[i], want[i], 1e-12, "id %d: %g, by hand %g", i, p[i], want[i]);
+    int count[V] = {0};
+    for (int i = 0; i < N; i++)
+        count[model_sample(lg, V, &s, &r)]++;
+    int df;
+    double x = chi_square(count, p, V, N, &df);
+    cr_assert_lt(x, 16.27, "seed %" PRIu64 ": chi-square %.2f (df %d)", seed, x, df); /* df 3 */
+    /* greedy: one-hot on the argmax */
+    model_sampler g = {.temperature = 0, .top_p = 1};
+    cr_assert(model_sampler_probs(lg, V, &g, p));
+    cr_assert_eq(p[1], 1.0);
+}
