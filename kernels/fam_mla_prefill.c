@@ -163,6 +163,18 @@ static size_t attn_shared(const kern_shape *s, int bm, int bn, int stages)
 
 static size_t expand_shared(void) { return (size_t)(ET + EN) * EK * 4; }
 
+/* Dynamic shared memory of the MMA path, as mla_prefill.hip carves it:
+ * bf16 q [BM][DQ + pad], k [BN][DQ + pad], v [BN][V + pad], P [BM][BN +
+ * pad]; f32 S [BM][BN + 1] and three per-row floats; pad 4 (wave64) or 8
+ * (wave32) bf16. */
+static size_t gpu_mma_shared(const kern_shape *s, int bm, int bn, int ws)
+{
+    size_t dq = (size_t)(s->v[D_D] + s->v[D_R]), pad = ws == 64 ? 4 : 8;
+    return ((size_t)bm + (size_t)bn) * (dq + pad) * 2 +
+           (size_t)bn * ((size_t)s->v[D_V] + pad) * 2 + (size_t)bm * ((size_t)bn + pad) * 2 +
+           (size_t)bm * ((size_t)bn + 1) * 4 + 3 * (size_t)bm * 4;
+}
+
 static mt_status run(const kern_ctx *c, mt_err *err)
 {
     const kern_shape *s = c->shape;
@@ -197,7 +209,11 @@ static mt_status run(const kern_ctx *c, mt_err *err)
                      (void *)&c->bufs[B_OUT], &p, &m, &scale};
     int bm = param(c, "BM");
     dev_dim3 agrid = {kern_cdiv(m, bm), (unsigned)h, 1};
-    size_t shm = gpu ? attn_shared(s, bm, param(c, "BN"), param(c, "STAGES")) : 0;
+    size_t shm = 0; /* cpu takes none */
+    if (gpu && param(c, "MMA"))
+        shm = gpu_mma_shared(s, bm, param(c, "BN"), c->props->warp_size);
+    else if (gpu)
+        shm = attn_shared(s, bm, param(c, "BN"), param(c, "STAGES"));
     return dev_launch(c->dev, ka, agrid, block, shm, aargs, err);
 }
 
@@ -239,13 +255,64 @@ static const int bm_v[] = {8, 16, 32, 64};
 static const int bn_v[] = {8, 16, 32, 64};
 static const int waves_v[] = {1, 2, 4, 8};
 static const int stages_v[] = {1, 2, 3};
+static const int mma_v[] = {0, 1, 2};
 
-static const kern_param_desc gpu_params[] = {
-    {"BM", bm_v, 4, "query tile (rows per block)"},
-    {"BN", bn_v, 4, "key tile"},
-    {"WAVES", waves_v, 4, "waves per block"},
-    {"STAGES", stages_v, 3, "key/value tiles in flight (shared-memory buffers)"},
+/* Order matters: BM, BN, WAVES first (defines). */
+enum { GP_BM, GP_BN, GP_WAVES, GP_STAGES, GP_MMA, GP_COUNT };
+static const kern_param_desc gpu_params[GP_COUNT] = {
+    [GP_BM] = {"BM", bm_v, 4, "query tile (rows per block)"},
+    [GP_BN] = {"BN", bn_v, 4, "key tile"},
+    [GP_WAVES] = {"WAVES", waves_v, 4, "waves per block"},
+    [GP_STAGES] = {"STAGES", stages_v, 3, "key/value tiles in flight (shared-memory buffers)"},
+    [GP_MMA] = {"MMA", mma_v, 3, "0 scalar FP32; 1, 2 matrix instructions for QK^T and PV, "
+                "the platform's small (16-row) or large (32x32x8, AMD) tile"},
 };
+
+/* The MMA path's rules: fragments tile the BM x BN scores (the rope dims
+ * and the nope dims each a whole number of K steps) and the BM x V output,
+ * whose fragments the waves split (V first, then rows) and keep in
+ * registers; one key tile at a time. */
+static bool gpu_mma_valid(const kern_shape *s, const kern_config *c, const dev_props *p,
+                          char *why, size_t cap)
+{
+    int mma = c->v[GP_MMA], bm = c->v[GP_BM], bn = c->v[GP_BN], waves = c->v[GP_WAVES];
+    int tm, tn, tk;
+    if (!kern_mma_tile(p, mma, &tm, &tn, &tk)) {
+        snprintf(why, cap, "MMA=%d: %s has no such matrix instruction", mma, p->arch);
+        return false;
+    }
+    if (c->v[GP_STAGES] != 1) {
+        snprintf(why, cap, "MMA=%d: STAGES=%d, the MMA path loads one key tile at a time "
+                 "(STAGES=1)", mma, c->v[GP_STAGES]);
+        return false;
+    }
+    int64_t d = s->v[D_D], r = s->v[D_R], v = s->v[D_V];
+    if (bm % tm || bn % tn || bn % tk || d % tk || r % tk) {
+        snprintf(why, cap, "MMA=%d: %dx%dx%d fragments do not tile BM=%d queries x BN=%d "
+                 "keys over D=%lld and R=%lld", mma, tm, tn, tk, bm, bn, (long long)d,
+                 (long long)r);
+        return false;
+    }
+    int wn = v / tn < waves ? (int)(v / tn) : waves, wm = wn ? waves / wn : 0;
+    if (!wn || v % ((int64_t)wn * tn) || waves % wn || bm % (wm * tm)) {
+        snprintf(why, cap, "MMA=%d: WAVES=%d waves of %dx%d fragments do not tile the "
+                 "BM=%d x V=%lld output", mma, waves, tm, tn, bm, (long long)v);
+        return false;
+    }
+    int64_t regs = (int64_t)bm * v / ((int64_t)waves * p->warp_size);
+    if (regs > 128) {
+        snprintf(why, cap, "MMA=%d: %lld accumulator registers per lane (BM*V/threads, at "
+                 "most 128)", mma, (long long)regs);
+        return false;
+    }
+    size_t sh = gpu_mma_shared(s, bm, bn, p->warp_size);
+    if (sh > p->shared_mem_per_block) {
+        snprintf(why, cap, "MMA=%d: BM=%d, BN=%d need %zu bytes of shared memory, the "
+                 "device allows %zu", mma, bm, bn, sh, p->shared_mem_per_block);
+        return false;
+    }
+    return true;
+}
 
 static bool gpu_valid(const kern_shape *s, int64_t m, const kern_config *c,
                       const dev_props *p, char *why, size_t cap)
@@ -260,6 +327,14 @@ static bool gpu_valid(const kern_shape *s, int64_t m, const kern_config *c,
         snprintf(why, cap, "BM=%d needs at least BM and 64 threads, has %d", bm, nt);
         return false;
     }
+    size_t eshm = expand_shared();
+    if (eshm > p->shared_mem_per_block) {
+        snprintf(why, cap, "the expansion needs %zu bytes of shared memory, the device has "
+                 "%zu", eshm, p->shared_mem_per_block);
+        return false;
+    }
+    if (c->n > GP_MMA && c->v[GP_MMA])
+        return gpu_mma_valid(s, c, p, why, cap);
     int64_t nacc = (bm * s->v[D_V] + nt - 1) / nt;
     if (nacc > 128) {
         snprintf(why, cap, "%lld accumulators per thread (BM*V/threads) exceed 128",
@@ -267,8 +342,7 @@ static bool gpu_valid(const kern_shape *s, int64_t m, const kern_config *c,
         return false;
     }
     size_t shm = attn_shared(s, bm, bn, stages);
-    size_t eshm = expand_shared();
-    if (shm > p->shared_mem_per_block || eshm > p->shared_mem_per_block) {
+    if (shm > p->shared_mem_per_block) {
         snprintf(why, cap, "needs %zu bytes of shared memory, the device has %zu", shm,
                  p->shared_mem_per_block);
         return false;
@@ -278,7 +352,8 @@ static bool gpu_valid(const kern_shape *s, int64_t m, const kern_config *c,
 
 static void gpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern_config *c)
 {
-    c->n = 4;
+    c->n = GP_COUNT;
+    c->v[GP_MMA] = 0;
     c->v[0] = m >= 32 ? 32 : 16;
     c->v[1] = 32;
     c->v[2] = p->max_threads_per_block >= 4 * p->warp_size ? 4 : 2;
@@ -307,7 +382,7 @@ static int gpu_defines(const kern_shape *s, const kern_config *cfg, const dev_pr
 static const kern_impl gpu_impl = {
     .source = "mla_prefill.hip",
     .params = gpu_params,
-    .n_params = 4,
+    .n_params = GP_COUNT,
     .valid = gpu_valid,
     .default_config = gpu_default,
     .defines = gpu_defines,
@@ -363,7 +438,7 @@ static const kern_case cases[] = {
 
 const kern_family fam_mla_prefill = {
     .name = "mla_prefill",
-    .version = 1,
+    .version = 2, /* 2: the GPU side's MMA parameter */
     .summary = "causal MLA prefill of a chunk against the paged latent cache (expand + flash attention)",
     .dims = dims,
     .n_dims = D_COUNT,

@@ -10,8 +10,15 @@
  * ahead into a ring of shared-memory buffers, so loads overlap the math of
  * the current tile with one barrier per tile.
  *
- * Params: BM, BN, WAVES, STAGES; NT, NACC, KV_FP8, ET, EN, EK from the
+ * MMA=1 or 2 runs the attention on the prelude's matrix fragments
+ * (MT_MMA_SHAPE 16 or 32), see "MMA path" below; MMA=0 is the scalar path.
+ *
+ * Params: BM, BN, WAVES, STAGES, MMA; NT, NACC, KV_FP8, ET, EN, EK from the
  * family. Shape: S_H, S_L, S_R, S_D, S_V, S_ps. */
+
+#ifndef MMA
+#define MMA 0
+#endif
 
 #if KV_FP8
 typedef unsigned char kv_t;
@@ -84,6 +91,7 @@ MT_KERNEL __launch_bounds__(NT) void mla_prefill_expand(
     }
 }
 
+#if !MMA
 /* Copies key tile kt (keys kt*BN .. +BN-1 below kend) into ring slot b. */
 MT_DEVICE void load_tile(int kt, int b, int kend, int h, const mt_bf16 *kn,
                          const mt_bf16 *vv, const kv_t *pool, const int *table, float ks,
@@ -217,3 +225,247 @@ MT_KERNEL __launch_bounds__(NT) void mla_prefill_attn(
         }
     }
 }
+#endif /* !MMA */
+
+#if MMA
+/* ---- MMA path ------------------------------------------------------------
+ * Block (query tile of BM, head), one key tile of BN at a time (STAGES is
+ * 1 here):
+ *  1. q rows (bf16, rows past the chunk zero) once into sQ; per tile the
+ *     keys into sK [BN][DQ + pad]: k_nope from the expansion, then the
+ *     rope key as stored (fp8 e4m3 decodes to bf16 exactly; the cache
+ *     scale stays a scalar), and v into sV [BN][V + pad]; pitches padded
+ *     so that no row stride is a power of two;
+ *  2. S = Q K^T on fragments: the rope dims first, that partial sum times
+ *     the cache scale, then the nope dims on top; f32 to sS;
+ *  3. online softmax with the causal mask, P_G lanes of one wave per row
+ *     (max and sum by shuffles); P as bf16 to sP, and the row sum adds the
+ *     rounded weights, so o / sum normalizes exactly what P V summed;
+ *  4. O = O * alpha + P V: the waves own fixed fragments of the BM x V
+ *     output in registers (V split across waves first, then rows), A from
+ *     sP, B from sV rows (load_b).
+ * The output row i is o / sum in bf16. */
+#if !MT_MMA_HAVE
+#error "MMA needs matrix instructions, which this target does not have"
+#endif
+#if MMA == 2
+#if !MT_MMA_HAVE_32
+#error "MMA=2 needs the 32x32x8 matrix instruction (AMD wave64)"
+#endif
+#undef MT_MMA_SHAPE
+#define MT_MMA_SHAPE 32
+#endif
+#if NT != WAVES * MT_MMA_WAVE
+#error "MMA: the block's waves must be the matrix instruction's"
+#endif
+
+#define P_PAD (MT_MMA_WAVE == 64 ? 4 : 8)
+#define P_LDQ (DQ + P_PAD)          /* sQ, sK row pitch (bf16) */
+#define P_LDV (S_V + P_PAD)         /* sV row pitch (bf16) */
+#define P_LDP (BN + P_PAD)          /* sP row pitch (bf16) */
+#define P_LDS (BN + 1)              /* sS row pitch (f32) */
+/* S = Q K^T: QI x QJ fragments; QSJ waves share a fragment row (splitting
+ * its columns), QWR waves walk the rows. */
+#define P_QI (BM / MT_MMA_M)
+#define P_QJ (BN / MT_MMA_N)
+#define P_QSJ0 (WAVES / P_QI < 1 ? 1 : WAVES / P_QI)
+#define P_QSJ (P_QSJ0 < P_QJ ? P_QSJ0 : P_QJ)
+#define P_QNJ (P_QJ / P_QSJ)
+#define P_QWR (WAVES / P_QSJ)
+/* O: waves across V first (P_WN), then rows (P_WM); each owns P_TM x P_TN
+ * fragments. */
+#define P_WN (WAVES < S_V / MT_MMA_N ? WAVES : S_V / MT_MMA_N)
+#define P_WM (WAVES / P_WN)
+#define P_TM (BM / (P_WM * MT_MMA_M))
+#define P_TN (S_V / (P_WN * MT_MMA_N))
+/* Softmax: P_G lanes per row (a power of two within one wave). */
+#define P_G0 (NT / BM < 1 ? 1 : NT / BM)
+#define P_G1 (P_G0 < BN ? P_G0 : BN)
+#define P_G (P_G1 < MT_MMA_WAVE ? P_G1 : MT_MMA_WAVE)
+
+/* A cache value as bf16 bits (fp8 e4m3 is exact in bf16), unscaled. */
+MT_DEVICE mt_bf16 p_kv_bf16(kv_t x)
+{
+#if KV_FP8
+    return (mt_bf16)(mt_float_as_uint(mt_fp8e4m3_to_f32(x)) >> 16);
+#else
+    return x;
+#endif
+}
+
+/* p[row * ld + col] = bf16(a) for the fragment's rows below `rows`. */
+MT_DEVICE void p_store_bf16(mt_bf16 *p, long ld, int rows, mt_mma_acc a)
+{
+    for (int rg = 0; rg < MT_MMA_ACC_REGS; rg++)
+        if (mt_mma_acc_row(rg) < rows)
+            p[mt_mma_acc_row(rg) * ld + mt_mma_acc_col(rg)] = mt_f32_to_bf16(a.x[rg]);
+}
+
+MT_KERNEL __launch_bounds__(NT) void mla_prefill_attn(
+    const mt_bf16 *__restrict__ q, const mt_bf16 *__restrict__ kn,
+    const mt_bf16 *__restrict__ vv, const kv_t *__restrict__ pool, const float *kscale,
+    const int *table, mt_bf16 *out, int p, int m, float scale)
+{
+    /* Dynamic, not static: the module's expansion kernel takes its own
+     * dynamic tiles, and static arrays would count against its block too
+     * (emu). Every piece is a multiple of 8 bytes (BM is even, the
+     * pitches multiples of 4): fragment loads stay 8-byte aligned. */
+    MT_DYN_SHARED(float, smem);
+    float *sS = smem;                         /* [BM][P_LDS] */
+    float *sAlpha = sS + BM * P_LDS;          /* [BM] this tile's rescale */
+    float *sMax = sAlpha + BM, *sSum = sMax + BM;
+    mt_bf16 *sQ = (mt_bf16 *)(sSum + BM);     /* [BM][P_LDQ] */
+    mt_bf16 *sK = sQ + BM * P_LDQ;            /* [BN][P_LDQ] */
+    mt_bf16 *sV = sK + BN * P_LDQ;            /* [BN][P_LDV] */
+    mt_bf16 *sP = sV + BN * P_LDV;            /* [BM][P_LDP] */
+
+    const int tid = threadIdx.x, wave = tid / MT_MMA_WAVE;
+    const int i0 = blockIdx.x * BM, h = blockIdx.y;
+    const float ks = kscale[0];
+    const int last = i0 + BM < m ? i0 + BM : m;     /* queries i0 .. last-1 */
+    const int kend = p + last;                      /* keys 0 .. kend-1 */
+
+    /* 1: q, 4 values per item (DQ % 4 == 0: aligned loads) */
+    for (int e = tid; e < BM * (DQ / 4); e += NT) {
+        int i = e / (DQ / 4), c = e - i * (DQ / 4);
+        *(unsigned long long *)(sQ + i * P_LDQ + 4 * c) =
+            i0 + i < m ? *(const unsigned long long *)(q + ((long)(i0 + i) * S_H + h) * DQ + 4 * c)
+                       : 0ull;
+    }
+    if (tid < BM) {
+        sMax[tid] = NEG_BIG;
+        sSum[tid] = 0.0f;
+    }
+    const int wm = wave / P_WN, wn = wave % P_WN;
+    mt_mma_acc acc[P_TM][P_TN];
+    for (int i = 0; i < P_TM; i++)
+        for (int j = 0; j < P_TN; j++)
+            acc[i][j] = mt_mma_acc_zero();
+
+    for (int t0 = 0; t0 < kend; t0 += BN) {
+        /* 1: the key and value tile; keys past kend zero */
+        for (int e = tid; e < BN * (S_D / 4); e += NT) {
+            int j = e / (S_D / 4), c = e - j * (S_D / 4), t = t0 + j;
+            *(unsigned long long *)(sK + j * P_LDQ + 4 * c) =
+                t < kend ? *(const unsigned long long *)(kn + ((long)t * S_H + h) * S_D + 4 * c)
+                         : 0ull;
+        }
+        for (int e = tid; e < BN * S_R; e += NT) {
+            int j = e / S_R, d = e - j * S_R, t = t0 + j;
+            mt_bf16 x = 0;
+            if (t < kend) {
+                long row = (long)table[t / S_ps] * S_ps + t % S_ps;
+                x = p_kv_bf16(pool[row * W + S_L + d]);
+            }
+            sK[j * P_LDQ + S_D + d] = x;
+        }
+        for (int e = tid; e < BN * (S_V / 4); e += NT) {
+            int j = e / (S_V / 4), c = e - j * (S_V / 4), t = t0 + j;
+            *(unsigned long long *)(sV + j * P_LDV + 4 * c) =
+                t < kend ? *(const unsigned long long *)(vv + ((long)t * S_H + h) * S_V + 4 * c)
+                         : 0ull;
+        }
+        __syncthreads();
+        /* 2: S = Q K^T, rope dims (times the cache scale) then nope dims */
+        for (int i = wave / P_QSJ; i < P_QI; i += P_QWR) {
+            const int j0 = (wave % P_QSJ) * P_QNJ;
+            const mt_bf16 *qa = sQ + i * MT_MMA_M * P_LDQ;
+            mt_mma_acc s[P_QNJ];
+            for (int j = 0; j < P_QNJ; j++)
+                s[j] = mt_mma_acc_zero();
+            for (int kk = S_D; kk < DQ; kk += MT_MMA_K) {
+                mt_mma_a fa = mt_mma_load_a(qa + kk, P_LDQ);
+                for (int j = 0; j < P_QNJ; j++) {
+                    mt_mma_b fb = mt_mma_load_bt(sK + (j0 + j) * MT_MMA_N * P_LDQ + kk, P_LDQ);
+                    s[j] = mt_mma_bf16(fa, fb, s[j]);
+                }
+            }
+            for (int j = 0; j < P_QNJ; j++)
+                for (int rg = 0; rg < MT_MMA_ACC_REGS; rg++)
+                    s[j].x[rg] *= ks;
+            for (int kk = 0; kk < S_D; kk += MT_MMA_K) {
+                mt_mma_a fa = mt_mma_load_a(qa + kk, P_LDQ);
+                for (int j = 0; j < P_QNJ; j++) {
+                    mt_mma_b fb = mt_mma_load_bt(sK + (j0 + j) * MT_MMA_N * P_LDQ + kk, P_LDQ);
+                    s[j] = mt_mma_bf16(fa, fb, s[j]);
+                }
+            }
+            for (int j = 0; j < P_QNJ; j++)
+                mt_mma_store_acc(sS + i * MT_MMA_M * P_LDS + (j0 + j) * MT_MMA_N, P_LDS, s[j]);
+        }
+        __syncthreads();
+        /* 3: online softmax, P_G lanes per row; key t0 + j is visible to
+         * query i0 + r when t0 + j <= p + i0 + r (every lane takes part in
+         * the shuffles) */
+        for (int r0 = 0; r0 < BM; r0 += NT / P_G) {
+            const int r = r0 + tid / P_G, g = tid % P_G;
+            const int live = r < BM;
+            int nvis = live && i0 + r < m ? p + i0 + r + 1 - t0 : 0;
+            if (nvis > BN)
+                nvis = BN;
+            float mx = NEG_BIG;
+            for (int j = g; j < nvis; j += P_G)
+                mx = mt_fmaxf(mx, sS[r * P_LDS + j] * scale);
+            for (int o = P_G / 2; o > 0; o /= 2)
+                mx = mt_fmaxf(mx, mt_shfl_xor_f32(mx, o));
+            const float old = live ? sMax[r] : NEG_BIG;
+            const float mnew = mt_fmaxf(old, mx);
+            float sum = 0.0f;
+            for (int j = g; j < BN; j += P_G) {
+                mt_bf16 pb = 0;
+                if (j < nvis)
+                    pb = mt_f32_to_bf16(mt_expf(sS[r * P_LDS + j] * scale - mnew));
+                sum += mt_bf16_to_f32(pb);
+                if (live)
+                    sP[r * P_LDP + j] = pb;
+            }
+            for (int o = P_G / 2; o > 0; o /= 2)
+                sum += mt_shfl_xor_f32(sum, o);
+            if (live && g == 0) {
+                float alpha = mt_expf(old - mnew);
+                sAlpha[r] = alpha;
+                sSum[r] = sSum[r] * alpha + sum;
+                sMax[r] = mnew;
+            }
+        }
+        __syncthreads();
+        /* 4: O = O * alpha + P V */
+        for (int i = 0; i < P_TM; i++) {
+            float al[MT_MMA_ACC_REGS];
+            for (int rg = 0; rg < MT_MMA_ACC_REGS; rg++)
+                al[rg] = sAlpha[(wm * P_TM + i) * MT_MMA_M + mt_mma_acc_row(rg)];
+            for (int j = 0; j < P_TN; j++)
+                for (int rg = 0; rg < MT_MMA_ACC_REGS; rg++)
+                    acc[i][j].x[rg] *= al[rg];
+        }
+        for (int kk = 0; kk < BN; kk += MT_MMA_K) {
+            mt_mma_a fa[P_TM];
+            for (int i = 0; i < P_TM; i++)
+                fa[i] = mt_mma_load_a(sP + (wm * P_TM + i) * MT_MMA_M * P_LDP + kk, P_LDP);
+            for (int j = 0; j < P_TN; j++) {
+                mt_mma_b fb = mt_mma_load_b(sV + kk * P_LDV + (wn * P_TN + j) * MT_MMA_N, P_LDV);
+                for (int i = 0; i < P_TM; i++)
+                    acc[i][j] = mt_mma_bf16(fa[i], fb, acc[i][j]);
+            }
+        }
+        __syncthreads();
+    }
+
+    /* o / sum as bf16: the rows scaled in place (as by alpha), then one
+     * fragment at a time (the loops stay short enough to unroll: a loop
+     * the compiler keeps indexes acc, which then lives in scratch) */
+    for (int i = 0; i < P_TM; i++) {
+        float inv[MT_MMA_ACC_REGS];
+        for (int rg = 0; rg < MT_MMA_ACC_REGS; rg++)
+            inv[rg] = 1.0f / sSum[(wm * P_TM + i) * MT_MMA_M + mt_mma_acc_row(rg)];
+        for (int j = 0; j < P_TN; j++)
+            for (int rg = 0; rg < MT_MMA_ACC_REGS; rg++)
+                acc[i][j].x[rg] *= inv[rg];
+    }
+    for (int i = 0; i < P_TM; i++)
+        for (int j = 0; j < P_TN; j++)
+            p_store_bf16(out + ((long)(i0 + (wm * P_TM + i) * MT_MMA_M) * S_H + h) * S_V +
+                             (wn * P_TN + j) * MT_MMA_N,
+                         S_H * S_V, m - i0 - (wm * P_TM + i) * MT_MMA_M, acc[i][j]);
+}
+#endif /* MMA */
