@@ -15,7 +15,7 @@ static void usage(FILE *f)
             "                     [--port 8080] [--max-batch N] [--kv-pages N]\n"
             "                     [--max-batch-tokens N] [--threads N] [--max-cached N]\n"
             "                     [--served-model-name NAME] [--max-body BYTES]\n"
-            "                     [--batch-invariant]\n"
+            "                     [--batch-invariant] [--speculative-steps K]\n"
             "Serves the checkpoint in DIR over HTTP with OpenAI's API: POST /v1/completions,\n"
             "POST /v1/chat/completions (streaming or not), GET /v1/models, GET /health,\n"
             "GET /metrics (Prometheus), POST /tokenize, POST /detokenize. Kernels come from\n"
@@ -26,6 +26,9 @@ static void usage(FILE *f)
             "reuse (default 64, 0 to turn the prefix cache off). --port 0 picks a free port.\n"
             "--batch-invariant runs one config per kernel at every token count and no\n"
             "split-K: a request's greedy output then does not change with the load.\n"
+            "--speculative-steps K (1-8) drafts K tokens per request and step with the\n"
+            "checkpoint's MTP layer and verifies them in the next step; the acceptance\n"
+            "rate is in /metrics and in each response's usage.speculative.\n"
             "Runs until SIGINT or SIGTERM.\n");
 }
 
@@ -68,6 +71,9 @@ int cmd_serve(int argc, char **argv)
         } else if ((v = cli_opt(argc, argv, &i, "--port", &bad))) {
             bad = !int_opt(v, "--port", 0, 65535, &x);
             o.port = (int)x;
+        } else if ((v = cli_opt(argc, argv, &i, "--speculative-steps", &bad))) {
+            bad = !int_opt(v, "--speculative-steps", 0, MODEL_SPEC_MAX_STEPS, &x);
+            o.engine.rt.speculative_steps = (int)x;
         } else if ((v = cli_opt(argc, argv, &i, "--max-batch", &bad))) {
             bad = !int_opt(v, "--max-batch", 1, 4096, &x);
             o.engine.max_batch = (int)x;

@@ -467,6 +467,25 @@ static void stream_start(stream *st)
 
 /* ---- generation ------------------------------------------------------------------ */
 
+/* Speculative decoding's share of the usage, over the choices (when on). */
+static void usage_spec(cJSON *u, const choice_run *runs, int n)
+{
+    int64_t rounds = 0, drafted = 0, accepted = 0;
+    for (int i = 0; i < n; i++) {
+        rounds += runs[i].v.spec_rounds;
+        drafted += runs[i].v.spec_drafted;
+        accepted += runs[i].v.spec_accepted;
+    }
+    if (!rounds)
+        return;
+    cJSON *d = cJSON_AddObjectToObject(u, "speculative");
+    cJSON_AddNumberToObject(d, "verify_rounds", (double)rounds);
+    cJSON_AddNumberToObject(d, "draft_tokens", (double)drafted);
+    cJSON_AddNumberToObject(d, "accepted_tokens", (double)accepted);
+    cJSON_AddNumberToObject(d, "acceptance_rate", drafted ? (double)accepted / (double)drafted : 0.0);
+    cJSON_AddNumberToObject(d, "mean_accepted_length", 1.0 + (double)accepted / (double)rounds);
+}
+
 static int64_t usage_completion(choice_run *runs, int n)
 {
     int64_t c = 0;
@@ -527,6 +546,7 @@ static serve_outcome run_plain(const reply *r, choice_run *runs, int n_runs, int
     cJSON_AddItemToObject(o, "usage", usage_object(runs[0].v.n_prompt,
                                                    usage_completion(runs, n_runs),
                                                    runs[0].v.n_cached));
+    usage_spec(cJSON_GetObjectItem(o, "usage"), runs, n_runs);
     char *j = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     if (!j) {
@@ -597,6 +617,7 @@ static serve_outcome run_stream(const reply *r, choice_run *runs, int n_runs,
         cJSON_AddItemToObject(o, "usage", usage_object(runs[0].v.n_prompt,
                                                        usage_completion(runs, n_runs),
                                                        runs[0].v.n_cached));
+        usage_spec(cJSON_GetObjectItem(o, "usage"), runs, n_runs);
         send_event(&st, o);
     }
     if (!st.broken)

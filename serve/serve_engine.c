@@ -17,6 +17,7 @@
 
 #include "../common/clock.h"
 #include "../model/chat.h"
+#include "../model/spec.h"
 #include "serve_prefix.h"
 #include "serve_sched.h"
 
@@ -44,6 +45,8 @@ struct serve_gen {
     float *logits;
     uint64_t t_last;
     bool ever_admitted;
+    model_spec_seq *sp;   /* speculative decoding state; NULL when off */
+    int32_t verify[MODEL_SPEC_MAX_STEPS + 1]; /* the verify step's tokens */
     /* Under mu. */
     pthread_mutex_t mu;
     pthread_cond_t cond;
@@ -51,6 +54,7 @@ struct serve_gen {
     int64_t cached;
     bool admitted;
     double ttft_s;
+    int64_t spec_rounds, spec_drafted, spec_accepted;
     serve_finish finish;
     serve_error error;
     int cancel;
@@ -90,6 +94,8 @@ struct serve_engine {
     serve_gen **item_gen;
     serve_sched_req *sreq;
     int *chunk;
+    int spec_k;                /* drafts per round (0: speculative decoding off) */
+    model_spec_catchup *catchup;
 };
 
 static double secs(uint64_t ns) { return (double)ns * 1e-9; }
@@ -105,6 +111,9 @@ static void gen_free(serve_gen *g)
     free(g->lp);
     free(g->top_id);
     free(g->top_lp);
+    if (g->sp)
+        model_spec_seq_release(g->sp);
+    free(g->sp);
     serve_gen *f = g->follow;
     free(g);
     serve_gen_release(f);
@@ -135,6 +144,9 @@ static void fill_view(serve_gen *g, serve_gen_view *v)
     v->top_ids = g->n_top ? g->top_id : NULL;
     v->top_logprobs = g->n_top ? g->top_lp : NULL;
     v->n_top = g->n_top;
+    v->spec_rounds = g->spec_rounds;
+    v->spec_drafted = g->spec_drafted;
+    v->spec_accepted = g->spec_accepted;
 }
 
 void serve_gen_wait(serve_gen *g, int64_t seen, double timeout_s, serve_gen_view *v)
@@ -381,6 +393,17 @@ static void admit(serve_engine *e)
             fail_waiting(e, 0, &se);
             continue;
         }
+        if (e->spec_k > 0 && !g->sp && (g->sp = malloc(sizeof *g->sp)) &&
+            model_spec_seq_init(g->sp, seq, e->spec_k, e->info.vocab, &g->sampler, &g->rng,
+                                &err) != MT_OK) {
+            free(g->sp);
+            g->sp = NULL; /* out of memory: this request decodes plainly */
+        }
+        if (g->sp) { /* a new sequence: no drafts yet, its MTP cache as the fork left it */
+            g->sp->seq = seq;
+            g->sp->n_draft = 0;
+            g->sp->mtp_behind = false;
+        }
         g->seq = seq;
         g->n_computed = match;
         remove_at(e->waiting, &e->n_waiting, 0);
@@ -429,6 +452,76 @@ static void make_room(serve_engine *e)
     }
 }
 
+/* Publishes one generated token chosen from logits (vocab floats);
+ * share: this token's part of the time since the last publication. */
+static void emit(serve_engine *e, serve_gen *g, int32_t tok, const float *logits, uint64_t now,
+                 int share)
+{
+    if (g->want_lp) {
+        int64_t at = g->n_tokens - g->n_prompt;
+        model_logprobs(logits, e->info.vocab, g->sampler.temperature, tok, g->n_top, &g->lp[at],
+                       g->top_id + at * g->n_top, g->top_lp + at * g->n_top);
+    }
+    g->tokens[g->n_tokens++] = tok;
+    int64_t gen = g->n_tokens - g->n_prompt;
+    double ttft = -1;
+    if (gen == 1) {
+        ttft = secs(now - g->t_arrival);
+        if (e->metrics)
+            serve_metrics_ttft(e->metrics, ttft);
+    } else if (e->metrics) {
+        serve_metrics_itl(e->metrics, secs(now - g->t_last) / share);
+    }
+    pthread_mutex_lock(&g->mu);
+    g->pub_generated = gen;
+    if (ttft >= 0)
+        g->ttft_s = ttft;
+    if (g->sp) {
+        g->spec_rounds = g->sp->rounds;
+        g->spec_drafted = g->sp->drafted;
+        g->spec_accepted = g->sp->accepted;
+    }
+    pthread_cond_broadcast(&g->cond);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static bool must_stop(const serve_engine *e, const serve_gen *g, int32_t tok)
+{
+    int64_t gen = g->n_tokens - g->n_prompt;
+    return (!g->ignore_eos && is_stop(e, g, tok)) || gen >= g->max_tokens ||
+           g->n_tokens >= e->info.max_context;
+}
+
+/* Speculative requests that are decoding verify their drafts in this step:
+ * chunk i grows from 1 to 1 + drafts while the token budget and the free
+ * pages allow (fewer drafts otherwise: verifying a prefix is as exact). */
+static void add_drafts(serve_engine *e, serve_sched_plan *plan)
+{
+    int64_t free_pages = model_kv_free_pages(e->rt) - plan->pages;
+    for (int i = 0; i < e->n_running; i++) {
+        serve_gen *g = e->running[i];
+        if (!g->sp || e->chunk[i] != 1 || g->n_computed != g->n_tokens - 1)
+            continue;
+        int nd = g->sp->n_draft;
+        int64_t left = g->max_tokens - (g->n_tokens - g->n_prompt) - 1;
+        if (nd > left)
+            nd = (int)(left > 0 ? left : 0);
+        if (g->n_tokens + nd > e->info.max_context)
+            nd = (int)(e->info.max_context - g->n_tokens);
+        for (; nd > 0; nd--) {
+            int64_t extra = model_seq_pages_needed(e->rt, g->seq, 1 + nd) -
+                            model_seq_pages_needed(e->rt, g->seq, 1);
+            if (plan->tokens + nd <= e->cfg.token_budget && extra <= free_pages) {
+                free_pages -= extra;
+                break;
+            }
+        }
+        g->sp->n_draft = nd < 0 ? 0 : nd;
+        e->chunk[i] = 1 + g->sp->n_draft;
+        plan->tokens += g->sp->n_draft;
+    }
+}
+
 static void run_step(serve_engine *e)
 {
     serve_sched_plan plan;
@@ -442,14 +535,21 @@ static void run_step(serve_engine *e)
             break;
         make_room(e);
     }
+    if (e->spec_k > 0)
+        add_drafts(e, &plan);
     int n = 0;
     for (int i = 0; i < e->n_running; i++) {
         if (!e->chunk[i])
             continue;
         serve_gen *g = e->running[i];
         bool last = g->n_computed + e->chunk[i] == g->n_tokens;
-        e->items[n] = (model_step_item){g->seq, g->tokens + g->n_computed, e->chunk[i],
-                                        last ? g->logits : NULL, NULL};
+        if (g->sp && g->n_computed == g->n_tokens - 1) { /* verify [last, drafts] */
+            int nt = model_spec_verify_tokens(g->sp, g->tokens[g->n_computed], g->verify);
+            e->items[n] = (model_step_item){g->seq, g->verify, nt, NULL, g->sp->logits};
+        } else {
+            e->items[n] = (model_step_item){g->seq, g->tokens + g->n_computed, e->chunk[i],
+                                            last ? g->logits : NULL, NULL};
+        }
         e->item_gen[n++] = g;
     }
     mt_err err = MT_ERR_INIT;
@@ -474,42 +574,64 @@ static void run_step(serve_engine *e)
     int64_t new_tokens = 0;
     if (e->metrics)
         serve_metrics_step(e->metrics, n, plan.tokens);
+    int n_cu = 0, row = 0;
     for (int k = 0; k < n; k++) {
         serve_gen *g = e->item_gen[k];
-        g->n_computed += e->items[k].n_tokens;
+        int64_t start = g->n_computed;
+        int rows = e->items[k].n_tokens;
+        if (e->items[k].tokens == g->verify) {
+            /* Verify: the accepted drafts and one more token, up to a stop. */
+            model_spec_seq *sp = g->sp;
+            sp->n_draft = rows - 1;
+            int64_t d0 = sp->drafted, a0 = sp->accepted;
+            if (model_spec_accept(e->rt, sp, start, &err) != MT_OK) {
+                sp->n_out = 1; /* cannot happen (truncation within the step's tokens) */
+                sp->out[0] = model_sample(sp->logits, e->info.vocab, &g->sampler, &g->rng);
+            }
+            if (e->metrics)
+                serve_metrics_spec(e->metrics, sp->drafted - d0, sp->accepted - a0);
+            int kept = 0;
+            while (kept < sp->n_out) {
+                int32_t tok = sp->out[kept];
+                emit(e, g, tok, sp->logits + (size_t)kept * (size_t)e->info.vocab, now,
+                     sp->n_out);
+                kept++;
+                if (must_stop(e, g, tok))
+                    break;
+            }
+            new_tokens += kept;
+            g->n_computed = start + kept;
+            if (kept < sp->n_out)
+                model_seq_truncate(e->rt, g->seq, g->n_computed, NULL);
+            e->catchup[n_cu++] = (model_spec_catchup){sp, g->tokens + start + 1, kept, row, start,
+                                                      true};
+        } else {
+            g->n_computed += rows;
+            if (e->items[k].logits) {
+                int32_t tok = -1;
+                if (e->hook)
+                    tok = e->hook(e->hook_ctx, g->tokens, g->n_prompt, g->n_tokens - g->n_prompt);
+                if (tok < 0 || tok >= e->info.vocab)
+                    tok = model_sample(g->logits, e->info.vocab, &g->sampler, &g->rng);
+                emit(e, g, tok, g->logits, now, 1);
+                new_tokens++;
+            }
+            /* The MTP layer reads the chunk too (the token after its last
+             * position: the next prompt token, or the one just sampled). */
+            if (g->sp)
+                e->catchup[n_cu++] = (model_spec_catchup){g->sp, g->tokens + start + 1, rows,
+                                                          row, start, e->items[k].logits != NULL};
+        }
         if (e->cache)
             serve_prefix_grow(e->cache, g->seq, g->n_computed);
-        if (!e->items[k].logits)
-            continue;
-        int32_t tok = -1;
-        if (e->hook)
-            tok = e->hook(e->hook_ctx, g->tokens, g->n_prompt, g->n_tokens - g->n_prompt);
-        if (tok < 0 || tok >= e->info.vocab)
-            tok = model_sample(g->logits, e->info.vocab, &g->sampler, &g->rng);
-        if (g->want_lp) {
-            int64_t at = g->n_tokens - g->n_prompt;
-            model_logprobs(g->logits, e->info.vocab, g->sampler.temperature, tok, g->n_top,
-                           &g->lp[at], g->top_id + at * g->n_top, g->top_lp + at * g->n_top);
-        }
-        g->tokens[g->n_tokens++] = tok;
-        new_tokens++;
-        int64_t gen = g->n_tokens - g->n_prompt;
-        double ttft = -1;
-        if (gen == 1) {
-            ttft = secs(now - g->t_arrival);
-            if (e->metrics)
-                serve_metrics_ttft(e->metrics, ttft);
-        } else if (e->metrics) {
-            serve_metrics_itl(e->metrics, secs(now - g->t_last));
-        }
-        g->t_last = now;
-        pthread_mutex_lock(&g->mu);
-        g->pub_generated = gen;
-        if (ttft >= 0)
-            g->ttft_s = ttft;
-        pthread_cond_broadcast(&g->cond);
-        pthread_mutex_unlock(&g->mu);
+        if (g->n_tokens > g->n_prompt && g->n_computed == g->n_tokens - 1)
+            g->t_last = now; /* it emitted this step */
+        row += rows;
     }
+    /* Drafts for the next step, right after this one (they read its hidden
+     * states). A failure only costs the drafts. */
+    if (n_cu && model_spec_draft(e->rt, e->catchup, n_cu, &err) != MT_OK && e->rt_opts.log)
+        fprintf(e->rt_opts.log, "warning: speculative drafts skipped this step: %s\n", err.msg);
     if (e->metrics && new_tokens)
         serve_metrics_generated(e->metrics, new_tokens);
     for (int i = e->n_running - 1; i >= 0; i--) {
@@ -572,7 +694,11 @@ static mt_status load(serve_engine *e, mt_err *err)
     e->item_gen = calloc((size_t)mb, sizeof *e->item_gen);
     e->sreq = calloc((size_t)mb, sizeof *e->sreq);
     e->chunk = calloc((size_t)mb, sizeof *e->chunk);
-    if (!e->running || !e->items || !e->item_gen || !e->sreq || !e->chunk)
+    e->catchup = calloc((size_t)mb, sizeof *e->catchup);
+    /* Speculative decoding needs the MTP layer; a scripted sampler (tests'
+     * hook) picks tokens one at a time, so it turns speculation off. */
+    e->spec_k = model_runtime_has_mtp(e->rt) && !e->hook ? e->rt_opts.speculative_steps : 0;
+    if (!e->running || !e->items || !e->item_gen || !e->sreq || !e->chunk || !e->catchup)
         return mt_fail(err, MT_E_NOMEM, "serve engine: out of memory");
     if (e->max_cached > 0 && (st = serve_prefix_create(in->page_size, &e->cache, err)))
         return st;
@@ -739,6 +865,7 @@ void serve_engine_destroy(serve_engine *e)
     free(e->item_gen);
     free(e->sreq);
     free(e->chunk);
+    free(e->catchup);
     free(e->model_dir);
     free(e->db_path);
     free(e->device);

@@ -48,6 +48,8 @@ typedef struct serve_engine_opts {
     void *sample_hook_ctx;
     int max_batch;         /* running requests at most; 0 = 64 */
     int max_cached;        /* finished sequences retained for prefix reuse; 0 = 64, -1 = none */
+    /* Speculative decoding: rt.speculative_steps > 0 drafts that many tokens
+     * per request and step with the MTP layer (off while sample_hook is set). */
     serve_metrics *metrics; /* borrowed; may be NULL */
 } serve_engine_opts;
 
@@ -140,6 +142,9 @@ typedef struct serve_gen_view {
     const int32_t *top_ids;
     const float *top_logprobs;
     int n_top;
+    /* Speculative decoding (0 when off): verify rounds, drafts proposed,
+     * drafts accepted. */
+    int64_t spec_rounds, spec_drafted, spec_accepted;
 } serve_gen_view;
 
 /* Waits until more than `seen` tokens are published, the request finishes,

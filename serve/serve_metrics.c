@@ -35,6 +35,7 @@ struct serve_metrics {
     pthread_mutex_t mu;
     uint64_t requests[SERVE_API_COUNT][SERVE_OUTCOME_COUNT];
     uint64_t prompt_tokens, generation_tokens, cache_queries, cache_hits, preemptions;
+    uint64_t spec_rounds, spec_drafted, spec_accepted;
     hist h[H_COUNT];
     serve_metrics_state state;
     model_selection_counts sel;
@@ -113,6 +114,15 @@ void serve_metrics_generated(serve_metrics *m, int64_t tokens)
 {
     pthread_mutex_lock(&m->mu);
     m->generation_tokens += (uint64_t)tokens;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void serve_metrics_spec(serve_metrics *m, int64_t drafted, int64_t accepted)
+{
+    pthread_mutex_lock(&m->mu);
+    m->spec_rounds++;
+    m->spec_drafted += (uint64_t)drafted;
+    m->spec_accepted += (uint64_t)accepted;
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -215,6 +225,21 @@ static mt_status render_locked(const serve_metrics *m, serve_buf *o)
                "Prefix cache hits over queries, in tokens, since start.", rate) ||
         scalar(o, "moetune_preemptions_total", "counter",
                "Running requests sent back to wait for KV pages.", (double)m->preemptions))
+        return MT_E_NOMEM;
+    double acc = m->spec_drafted ? (double)m->spec_accepted / (double)m->spec_drafted : 0.0;
+    double len = m->spec_rounds ? 1.0 + (double)m->spec_accepted / (double)m->spec_rounds : 0.0;
+    if (scalar(o, "moetune_spec_verify_rounds_total", "counter",
+               "Speculative verify steps of requests (one per request and step).",
+               (double)m->spec_rounds) ||
+        scalar(o, "moetune_spec_draft_tokens_total", "counter",
+               "Draft tokens the MTP layer proposed and the main model verified.",
+               (double)m->spec_drafted) ||
+        scalar(o, "moetune_spec_accepted_tokens_total", "counter", "Draft tokens accepted.",
+               (double)m->spec_accepted) ||
+        scalar(o, "moetune_spec_acceptance_rate", "gauge",
+               "Accepted over verified draft tokens since start.", acc) ||
+        scalar(o, "moetune_spec_mean_accepted_length", "gauge",
+               "Tokens emitted per verify round since start (accepted drafts plus one).", len))
         return MT_E_NOMEM;
     for (int i = 0; i < H_COUNT; i++)
         if (render_hist(o, &m->h[i]))
