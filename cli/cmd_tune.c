@@ -47,7 +47,7 @@ static void usage(void)
         "  --device D          cpu, emu, emu:wave32, hip, hip:N, cuda (default auto)\n"
         "  --arch A            GPU arch; with no such GPU: compile-only\n"
         "  --db FILE           database (default $MOETUNE_DB or ./moetune.db)\n"
-        "  --strategy S        exhaustive (default), random, evolve\n"
+        "  --strategy S        exhaustive (default), random, evolve, model\n"
         "  --budget B          trials per M (2000) or wall time for the run (30m, 90s)\n"
         "  --jobs N            compile threads (default 2)\n"
         "  --compile-only      compile the space and store resources, no timing\n"
@@ -143,7 +143,7 @@ static int parse(int argc, char **argv, tune_opts *o, tune_cli *c)
             o->db_path = v;
         else if ((v = cli_opt(argc, argv, &i, "--strategy", &bad))) {
             if (!tune_strategy_parse(v, &o->strategy)) {
-                cli_error("tune", "unknown strategy '%s' (exhaustive, random, evolve)", v);
+                cli_error("tune", "unknown strategy '%s' (exhaustive, random, evolve, model)", v);
                 return CLI_USAGE;
             }
         } else if ((v = cli_opt(argc, argv, &i, "--budget", &bad))) {

@@ -17,7 +17,7 @@
 static db_filter key_filter(const tune_db_key *k, int64_t m)
 {
     return (db_filter){.family = k->family, .shape_key = k->shape_key, .m = m,
-                       .device = k->fingerprint, .version = k->version,
+                       .device = k->other_devices ? NULL : k->fingerprint, .version = k->version,
                        .source_hash = k->source_hash};
 }
 
@@ -67,7 +67,7 @@ static void runner_ups(const char *json, tune_winner *w)
 static int winners_cb(void *arg, const db_winner_row *row)
 {
     winners_ctx *c = arg;
-    if (row->device_id != c->k->device_id)
+    if ((row->device_id != c->k->device_id) != c->k->other_devices)
         return 0;
     if (c->n >= c->cap)
         return 1;

@@ -2,6 +2,7 @@
 #ifndef MT_TUNE_DB_H
 #define MT_TUNE_DB_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "../db/db.h"
@@ -15,6 +16,7 @@ typedef struct tune_db_key {
     int version;
     const char *source_hash;
     const char *shape_key;
+    bool other_devices;   /* winners: those of every OTHER device instead */
 } tune_db_key;
 
 /* Called per recorded trial of (key, m): config key, status, median (NAN

@@ -140,6 +140,21 @@ int tune_search_next(tune_search *s, kern_config *out, int cap);
 /* Reports a measured outcome (feeds evolve). */
 void tune_search_result(tune_search *s, const kern_config *c, bool ok, double median_ms);
 
+/* ---- the model strategy's proposal (tune_model.c) ------------------------
+ * A measured config: its median time, INFINITY when it failed. */
+typedef struct tune_model_obs {
+    kern_config cfg;
+    double ms;
+} tune_model_obs;
+
+/* Fits the surrogate (tune_forest.h) to obs (at least one) and picks up to
+ * `want` of the n_cands candidates by expected improvement of the log time,
+ * refitting after each pick with its predicted time (constant liar) so a
+ * batch spreads out. Writes candidate indices to chosen (room for want);
+ * returns how many (0 when nothing can be fitted). Deterministic for a seed. */
+int tune_model_pick(const kern_impl *im, const tune_model_obs *obs, int n_obs,
+                    const kern_config *cands, int n_cands, int want, uint64_t seed, int *chosen);
+
 /* ---- progress (tune_progress.c) ------------------------------------------- */
 typedef struct tune_progress {
     FILE *out;              /* NULL: silent */

@@ -17,6 +17,7 @@ static const char *const strategy_names[TUNE_STRATEGY_COUNT] = {
     [TUNE_EXHAUSTIVE] = "exhaustive",
     [TUNE_RANDOM] = "random",
     [TUNE_EVOLVE] = "evolve",
+    [TUNE_MODEL] = "model",
 };
 _Static_assert(sizeof strategy_names / sizeof strategy_names[0] == TUNE_STRATEGY_COUNT,
                "one name per strategy");

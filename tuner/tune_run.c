@@ -420,7 +420,7 @@ static void on_known(void *arg, const char *key, db_trial_status st, double medi
 static tune_db_key db_key(const run_ctx *r)
 {
     return (tune_db_key){r->device_id, r->props.fingerprint, r->job->fam->name,
-                         r->job->fam->version, r->source_hash, r->shape_key};
+                         r->job->fam->version, r->source_hash, r->shape_key, false};
 }
 
 /* Transfer: the winners (and runner-ups) of the nearest tuned M of this
@@ -452,6 +452,30 @@ static void add_seeds(run_ctx *r, tune_search *s)
             if (kern_config_parse(r->im, w[best].runner_ups[j], &c, NULL) == MT_OK)
                 tune_search_seed(s, &c);
         w[best].m = r->m; /* used */
+    }
+    if (r->o->strategy == TUNE_MODEL) {
+        /* The model also starts from what won on other devices (another
+         * machine of this backend, a shipped database): their winners at
+         * the two nearest M, the exact M first. */
+        k.other_devices = true;
+        n = tune_db_winners(r->db, &k, 0, w, CAP, NULL);
+        for (int round = 0; round < 2 && n > 0; round++) {
+            int best = -1;
+            double bd = INFINITY;
+            for (int i = 0; i < n; i++) {
+                double d = fabs(log2((double)w[i].m) - log2((double)r->m));
+                if (w[i].m > 0 && d < bd) {
+                    bd = d;
+                    best = i;
+                }
+            }
+            if (best < 0)
+                break;
+            kern_config c;
+            if (kern_config_parse(r->im, w[best].config_key, &c, NULL) == MT_OK)
+                tune_search_seed(s, &c);
+            w[best].m = 0; /* used */
+        }
     }
     free(w);
 }

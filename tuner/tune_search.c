@@ -6,7 +6,10 @@
  *               the budget);
  *   evolve      a random first generation, then every config one allowed
  *               value away (one parameter, then two) from the best few so
- *               far; random fill when the neighbourhood is exhausted.
+ *               far; random fill when the neighbourhood is exhausted;
+ *   model       a few random configs, then the candidates a random-forest
+ *               surrogate of the times so far ranks best by expected
+ *               improvement (tune_model.c), in small batches.
  * The default config comes first in every strategy and every shard (its
  * time is the baseline of the speedup), then the transfer seeds. */
 #include <math.h>
@@ -19,6 +22,11 @@
 /* Spaces larger than this are sampled, never enumerated. */
 #define ENUM_LIMIT ((uint64_t)1 << 22)
 #define EVOLVE_PARENTS 4
+/* The model strategy: observations before the first fit, the candidate
+ * pool it ranks per batch, and the observations it fits at most. */
+#define MODEL_INIT 3
+#define MODEL_POOL 4096
+#define MODEL_MAX_OBS 512
 
 typedef struct keyset {
     char **slot;
@@ -94,6 +102,8 @@ struct tune_search {
     int n_seeds, cap_seeds;
     scored *ok;          /* measured ok, for evolve */
     int n_ok, cap_ok;
+    tune_model_obs *obs; /* every measured config (failed: INFINITY), for model */
+    int n_obs, cap_obs;
     int generation;
     mt_rng rng;
 };
@@ -199,6 +209,7 @@ void tune_search_destroy(tune_search *s)
     free(s->space);
     free(s->seeds);
     free(s->ok);
+    free(s->obs);
     free(s);
 }
 
@@ -227,12 +238,28 @@ static void add_ok(tune_search *s, const kern_config *c, double ms)
     s->ok[s->n_ok++] = (scored){*c, ms};
 }
 
+static void add_obs(tune_search *s, const kern_config *c, bool ok, double ms)
+{
+    if (s->n_obs == s->cap_obs) {
+        int cap = s->cap_obs ? s->cap_obs * 2 : 64;
+        tune_model_obs *g = realloc(s->obs, sizeof *g * (size_t)cap);
+        if (!g)
+            return; /* the model loses one observation; nothing breaks */
+        s->obs = g;
+        s->cap_obs = cap;
+    }
+    s->obs[s->n_obs++] = (tune_model_obs){*c, ok && isfinite(ms) && ms > 0 ? ms : INFINITY};
+}
+
 void tune_search_known(tune_search *s, const char *config_key, bool ok, double median_ms)
 {
     keyset_add(&s->known, config_key);
     kern_config c;
-    if (ok && isfinite(median_ms) && kern_config_parse(s->a.im, config_key, &c, NULL) == MT_OK)
+    if (kern_config_parse(s->a.im, config_key, &c, NULL) != MT_OK)
+        return;
+    if (ok && isfinite(median_ms))
         add_ok(s, &c, median_ms);
+    add_obs(s, &c, ok, median_ms);
 }
 
 void tune_search_seed(tune_search *s, const kern_config *c)
@@ -255,6 +282,7 @@ void tune_search_result(tune_search *s, const kern_config *c, bool ok, double me
 {
     if (ok && isfinite(median_ms))
         add_ok(s, c, median_ms);
+    add_obs(s, c, ok, median_ms);
 }
 
 static bool propose(tune_search *s, const kern_config *c, kern_config *out, int *n)
@@ -336,6 +364,76 @@ static void mutate(tune_search *s, kern_config *out, int *n, int cap)
                 }
 }
 
+static int cmp_obs(const void *a, const void *b)
+{
+    double x = ((const tune_model_obs *)a)->ms, y = ((const tune_model_obs *)b)->ms;
+    return x < y ? -1 : x > y;
+}
+
+/* The model strategy's batch: random until MODEL_INIT configs are measured,
+ * then the surrogate's picks among (a sample of) the untried space. */
+static void model_propose(tune_search *s, kern_config *out, int *n, int cap)
+{
+    if (s->n_obs + *n < MODEL_INIT) {
+        take_fresh(s, out, n, cap);
+        return;
+    }
+    kern_config *pool = malloc(sizeof *pool * MODEL_POOL);
+    tune_model_obs *obs = malloc(sizeof *obs * (size_t)(s->n_obs > 0 ? s->n_obs : 1));
+    int *chosen = malloc(sizeof *chosen * (size_t)cap);
+    int np = 0, picked = 0;
+    if (!pool || !obs || !chosen)
+        goto fallback;
+    if (s->sampled) {
+        uint64_t size = kern_space_size(s->a.im);
+        for (int tries = 0; tries < 16 * MODEL_POOL && np < MODEL_POOL / 2; tries++) {
+            kern_config c;
+            kern_space_point(s->a.im, mt_rng_below(&s->rng, size), &c);
+            if (!is_known(s, &c) && usable(s, &c))
+                pool[np++] = c;
+        }
+        /* Plus every config one allowed value away from the best few. */
+        qsort(s->ok, (size_t)s->n_ok, sizeof *s->ok, cmp_scored);
+        for (int p = 0; p < s->n_ok && p < EVOLVE_PARENTS; p++)
+            for (int i = 0; i < s->a.im->n_params; i++)
+                for (int di = -1; di <= 1 && np < MODEL_POOL; di += 2) {
+                    kern_config c = s->ok[p].cfg;
+                    if (step(s, &c, i, di) && !is_known(s, &c) && usable(s, &c))
+                        pool[np++] = c;
+                }
+    } else {
+        /* The space is in random order already: its first untried ones. */
+        for (int i = 0; i < s->n_space && np < MODEL_POOL; i++)
+            if (!is_known(s, &s->space[i]))
+                pool[np++] = s->space[i];
+    }
+    memcpy(obs, s->obs, sizeof *obs * (size_t)s->n_obs);
+    int n_obs = s->n_obs;
+    if (n_obs > MODEL_MAX_OBS) { /* the fit's cost: keep the fastest */
+        qsort(obs, (size_t)n_obs, sizeof *obs, cmp_obs);
+        n_obs = MODEL_MAX_OBS;
+    }
+    picked = tune_model_pick(s->a.im, obs, n_obs, pool, np, cap - *n, mt_rng_u64(&s->rng),
+                             chosen);
+    for (int i = 0; i < picked; i++)
+        propose(s, &pool[chosen[i]], out, n);
+fallback:
+    free(pool);
+    free(obs);
+    free(chosen);
+    if (*n < cap && picked == 0)
+        take_fresh(s, out, n, cap);
+}
+
+/* Small batches let the model learn from each; large budgets still get
+ * the full batch (the compile pool's width). */
+static int model_batch(const tune_search *s, int want)
+{
+    int b = s->a.budget > 0 ? (int)(s->a.budget / 8) : s->a.batch / 2;
+    b = b < 1 ? 1 : b > s->a.batch ? s->a.batch : b;
+    return b < want ? b : want;
+}
+
 int tune_search_next(tune_search *s, kern_config *out, int cap)
 {
     int n = 0;
@@ -350,6 +448,12 @@ int tune_search_next(tune_search *s, kern_config *out, int cap)
             propose(s, &s->seeds[i], out, &n);
     s->n_seeds = 0;
     int want = s->a.strategy == TUNE_EXHAUSTIVE ? cap : (s->a.batch < cap ? s->a.batch : cap);
+    if (s->a.strategy == TUNE_MODEL) {
+        int b = model_batch(s, want);
+        if (n < b)
+            model_propose(s, out, &n, b);
+        return n;
+    }
     if (s->a.strategy == TUNE_EVOLVE && s->generation++ > 0 && s->n_ok > 0)
         mutate(s, out, &n, want);
     if (s->a.strategy == TUNE_EVOLVE && s->generation == 1 && s->a.budget > 0) {

@@ -50,6 +50,8 @@ typedef enum tune_strategy {
     TUNE_EXHAUSTIVE = 0, /* every valid config (or the budget's first ones) */
     TUNE_RANDOM = 1,     /* uniformly random order within the budget */
     TUNE_EVOLVE = 2,     /* mutate the best configs to neighbouring values */
+    TUNE_MODEL = 3,      /* a random-forest surrogate fitted to the trials so
+                            far proposes by expected improvement */
     TUNE_STRATEGY_COUNT
 } tune_strategy;
 

@@ -1,0 +1,317 @@
+/* bench_replay.c: replay tables and how well each search strategy does on
+ * them (issue #16: search quality).
+ *
+ *   bench_replay sweep --family F --shape S --m 1,16 [--device cpu] [--shard I/N]
+ *                      --out FILE
+ *       times EVERY valid config of the space at each M (exhaustive tune
+ *       into a scratch database, no confirmation rounds) and writes the
+ *       replay table (bench/lib/replay.h) with the machine it ran on: cpu
+ *       model, ISA extensions, cores, date and the load average before and
+ *       after (others' load makes times noisy; run it under `nice -n 19`).
+ *       --shard I/N sweeps that shard of the space only (a deterministic
+ *       part, docs/TUNING.md), for spaces too large to sweep whole; the
+ *       replay then searches the same shard.
+ *   bench_replay replay [--seeds N] [--strategies random,evolve,model] FILE...
+ *       replays each strategy over N seeds (default 200) on each table and
+ *       M at budgets of 5 %, 10 % and 15 % of the space (at least 1), and
+ *       prints the fraction of the optimum reached (optimum / best found:
+ *       median, mean and the worst tenth over seeds) and the hit rate (the
+ *       share of seeds that found the optimum itself). Every strategy
+ *       proposes the default config first, as the tuner does.
+ *
+ * Compile-only spaces (hip --arch without a GPU) have no time, and emu
+ * times measure the emulator, not a GPU: neither makes a table here. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bench/lib/replay.h"
+#include "common/rng.h"
+#include "db/db.h"
+#include "tuner/tune_impl.h"
+
+static void die(const char *what, const mt_err *err)
+{
+    fprintf(stderr, "bench_replay: %s: %s\n", what, err->msg);
+    exit(1);
+}
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: bench_replay sweep --family F --shape S --m LIST [--device D] "
+                    "[--shard I/N] --out FILE\n"
+                    "       bench_replay replay [--seeds N] [--strategies LIST] FILE...\n");
+    exit(2);
+}
+
+/* ---- sweep ---------------------------------------------------------------------------- */
+
+static void cpu_model(char *out, size_t cap, char *isa, size_t isa_cap)
+{
+    snprintf(out, cap, "unknown");
+    isa[0] = 0;
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f)
+        return;
+    char line[8192];
+    bool have_model = false, have_flags = false;
+    while (fgets(line, sizeof line, f) && !(have_model && have_flags)) {
+        line[strcspn(line, "\n")] = 0;
+        const char *v = strchr(line, ':');
+        v = v ? v + 2 : "";
+        if (!have_model && !strncmp(line, "model name", 10)) {
+            snprintf(out, cap, "%s", v);
+            have_model = true;
+        } else if (!have_flags && !strncmp(line, "flags", 5)) {
+            static const char *const want[] = {"avx2", "fma", "avx512f", "avx512bw",
+                                               "avx512_vnni", "avx512_bf16", "amx_tile"};
+            for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+                char pat[40];
+                snprintf(pat, sizeof pat, " %s ", want[i]);
+                char padded[8200];
+                snprintf(padded, sizeof padded, " %s ", v);
+                if (strstr(padded, pat)) {
+                    size_t u = strlen(isa);
+                    snprintf(isa + u, isa_cap - u, "%s%s", u ? " " : "", want[i]);
+                }
+            }
+            have_flags = true;
+        }
+    }
+    fclose(f);
+}
+
+static double load1(void)
+{
+    double l = NAN;
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f) {
+        if (fscanf(f, "%lf", &l) != 1)
+            l = NAN;
+        fclose(f);
+    }
+    return l;
+}
+
+typedef struct sweep_out {
+    FILE *f;
+    int rows;
+} sweep_out;
+
+static void put_ms(FILE *f, double v, bool last)
+{
+    if (isfinite(v))
+        fprintf(f, "%.6g", v);
+    fputc(last ? '\n' : ',', f);
+}
+
+static int row_cb(void *arg, const db_trial_row *row)
+{
+    sweep_out *o = arg;
+    const db_trial *t = &row->t;
+    fprintf(o->f, "%lld,%s,", (long long)t->m, db_trial_status_str(t->status));
+    put_ms(o->f, t->time_median_ms, false);
+    put_ms(o->f, t->time_min_ms, false);
+    put_ms(o->f, t->time_p10_ms, false);
+    put_ms(o->f, t->time_p90_ms, false);
+    fprintf(o->f, "%d,%s\n", t->repetitions, t->config_key);
+    o->rows++;
+    return 0;
+}
+
+static int sweep(int argc, char **argv)
+{
+    const char *family = NULL, *shape = NULL, *device = "cpu", *out = NULL, *shard = NULL;
+    int64_t ms[TUNE_MAX_M];
+    int n_m = 0;
+    for (int i = 2; i < argc; i++) {
+        if (i + 1 >= argc)
+            usage();
+        if (!strcmp(argv[i], "--family"))
+            family = argv[++i];
+        else if (!strcmp(argv[i], "--shape"))
+            shape = argv[++i];
+        else if (!strcmp(argv[i], "--device"))
+            device = argv[++i];
+        else if (!strcmp(argv[i], "--out"))
+            out = argv[++i];
+        else if (!strcmp(argv[i], "--shard"))
+            shard = argv[++i];
+        else if (!strcmp(argv[i], "--m")) {
+            for (char *t = strtok(argv[++i], ","); t && n_m < TUNE_MAX_M; t = strtok(NULL, ","))
+                ms[n_m++] = atoll(t);
+        } else
+            usage();
+    }
+    if (!family || !shape || !out || n_m < 1)
+        usage();
+    const kern_family *f = kern_family_find(family);
+    if (!f) {
+        fprintf(stderr, "bench_replay: no family '%s'\n", family);
+        return 2;
+    }
+    mt_err err = MT_ERR_INIT;
+    tune_job job;
+    if (tune_job_make(f, shape, ms, n_m, &job, &err) != MT_OK)
+        die("job", &err);
+    char dir[] = "/tmp/mt_bench_replay_XXXXXX";
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    char db_path[256];
+    snprintf(db_path, sizeof db_path, "%s/sweep.db", dir);
+    tune_opts o;
+    tune_opts_default(&o);
+    o.device = device;
+    o.db_path = db_path;
+    o.strategy = TUNE_EXHAUSTIVE;
+    o.confirm_rounds = -1; /* the table is the search's times, not decisions */
+    o.transfer = false;
+    o.log = getenv("BENCH_REPLAY_LOG") ? stderr : NULL;
+    if (shard && tune_shard_parse(shard, &o.shard_index, &o.shard_count, &err) != MT_OK)
+        die("--shard", &err);
+    double load_before = load1();
+    time_t t0 = time(NULL);
+    tune_report *rep = NULL;
+    if (tune_run(&job, 1, &o, &rep, &err) != MT_OK)
+        die("exhaustive sweep", &err);
+    double load_after = load1();
+    long wall = (long)(time(NULL) - t0);
+    char key[KERN_KEY_MAX];
+    kern_shape_key(f, &job.shape, false, key, sizeof key);
+    FILE *fo = fopen(out, "w");
+    if (!fo) {
+        perror(out);
+        return 1;
+    }
+    char model[256], isa[256], date[32];
+    cpu_model(model, sizeof model, isa, sizeof isa);
+    strftime(date, sizeof date, "%Y-%m-%dT%H:%MZ", gmtime(&t0));
+    char hash[65];
+    kern_source_hash(f, !strncmp(device, "emu", 3)   ? DEV_BACKEND_EMU
+                        : !strncmp(device, "hip", 3) ? DEV_BACKEND_HIP
+                                                     : DEV_BACKEND_CPU,
+                     hash);
+    fprintf(fo, "# moetune replay table 1\n# family: %s\n# version: %d\n# source_hash: %s\n"
+                "# shape: %s\n# device: %s\n# device_name: %s\n# cpu: %s\n# isa: %s\n"
+                "# cores: %ld\n# date: %s\n# sweep: exhaustive, %ld s, load average %.2f "
+                "before, %.2f after\n",
+            f->name, f->version, hash, key, device, rep->device_name, model, isa,
+            sysconf(_SC_NPROCESSORS_ONLN), date, wall, load_before, load_after);
+    if (o.shard_count > 1)
+        fprintf(fo, "# shard: %d/%d\n", o.shard_index, o.shard_count);
+    fprintf(fo, "m,status,median_ms,min_ms,p10_ms,p90_ms,reps,config\n");
+    tune_report_free(rep);
+    db_t *db = NULL;
+    if (db_open(db_path, DB_OPEN_READONLY, &db, &err) != MT_OK)
+        die("open sweep database", &err);
+    sweep_out so = {fo, 0};
+    db_filter flt = {.family = f->name};
+    if (db_trials_each(db, &flt, row_cb, &so, &err) != MT_OK)
+        die("read trials", &err);
+    db_close(db);
+    fclose(fo);
+    fprintf(stderr, "bench_replay: %s: %d rows, %ld s, load %.2f -> %.2f\n", out, so.rows, wall,
+            load_before, load_after);
+    return 0;
+}
+
+/* ---- replay --------------------------------------------------------------------------- */
+
+static void replay_file(const char *path, const tune_strategy *sts, int n_st, int seeds)
+{
+    replay_table t;
+    mt_err err = MT_ERR_INIT;
+    if (replay_table_read(path, &t, &err) != MT_OK)
+        die("table", &err);
+    const kern_family *f = kern_family_find(t.family);
+    int backend = db_backend_parse(t.device);
+    kern_shape s;
+    if (!f || backend < 0 || kern_shape_parse(f, t.shape, &s, NULL, &err) != MT_OK) {
+        fprintf(stderr, "bench_replay: %s: family %s, device %s or shape %s unknown here\n",
+                path, t.family, t.device, t.shape);
+        exit(1);
+    }
+    const kern_impl *im = kern_family_impl(f, backend);
+    dev_device *d = NULL;
+    if (dev_open(t.device, &(dev_open_opts){0}, &d, &err) != MT_OK)
+        die("open device", &err);
+    dev_props props = *dev_get_props(d);
+    dev_close(d);
+    printf("== %s: %s %s on %s\n   %s\n", path, t.family, t.shape, t.device, t.machine);
+    int64_t ms[64];
+    int n_m = replay_table_ms(&t, ms, 64);
+    static const double pct[] = {0.05, 0.10, 0.15};
+    for (int mi = 0; mi < n_m; mi++) {
+        int rows = 0, space = 0;
+        double opt = replay_table_optimum(&t, ms[mi], &rows);
+        replay_search(f, im, &s, ms[mi], &props, TUNE_RANDOM, 1, 1, &t, &space);
+        kern_config dc;
+        im->default_config(&s, ms[mi], &props, &dc);
+        char dkey[DB_CONFIG_KEY_MAX + 1];
+        kern_config_key(im, &dc, dkey, sizeof dkey);
+        double dms = replay_table_time(&t, ms[mi], dkey);
+        printf("   M=%lld: space %d (table %d rows), optimum %.4g ms, default %.3f of it\n",
+               (long long)ms[mi], space, rows, opt, opt / dms);
+        printf("   %-8s %6s %6s  %8s %8s %8s  %6s\n", "strategy", "budget", "of sp", "median",
+               "mean", "worst10", "hit");
+        for (int b = 0; b < 3; b++) {
+            int budget = (int)ceil(pct[b] * space);
+            budget = budget < 1 ? 1 : budget;
+            for (int k = 0; k < n_st; k++) {
+                replay_score sc;
+                replay_score_strategy(f, im, &s, ms[mi], &props, sts[k], 1000003, seeds, budget,
+                                      &t, &sc);
+                printf("   %-8s %6d %5.0f%%  %8.3f %8.3f %8.3f  %5.0f%%\n",
+                       tune_strategy_name(sts[k]), budget, pct[b] * 100, sc.median, sc.mean,
+                       sc.p10, sc.hit * 100);
+            }
+        }
+    }
+    replay_table_free(&t);
+}
+
+static int replay(int argc, char **argv)
+{
+    int seeds = 200;
+    tune_strategy sts[TUNE_STRATEGY_COUNT] = {TUNE_RANDOM, TUNE_EVOLVE, TUNE_MODEL};
+    int n_st = 3, first = 0;
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--seeds") && i + 1 < argc)
+            seeds = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--strategies") && i + 1 < argc) {
+            n_st = 0;
+            for (char *t = strtok(argv[++i], ","); t && n_st < TUNE_STRATEGY_COUNT;
+                 t = strtok(NULL, ","))
+                if (!tune_strategy_parse(t, &sts[n_st++]))
+                    usage();
+        } else if (argv[i][0] == '-')
+            usage();
+        else if (!first)
+            first = i;
+    }
+    if (!first || seeds < 1 || n_st < 1)
+        usage();
+    printf("replayed over %d seeds; fraction of the optimum = optimum / best found "
+           "(median, mean, worst tenth); hit = found the optimum\n", seeds);
+    for (int i = first; i < argc; i++)
+        if (argv[i][0] != '-' && !(i > 2 && (!strcmp(argv[i - 1], "--seeds") ||
+                                             !strcmp(argv[i - 1], "--strategies"))))
+            replay_file(argv[i], sts, n_st, seeds);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2)
+        usage();
+    if (!strcmp(argv[1], "sweep"))
+        return sweep(argc, argv);
+    if (!strcmp(argv[1], "replay"))
+        return replay(argc, argv);
+    usage();
+}
