@@ -191,11 +191,12 @@ static mt_status launch(const kern_ctx *c, const char *sig, dev_dim3 grid, dev_d
 
 /* ---- gpu --------------------------------------------------------------- */
 
-enum { P_WAVES, P_VEC, P_TPB, P_EPB, P_COUNT };
+enum { P_WAVES, P_VEC, P_TPB, P_EPB, P_KS, P_COUNT };
 static const int waves_vals[] = {1, 2, 4, 8};
 static const int vec_vals[] = {1, 2, 4, 8};
 static const int tpb_vals[] = {0, 1, 4, 8};
 static const int epb_vals[] = {4, 8, 16, 32};
+static const int ks_vals[] = {1, 2, 4, 8};
 static const kern_param_desc gpu_params[P_COUNT] = {
     [P_WAVES] = {"WAVES", waves_vals, 4, "waves per block"},
     [P_VEC] = {"VEC", vec_vals, 4, "consecutive H elements per lane per step"},
@@ -203,6 +204,9 @@ static const kern_param_desc gpu_params[P_COUNT] = {
                "tokens per block of the multi-block logits GEMV; 0: one block per token "
                "computes its logits and selects"},
     [P_EPB] = {"EPB", epb_vals, 4, "experts per block of the logits GEMV (TPB > 0)"},
+    [P_KS] = {"KS", ks_vals, 4,
+              "K slices of the logits GEMV, one block each (TPB > 0); the select kernel "
+              "adds the partial logits in slice order"},
 };
 
 /* Dynamic shared memory of the largest kernel of the config's path. */
@@ -214,7 +218,14 @@ static size_t gpu_shared(const kern_shape *s, const kern_config *cfg)
 
 static size_t gpu_scratch(const kern_shape *s, int64_t m, const kern_config *cfg)
 {
-    return cfg->v[P_TPB] ? (size_t)(m * s->v[D_E]) * 4 : 0;
+    return cfg->v[P_TPB] ? (size_t)(cfg->v[P_KS] * m * s->v[D_E]) * 4 : 0;
+}
+
+/* H elements per K slice, as moe_route.hip's R_KC: whole 64 * VEC runs. */
+static int64_t slice_len(const kern_shape *s, const kern_config *cfg)
+{
+    int64_t run = 64 * (int64_t)cfg->v[P_VEC];
+    return kern_cdiv(kern_cdiv(s->v[D_H], cfg->v[P_KS]), run) * run;
 }
 
 static bool gpu_valid(const kern_shape *s, int64_t m, const kern_config *cfg,
@@ -237,20 +248,41 @@ static bool gpu_valid(const kern_shape *s, int64_t m, const kern_config *cfg,
                  cfg->v[P_EPB]);
         return false;
     }
+    if (!cfg->v[P_TPB] && cfg->v[P_KS] != 1) {
+        snprintf(why, cap, "KS=%d: only the multi-block path (TPB > 0) uses it", cfg->v[P_KS]);
+        return false;
+    }
+    if ((cfg->v[P_KS] - 1) * slice_len(s, cfg) >= s->v[D_H]) {
+        snprintf(why, cap, "KS=%d: slices of %lld elements (whole runs of 64 x VEC=%d) leave "
+                 "the last of H=%lld empty", cfg->v[P_KS], (long long)slice_len(s, cfg),
+                 cfg->v[P_VEC], (long long)s->v[D_H]);
+        return false;
+    }
     return true;
 }
 
 /* Few tokens: the multi-block GEMV, so the gate streams through many CUs
- * (at M = 1 the one-block path runs on one CU); many tokens: one block per
- * token already fills the device. */
+ * (at M = 1 the one-block path runs on one CU), with K slices until the
+ * grid covers every CU (256 x 6144 at M = 1: 32 blocks x KS = 8); many
+ * tokens: one block per token already fills the device. */
 static void gpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern_config *cfg)
 {
-    (void)s;
     cfg->n = P_COUNT;
     cfg->v[P_WAVES] = p->warp_size * 4 <= p->max_threads_per_block ? 4 : 1;
     cfg->v[P_VEC] = 4;
     cfg->v[P_TPB] = m > 32 ? 0 : m > 4 ? 8 : m > 1 ? 4 : 1;
     cfg->v[P_EPB] = cfg->v[P_TPB] ? 8 : epb_vals[0];
+    cfg->v[P_KS] = 1;
+    if (!cfg->v[P_TPB])
+        return;
+    int64_t blocks = (int64_t)kern_cdiv(s->v[D_E], cfg->v[P_EPB]) * kern_cdiv(m, cfg->v[P_TPB]);
+    while (cfg->v[P_KS] < ks_vals[3] && blocks * cfg->v[P_KS] < p->compute_units) {
+        cfg->v[P_KS] *= 2;
+        if ((cfg->v[P_KS] - 1) * slice_len(s, cfg) >= s->v[D_H]) { /* a slice would be empty */
+            cfg->v[P_KS] /= 2;
+            break;
+        }
+    }
 }
 
 static mt_status gpu_run(const kern_ctx *c, mt_err *err)
@@ -263,7 +295,7 @@ static mt_status gpu_run(const kern_ctx *c, mt_err *err)
     dev_kernel *kl, *ks;
     mt_status st = kern_get(c, "moe_route_logits", "pppi", &kl, err);
     if (st == MT_OK)
-        st = kern_get(c, "moe_route_select", "ppppf", &ks, err);
+        st = kern_get(c, "moe_route_select", "ppppfi", &ks, err);
     if (st != MT_OK)
         return st;
     float rsf = (float)c->shape->v[D_RSF] / 1000.0f;
@@ -271,9 +303,9 @@ static mt_status gpu_run(const kern_ctx *c, mt_err *err)
     void *x = c->bufs[B_X], *g = c->bufs[B_GATE], *bi = c->bufs[B_BIAS], *ids = c->bufs[B_IDS],
          *w = c->bufs[B_W], *lg = c->scratch;
     void *al[] = {&x, &g, &lg, &m};
-    void *as[] = {&lg, &bi, &ids, &w, &rsf};
+    void *as[] = {&lg, &bi, &ids, &w, &rsf, &m};
     dev_dim3 grid = {kern_cdiv(c->shape->v[D_E], cfg->v[P_EPB]), kern_cdiv(c->m, cfg->v[P_TPB]),
-                     1};
+                     (unsigned)cfg->v[P_KS]};
     st = dev_launch(c->dev, kl, grid, (dev_dim3){threads, 1, 1}, 0, al, err);
     if (st == MT_OK)
         st = dev_launch(c->dev, ks, (dev_dim3){(unsigned)c->m, 1, 1}, (dev_dim3){threads, 1, 1},
@@ -333,7 +365,7 @@ static const kern_case cases[] = {
 
 const kern_family fam_moe_route = {
     .name = "moe_route",
-    .version = 2,
+    .version = 3,
     .summary = "GLM-5 router: sigmoid scores, bias for selection, group-limited top-k",
     .dims = dims,
     .n_dims = D_COUNT,

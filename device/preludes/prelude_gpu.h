@@ -9,7 +9,8 @@
  *   MT_KERNEL                 before a kernel: `MT_KERNEL void f(...)`, with
  *                             launch bounds after it: `MT_KERNEL __launch_bounds__(256) void f`
  *                             (NVRTC rejects them before extern "C")
- *   MT_DEVICE                 before a helper: `MT_DEVICE float g(...)`
+ *   MT_DEVICE                 before a helper: `MT_DEVICE float g(...)`; forced inline
+ *                             on hip/cuda, so code objects hold no calls (s_swappc)
  *   MT_DYN_SHARED(T, name)    declares the dynamic shared array `T name[]`
  *   MT_WARP_SIZE              warp/wave size (a run-time value on emu)
  *   mt_shfl_{xor,up,down,idx}_{f32,i32}(v, lane_arg)   full-warp shuffles
@@ -32,7 +33,7 @@
 #elif defined(__HIPCC_RTC__) || defined(__HIP_PLATFORM_AMD__) || defined(__HIP__)
 /* ---- AMD, through hipRTC ---------------------------------------------- */
 #define MT_KERNEL extern "C" __global__
-#define MT_DEVICE static __device__ inline
+#define MT_DEVICE MT__FN /* forced inline: no calls, no scratch for the call frame */
 #define MT_DYN_SHARED(T, name) extern __shared__ T name[]
 #define MT_WARP_SIZE warpSize
 #define mt_shfl_xor_f32(v, m) __shfl_xor((float)(v), (m))
@@ -71,7 +72,7 @@ typedef float mt__mma_f16 __attribute__((ext_vector_type(16)));
 #elif defined(__CUDACC_RTC__) || defined(__CUDACC__)
 /* ---- NVIDIA, through NVRTC --------------------------------------------- */
 #define MT_KERNEL extern "C" __global__
-#define MT_DEVICE static __device__ inline
+#define MT_DEVICE MT__FN /* forced inline: no calls, no scratch for the call frame */
 #define MT_DYN_SHARED(T, name) extern __shared__ T name[]
 #define MT_WARP_SIZE 32
 #define MT_FULL_MASK 0xffffffffu

@@ -9,13 +9,14 @@
  * Two paths (TPB):
  *   TPB = 0  moe_route: one block per token computes its logits and selects.
  *            Every block streams the whole gate (from L2 after the first).
- *   TPB > 0  moe_route_logits: a grid of (E / EPB) x (M / TPB) blocks; each
- *            wave reads a gate row once and dots it with TPB tokens (the
- *            same per-lane order as the one-block path, so the logits are
- *            bit-identical), so at decode the gate streams through every
- *            CU instead of one; then moe_route_select, one block per token,
- *            selects from the logits (scratch, f32 [M][E]).
- * Params: WAVES, VEC, TPB, EPB. Dims: S_H, S_E, S_topk, S_ngroup, S_topkg,
+ *   TPB > 0  moe_route_logits: a grid of (E / EPB) x (M / TPB) x KS
+ *            blocks; each wave reads a gate row's K slice once and dots it
+ *            with TPB tokens (with KS = 1 the same per-lane order as the
+ *            one-block path), so at decode the gate streams through many
+ *            CUs instead of one; then moe_route_select, one block per
+ *            token, adds the KS partial logits in slice order and selects
+ *            (scratch, f32 [KS][M][E]).
+ * Params: WAVES, VEC, TPB, EPB, KS. Dims: S_H, S_E, S_topk, S_ngroup, S_topkg,
  * S_norm. Dynamic shared: moe_route (S_H + 2*S_E + 2*S_ngroup + 64)
  * floats, moe_route_select (2*S_E + 2*S_ngroup + 64), moe_route_logits
  * none. */
@@ -154,37 +155,89 @@ MT_KERNEL void moe_route(const mt_bf16 *x, const mt_bf16 *gate, const float *bia
 #else
 #define R_TPB 1
 #endif
+#ifndef KS
+#define KS 1
+#endif
+/* H elements per K slice: a whole number of 64 * VEC runs, so each lane
+ * visits the same elements in the same order as over the whole row (on
+ * wave64 and wave32); with KS = 1 one slice covers the row. */
+#define R_KC ((((S_H + KS - 1) / KS) + 64 * VEC - 1) / (64 * VEC) * (64 * VEC))
+/* Whole VEC runs load as 32-bit words (two bf16 each) when rows keep them
+ * aligned; R_U runs per lane are loaded before any is used, so a wave
+ * keeps R_U loads in flight. */
+#define R_WORDS (VEC >= 2 && S_H % VEC == 0)
+#define R_U 4
+#define R_NW (VEC >= 2 ? VEC / 2 : 1)
 
+/* Adds the token rows x[t0 .. t0+nt) times the gate row g over this lane's
+ * runs k, k + W*VEC, ... below k1 (W the wave size) to acc[0 .. nt), in
+ * run order and element order within a run. */
+MT_DEVICE void r_dot_slice(const mt_bf16 *g, const mt_bf16 *x, int t0, int nt, int k, int k1,
+                           float *acc)
+{
+    const int step = MT_WARP_SIZE * VEC;
+    if (R_WORDS) {
+        for (; k < k1; k += R_U * step) {
+            unsigned gw[R_U][R_NW];
+            for (int u = 0; u < R_U; u++)
+                if (k + u * step < k1)
+                    for (int v = 0; v < R_NW; v++)
+                        gw[u][v] = ((const unsigned *)(g + k + u * step))[v];
+            for (int u = 0; u < R_U; u++)
+                if (k + u * step < k1)
+                    for (int v = 0; v < R_NW; v++) {
+                        float g0 = mt_uint_as_float(gw[u][v] << 16);
+                        float g1 = mt_uint_as_float(gw[u][v] & 0xffff0000u);
+                        for (int j = 0; j < R_TPB; j++)
+                            if (j < nt) {
+                                const mt_bf16 *xr = x + (long long)(t0 + j) * S_H + k + u * step;
+                                unsigned xw = ((const unsigned *)xr)[v];
+                                acc[j] += mt_uint_as_float(xw << 16) * g0;
+                                acc[j] += mt_uint_as_float(xw & 0xffff0000u) * g1;
+                            }
+                    }
+        }
+        return;
+    }
+    for (; k < k1; k += step)
+        for (int v = 0; v < VEC; v++)
+            if (k + v < k1) {
+                float gv = mt_bf16_to_f32(g[k + v]);
+                for (int j = 0; j < R_TPB; j++)
+                    if (j < nt)
+                        acc[j] += mt_bf16_to_f32(x[(long long)(t0 + j) * S_H + k + v]) * gv;
+            }
+}
+
+/* Grid (ceil(E / EPB), ceil(m / TPB), KS): block (bx, by, z) dots the gate
+ * rows of experts [bx*EPB, ...) over K slice z with tokens [by*TPB, ...)
+ * and writes partial logits to logits[z][t][e] (f32 [KS][m][S_E]); the
+ * select kernel adds the KS partials in slice order (deterministic). */
 MT_KERNEL void moe_route_logits(const mt_bf16 *x, const mt_bf16 *gate, float *logits, int m)
 {
     int lane = threadIdx.x % MT_WARP_SIZE, wave = threadIdx.x / MT_WARP_SIZE;
     int t0 = blockIdx.y * R_TPB, nt = m - t0 < R_TPB ? m - t0 : R_TPB;
     int e1 = (blockIdx.x + 1) * EPB < S_E ? (blockIdx.x + 1) * EPB : S_E;
+    int k0 = blockIdx.z * R_KC, k1 = k0 + R_KC < S_H ? k0 + R_KC : S_H;
+    float *part = logits + (long long)blockIdx.z * m * S_E;
     for (int e = blockIdx.x * EPB + wave; e < e1; e += WAVES) {
         const mt_bf16 *g = gate + (long long)e * S_H;
         float acc[R_TPB];
         for (int j = 0; j < R_TPB; j++)
             acc[j] = 0.0f;
-        for (int k = lane * VEC; k < S_H; k += MT_WARP_SIZE * VEC)
-            for (int v = 0; v < VEC; v++)
-                if (k + v < S_H) {
-                    float gv = mt_bf16_to_f32(g[k + v]);
-                    for (int j = 0; j < R_TPB; j++)
-                        if (j < nt)
-                            acc[j] += mt_bf16_to_f32(x[(long long)(t0 + j) * S_H + k + v]) * gv;
-                }
+        r_dot_slice(g, x, t0, nt, k0 + lane * VEC, k1, acc);
         for (int j = 0; j < R_TPB; j++) {
             float a = acc[j];
             for (int o = MT_WARP_SIZE / 2; o > 0; o /= 2)
                 a += mt_shfl_xor_f32(a, o);
             if (lane == 0 && j < nt)
-                logits[(long long)(t0 + j) * S_E + e] = a;
+                part[(long long)(t0 + j) * S_E + e] = a;
         }
     }
 }
 
 MT_KERNEL void moe_route_select(const float *logits, const float *bias, int *ids, float *wout,
-                                float rsf)
+                                float rsf, int m)
 {
     MT_DYN_SHARED(float, sh);
     float *score = sh, *choice = sh + S_E;
@@ -193,7 +246,10 @@ MT_KERNEL void moe_route_select(const float *logits, const float *bias, int *ids
     const int T = WAVES * MT_WARP_SIZE;
     long long t = blockIdx.x;
     for (int e = threadIdx.x; e < S_E; e += T) {
-        float s = 1.0f / (1.0f + mt_expf(-logits[t * S_E + e]));
+        float l = logits[t * S_E + e];
+        for (int z = 1; z < KS; z++)
+            l += logits[((long long)z * m + t) * S_E + e];
+        float s = 1.0f / (1.0f + mt_expf(-l));
         score[e] = s;
         choice[e] = s + bias[e];
     }
