@@ -8,8 +8,10 @@
  * usage comes from ptxas's verbose log (-Xptxas=-v): registers (in vgprs),
  * static shared memory, stack frame and spill stores (in spill_vgprs, as
  * 4-byte words). Cache hits carry no resource list (inspect is NULL): the
- * cubin is kept, the log is not. Argument counts are not checked against
- * the kernel: the driver API of older CUDA cannot tell them. */
+ * cubin is kept, the log is not; the PTX NVRTC went through is kept beside
+ * the cubin in the compile cache (<key>.ptx, dev_code_get_text). Argument
+ * counts are not checked against the kernel: the driver API of older CUDA
+ * cannot tell them. */
 #define _GNU_SOURCE
 #include "device_impl.h"
 
@@ -55,6 +57,8 @@ typedef struct cuda_api {
     nvrtcResult (*nvrtcGetProgramLog)(nvrtcProgram, char *);
     nvrtcResult (*nvrtcGetCUBINSize)(nvrtcProgram, size_t *);
     nvrtcResult (*nvrtcGetCUBIN)(nvrtcProgram, char *);
+    nvrtcResult (*nvrtcGetPTXSize)(nvrtcProgram, size_t *);
+    nvrtcResult (*nvrtcGetPTX)(nvrtcProgram, char *);
     const char *(*nvrtcGetErrorString)(nvrtcResult);
     nvrtcResult (*nvrtcVersion)(int *, int *);
     nvrtcResult (*nvrtcGetNumSupportedArchs)(int *);  /* optional */
@@ -177,6 +181,8 @@ static mt_status load_nvrtc(cuda_api *a, mt_err *err)
     bind(a->libnvrtc, "nvrtcGetProgramLog", &a->nvrtcGetProgramLog, &missing);
     bind(a->libnvrtc, "nvrtcGetCUBINSize", &a->nvrtcGetCUBINSize, &missing);
     bind(a->libnvrtc, "nvrtcGetCUBIN", &a->nvrtcGetCUBIN, &missing);
+    bind(a->libnvrtc, "nvrtcGetPTXSize", &a->nvrtcGetPTXSize, &missing);
+    bind(a->libnvrtc, "nvrtcGetPTX", &a->nvrtcGetPTX, &missing);
     bind(a->libnvrtc, "nvrtcGetErrorString", &a->nvrtcGetErrorString, &missing);
     bind(a->libnvrtc, "nvrtcVersion", &a->nvrtcVersion, &missing);
     if (missing)
@@ -510,15 +516,35 @@ static char *nvrtc_log(cuda_ctx *c, nvrtcProgram prog)
     return log;
 }
 
+/* The program's PTX (NUL-terminated, malloc'd) or NULL. NVRTC compiled
+ * to a cubin still holds the PTX it went through; cuobjdump is not
+ * installed here, so this text is the only view of the instructions. */
+static char *nvrtc_ptx(cuda_ctx *c, nvrtcProgram prog)
+{
+    size_t n = 0;
+    if (c->api.nvrtcGetPTXSize(prog, &n) != 0 || n == 0)
+        return NULL;
+    char *ptx = malloc(n + 1);
+    if (!ptx)
+        return NULL;
+    if (c->api.nvrtcGetPTX(prog, ptx) != 0) {
+        free(ptx);
+        return NULL;
+    }
+    ptx[n] = 0;
+    return ptx;
+}
+
 static mt_status cuda_compile(void *ctx, const dev_props *props, const dev_compile_req *req,
-                              void **bytes, size_t *len, char **log, dev_code_info *info,
-                              mt_err *err)
+                              void **bytes, size_t *len, char **log, char **text,
+                              dev_code_info *info, mt_err *err)
 {
     (void)props;
     cuda_ctx *c = ctx;
     *bytes = NULL;
     *len = 0;
     *log = NULL;
+    *text = NULL;
     info->n_kernels = 0;
     const char *name = req->name ? req->name : "kernel.cu";
     /* The prelude's helpers are static: unused ones are not worth a warning. */
@@ -556,6 +582,7 @@ static mt_status cuda_compile(void *ctx, const dev_props *props, const dev_compi
     NVRTC_CHECK(c, c->api.nvrtcGetCUBIN(prog, code), err, st, out, "cubin of %s", name);
     if (*log)
         parse_ptxas(*log, info);
+    *text = nvrtc_ptx(c, prog);
     *bytes = code;
     *len = size;
     code = NULL;
@@ -753,7 +780,8 @@ const dev_backend_ops dev_cuda_ops = {
     .name = "cuda",
     .open = cuda_open,
     .close = cuda_close,
-    .compile = cuda_compile,
+    .compile_text = cuda_compile,
+    .text_ext = "ptx",
     .inspect = NULL,
     .compiler_id = cuda_compiler_id,
     .prelude = cuda_prelude,

@@ -25,6 +25,7 @@ struct dev_code {
     void *bytes;
     size_t len;
     char *log;
+    char *text; /* assembly text (ops->text_ext), or NULL */
     dev_code_info info;
 };
 
@@ -237,8 +238,16 @@ static mt_status cache_get(dev_device *d, const char *key, void **bytes, size_t 
     return MT_OK;
 }
 
+/* Path of the assembly text kept beside the code object: <key>.<ext>. */
+static void cache_text_path(dev_device *d, const char *key, char *out, size_t cap)
+{
+    char dir[2048];
+    mt_cache_dir(dir, sizeof dir);
+    snprintf(out, cap, "%s/%s/%.2s/%s.%s", dir, d->ops->name, key, key, d->ops->text_ext);
+}
+
 static void cache_put(dev_device *d, const char *key, const void *bytes, size_t len,
-                      const dev_code_info *info)
+                      const dev_code_info *info, const char *text)
 {
     char path[4096];
     cache_path(d, key, path, sizeof path);
@@ -253,6 +262,11 @@ static void cache_put(dev_device *d, const char *key, const void *bytes, size_t 
     char ipath[4200];
     snprintf(ipath, sizeof ipath, "%s.info", path);
     mt_file_write_atomic(ipath, info, sizeof *info, NULL);
+    if (text && d->ops->text_ext) {
+        char tpath[4200];
+        cache_text_path(d, key, tpath, sizeof tpath);
+        mt_file_write_atomic(tpath, text, strlen(text), NULL);
+    }
     mt_file_write_atomic(path, bytes, len, NULL);
 }
 
@@ -301,25 +315,36 @@ mt_status dev_compile(dev_device *d, const dev_compile_req *req, dev_code **out,
             d->ops->inspect(d->ctx, c->bytes, c->len, &c->info, NULL) != MT_OK ||
             c->info.n_kernels == 0)
             cache_get_info(d, c->info.key, &c->info);
+        if (d->ops->text_ext) {
+            char tpath[4200];
+            size_t tlen = 0;
+            cache_text_path(d, c->info.key, tpath, sizeof tpath);
+            if (mt_file_read(tpath, &c->text, &tlen, NULL) != MT_OK)
+                c->text = NULL; /* a cache entry from before texts were kept */
+        }
         *out = c;
         return MT_OK;
     }
     uint64_t t0 = mt_now_ns();
-    mt_status st = d->ops->compile(d->ctx, &d->props, req, &c->bytes, &c->len,
-                                   &c->log, &c->info, err);
+    mt_status st = d->ops->compile_text
+                       ? d->ops->compile_text(d->ctx, &d->props, req, &c->bytes, &c->len,
+                                              &c->log, &c->text, &c->info, err)
+                       : d->ops->compile(d->ctx, &d->props, req, &c->bytes, &c->len,
+                                         &c->log, &c->info, err);
     c->info.compile_ms = (double)(mt_now_ns() - t0) * 1e-6;
     if (st != MT_OK) {
         dev_code_free(c);
         return st;
     }
     if (use_cache)
-        cache_put(d, c->info.key, c->bytes, c->len, &c->info);
+        cache_put(d, c->info.key, c->bytes, c->len, &c->info, c->text);
     *out = c;
     return MT_OK;
 }
 
 const dev_code_info *dev_code_get_info(const dev_code *c) { return &c->info; }
 const char *dev_code_get_log(const dev_code *c) { return c->log ? c->log : ""; }
+const char *dev_code_get_text(const dev_code *c) { return c->text; }
 
 const void *dev_code_get_bytes(const dev_code *c, size_t *len)
 {
@@ -357,6 +382,7 @@ void dev_code_free(dev_code *c)
         return;
     free(c->bytes);
     free(c->log);
+    free(c->text);
     free(c);
 }
 

@@ -131,6 +131,10 @@ mt_status dev_compile(dev_device *d, const dev_compile_req *req, dev_code **out,
 const dev_code_info *dev_code_get_info(const dev_code *c);
 /* The compiler's log (possibly empty, never NULL). */
 const char *dev_code_get_log(const dev_code *c);
+/* The compiler's assembly text where the backend produces one (cuda: the
+ * PTX of the cubin, also on a compile-cache hit when the cache holds it),
+ * else NULL; owned by c. */
+const char *dev_code_get_text(const dev_code *c);
 /* The code object's bytes (for storing in the database); owned by c. */
 const void *dev_code_get_bytes(const dev_code *c, size_t *len);
 /* Rebuilds a code object from stored bytes (for serving without a compiler). */

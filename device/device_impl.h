@@ -21,6 +21,14 @@ typedef struct dev_backend_ops {
     mt_status (*compile)(void *ctx, const dev_props *props,
                          const dev_compile_req *req, void **bytes, size_t *len,
                          char **log, dev_code_info *info, mt_err *err);
+    /* Optional, instead of compile: the same, and also the compiler's
+     * assembly text in *text (malloc'd, NUL-terminated, or NULL), which the
+     * compile cache keeps beside the code object as <key>.<text_ext>
+     * (cuda: the PTX NVRTC went through; see dev_code_get_text). */
+    mt_status (*compile_text)(void *ctx, const dev_props *props,
+                              const dev_compile_req *req, void **bytes, size_t *len,
+                              char **log, char **text, dev_code_info *info, mt_err *err);
+    const char *text_ext; /* "ptx"; NULL without compile_text */
     /* Fills info->kernels from stored bytes (cache hit, db). Optional. */
     mt_status (*inspect)(void *ctx, const void *bytes, size_t len,
                          dev_code_info *info, mt_err *err);
