@@ -133,19 +133,70 @@ static bool gpu_valid(const kern_shape *s, int64_t m, const kern_config *c,
     return true;
 }
 
+/* Sets the seven values in order (BM, BN, BK, TM, TN, SPLITK, MMA). */
+static void gemm_set(int *v, int bm, int bn, int bk, int tm, int tn, int splitk, int mma)
+{
+    v[P_BM] = bm;
+    v[P_BN] = bn;
+    v[P_BK] = bk;
+    v[P_TM] = tm;
+    v[P_TN] = tn;
+    v[P_SPLITK] = splitk;
+    v[P_MMA] = mma;
+}
+
+/* The first valid point of the space with MMA=mma, smallest tiles first
+ * (BM varies fastest); false when there is none. */
+static bool gemm_first_valid(const kern_shape *s, int64_t m, const dev_props *p, int mma,
+                             kern_config *c)
+{
+    char why[256];
+    uint64_t total = 1;
+    for (int i = 0; i < P_MMA; i++)
+        total *= (uint64_t)gpu_params[i].n_values;
+    for (uint64_t idx = 0; idx < total; idx++) {
+        uint64_t r = idx;
+        for (int i = 0; i < P_MMA; i++) {
+            c->v[i] = gpu_params[i].values[r % (uint64_t)gpu_params[i].n_values];
+            r /= (uint64_t)gpu_params[i].n_values;
+        }
+        c->v[P_MMA] = mma;
+        if (gpu_valid(s, m, c, p, why, sizeof why))
+            return true;
+    }
+    return false;
+}
+
+/* Matrix instructions wherever the device has them (kern_mma_tile): the
+ * 32x32 fragment where it exists (AMD wave64), else the 16-row one.
+ * Decode (M <= 16): one 16-row fragment per wave and BN 32, twice the
+ * blocks of BN 64 for the GEMV-shaped K=6144 projections (SPLITK stays 1:
+ * the result must not depend on the order blocks finish). Larger M: wave
+ * tiles of 32x32 (M < 256) or 64x64 (M >= 256) outputs with the 32x32
+ * fragment, so each fragment read from shared memory feeds 2 MMAs; with
+ * the 16x8 one (NVIDIA, emu wave32) 32x16 and 64x16 (8 and 16 warps):
+ * NVRTC puts wider wave tiles (TN=4 with TM >= 2) partly on the stack. A
+ * candidate that validity refuses falls through to the first valid MMA
+ * config, and only then to the scalar tiles. */
 static void gpu_default(const kern_shape *s, int64_t m, const dev_props *p,
                         kern_config *c)
 {
-    (void)s;
-    (void)p;
+    char why[256];
+    int tm, tn, tk;
     c->n = P_COUNT;
-    c->v[P_BM] = m <= 16 ? 16 : 64;
-    c->v[P_BN] = 64;
-    c->v[P_BK] = 16;
-    c->v[P_TM] = m <= 16 ? 1 : 4;
-    c->v[P_TN] = 4;
-    c->v[P_SPLITK] = 1;
-    c->v[P_MMA] = 0;
+    int mma = kern_mma_tile(p, 2, &tm, &tn, &tk) ? 2 : kern_mma_tile(p, 1, &tm, &tn, &tk) ? 1 : 0;
+    if (mma) {
+        if (m <= 16)
+            gemm_set(c->v, 16, 32, 32, 1, 1, 1, 1);
+        else if (m < 256)
+            gemm_set(c->v, 64, 64, 32, 32 / tm, (mma == 2 ? 32 : 16) / tn, 1, mma);
+        else
+            gemm_set(c->v, 128, 128, 32, 64 / tm, (mma == 2 ? 64 : 16) / tn, 1, mma);
+        if (gpu_valid(s, m, c, p, why, sizeof why) || gemm_first_valid(s, m, p, mma, c) ||
+            (mma == 2 && gemm_first_valid(s, m, p, 1, c)))
+            return;
+    }
+    gemm_set(c->v, m <= 16 ? 16 : 64, 64, 16, m <= 16 ? 1 : 4, 4, 1, 0);
 }
 
 static mt_status gpu_run(const kern_ctx *c, mt_err *err)

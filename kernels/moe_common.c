@@ -485,32 +485,81 @@ bool moe_gpu_valid(int64_t k, int64_t n, int64_t bm, bool up, int comb, const ke
     return true;
 }
 
+/* The first valid point of the space with MMA=mma, smallest tiles first
+ * (BM varies fastest; parameters after MMA at their first value); false
+ * when there is none. */
+static bool gpu_first_valid(int64_t k, int64_t n, int64_t bm, bool up, int comb, int mma,
+                            const dev_props *p, kern_config *cfg)
+{
+    char why[256];
+    uint64_t total = 1;
+    for (int i = 0; i < MOE_GPU_MMA; i++)
+        total *= (uint64_t)moe_gpu_params[i].n_values;
+    for (uint64_t idx = 0; idx < total; idx++) {
+        uint64_t r = idx;
+        for (int i = 0; i < MOE_GPU_MMA; i++) {
+            cfg->v[i] = moe_gpu_params[i].values[r % (uint64_t)moe_gpu_params[i].n_values];
+            r /= (uint64_t)moe_gpu_params[i].n_values;
+        }
+        cfg->v[MOE_GPU_MMA] = mma;
+        for (int i = MOE_GPU_MMA + 1; i < MOE_GPU_NPARAMS; i++) /* the tile paths' values */
+            cfg->v[i] = moe_gpu_params[i].values[0];
+        if (moe_gpu_valid(k, n, bm, up, comb, cfg, p, why, sizeof why))
+            return true;
+    }
+    return false;
+}
+
+/* Matrix instructions wherever the device has them (kern_mma_tile):
+ * - decode (16 or 32 rows per expert tile): 16-row fragments, BK 64 (half
+ *   the barriers of BK 32 per weight byte), BN 32 x 2 waves for stage 1
+ *   (gate and up: 2 fragments per wave) and BN 64 x 4 waves for stage 2,
+ *   so an M=1 call at GLM-5.2 still has 512 and 768 blocks;
+ * - prefill (64 or 128 rows): the 32x32x8 fragment where it exists (AMD
+ *   wave64) with 4 waves of 2 or 4 fragments (64 accumulator registers),
+ *   else the 16-row one with 8 waves, which keeps the accumulators of a
+ *   128-row tile at 64 registers; BK 32 keeps the bf16 tiles of both
+ *   stages in 42 KB of static shared memory (NVIDIA's 48 KB cap).
+ * STAGES 2, VEC 8 (16-byte weight rows of 16 values, one scale each),
+ * GROUP_M 8, SPLITK 1. A candidate that validity refuses falls through to
+ * the first valid MMA config, and only then to the scalar default. */
 void moe_gpu_default(int64_t k, int64_t n, int64_t bm, bool up, int comb, int64_t npairs,
                      int64_t n_experts, const dev_props *p, kern_config *cfg)
 {
     double per_expert = (double)npairs / (double)(n_experts < npairs ? n_experts : npairs);
+    char why[256];
+    cfg->n = MOE_GPU_NPARAMS;
+    int tm, tn, tk;
+    int mma = kern_mma_tile(p, 1, &tm, &tn, &tk) ? 1 : 0;
+    if (mma) {
+        int big = kern_mma_tile(p, 2, &tm, &tn, &tk);
+        int want = per_expert >= 128 ? 128 : per_expert >= 64 ? 64 : per_expert >= 32 ? 32 : 16;
+        while (want > 16 && bm % want)
+            want /= 2;
+        int prefill = want >= 64;
+        /* BM, BN, BK, WAVES, STAGES, SPLITK, GROUP_M, VEC, UNROLL, MMA */
+        int v1[MOE_GPU_NPARAMS] = {want, up ? 32 : 64, 64, up ? 2 : 4, 2, 1, 8, 8, 1, 1};
+        if (prefill) {
+            int v2[MOE_GPU_NPARAMS] = {want, up ? 64 : 128, 32, big ? 4 : 8, 2, 1, 8, 8, 1,
+                                       big ? 2 : 1};
+            memcpy(v1, v2, sizeof v2);
+        }
+        memcpy(cfg->v, v1, sizeof v1);
+        if (moe_gpu_valid(k, n, bm, up, comb, cfg, p, why, sizeof why))
+            return;
+        if (prefill && big && gpu_first_valid(k, n, bm, up, comb, 2, p, cfg))
+            return;
+        if (gpu_first_valid(k, n, bm, up, comb, 1, p, cfg))
+            return;
+    }
     int want_bm = per_expert >= 64 ? 64 : per_expert >= 32 ? 32 : 16;
     while (want_bm > 16 && bm % want_bm)
         want_bm /= 2;
     int v0[MOE_GPU_NPARAMS] = {want_bm, 64, 32, 2, 2, 1, 8, 4, 4, 0};
-    cfg->n = MOE_GPU_NPARAMS;
     memcpy(cfg->v, v0, sizeof v0);
-    char why[256];
-    if (moe_gpu_valid(k, n, bm, up, comb, cfg, p, why, sizeof why))
+    if (moe_gpu_valid(k, n, bm, up, comb, cfg, p, why, sizeof why) ||
+        gpu_first_valid(k, n, bm, up, comb, 0, p, cfg))
         return;
-    /* The first valid point of the space, smallest tiles first. */
-    uint64_t total = 1;
-    for (int i = 0; i < MOE_GPU_NPARAMS; i++)
-        total *= (uint64_t)moe_gpu_params[i].n_values;
-    for (uint64_t idx = 0; idx < total; idx++) {
-        uint64_t r = idx;
-        for (int i = 0; i < MOE_GPU_NPARAMS; i++) {
-            cfg->v[i] = moe_gpu_params[i].values[r % (uint64_t)moe_gpu_params[i].n_values];
-            r /= (uint64_t)moe_gpu_params[i].n_values;
-        }
-        if (moe_gpu_valid(k, n, bm, up, comb, cfg, p, why, sizeof why))
-            return;
-    }
     memcpy(cfg->v, v0, sizeof v0); /* nothing fits this device: validity says why */
 }
 
