@@ -2,6 +2,7 @@
  * verify, time (see runner.h). */
 #include "runner.h"
 
+#include "../common/cache_evict.h"
 #include "../common/clock.h"
 
 #include <math.h>
@@ -244,12 +245,21 @@ static double pct(const double *sorted, int n, double q)
     return sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo);
 }
 
-/* Evicts the problem's data from the last-level cache by writing a buffer
- * larger than it, so every timed run starts cold as in a real model step
- * (where other layers' weights passed through the cache in between). */
+/* Starts the next timed run cold, as in a real model step (where other
+ * layers' weights passed through the cache in between). On cpu and emu,
+ * whose buffers are host memory, the problem's own cache lines are evicted
+ * (clflushopt): exact, and its cost follows the problem's bytes. Elsewhere a
+ * buffer larger than the last-level cache is written, which costs 2 x LLC
+ * (capped at 512 MiB) per run. */
 static mt_status flush_cache(kern_problem *p, mt_err *err)
 {
     const dev_props *pr = dev_get_props(p->dev);
+    if ((pr->backend == DEV_BACKEND_CPU || pr->backend == DEV_BACKEND_EMU) &&
+        mt_cache_evict_supported()) {
+        for (int i = 0; i < p->n; i++)
+            mt_cache_evict(p->dev_ptr[i], p->bufs[i].bytes);
+        return MT_OK;
+    }
     size_t want = pr->llc_bytes ? pr->llc_bytes * 2 : (size_t)64 << 20;
     if (want > ((size_t)512 << 20))
         want = (size_t)512 << 20;
