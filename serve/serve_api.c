@@ -705,6 +705,8 @@ int serve_api_generate(serve_api_ctx *a, struct mg_connection *c, serve_api api)
             .has_seed = req.has_seed,
             .seed = req.seed + (uint64_t)i, /* each choice its own draws */
             .ignore_eos = req.ignore_eos,
+            .spec_set = req.has_spec_steps,
+            .spec_steps = req.spec_steps,
             .chat = api == SERVE_API_CHAT,
             .logprobs = req.logprobs || req.best_of > req.n,
             .top_logprobs = req.logprobs ? req.top_logprobs : 0,

@@ -30,6 +30,7 @@ struct serve_gen {
     int64_t n_prompt, max_tokens;
     model_sampler sampler;
     bool ignore_eos, chat;
+    int spec_k;      /* drafts per step for this request (0: off) */
     uint64_t t_arrival;
     bool want_lp;
     int n_top;
@@ -393,8 +394,10 @@ static void admit(serve_engine *e)
             fail_waiting(e, 0, &se);
             continue;
         }
-        if (e->spec_k > 0 && !g->sp && (g->sp = malloc(sizeof *g->sp)) &&
-            model_spec_seq_init(g->sp, seq, e->spec_k, e->info.vocab, &g->sampler, &g->rng,
+        if (g->spec_k > e->spec_k)
+            g->spec_k = e->spec_k;
+        if (g->spec_k > 0 && !g->sp && (g->sp = malloc(sizeof *g->sp)) &&
+            model_spec_seq_init(g->sp, seq, g->spec_k, e->info.vocab, &g->sampler, &g->rng,
                                 &err) != MT_OK) {
             free(g->sp);
             g->sp = NULL; /* out of memory: this request decodes plainly */
@@ -968,6 +971,7 @@ mt_status serve_engine_submit(serve_engine *e, const serve_gen_params *p, serve_
     g->max_tokens = p->max_tokens;
     g->sampler = p->sampler;
     g->ignore_eos = p->ignore_eos;
+    g->spec_k = p->spec_set ? p->spec_steps : MODEL_SPEC_MAX_STEPS; /* capped at admission */
     g->chat = p->chat;
     g->t_arrival = mt_now_ns();
     mt_rng_seed(&g->rng, p->has_seed ? p->seed : mt_seed_fresh());

@@ -101,6 +101,10 @@ typedef struct serve_gen_params {
     bool has_seed;
     uint64_t seed;
     bool ignore_eos;
+    /* Speculative decoding: drafts per step for this request, at most the
+     * server's (rt.speculative_steps); spec_set false takes the server's. */
+    bool spec_set;
+    int spec_steps;
     bool chat;             /* also stop at the chat format's end-of-turn tokens */
     bool logprobs;         /* keep each generated token's log probability */
     int top_logprobs;      /* and the top this many (0..20) */

@@ -3,6 +3,7 @@
 #include "serve_request.h"
 
 #include "serve_buf.h"
+#include "../model/runtime.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -767,6 +768,12 @@ static mt_status parse_fields(serve_api api, cJSON *root, const serve_limits *li
         MT_CHECK(get_stop(v, r, e));
     if ((v = FIELD("ignore_eos")) && !cJSON_IsNull(v))
         MT_CHECK(get_bool(v, "ignore_eos", &r->ignore_eos, e));
+    if ((v = FIELD("speculative_steps")) && !cJSON_IsNull(v)) {
+        int64_t k;
+        MT_CHECK(get_int(v, "speculative_steps", 0, MODEL_SPEC_MAX_STEPS, &k, e));
+        r->spec_steps = (int)k;
+        r->has_spec_steps = true;
+    }
     if ((v = FIELD("stream")) && !cJSON_IsNull(v))
         MT_CHECK(get_bool(v, "stream", &r->stream, e));
     if ((v = FIELD("return_token_ids")) && !cJSON_IsNull(v))

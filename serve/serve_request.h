@@ -113,6 +113,8 @@ typedef struct serve_request {
     char *stop[SERVE_MAX_STOP];
     int n_stop;
     bool ignore_eos;
+    bool has_spec_steps;   /* extension: speculative_steps given (0..8) */
+    int spec_steps;
     bool stream;
     bool include_usage;    /* streaming: final usage chunk; default true */
     bool return_token_ids; /* extension: token_ids in each choice */

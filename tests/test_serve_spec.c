@@ -153,5 +153,23 @@ Test(serve_spec, next_token_map_acceptance_in_metrics_and_usage, .timeout = 600)
     cr_assert_eq(metric(&t, "moetune_spec_accepted_tokens_total"),
                  cJSON_GetObjectItem(s, "accepted_tokens")->valuedouble);
     cJSON_Delete(j);
+    /* Per request: off, and fewer drafts than the server's. */
+    const char *off = "{\"prompt\": [5, 6], \"max_tokens\": 6, \"temperature\": 0, "
+                      "\"ignore_eos\": true, \"speculative_steps\": 0}";
+    cr_assert_eq(http(&t, "POST", "/v1/completions", off, &j, NULL), 200);
+    cr_assert_null(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"), "speculative"));
+    cJSON_Delete(j);
+    const char *two = "{\"prompt\": [5, 6], \"max_tokens\": 12, \"temperature\": 0, "
+                      "\"ignore_eos\": true, \"speculative_steps\": 2}";
+    cr_assert_eq(http(&t, "POST", "/v1/completions", two, &j, NULL), 200);
+    s = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"), "speculative");
+    cr_assert(cJSON_IsObject(s));
+    len = cJSON_GetObjectItem(s, "mean_accepted_length")->valuedouble;
+    cr_assert_leq(len, 3.0, "2 drafts: at most 3 tokens per round, %.2f", len);
+    cr_assert_gt(len, 1.5);
+    cJSON_Delete(j);
+    const char *bad = "{\"prompt\": [5], \"speculative_steps\": 9}";
+    cr_assert_eq(http(&t, "POST", "/v1/completions", bad, &j, NULL), 400);
+    cJSON_Delete(j);
     tsrv_stop(&t);
 }
