@@ -213,8 +213,11 @@ static bool cpu_order_varies(const kern_shape *s, const kern_config *cfg, char *
     return comb_varies(s, 1, why, cap);
 }
 
+/* The decode path (GEMV) never adds with atomics: moe_down_finish sums. */
 static bool gpu_order_varies(const kern_shape *s, const kern_config *cfg, char *why, size_t cap)
 {
+    if (cfg->v[MOE_GPU_GEMV])
+        return false;
     return comb_varies(s, cfg->v[MOE_GPU_SPLITK], why, cap);
 }
 
@@ -257,25 +260,54 @@ static int gpu_defines(const kern_shape *s, const kern_config *cfg, const dev_pr
     return moe_gpu_defines(false, p, out, buf, cap);
 }
 
+/* The decode path's partials [SPLITK][npairs][H], summed by
+ * moe_down_finish: for comb=0 always (y gets no atomics), for comb=1 when
+ * K is split. */
+static bool gemv_partials(const kern_shape *s, const kern_config *cfg)
+{
+    return cfg->v[MOE_GPU_GEMV] && (!s->v[D_COMB] || cfg->v[MOE_GPU_SPLITK] > 1);
+}
+
+static size_t gpu_scratch(const kern_shape *s, int64_t m, const kern_config *cfg)
+{
+    if (!gemv_partials(s, cfg))
+        return 0;
+    return (size_t)cfg->v[MOE_GPU_SPLITK] * (size_t)(m * s->v[D_TOPK]) * (size_t)s->v[D_H] * 4;
+}
+
 static mt_status gpu_run(const kern_ctx *c, mt_err *err)
 {
     const kern_shape *s = c->shape;
     const int *v = c->cfg->v;
     int64_t H = s->v[D_H], I = s->v[D_I], P = c->m * s->v[D_TOPK];
     int32_t bm = (int32_t)s->v[D_BM], np = (int32_t)P;
-    int32_t ntm = (int32_t)(moe_cap_rows(P, s->v[D_E], bm) / v[MOE_GPU_BM]);
+    /* tiles of BM rows; the decode path (GEMV) takes the layout's bm tiles */
+    int32_t ntm = (int32_t)(moe_cap_rows(P, s->v[D_E], bm) / (v[MOE_GPU_GEMV] ? bm : v[MOE_GPU_BM]));
     int64_t ws = H * I / 2, ss = H * I / 32;
     dev_kernel *k;
-    mt_status st = kern_get(c, "moe_gemm_down", "ppppppllppiii", &k, err);
+    mt_status st = kern_get(c, "moe_gemm_down", "ppppppllpppiii", &k, err);
     if (st != MT_OK)
         return st;
     void *h = c->bufs[B_H], *sorted = c->bufs[B_SORTED], *tile = c->bufs[B_TILE],
          *total = c->bufs[B_TOTAL], *w = c->bufs[B_W], *sc = c->bufs[B_S],
-         *tw = c->bufs[B_TOPKW], *out = c->bufs[B_OUT];
-    void *args[] = {&h, &sorted, &tile, &total, &w, &sc, &ws, &ss, &tw, &out, &np, &bm, &ntm};
-    dev_dim3 grid = {(unsigned)(ntm * (H / v[MOE_GPU_BN])), (unsigned)v[MOE_GPU_SPLITK], 1};
+         *tw = c->bufs[B_TOPKW], *out = c->bufs[B_OUT], *part = c->scratch;
+    void *args[] = {&h,  &sorted, &tile, &total, &w,  &sc, &ws,
+                    &ss, &tw,     &out,  &part,  &np, &bm, &ntm};
+    int64_t gx = v[MOE_GPU_GEMV] ? moe_gemv_blocks(P, s->v[D_E], H, c->cfg)
+                                 : ntm * (H / v[MOE_GPU_BN]);
+    dev_dim3 grid = {(unsigned)gx, (unsigned)v[MOE_GPU_SPLITK], 1};
     dev_dim3 block = {(unsigned)(v[MOE_GPU_WAVES] * c->props->warp_size), 1, 1};
-    return dev_launch(c->dev, k, grid, block, 0, args, err);
+    st = dev_launch(c->dev, k, grid, block, 0, args, err);
+    if (st != MT_OK || !gemv_partials(s, c->cfg))
+        return st;
+    dev_kernel *kf;
+    st = kern_get(c, "moe_down_finish", "pppi", &kf, err);
+    if (st != MT_OK)
+        return st;
+    void *fargs[] = {&part, &tw, &out, &np};
+    int64_t rows = s->v[D_COMB] ? P : c->m;
+    return dev_launch(c->dev, kf, (dev_dim3){kern_cdiv(rows * H, 256), 1, 1},
+                      (dev_dim3){256, 1, 1}, 0, fargs, err);
 }
 
 static const kern_impl gpu_impl = {
@@ -286,6 +318,7 @@ static const kern_impl gpu_impl = {
     .order_varies = gpu_order_varies,
     .default_config = gpu_default,
     .defines = gpu_defines,
+    .scratch_bytes = gpu_scratch,
     .run = gpu_run,
 };
 
@@ -307,7 +340,7 @@ static const kern_case cases[] = {
 
 const kern_family fam_moe_gemm_down = {
     .name = "moe_gemm_down",
-    .version = 2, /* 2: the MMA parameter */
+    .version = 3, /* 2: the MMA parameter; 3: GEMV (the decode path) */
     .summary = "MoE stage 2: y += w * (h Wd^T) per routed pair (atomics) or per-pair rows",
     .dims = dims,
     .n_dims = D_COUNT,

@@ -270,7 +270,8 @@ static mt_status gpu_run(const kern_ctx *c, mt_err *err)
     const int *v = c->cfg->v;
     int64_t I = s->v[D_I], P = c->m * s->v[D_TOPK];
     int32_t bm = (int32_t)s->v[D_BM], np = (int32_t)P;
-    int32_t ntm = (int32_t)(moe_cap_rows(P, s->v[D_E], bm) / v[MOE_GPU_BM]);
+    /* tiles of BM rows; the decode path (GEMV) takes the layout's bm tiles */
+    int32_t ntm = (int32_t)(moe_cap_rows(P, s->v[D_E], bm) / (v[MOE_GPU_GEMV] ? bm : v[MOE_GPU_BM]));
     int64_t ws, ss, uw, us;
     strides(s, &ws, &ss, &uw, &us);
     const uint8_t *wg, *sg, *wu, *su;
@@ -283,7 +284,9 @@ static mt_status gpu_run(const kern_ctx *c, mt_err *err)
          *total = c->bufs[B_TOTAL], *h = c->bufs[out_buf(s)], *part = c->scratch;
     void *args[] = {&x, &sorted, &tile, &total, &wg, &sg, &wu, &su, &ws, &ss, &h, &part,
                     &np, &bm, &ntm};
-    dev_dim3 grid = {(unsigned)(ntm * (I / v[MOE_GPU_BN])), (unsigned)v[MOE_GPU_SPLITK], 1};
+    int64_t gx = v[MOE_GPU_GEMV] ? moe_gemv_blocks(P, s->v[D_E], I, c->cfg)
+                                 : ntm * (I / v[MOE_GPU_BN]);
+    dev_dim3 grid = {(unsigned)gx, (unsigned)v[MOE_GPU_SPLITK], 1};
     dev_dim3 block = {(unsigned)(v[MOE_GPU_WAVES] * c->props->warp_size), 1, 1};
     st = dev_launch(c->dev, k, grid, block, 0, args, err);
     if (st != MT_OK || v[MOE_GPU_SPLITK] == 1)
@@ -325,7 +328,7 @@ static const kern_case cases[] = {
 
 const kern_family fam_moe_gemm_up = {
     .name = "moe_gemm_up",
-    .version = 2, /* 2: the MMA parameter */
+    .version = 3, /* 2: the MMA parameter; 3: GEMV (the decode path) */
     .summary = "MoE stage 1: h = silu(x Wg^T) * (x Wu^T) per routed pair, MXFP4 weights",
     .dims = dims,
     .n_dims = D_COUNT,

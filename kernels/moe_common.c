@@ -373,6 +373,7 @@ static const int g_groupm[] = {1, 4, 8};
 static const int g_vec[] = {1, 4, 8};
 static const int g_unroll[] = {1, 2, 4};
 static const int g_mma[] = {0, 1, 2};
+static const int g_gemv[] = {0, 1, 2, 4};
 
 const kern_param_desc moe_gpu_params[MOE_GPU_NPARAMS] = {
     [MOE_GPU_BM] = {"BM", g_bm, 4, "tile rows (pairs); divides the layout's bm"},
@@ -386,6 +387,9 @@ const kern_param_desc moe_gpu_params[MOE_GPU_NPARAMS] = {
     [MOE_GPU_UNROLL] = {"UNROLL", g_unroll, 3, "k steps unrolled in the inner loop (MMA: 1)"},
     [MOE_GPU_MMA] = {"MMA", g_mma, 3, "0 scalar FMAs; 1, 2 matrix instructions, the "
                      "platform's small (16-row) or large (32x32x8, AMD) tile"},
+    [MOE_GPU_GEMV] = {"GEMV", g_gemv, 4, "0 tiles; R > 0 the decode path: no padding rows, "
+                      "R pairs of an expert per pass, 16-byte weight loads, split K over lanes "
+                      "and blocks"},
 };
 
 /* Row pitch padding (bf16 elements) of the MMA path's shared tiles, as
@@ -396,6 +400,8 @@ static int mma_pad(int ws) { return ws == 64 ? 4 : 8; }
 size_t moe_gpu_shared(const kern_config *cfg, int wr, int ws)
 {
     const int *v = cfg->v;
+    if (v[MOE_GPU_GEMV]) /* registers and shuffles only */
+        return 0;
     size_t rows = (size_t)(v[MOE_GPU_BM] + wr * v[MOE_GPU_BN]);
     if (v[MOE_GPU_MMA]) /* bf16 tiles, and moe_gemm.hip's 256-word decode table q_tab */
         return (size_t)v[MOE_GPU_STAGES] * rows * (size_t)(v[MOE_GPU_BK] + mma_pad(ws)) * 2 +
@@ -434,6 +440,41 @@ static bool mma_valid(const int *v, const dev_props *p, int wr, char *why, size_
     return true;
 }
 
+/* The decode path's rules (moe_gemm.hip's V_ macros): the tile-only
+ * parameters at their first values (the tuner times each kernel once),
+ * and the registers a lane holds: R pairs' activations of its KPL blocks
+ * of 32 (bf16 pairs: 16 words a block) and UNROLL rows of 16-byte weight
+ * loads and scales (x2 in stage 1). */
+static bool gemv_valid(int64_t k, const int *v, int ws, int wr, char *why, size_t cap)
+{
+    static const int fixed[] = {MOE_GPU_BM, MOE_GPU_BK, MOE_GPU_STAGES, MOE_GPU_GROUPM,
+                                MOE_GPU_VEC, MOE_GPU_MMA};
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
+        const kern_param_desc *d = &moe_gpu_params[fixed[i]];
+        if (v[fixed[i]] != d->values[0]) {
+            snprintf(why, cap, "GEMV=%d: %s=%d, the decode path takes %s=%d (it has no tiles)",
+                     v[MOE_GPU_GEMV], d->name, v[fixed[i]], d->name, d->values[0]);
+            return false;
+        }
+    }
+    int64_t nkb = k / 32 / v[MOE_GPU_SPLITK], low = nkb & -nkb, lk = low < ws ? low : ws;
+    int64_t kpl = nkb / lk;
+    int64_t regs = (v[MOE_GPU_GEMV] * 16 + (int64_t)v[MOE_GPU_UNROLL] * wr * 5) * kpl;
+    if (regs > 96) { /* more spills on gfx90a/gfx942 (moe_gemm.hip's V_OCC) */
+        snprintf(why, cap, "GEMV=%d, UNROLL=%d, SPLITK=%d: %lld registers per lane hold "
+                 "activations and loads of %lld blocks of 32 (limit 96)", v[MOE_GPU_GEMV],
+                 v[MOE_GPU_UNROLL], v[MOE_GPU_SPLITK], (long long)regs, (long long)kpl);
+        return false;
+    }
+    return true;
+}
+
+int64_t moe_gemv_blocks(int64_t npairs, int64_t n_experts, int64_t n, const kern_config *cfg)
+{
+    int64_t segs = npairs < n_experts ? npairs : n_experts;
+    return segs * (n / cfg->v[MOE_GPU_BN]);
+}
+
 bool moe_gpu_valid(int64_t k, int64_t n, int64_t bm, bool up, int comb, const kern_config *cfg,
                    const dev_props *p, char *why, size_t cap)
 {
@@ -454,7 +495,10 @@ bool moe_gpu_valid(int64_t k, int64_t n, int64_t bm, bool up, int comb, const ke
                  p->max_threads_per_block);
         return false;
     }
-    if (v[MOE_GPU_MMA]) {
+    if (v[MOE_GPU_GEMV]) {
+        if (!gemv_valid(k, v, p->warp_size, wr, why, cap))
+            return false;
+    } else if (v[MOE_GPU_MMA]) {
         if (!mma_valid(v, p, wr, why, cap))
             return false;
     } else {
@@ -478,7 +522,7 @@ bool moe_gpu_valid(int64_t k, int64_t n, int64_t bm, bool up, int comb, const ke
                  v[MOE_GPU_MMA] ? "MMA: " : "", sh, p->static_shared_per_block);
         return false;
     }
-    if (!up && comb && sk > 1) {
+    if (!up && comb && sk > 1 && !v[MOE_GPU_GEMV]) {
         snprintf(why, cap, "SPLITK=%d: the per-pair rows path (comb=1) is not split", sk);
         return false;
     }
@@ -510,6 +554,34 @@ static bool gpu_first_valid(int64_t k, int64_t n, int64_t bm, bool up, int comb,
     return false;
 }
 
+/* The decode path when an expert gets about 2 pairs or fewer (expected
+ * experts hit by npairs uniform draws; a 16-row tile would then be 7/8
+ * padding or more): R 1 (2 above 1.5 pairs), BN 16 rows over 4 waves,
+ * stage 1 UNROLL 1 (gate and up of a row: at GLM-5.2 6 loads of 16 bytes
+ * in flight per lane), stage 2 UNROLL 4, and the smallest SPLITK whose
+ * registers fit (NVIDIA's 32 lanes hold twice the blocks of AMD's 64). */
+static bool gemv_default(int64_t k, int64_t n, int64_t bm, bool up, int comb, int64_t npairs,
+                         int64_t n_experts, const dev_props *p, kern_config *cfg)
+{
+    double e = (double)n_experts, np = (double)npairs;
+    double per = np / (e * (1.0 - pow(1.0 - 1.0 / e, np)));
+    if (!(per <= 2.0))
+        return false;
+    static const int sks[] = {1, 2, 4, 8};
+    const int rs[] = {per > 1.5 ? 2 : 1, 1}, us[] = {up ? 1 : 4, 1};
+    char why[256];
+    for (int ri = 0; ri < 2; ri++)
+        for (int ui = 0; ui < 2; ui++)
+            for (int si = 0; si < 4; si++) {
+                /* BM, BN, BK, WAVES, STAGES, SPLITK, GROUP_M, VEC, UNROLL, MMA, GEMV */
+                int v[MOE_GPU_NPARAMS] = {16, 16, 32, 4, 1, sks[si], 1, 1, us[ui], 0, rs[ri]};
+                memcpy(cfg->v, v, sizeof v);
+                if (moe_gpu_valid(k, n, bm, up, comb, cfg, p, why, sizeof why))
+                    return true;
+            }
+    return false;
+}
+
 /* Matrix instructions wherever the device has them (kern_mma_tile):
  * - decode (16 or 32 rows per expert tile): 16-row fragments, BK 64 (half
  *   the barriers of BK 32 per weight byte), BN 32 x 2 waves for stage 1
@@ -529,8 +601,11 @@ void moe_gpu_default(int64_t k, int64_t n, int64_t bm, bool up, int comb, int64_
     double per_expert = (double)npairs / (double)(n_experts < npairs ? n_experts : npairs);
     char why[256];
     cfg->n = MOE_GPU_NPARAMS;
+    if (gemv_default(k, n, bm, up, comb, npairs, n_experts, p, cfg))
+        return;
     int tm, tn, tk;
     int mma = kern_mma_tile(p, 1, &tm, &tn, &tk) ? 1 : 0;
+    if (getenv("H1_SCALAR_DEFAULTS")) mma = 0; /* H1 TEMP */
     if (mma) {
         int big = kern_mma_tile(p, 2, &tm, &tn, &tk);
         int want = per_expert >= 128 ? 128 : per_expert >= 64 ? 64 : per_expert >= 32 ? 32 : 16;

@@ -127,9 +127,13 @@ void moe_cpu_default(int64_t k, int64_t n, int64_t npairs, int64_t n_experts, bo
 size_t moe_cpu_act_bytes(int64_t rows, int64_t k);
 
 /* The GPU GEMM parameters (moe_gemm.hip). MMA: 0 scalar f32 FMAs, 1 and 2
- * the prelude's matrix fragments (MT_MMA_SHAPE 16 and 32). */
+ * the prelude's matrix fragments (MT_MMA_SHAPE 16 and 32). GEMV = R > 0:
+ * the decode path (no tiles, R pairs of an expert per pass); it uses BN,
+ * WAVES, SPLITK and UNROLL (rows in flight per lane group) and needs the
+ * tile-only parameters at their first values. */
 enum { MOE_GPU_BM, MOE_GPU_BN, MOE_GPU_BK, MOE_GPU_WAVES, MOE_GPU_STAGES, MOE_GPU_SPLITK,
-       MOE_GPU_GROUPM, MOE_GPU_VEC, MOE_GPU_UNROLL, MOE_GPU_MMA, MOE_GPU_NPARAMS };
+       MOE_GPU_GROUPM, MOE_GPU_VEC, MOE_GPU_UNROLL, MOE_GPU_MMA, MOE_GPU_GEMV,
+       MOE_GPU_NPARAMS };
 extern const kern_param_desc moe_gpu_params[MOE_GPU_NPARAMS];
 /* Shared memory of a config (bytes) on a device of wave size ws; wr = 2 for
  * stage 1 (gate and up). */
@@ -138,7 +142,11 @@ size_t moe_gpu_shared(const kern_config *cfg, int wr, int ws);
  * height bm, stage 1 (up) or 2, combine path comb (stage 2). */
 bool moe_gpu_valid(int64_t k, int64_t n, int64_t bm, bool up, int comb, const kern_config *cfg,
                    const dev_props *p, char *why, size_t cap);
-/* A valid default (small tiles for decode, larger for prefill). */
+/* Grid blocks along x of the decode path (GEMV > 0): one per possible
+ * expert segment (min(npairs, E)) per BN-row slice of n. */
+int64_t moe_gemv_blocks(int64_t npairs, int64_t n_experts, int64_t n, const kern_config *cfg);
+/* A valid default (the decode path for few pairs per expert, small tiles
+ * for decode, larger for prefill). */
 void moe_gpu_default(int64_t k, int64_t n, int64_t bm, bool up, int comb, int64_t npairs,
                      int64_t n_experts, const dev_props *p, kern_config *cfg);
 /* Extra defines: MT_WS (the device's wave size) and MOE_UP. */

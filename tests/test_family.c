@@ -205,7 +205,7 @@ Test(kern_valid, static_shared_memory_limit_is_the_static_one)
     cr_assert_eq(kern_shape_parse(f, "glm5.2", &s, NULL, &err), MT_OK, "%s", err.msg);
     kern_config c;
     cr_assert_eq(kern_config_parse(f->gpu, "BM=64,BN=64,BK=64,WAVES=4,STAGES=1,SPLITK=1,"
-                                   "GROUP_M=1,VEC=4,UNROLL=1,MMA=0", &c, &err),
+                                   "GROUP_M=1,VEC=4,UNROLL=1,MMA=0,GEMV=0", &c, &err),
                  MT_OK, "%s", err.msg);
     dev_props h200 = {.backend = DEV_BACKEND_CUDA, .warp_size = 32, .max_threads_per_block = 1024,
                       .shared_mem_per_block = 232448, .static_shared_per_block = 49152};

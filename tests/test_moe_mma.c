@@ -87,21 +87,21 @@ static const mcase down_cases[] = {
 /* Splits K: the comb=1 cases refuse SPLITK > 1, so those configs run
  * only the comb=0 case. */
 static const char *const wave64_cfgs[] = {
-    "BM=16,BN=16,BK=32,WAVES=1,STAGES=1,SPLITK=1,GROUP_M=1,VEC=1,UNROLL=1,MMA=1",
-    "BM=32,BN=64,BK=64,WAVES=4,STAGES=2,SPLITK=1,GROUP_M=4,VEC=8,UNROLL=1,MMA=1",
-    "BM=32,BN=32,BK=32,WAVES=1,STAGES=2,SPLITK=1,GROUP_M=8,VEC=4,UNROLL=1,MMA=2",
-    "BM=64,BN=64,BK=32,WAVES=4,STAGES=1,SPLITK=1,GROUP_M=1,VEC=8,UNROLL=1,MMA=2",
+    "BM=16,BN=16,BK=32,WAVES=1,STAGES=1,SPLITK=1,GROUP_M=1,VEC=1,UNROLL=1,MMA=1,GEMV=0",
+    "BM=32,BN=64,BK=64,WAVES=4,STAGES=2,SPLITK=1,GROUP_M=4,VEC=8,UNROLL=1,MMA=1,GEMV=0",
+    "BM=32,BN=32,BK=32,WAVES=1,STAGES=2,SPLITK=1,GROUP_M=8,VEC=4,UNROLL=1,MMA=2,GEMV=0",
+    "BM=64,BN=64,BK=32,WAVES=4,STAGES=1,SPLITK=1,GROUP_M=1,VEC=8,UNROLL=1,MMA=2,GEMV=0",
 };
 static const char *const wave64_split[] = {
-    "BM=16,BN=32,BK=32,WAVES=2,STAGES=2,SPLITK=2,GROUP_M=1,VEC=4,UNROLL=1,MMA=1",
-    "BM=32,BN=32,BK=32,WAVES=1,STAGES=1,SPLITK=4,GROUP_M=4,VEC=8,UNROLL=1,MMA=2",
+    "BM=16,BN=32,BK=32,WAVES=2,STAGES=2,SPLITK=2,GROUP_M=1,VEC=4,UNROLL=1,MMA=1,GEMV=0",
+    "BM=32,BN=32,BK=32,WAVES=1,STAGES=1,SPLITK=4,GROUP_M=4,VEC=8,UNROLL=1,MMA=2,GEMV=0",
 };
 static const char *const wave32_cfgs[] = {
-    "BM=16,BN=16,BK=32,WAVES=2,STAGES=2,SPLITK=1,GROUP_M=1,VEC=4,UNROLL=1,MMA=1",
-    "BM=32,BN=32,BK=64,WAVES=4,STAGES=1,SPLITK=1,GROUP_M=8,VEC=8,UNROLL=1,MMA=1",
+    "BM=16,BN=16,BK=32,WAVES=2,STAGES=2,SPLITK=1,GROUP_M=1,VEC=4,UNROLL=1,MMA=1,GEMV=0",
+    "BM=32,BN=32,BK=64,WAVES=4,STAGES=1,SPLITK=1,GROUP_M=8,VEC=8,UNROLL=1,MMA=1,GEMV=0",
 };
 static const char *const wave32_split[] = {
-    "BM=16,BN=32,BK=32,WAVES=1,STAGES=2,SPLITK=2,GROUP_M=4,VEC=1,UNROLL=1,MMA=1",
+    "BM=16,BN=32,BK=32,WAVES=1,STAGES=2,SPLITK=2,GROUP_M=4,VEC=1,UNROLL=1,MMA=1,GEMV=0",
 };
 
 Test(moe_mma, up_matches_the_reference_on_wave64, .timeout = 900)
@@ -281,8 +281,8 @@ Test(moe_mma, validity_names_the_parameter_at_fault)
                        .max_threads_per_block = 1024, .shared_mem_per_block = 65536,
                        .static_shared_per_block = 65536};
     const char *up = "glm5.2", *down = "glm5.2-rows";
-    const char *ok16 = "BM=32,BN=64,BK=64,WAVES=4,STAGES=2,SPLITK=1,GROUP_M=8,VEC=8,UNROLL=1,MMA=1";
-    const char *ok32 = "BM=32,BN=64,BK=64,WAVES=2,STAGES=2,SPLITK=1,GROUP_M=8,VEC=8,UNROLL=1,MMA=2";
+    const char *ok16 = "BM=32,BN=64,BK=64,WAVES=4,STAGES=2,SPLITK=1,GROUP_M=8,VEC=8,UNROLL=1,MMA=1,GEMV=0";
+    const char *ok32 = "BM=32,BN=64,BK=64,WAVES=2,STAGES=2,SPLITK=1,GROUP_M=8,VEC=8,UNROLL=1,MMA=2,GEMV=0";
     char why[256];
     cr_expect(valid_on("moe_gemm_up", up, ok16, &emu32, why, sizeof why), "%s", why);
     cr_expect(valid_on("moe_gemm_up", up, ok16, &h200, why, sizeof why), "%s", why);
@@ -295,29 +295,29 @@ Test(moe_mma, validity_names_the_parameter_at_fault)
     expect_refused("moe_gemm_down", down, ok16, &sm75, "MMA=1");
     /* tiles: BN=16 has no 32-wide fragment column; 8 waves over a 16x16 tile */
     expect_refused("moe_gemm_up", up,
-                   "BM=32,BN=16,BK=32,WAVES=1,STAGES=1,SPLITK=1,GROUP_M=1,VEC=4,UNROLL=1,MMA=2",
+                   "BM=32,BN=16,BK=32,WAVES=1,STAGES=1,SPLITK=1,GROUP_M=1,VEC=4,UNROLL=1,MMA=2,GEMV=0",
                    &emu64, "MMA=2");
     expect_refused("moe_gemm_up", up,
-                   "BM=16,BN=16,BK=32,WAVES=8,STAGES=1,SPLITK=1,GROUP_M=1,VEC=4,UNROLL=1,MMA=1",
+                   "BM=16,BN=16,BK=32,WAVES=8,STAGES=1,SPLITK=1,GROUP_M=1,VEC=4,UNROLL=1,MMA=1,GEMV=0",
                    &emu64, "WAVES=8");
     expect_refused("moe_gemm_down", down,
-                   "BM=16,BN=16,BK=32,WAVES=1,STAGES=1,SPLITK=1,GROUP_M=1,VEC=4,UNROLL=4,MMA=1",
+                   "BM=16,BN=16,BK=32,WAVES=1,STAGES=1,SPLITK=1,GROUP_M=1,VEC=4,UNROLL=4,MMA=1,GEMV=0",
                    &emu64, "UNROLL=4");
     /* 2 x 4 x 4 fragments of 16 registers: 128 accumulators per lane */
     expect_refused("moe_gemm_up", up,
-                   "BM=128,BN=128,BK=32,WAVES=1,STAGES=1,SPLITK=1,GROUP_M=1,VEC=4,UNROLL=1,MMA=2",
+                   "BM=128,BN=128,BK=32,WAVES=1,STAGES=1,SPLITK=1,GROUP_M=1,VEC=4,UNROLL=1,MMA=2,GEMV=0",
                    &mi300, "accumulator");
     /* shared memory: 2 x (64 + 2x128) x (128 + 4) bf16 = 168,960 bytes; on
      * an H200 the static limit (48 KB) refuses what 64 KB would take */
     expect_refused("moe_gemm_up", up,
-                   "BM=64,BN=128,BK=128,WAVES=8,STAGES=2,SPLITK=1,GROUP_M=1,VEC=4,UNROLL=1,MMA=1",
+                   "BM=64,BN=128,BK=128,WAVES=8,STAGES=2,SPLITK=1,GROUP_M=1,VEC=4,UNROLL=1,MMA=1,GEMV=0",
                    &mi300, "MMA");
-    const char *mid = "BM=64,BN=64,BK=128,WAVES=4,STAGES=1,SPLITK=1,GROUP_M=1,VEC=4,UNROLL=1,MMA=1";
+    const char *mid = "BM=64,BN=64,BK=128,WAVES=4,STAGES=1,SPLITK=1,GROUP_M=1,VEC=4,UNROLL=1,MMA=1,GEMV=0";
     cr_expect(valid_on("moe_gemm_up", up, mid, &mi300, why, sizeof why), "%s", why);
     expect_refused("moe_gemm_up", up, mid, &h200, "static shared");
     /* the scalar space is what it was */
     cr_expect(valid_on("moe_gemm_up", up,
-                       "BM=64,BN=64,BK=64,WAVES=4,STAGES=1,SPLITK=1,GROUP_M=1,VEC=4,UNROLL=1,MMA=0",
+                       "BM=64,BN=64,BK=64,WAVES=4,STAGES=1,SPLITK=1,GROUP_M=1,VEC=4,UNROLL=1,MMA=0,GEMV=0",
                        &mi300, why, sizeof why), "%s", why);
 }
 
@@ -333,10 +333,10 @@ static void compile_amd(const char *arch, const char *fname, const char *shape, 
 
 /* The GLM-5.2 bucket configs docs/BENCHMARKS.md discusses: decode (M=1, one
  * real row per 16-row tile) and prefill (M=4096). */
-#define UP_DECODE "BM=16,BN=32,BK=64,WAVES=2,STAGES=2,SPLITK=1,GROUP_M=1,VEC=8,UNROLL=1,MMA=1"
-#define UP_PREFILL "BM=128,BN=64,BK=32,WAVES=4,STAGES=2,SPLITK=1,GROUP_M=8,VEC=8,UNROLL=1,MMA=2"
-#define DOWN_DECODE "BM=16,BN=64,BK=64,WAVES=4,STAGES=2,SPLITK=1,GROUP_M=1,VEC=8,UNROLL=1,MMA=1"
-#define DOWN_PREFILL "BM=128,BN=128,BK=32,WAVES=4,STAGES=2,SPLITK=1,GROUP_M=8,VEC=8,UNROLL=1,MMA=2"
+#define UP_DECODE "BM=16,BN=32,BK=64,WAVES=2,STAGES=2,SPLITK=1,GROUP_M=1,VEC=8,UNROLL=1,MMA=1,GEMV=0"
+#define UP_PREFILL "BM=128,BN=64,BK=32,WAVES=4,STAGES=2,SPLITK=1,GROUP_M=8,VEC=8,UNROLL=1,MMA=2,GEMV=0"
+#define DOWN_DECODE "BM=16,BN=64,BK=64,WAVES=4,STAGES=2,SPLITK=1,GROUP_M=1,VEC=8,UNROLL=1,MMA=1,GEMV=0"
+#define DOWN_PREFILL "BM=128,BN=128,BK=32,WAVES=4,STAGES=2,SPLITK=1,GROUP_M=8,VEC=8,UNROLL=1,MMA=2,GEMV=0"
 
 Test(moe_mma, hiprtc_gfx90a_up_builds_mfma_without_scratch)
 {
@@ -404,9 +404,9 @@ static void compile_nv(const char *fname, const char *shape, int64_t m, const ch
 Test(moe_mma, nvrtc_sm90_builds_without_local_memory)
 {
     compile_nv("moe_gemm_up", "glm5.2", 1,
-               "BM=16,BN=32,BK=64,WAVES=4,STAGES=2,SPLITK=1,GROUP_M=1,VEC=8,UNROLL=1,MMA=1");
+               "BM=16,BN=32,BK=64,WAVES=4,STAGES=2,SPLITK=1,GROUP_M=1,VEC=8,UNROLL=1,MMA=1,GEMV=0");
     compile_nv("moe_gemm_up", "glm5.2", 4096,
-               "BM=64,BN=64,BK=32,WAVES=4,STAGES=2,SPLITK=1,GROUP_M=8,VEC=8,UNROLL=1,MMA=1");
+               "BM=64,BN=64,BK=32,WAVES=4,STAGES=2,SPLITK=1,GROUP_M=8,VEC=8,UNROLL=1,MMA=1,GEMV=0");
     compile_nv("moe_gemm_down", "glm5.2-rows", 4096,
-               "BM=64,BN=64,BK=32,WAVES=4,STAGES=2,SPLITK=1,GROUP_M=8,VEC=8,UNROLL=1,MMA=1");
+               "BM=64,BN=64,BK=32,WAVES=4,STAGES=2,SPLITK=1,GROUP_M=8,VEC=8,UNROLL=1,MMA=1,GEMV=0");
 }

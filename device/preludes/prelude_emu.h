@@ -297,6 +297,25 @@ static inline void mt__mma_check(const void *p, int ld, const char *what, const 
 }
 #define MT__MMA_CHECK(p, ld, what, file, line) mt__mma_check((p), (ld), (what), (file), (line))
 
+/* ---- code-shape hints (prelude_gpu.h's MT_UNROLL, mt_opaque_u32): no
+ * meaning on the CPU. ------------------------------------------------------ */
+#define MT_UNROLL
+static inline unsigned mt_opaque_u32(unsigned x) { return x; }
+
+/* ---- 16-byte loads (prelude_gpu.h's mt_load16): a GPU's 16-byte load
+ * needs a 16-byte aligned address; emu traps where one would fault. ------ */
+typedef struct __attribute__((aligned(16))) mt_u32x4 { unsigned x, y, z, w; } mt_u32x4;
+static inline mt_u32x4 mt__load16(const void *p, const char *file, int line)
+{
+    mt_u32x4 r;
+    if ((uintptr_t)p & 15u)
+        mt__rt->trap("mt_load16: the address must be 16-byte aligned", file, line);
+    memcpy(&r, p, 16);
+    return r;
+}
+#define mt_load16(p) mt__load16((p), __FILE__, __LINE__)
+#define mt_load16_nt(p) mt__load16((p), __FILE__, __LINE__)
+
 /* ---- math ---------------------------------------------------------------- */
 #define mt_expf(x) expf(x)
 #define mt_sqrtf(x) sqrtf(x)

@@ -20,6 +20,25 @@
  *   mt_f32_to_e2m1(v) -> code4 (RNE, saturating; kernels/mxfp4.h's rule)
  *   mt_float_as_uint, mt_uint_as_float, mt_expf, mt_sqrtf, mt_rsqrtf, mt_fmaxf
  *   mt_lane_id(), and the matrix fragments mt_mma_* (see their section below)
+ *   MT_LAUNCH_OCC(t, w)       in place of __launch_bounds__(t): at most t
+ *                             threads per block, and registers kept to what
+ *                             lets w waves share a SIMD (AMD waves per EU;
+ *                             NVIDIA the blocks per SM that fill its 4
+ *                             schedulers with w warps each); nothing on emu
+ *   MT_UNROLL                 before a loop of constant trip count: unroll it
+ *                             fully (a register array indexed in a rolled
+ *                             loop lives in scratch); nothing on emu
+ *   mt_opaque_u32(x)          x, as a value the compiler cannot see through:
+ *                             work on it stays where it is written (e.g. is
+ *                             not hoisted out of a loop to hold more
+ *                             registers); no instruction
+ *   mt_u32x4                  four 32-bit words (.x .y .z .w), 16 bytes
+ *   mt_load16(p), mt_load16_nt(p) -> mt_u32x4: one 16-byte global load from
+ *                             p (16-byte aligned; emu traps otherwise); _nt
+ *                             marks data read once (weights streamed past
+ *                             the caches): non-temporal on AMD, the
+ *                             read-only path (ld.global.nc) on NVIDIA,
+ *                             plain on emu
  *
  * No vendor #ifdef may appear in a kernel source: only here. */
 #ifndef MT_PRELUDE_GPU_H
@@ -29,6 +48,7 @@
 /* ---- the CPU emulator (device/emu*.c); the text is pasted in by the emu
  * backend ahead of this file. ---------------------------------------------- */
 /* prelude_emu.h is pasted ahead of this file by the emu backend. */
+#define MT_LAUNCH_OCC(t, w)
 
 #elif defined(__HIPCC_RTC__) || defined(__HIP_PLATFORM_AMD__) || defined(__HIP__)
 /* ---- AMD, through hipRTC ---------------------------------------------- */
@@ -59,6 +79,19 @@
 MT__FN int mt_lane_id(void)
 {
     return (int)__builtin_amdgcn_mbcnt_hi(~0u, __builtin_amdgcn_mbcnt_lo(~0u, 0u));
+}
+#define MT_LAUNCH_OCC(t, w) __launch_bounds__(t, w)
+#define MT_UNROLL _Pragma("unroll")
+MT__FN unsigned mt_opaque_u32(unsigned x)
+{
+    __asm__ volatile("" : "+v"(x));
+    return x;
+}
+typedef unsigned mt_u32x4 __attribute__((ext_vector_type(4)));
+MT__FN mt_u32x4 mt_load16(const void *p) { return *(const mt_u32x4 *)p; }
+MT__FN mt_u32x4 mt_load16_nt(const void *p)
+{
+    return __builtin_nontemporal_load((const mt_u32x4 *)p);
 }
 /* MFMA with bf16_1k operands: gfx90a (CDNA2) and CDNA3/CDNA4. */
 #if defined(__gfx90a__) || defined(__gfx940__) || defined(__gfx941__) ||                 \
@@ -102,6 +135,16 @@ MT__FN int mt_lane_id(void)
     asm("mov.u32 %0, %%laneid;" : "=r"(l));
     return (int)l;
 }
+#define MT_LAUNCH_OCC(t, w) __launch_bounds__(t, ((w) * 128 + (t) - 1) / (t))
+#define MT_UNROLL _Pragma("unroll")
+MT__FN unsigned mt_opaque_u32(unsigned x)
+{
+    asm volatile("" : "+r"(x));
+    return x;
+}
+typedef uint4 mt_u32x4;
+MT__FN mt_u32x4 mt_load16(const void *p) { return *(const uint4 *)p; }
+MT__FN mt_u32x4 mt_load16_nt(const void *p) { return __ldg((const uint4 *)p); }
 /* mma.sync with bf16 operands: sm_80 and later. */
 #if __CUDA_ARCH__ >= 800
 #define MT__MMA_LAYOUT 2

@@ -24,8 +24,11 @@
  * The weight bytes are decoded by a 256-entry table of bf16 pairs in
  * shared memory and one integer exponent add per pair (q_decode).
  *
+ * GEMV > 0 is the decode path (few pairs per expert), described at its
+ * section below: no tiles, no shared memory, no padding rows.
+ *
  * Params: BM, BN, BK, WAVES, STAGES, SPLITK, GROUP_M, VEC (bytes per
- * weight load: 1, 4, 8), UNROLL (k steps per inner iteration), MMA.
+ * weight load: 1, 4, 8), UNROLL (k steps per inner iteration), MMA, GEMV.
  * Defines from the family: MT_WS (wave size the config was built for),
  * MOE_UP (1: stage 1, 0: stage 2). Dims: S_H, S_I, S_topk, S_a (3 = a4w4),
  * S_comb (stage 2). */
@@ -35,6 +38,9 @@
 #endif
 #ifndef MMA
 #define MMA 0
+#endif
+#ifndef GEMV
+#define GEMV 0
 #endif
 
 #define G_T (WAVES * MT_WS)
@@ -64,12 +70,10 @@ MT_DEVICE float g_e2m1_round(float v)
                             (r > 0.0f ? mt_float_as_uint(v) & 0x80000000u : 0u));
 }
 
-/* Loads 32 activations of one row (bf16) into dst as floats; for a4w4 as
- * their MXFP4 round trip. */
-MT_DEVICE void g_load_act(const mt_bf16 *src, float *dst)
+/* For a4w4, replaces 32 activations (one block) by their MXFP4 round trip
+ * ("even" rule); a16w4 leaves them. */
+MT_DEVICE void g_quant_act(float *dst)
 {
-    for (int i = 0; i < 32; i++)
-        dst[i] = mt_bf16_to_f32(src[i]);
     if (S_a == 3) {
         float amax = 0.0f;
         int nan = 0;
@@ -88,6 +92,22 @@ MT_DEVICE void g_load_act(const mt_bf16 *src, float *dst)
         for (int i = 0; i < 32; i++)
             dst[i] = nan ? sc : g_e2m1_round(dst[i] * inv) * sc;
     }
+}
+
+/* Loads 32 activations of one row (bf16) into dst as floats; for a4w4 as
+ * their MXFP4 round trip. */
+MT_DEVICE void g_load_act(const mt_bf16 *src, float *dst)
+{
+    for (int i = 0; i < 32; i++)
+        dst[i] = mt_bf16_to_f32(src[i]);
+    g_quant_act(dst);
+}
+
+/* The bf16 pair (lo, hi) of two values exact in bf16 (decoded MXFP4, and
+ * bf16 activations or their MXFP4 round trip): the top halves. */
+MT_DEVICE unsigned g_pair(float lo, float hi)
+{
+    return (mt_float_as_uint(lo) >> 16) | (mt_float_as_uint(hi) & 0xffff0000u);
 }
 
 /* Tile coordinates of this block with the GROUP_M swizzle; false when the
@@ -247,10 +267,7 @@ MT_DEVICE void g_down_out(float *out, int p, int n, float wk, float acc)
 
 /* The bf16 pair (lo, hi) of two decoded MXFP4 values: exact, so the top
  * halves of the floats are the bf16 values. */
-MT_DEVICE unsigned q_pair(float lo, float hi)
-{
-    return (mt_float_as_uint(lo) >> 16) | (mt_float_as_uint(hi) & 0xffff0000u);
-}
+MT_DEVICE unsigned q_pair(float lo, float hi) { return g_pair(lo, hi); }
 
 /* The weight decode. q_tab[b] is the bf16 pair of byte b's two E2M1
  * nibbles (low nibble in the low half) times 2^(Q_TAB_C - 127): every
@@ -412,14 +429,261 @@ MT_DEVICE void q_stage(unsigned *xs, unsigned *ws, const unsigned *tab, const mt
 #define Q_COL(j, r) (wn * Q_TN * MT_MMA_N + (j) * MT_MMA_N + mt_mma_acc_col(r))
 #endif
 
+#if GEMV
+/* ---- the decode path (GEMV = R > 0) ---------------------------------------
+ * For few pairs per expert a tile of BM rows is mostly padding and the
+ * weights should stream at memory speed instead. A block takes one expert
+ * segment of the aligned layout (blockIdx.x / (N / BN): the segment's index
+ * among the experts that have pairs, so the grid holds min(npairs, E) of
+ * them) and BN weight rows (x2 in stage 1), the K slice blockIdx.y of
+ * SPLITK, and walks the segment's real pairs R at a time (padding rows are
+ * never read). Lanes split K: V_LK lanes share a weight row (the largest
+ * power of two that divides the slice's 32-blocks, at most a wave), each
+ * lane takes every V_LK-th block of 32 weights (16 bytes: one load of
+ * mt_load16_nt, one E8M0 scale), so a wave covers V_LR = MT_WS / V_LK rows
+ * at once and the block V_NS row slots; UNROLL rows per slot are loaded
+ * before any is used (loads in flight). A lane keeps its blocks' activations
+ * of the R pairs in registers as bf16 pairs (a4w4: quantized there once per
+ * pass), decodes the nibbles in registers (twice the E2M1 value, an
+ * integer, from a byte table in a 64-bit constant; the sign from bit 3) and
+ * sums in f32; the V_LK lanes of a row then add up with xor shuffles (a
+ * fixed order). No atomics: stage 1 writes h (SPLITK 1) or per-split
+ * partials for moe_up_finish; stage 2 writes the weighted rows (comb=1,
+ * SPLITK 1) or per-split partials that moe_down_finish sums in split order
+ * and, for comb=0, adds into y in ascending pair order. */
+#define V_R GEMV
+/* Waves per SIMD the registers must allow (a memory stream needs many),
+ * from the words a lane holds: activations and the loads in flight. */
+#define V_WORDS (V_R * V_KPL * 16 + UNROLL * G_WR * V_KPL * 5)
+#define V_OCC (V_WORDS <= 64 ? 4 : V_WORDS <= 96 ? 3 : 2)
+#define V_NKB (G_K / 32 / SPLITK)
+#define V_LOW (V_NKB & -V_NKB)
+#define V_LK (V_LOW < MT_WS ? V_LOW : MT_WS)
+#define V_KPL (V_NKB / V_LK)
+#define V_LR (MT_WS / V_LK)
+#define V_NS (WAVES * V_LR)
+/* 2 x |E2M1| of magnitude codes 0..7 (0, 0.5, 1, 1.5, 2, 3, 4, 6), a byte each */
+#define V_LUT 0x0c08060403020100ull
+
+/* Segment idx of the aligned layout (the idx-th expert that has pairs):
+ * its expert, first row and padded length; false past the last one. */
+MT_DEVICE int v_segment(const int *tile_expert, int bm, int ntiles, int idx, int *e, int *row0,
+                        int *len)
+{
+    int seen = 0;
+    for (int t = 0; t < ntiles; t++) {
+        int te = tile_expert[t];
+        if (te < 0)
+            return 0;
+        if ((t > 0 && tile_expert[t - 1] == te) || seen++ < idx)
+            continue;
+        int end = t + 1;
+        while (end < ntiles && tile_expert[end] == te)
+            end++;
+        *e = te;
+        *row0 = t * bm;
+        *len = (end - t) * bm;
+        return 1;
+    }
+    return 0;
+}
+
+/* Twice the E2M1 value of the nibble at bit sh of w: 0, 1, 2, 3, 4, 6, 8
+ * or 12 with the nibble's sign (bit 3). */
+MT_DEVICE float v_nib2(unsigned w, int sh)
+{
+    unsigned c = w >> sh;
+    float m = (float)(unsigned)((V_LUT >> ((c & 7u) * 8u)) & 0xffu);
+    return mt_uint_as_float(mt_float_as_uint(m) | ((c << 28) & 0x80000000u));
+}
+
+/* The 32 activations at src (one block, 64-byte aligned) as 16 bf16 pairs. */
+MT_DEVICE void v_load_act(const mt_bf16 *src, unsigned *d)
+{
+    MT_UNROLL
+    for (int i = 0; i < 4; i++) {
+        mt_u32x4 v = mt_load16(src + 8 * i);
+        d[4 * i] = v.x;
+        d[4 * i + 1] = v.y;
+        d[4 * i + 2] = v.z;
+        d[4 * i + 3] = v.w;
+    }
+}
+
+/* a4w4: replaces the 16 pairs of a block by their MXFP4 round trip (exact
+ * in bf16). The words pass through mt_opaque_u32 on the way in and out,
+ * so that blocks quantized one after another are not interleaved by the
+ * compiler (each holds 32 floats while it works). */
+MT_DEVICE void v_quant_act(unsigned *d)
+{
+    float f[32];
+    MT_UNROLL
+    for (int i = 0; i < 16; i++) {
+        unsigned w = mt_opaque_u32(d[i]);
+        f[2 * i] = mt_uint_as_float(w << 16);
+        f[2 * i + 1] = mt_uint_as_float(w & 0xffff0000u);
+    }
+    g_quant_act(f);
+    MT_UNROLL
+    for (int i = 0; i < 16; i++)
+        d[i] = mt_opaque_u32(g_pair(f[2 * i], f[2 * i + 1]));
+}
+
+/* Word j (0..3) of a 16-byte load. */
+#define V_WORD(v, j) ((j) == 0 ? (v).x : (j) == 1 ? (v).y : (j) == 2 ? (v).z : (v).w)
+
+/* The decode path's loop over the segment (expert segment row0, padded
+ * length seglen, weights W0/S0 and, stage 1, W1/S1 at row n0 of the
+ * expert). EMIT(p, n, a0, a1) receives each finished dot product (a1: the
+ * up row's, stage 1) in the row's lane 0. */
+#define V_MAINLOOP(ACT, ROWDIV, W0, S0, W1, S1, EMIT)                                    \
+    const int lane = threadIdx.x % MT_WS, lk = lane % V_LK;                              \
+    const int slot = threadIdx.x / MT_WS * V_LR + lane / V_LK;                           \
+    const int kb0 = blockIdx.y * V_NKB + lk; /* the lane's first 32-block */             \
+    for (int r0 = 0; r0 < seglen; r0 += V_R) {                                           \
+        int p[V_R];                                                                      \
+        MT_UNROLL                                                                        \
+        for (int r = 0; r < V_R; r++)                                                    \
+            p[r] = r0 + r < seglen ? sorted[row0 + r0 + r] : npairs;                     \
+        if (p[0] >= npairs) /* the segment's padding: no pairs follow */                 \
+            break;                                                                       \
+        unsigned a[V_R][V_KPL][16];                                                      \
+        MT_UNROLL                                                                        \
+        for (int r = 0; r < V_R; r++)                                                    \
+            MT_UNROLL                                                                    \
+            for (int i = 0; i < V_KPL; i++) {                                            \
+                if (p[r] < npairs) {                                                     \
+                    v_load_act(ACT + (long long)(p[r] / (ROWDIV)) * G_K +                \
+                                   (kb0 + i * V_LK) * 32, a[r][i]);                      \
+                } else {                                                                 \
+                    MT_UNROLL                                                            \
+                    for (int j = 0; j < 16; j++)                                         \
+                        a[r][i][j] = 0u;                                                 \
+                }                                                                        \
+            }                                                                            \
+        if (S_a == 3)                                                                    \
+            MT_UNROLL                                                                    \
+            for (int r = 0; r < V_R; r++)                                                \
+                MT_UNROLL                                                                \
+                for (int i = 0; i < V_KPL; i++)                                          \
+                    v_quant_act(a[r][i]);                                                \
+        for (int rb = 0; rb < BN; rb += V_NS * UNROLL) {                                 \
+            /* the bf16 pairs, converted where used: hoisted out of this */             \
+            /* loop as floats they would take twice the registers */                    \
+            unsigned ao[V_R][V_KPL][16];                                                 \
+            MT_UNROLL                                                                    \
+            for (int r = 0; r < V_R; r++)                                                \
+                MT_UNROLL                                                                \
+                for (int i = 0; i < V_KPL; i++)                                          \
+                    MT_UNROLL                                                            \
+                    for (int j = 0; j < 16; j++)                                         \
+                        ao[r][i][j] = mt_opaque_u32(a[r][i][j]);                         \
+            mt_u32x4 wv[UNROLL][G_WR][V_KPL];                                            \
+            unsigned sc[UNROLL][G_WR][V_KPL];                                            \
+            MT_UNROLL                                                                    \
+            for (int u = 0; u < UNROLL; u++) {                                           \
+                const int row = rb + u * V_NS + slot;                                    \
+                /* past BN: load a valid row, emit nothing */                            \
+                const long long n = n0 + (row < BN ? row : BN - 1);                      \
+                MT_UNROLL                                                                \
+                for (int q = 0; q < G_WR; q++)                                           \
+                    MT_UNROLL                                                            \
+                    for (int i = 0; i < V_KPL; i++) {                                    \
+                        const long long kb = kb0 + i * V_LK;                             \
+                        wv[u][q][i] = mt_load16_nt((q ? (W1) : (W0)) + n * (G_K / 2) + kb * 16); \
+                        sc[u][q][i] = (q ? (S1) : (S0))[n * (G_K / 32) + kb];            \
+                    }                                                                    \
+            }                                                                            \
+            MT_UNROLL                                                                    \
+            for (int u = 0; u < UNROLL; u++) {                                           \
+                float acc[G_WR][V_R];                                                    \
+                MT_UNROLL                                                                \
+                for (int q = 0; q < G_WR; q++) {                                         \
+                    MT_UNROLL                                                            \
+                    for (int r = 0; r < V_R; r++)                                        \
+                        acc[q][r] = 0.0f;                                                \
+                    MT_UNROLL                                                            \
+                    for (int i = 0; i < V_KPL; i++) {                                    \
+                        float s[V_R];                                                    \
+                        MT_UNROLL                                                        \
+                        for (int r = 0; r < V_R; r++)                                    \
+                            s[r] = 0.0f;                                                 \
+                        MT_UNROLL                                                        \
+                        for (int j = 0; j < 4; j++) {                                    \
+                            const unsigned w = V_WORD(wv[u][q][i], j);                   \
+                            MT_UNROLL                                                    \
+                            for (int b = 0; b < 4; b++) {                                \
+                                const float lo = v_nib2(w, 8 * b), hi = v_nib2(w, 8 * b + 4); \
+                                MT_UNROLL                                                \
+                                for (int r = 0; r < V_R; r++) {                          \
+                                    const unsigned av = ao[r][i][4 * j + b];              \
+                                    s[r] += lo * mt_uint_as_float(av << 16);             \
+                                    s[r] += hi * mt_uint_as_float(av & 0xffff0000u);     \
+                                }                                                        \
+                            }                                                            \
+                        }                                                                \
+                        const float scale = mt_e8m0_to_f32(sc[u][q][i]);                 \
+                        MT_UNROLL                                                        \
+                        for (int r = 0; r < V_R; r++)                                    \
+                            acc[q][r] += s[r] * scale;                                   \
+                    }                                                                    \
+                    MT_UNROLL                                                            \
+                    for (int r = 0; r < V_R; r++)                                        \
+                        MT_UNROLL                                                        \
+                        for (int off = V_LK / 2; off > 0; off /= 2)                      \
+                            acc[q][r] += mt_shfl_xor_f32(acc[q][r], off);                \
+                }                                                                        \
+                const int row = rb + u * V_NS + slot;                                    \
+                if (lk == 0 && row < BN)                                                 \
+                    MT_UNROLL                                                            \
+                    for (int r = 0; r < V_R; r++)                                        \
+                        if (p[r] < npairs)                                               \
+                            EMIT(p[r], n0 + row, 0.5f * acc[0][r], 0.5f * acc[G_WR - 1][r]); \
+            }                                                                            \
+        }                                                                                \
+    }
+
+#if !MOE_UP
+/* Stage 2's per-pair result: the weighted row (comb=1 without split) or
+ * the split's unweighted partial for moe_down_finish. */
+MT_DEVICE void v_down_out(float *out, float *partial, const float *topk_w, int npairs, int p,
+                          int n, float acc)
+{
+    if (S_comb && SPLITK == 1)
+        out[(long long)p * S_H + n] = topk_w[p] * acc;
+    else
+        partial[((long long)blockIdx.y * npairs + p) * S_H + n] = acc;
+}
+#endif
+#endif
+
+#if GEMV
+#define G_BOUNDS MT_LAUNCH_OCC(G_T, V_OCC)
+#else
+#define G_BOUNDS __launch_bounds__(G_T)
+#endif
+
 #if MOE_UP
-/* Grid: x = ntm * (S_I / BN) tiles, y = SPLITK. */
-MT_KERNEL __launch_bounds__(G_T) void moe_gemm_up(
+/* Grid: x = ntm * (S_I / BN) tiles, y = SPLITK. GEMV: x = min(npairs, E)
+ * segments * (S_I / BN), and ntm is the layout's tile count (rows / bm). */
+MT_KERNEL G_BOUNDS void moe_gemm_up(
     const mt_bf16 *x, const int *sorted, const int *tile_expert, const int *total,
     const unsigned char *wg, const unsigned char *sg, const unsigned char *wu,
     const unsigned char *su, long long wstride, long long sstride, mt_bf16 *h,
     float *partial, int npairs, int bm, int ntm)
 {
+#if GEMV
+    (void)total;
+    int ex, row0, seglen;
+    if (!v_segment(tile_expert, bm, ntm, blockIdx.x / (S_I / BN), &ex, &row0, &seglen))
+        return;
+    const int n0 = blockIdx.x % (S_I / BN) * BN;
+    const long long e = ex;
+    const unsigned char *w0 = wg + e * wstride, *w1 = wu + e * wstride;
+    const unsigned char *s0 = sg + e * sstride, *s1 = su + e * sstride;
+#define V_UP_EMIT(P, N, G, U) g_up_out(h, partial, npairs, (P), (N), (G), (U))
+    V_MAINLOOP(x, S_topk, w0, s0, w1, s1, V_UP_EMIT)
+#else
     int pid_m, pid_n;
     if (!g_tile(sorted, total, npairs, ntm, &pid_m, &pid_n))
         return;
@@ -427,7 +691,9 @@ MT_KERNEL __launch_bounds__(G_T) void moe_gemm_up(
     const long long e = tile_expert[row0 / bm];
     const unsigned char *w0 = wg + e * wstride, *w1 = wu + e * wstride;
     const unsigned char *s0 = sg + e * sstride, *s1 = su + e * sstride;
-#if MMA
+#endif
+#if GEMV
+#elif MMA
     Q_MAINLOOP(x, S_topk, w0, s0, w1, s1)
     for (int i = 0; i < Q_TM; i++)
         for (int rg = 0; rg < MT_MMA_ACC_REGS; rg++) {
@@ -468,19 +734,35 @@ MT_KERNEL void moe_up_finish(const float *partial, mt_bf16 *h, int npairs)
 
 #else
 /* Grid: x = ntm * (S_H / BN) tiles, y = SPLITK. out is y [M, S_H] (S_comb
- * 0, accumulated with atomics) or rows [npairs, S_H] (S_comb 1). */
-MT_KERNEL __launch_bounds__(G_T) void moe_gemm_down(
+ * 0, accumulated with atomics) or rows [npairs, S_H] (S_comb 1). GEMV: as
+ * stage 1's, with per-split partials [SPLITK][npairs][S_H] for
+ * moe_down_finish unless comb=1 is not split. */
+MT_KERNEL G_BOUNDS void moe_gemm_down(
     const mt_bf16 *hin, const int *sorted, const int *tile_expert, const int *total,
     const unsigned char *wd, const unsigned char *sd, long long wstride, long long sstride,
-    const float *topk_w, float *out, int npairs, int bm, int ntm)
+    const float *topk_w, float *out, float *partial, int npairs, int bm, int ntm)
 {
+#if GEMV
+    (void)total;
+    int ex, row0, seglen;
+    if (!v_segment(tile_expert, bm, ntm, blockIdx.x / (S_H / BN), &ex, &row0, &seglen))
+        return;
+    const int n0 = blockIdx.x % (S_H / BN) * BN;
+    const long long e = ex;
+    const unsigned char *w0 = wd + e * wstride, *s0 = sd + e * sstride;
+#define V_DOWN_EMIT(P, N, A, A1) v_down_out(out, partial, topk_w, npairs, (P), (N), (A))
+    V_MAINLOOP(hin, 1, w0, s0, w0, s0, V_DOWN_EMIT)
+#else
+    (void)partial;
     int pid_m, pid_n;
     if (!g_tile(sorted, total, npairs, ntm, &pid_m, &pid_n))
         return;
     const int row0 = pid_m * BM, n0 = pid_n * BN;
     const long long e = tile_expert[row0 / bm];
     const unsigned char *w0 = wd + e * wstride, *s0 = sd + e * sstride;
-#if MMA
+#endif
+#if GEMV
+#elif MMA
     Q_MAINLOOP(hin, 1, w0, s0, w0, s0)
     for (int i = 0; i < Q_TM; i++)
         for (int rg = 0; rg < MT_MMA_ACC_REGS; rg++) {
@@ -503,4 +785,30 @@ MT_KERNEL __launch_bounds__(G_T) void moe_gemm_down(
     }
 #endif
 }
+
+#if GEMV
+/* The decode path's stage-2 epilogue: per element, the SPLITK partials
+ * summed in split order and weighted; comb=1 writes the pair's row, comb=0
+ * adds the token's pairs into y in ascending pair order (no atomics). One
+ * thread per element of rows [npairs, S_H] or y [npairs / S_topk, S_H]. */
+MT_KERNEL void moe_down_finish(const float *partial, const float *topk_w, float *out,
+                               int npairs)
+{
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long rows = S_comb ? npairs : npairs / S_topk;
+    if (i >= rows * S_H)
+        return;
+    long long r = i / S_H, n = i % S_H;
+    float y = S_comb ? 0.0f : out[i];
+    for (int j = 0; j < (S_comb ? 1 : S_topk); j++) {
+        long long p = S_comb ? r : r * S_topk + j;
+        float a = 0.0f;
+        for (int s = 0; s < SPLITK; s++)
+            a += partial[((long long)s * npairs + p) * S_H + n];
+        float v = topk_w[p] * a;
+        y = S_comb ? v : y + v;
+    }
+    out[i] = y;
+}
+#endif
 #endif
