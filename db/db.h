@@ -34,7 +34,7 @@
 #include "../common/status.h"
 
 /* Schema version written to PRAGMA user_version and meta.schema_version. */
-#define DB_SCHEMA_VERSION 4
+#define DB_SCHEMA_VERSION 5
 /* Version of the JSON export format (docs/DB.md). */
 #define DB_EXPORT_FORMAT_VERSION 2
 
@@ -251,6 +251,17 @@ mt_status db_winner_decide(db_t *db, int64_t device_id, int64_t kernel_id, const
                            mt_err *err);
 
 
+/* Records a re-timing of the winner of (device, kernel, shape, m) by
+ * `moetune db verify`: verified now at time_ms (its median in the paired
+ * rounds, on the device that re-timed it), and stale when it no longer won
+ * there (a runner-up or the default was faster with confidence), else not
+ * stale. The winner itself is not changed: a stale one is re-tuned (the
+ * next tuning run that writes it clears the mark). MT_E_NOT_FOUND when
+ * there is no such winner; MT_E_INVALID for a time that is not > 0. */
+mt_status db_winner_verify(db_t *db, int64_t device_id, int64_t kernel_id, const char *shape_key,
+                           int64_t m, double time_ms, bool stale, mt_err *err);
+
+
 /* ---- lookup ------------------------------------------------------------- */
 
 /* Persisted (misses.last_reason): append only. */
@@ -350,6 +361,9 @@ typedef struct db_winner_row {
     double verified_time_ms;         /* NAN when never */
     const char *origin;              /* NULL: measured here; else merged from */
     db_confirm confirm;              /* the decision; doubles NAN when rounds 0 */
+    bool stale;                      /* `db verify` found it no longer wins
+                                        (schema 5); cleared when the winner is
+                                        written again (a tuning run) */
 } db_winner_row;
 
 typedef struct db_trial_row {

@@ -121,6 +121,9 @@ mt_status db_code_put_at(db_t *db, const char *target, const char *cache_key, co
 mt_status db_winner_put(db_t *db, const db_winner *w, int64_t trial_id, int64_t updated_ms,
                         int64_t verified_ms, double verified_time_ms, const char *origin,
                         mt_err *err);
+/* Sets the stale mark of an existing winner (merge and import carry it). */
+mt_status db_winner_stale_set(db_t *db, int64_t device_id, int64_t kernel_id,
+                              const char *shape_key, int64_t m, mt_err *err);
 mt_status db_check_winner(const db_winner *w, mt_err *err);
 /* Binds w's key to ?1 device id, ?2 kernel id, ?3 shape, ?4 m (the
  * numbering of ST_WINNER_GET and ST_WINNER_UPSERT); the shape is not copied. */
@@ -175,6 +178,7 @@ typedef struct db_winner_rec {
     db_kernel kernel;
     int64_t updated_ms, verified_ms; /* verified_ms 0: never */
     double verified_time_ms;
+    bool stale;                      /* schema 5; carried by merge and import */
 } db_winner_rec;
 
 typedef struct db_miss_rec {

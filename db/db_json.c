@@ -232,6 +232,8 @@ static mt_status w_winner(void *ctx, const db_winner_rec *r, mt_err *err)
     add_str(o, "runner_ups", r->w.runner_ups_json);
     add_str(o, "shape", r->w.shape_key);
     add_str(o, "source_hash", r->kernel.source_hash);
+    if (r->stale) /* only when set: unverified exports stay as they were */
+        cJSON_AddBoolToObject(o, "stale", true);
     add_real(o, "time_ms", r->w.time_ms);
     add_int(o, "updated_ms", r->updated_ms);
     add_int_or_null(o, "verified_ms", r->verified_ms);
@@ -553,6 +555,12 @@ static mt_status r_winner(const rd *r, const cJSON *o, db_sink *k, mt_err *err)
         st = get_real(r, o, "ratio_hi", true, &c->ratio_hi, err);
     if (st == MT_OK)
         st = get_real(r, o, "confidence", true, &c->confidence, err);
+    /* The stale mark of `db verify` (schema 5): optional, false when absent. */
+    const cJSON *stale = cJSON_GetObjectItemCaseSensitive(o, "stale");
+    if (st == MT_OK && stale && !cJSON_IsBool(stale))
+        st = mt_fail(err, MT_E_FORMAT, "%s: %s[%d]: \"stale\" must be true or false", r->path,
+                     r->section, r->index);
+    w.stale = cJSON_IsTrue(stale);
     if (st == MT_OK)
         st = db_sink_visitor.winner(k, &w, err);
     return st;

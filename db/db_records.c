@@ -109,6 +109,7 @@ static mt_status row_winner(sqlite3_stmt *s, const db_visitor *v, void *ctx, mt_
         .confidence = db_col_real(s, 19),
         .rounds = sqlite3_column_int(s, 20),
     };
+    r.stale = sqlite3_column_int(s, 21) != 0;
     r.w.shape_key = db_col_text(s, 5);
     r.w.m = sqlite3_column_int64(s, 6);
     r.w.config_key = db_col_text(s, 7);
@@ -169,7 +170,8 @@ mt_status db_visit(db_t *db, const db_visitor *v, void *ctx, mt_err *err)
         {v->winner != NULL, row_winner,
          "SELECT d.fingerprint, k.family, k.version, k.source_hash, w.origin, w.shape, w.m, "
          "w.config_key, w.config_json, w.time_ms, w.runner_ups, w.updated_ms, "
-         "coalesce(w.verified_ms, 0), w.verified_time_ms, " DB_WINNER_DECISION_COLUMNS " "
+         "coalesce(w.verified_ms, 0), w.verified_time_ms, " DB_WINNER_DECISION_COLUMNS ", "
+         "w.stale "
          "FROM winners w JOIN devices d ON d.id = w.device_id JOIN kernels k ON k.id = w.kernel_id "
          "ORDER BY d.fingerprint, k.family, k.version, k.source_hash, w.shape, w.m"},
         {v->miss != NULL, row_miss,
@@ -382,8 +384,11 @@ static mt_status sink_winner(void *ctx, const db_winner_rec *r, mt_err *err)
                        NULL, NULL, err);
     if (st)
         return st;
-    return db_winner_put(k->db, &w, trial_id, r->updated_ms > 0 ? r->updated_ms : db_now_ms(),
-                         r->verified_ms, r->verified_time_ms, origin_of(k, r->origin), err);
+    st = db_winner_put(k->db, &w, trial_id, r->updated_ms > 0 ? r->updated_ms : db_now_ms(),
+                       r->verified_ms, r->verified_time_ms, origin_of(k, r->origin), err);
+    if (st == MT_OK && r->stale) /* the upsert cleared it */
+        st = db_winner_stale_set(k->db, w.device_id, w.kernel_id, w.shape_key, w.m, err);
+    return st;
 }
 
 static mt_status sink_miss(void *ctx, const db_miss_rec *r, mt_err *err)

@@ -1,4 +1,4 @@
-/* db_schema.c: the current schema (version 4) and the migration from each
+/* db_schema.c: the current schema (version 5) and the migration from each
  * older version. docs/DB.md describes every table and column; keep the two in
  * step. Versions are only appended; each migration runs inside the opening
  * transaction, so a failed upgrade leaves the file as it was.
@@ -18,13 +18,16 @@
  *      confirmed a challenger against the default by paired rounds, the
  *      challenger, the ratio to the default with its interval, the
  *      confidence and the number of rounds. Older winners become
- *      decision 0 (median: never confirmed). */
+ *      decision 0 (median: never confirmed).
+ *   5  winners carry a stale mark: `moetune db verify` re-timed the winner
+ *      against its runner-up and the default and it no longer won. Older
+ *      winners are not stale. */
 #include <inttypes.h>
 #include <stdio.h>
 
 #include "db_impl.h"
 
-static const char schema_v4[] =
+static const char schema_v5[] =
     "CREATE TABLE meta(\n"
     "  key TEXT PRIMARY KEY,\n"
     "  value TEXT NOT NULL\n"
@@ -103,6 +106,7 @@ static const char schema_v4[] =
     "  ratio_hi REAL,\n"
     "  confidence REAL,\n"
     "  rounds INTEGER,\n"
+    "  stale INTEGER NOT NULL DEFAULT 0 CHECK(stale IN (0, 1)),\n"
     "  PRIMARY KEY(device_id, kernel_id, shape, m));\n"
     "CREATE INDEX winners_by_kernel ON winners(kernel_id, shape, m, device_id);\n"
     "CREATE INDEX winners_by_trial ON winners(trial_id);\n"
@@ -290,6 +294,12 @@ static const char migrate_3_4[] =
     "ALTER TABLE winners ADD COLUMN confidence REAL;\n"
     "ALTER TABLE winners ADD COLUMN rounds INTEGER;\n";
 
+/* Version 4 -> 5: winners gain the stale mark of `db verify`; none is
+ * stale yet. */
+static const char migrate_4_5[] =
+    "ALTER TABLE winners ADD COLUMN stale INTEGER NOT NULL DEFAULT 0\n"
+    "  CHECK(stale IN (0, 1));\n";
+
 /* Runs a multi-statement script, binding :now in each statement. */
 static mt_status run_script(db_t *db, const char *sql, const char *what, mt_err *err)
 {
@@ -345,7 +355,7 @@ static mt_status set_version(db_t *db, mt_err *err)
 
 mt_status db_schema_create(db_t *db, mt_err *err)
 {
-    mt_status st = run_script(db, schema_v4, "creating the schema", err);
+    mt_status st = run_script(db, schema_v5, "creating the schema", err);
     if (st)
         return st;
     char buf[64];
@@ -414,6 +424,9 @@ mt_status db_schema_migrate(db_t *db, int from, mt_err *err)
             break;
         case 3:
             st = run_script(db, migrate_3_4, "upgrading schema 3 -> 4", err);
+            break;
+        case 4:
+            st = run_script(db, migrate_4_5, "upgrading schema 4 -> 5", err);
             break;
         default:
             st = mt_fail(err, MT_E_UNSUPPORTED, "%s: no migration from schema version %d",

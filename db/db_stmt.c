@@ -65,7 +65,7 @@ static const char *const stmt_sql[ST_STMT_COUNT] = {
         "origin = excluded.origin, decision = excluded.decision, "
         "challenger = excluded.challenger, ratio = excluded.ratio, "
         "ratio_lo = excluded.ratio_lo, ratio_hi = excluded.ratio_hi, "
-        "confidence = excluded.confidence, rounds = excluded.rounds",
+        "confidence = excluded.confidence, rounds = excluded.rounds, stale = 0",
     [ST_WINNER_GET] =
         "SELECT config_key, time_ms, verified_ms, verified_time_ms, runner_ups, decision, "
         "ratio_hi, coalesce(rounds, 0), challenger FROM winners "

@@ -17,9 +17,9 @@ mt_status db_begin(db_t *db, mt_err *err);
 mt_status db_commit(db_t *db, mt_err *err);
 void db_rollback(db_t *db);
 
-/* Records that a winner was re-timed now at time_ms (no command re-times
- * yet: `moetune db check` only lists the winners a re-timing would cover).
- * MT_E_NOT_FOUND when there is no such winner. */
+/* Records that a winner was re-timed now at time_ms and still wins:
+ * db_winner_verify with stale false. MT_E_NOT_FOUND when there is no such
+ * winner. */
 mt_status db_winner_mark_verified(db_t *db, int64_t device_id, int64_t kernel_id,
                                   const char *shape_key, int64_t m, double time_ms, mt_err *err);
 

@@ -328,22 +328,27 @@ mt_status db_winners_recompute(db_t *db, int64_t device_id, int64_t kernel_id,
     return db_tx_end(db, st, err);
 }
 
-mt_status db_winner_mark_verified(db_t *db, int64_t device_id, int64_t kernel_id,
-                                  const char *shape_key, int64_t m, double time_ms, mt_err *err)
+/* One UPDATE of the winner of a key, in its own transaction; time_ms NAN
+ * leaves the verification alone and sets only the stale mark. */
+static mt_status winner_update(db_t *db, int64_t device_id, int64_t kernel_id,
+                               const char *shape_key, int64_t m, double time_ms, bool stale,
+                               mt_err *err)
 {
-    if (!shape_key || !(isfinite(time_ms) && time_ms > 0))
-        return mt_fail(err, MT_E_INVALID, "db_winner_mark_verified: shape and a time > 0 needed");
     mt_status st = db_tx_begin(db, err);
     if (st)
         return st;
     sqlite3_stmt *s;
     int rc = sqlite3_prepare_v2(db->sql,
-                                "UPDATE winners SET verified_ms = ?1, verified_time_ms = ?2 "
+                                "UPDATE winners SET verified_ms = coalesce(?1, verified_ms), "
+                                "verified_time_ms = coalesce(?2, verified_time_ms), stale = ?7 "
                                 "WHERE device_id = ?3 AND kernel_id = ?4 AND shape = ?5 AND m = ?6",
                                 -1, &s, NULL);
     if (rc == SQLITE_OK) {
-        sqlite3_bind_int64(s, 1, db_now_ms());
-        sqlite3_bind_double(s, 2, time_ms);
+        if (isfinite(time_ms)) {
+            sqlite3_bind_int64(s, 1, db_now_ms());
+            sqlite3_bind_double(s, 2, time_ms);
+        }
+        sqlite3_bind_int(s, 7, stale);
         sqlite3_bind_int64(s, 3, device_id);
         sqlite3_bind_int64(s, 4, kernel_id);
         sqlite3_bind_text(s, 5, shape_key, -1, SQLITE_STATIC);
@@ -357,6 +362,26 @@ mt_status db_winner_mark_verified(db_t *db, int64_t device_id, int64_t kernel_id
         st = mt_fail(err, MT_E_NOT_FOUND, "%s: no winner for %s M=%lld", db->path, shape_key,
                      (long long)m);
     return db_tx_end(db, st, err);
+}
+
+mt_status db_winner_verify(db_t *db, int64_t device_id, int64_t kernel_id, const char *shape_key,
+                           int64_t m, double time_ms, bool stale, mt_err *err)
+{
+    if (!shape_key || !(isfinite(time_ms) && time_ms > 0))
+        return mt_fail(err, MT_E_INVALID, "db_winner_verify: shape and a time > 0 needed");
+    return winner_update(db, device_id, kernel_id, shape_key, m, time_ms, stale, err);
+}
+
+mt_status db_winner_mark_verified(db_t *db, int64_t device_id, int64_t kernel_id,
+                                  const char *shape_key, int64_t m, double time_ms, mt_err *err)
+{
+    return db_winner_verify(db, device_id, kernel_id, shape_key, m, time_ms, false, err);
+}
+
+mt_status db_winner_stale_set(db_t *db, int64_t device_id, int64_t kernel_id,
+                              const char *shape_key, int64_t m, mt_err *err)
+{
+    return winner_update(db, device_id, kernel_id, shape_key, m, NAN, true, err);
 }
 
 typedef struct winner_cb {
@@ -394,8 +419,9 @@ static mt_status winner_row(sqlite3_stmt *s, void *arg, bool *stop, mt_err *err)
             .confidence = db_col_real(s, 21),
             .rounds = sqlite3_column_int(s, 22),
         },
+        .stale = sqlite3_column_int(s, 23) != 0,
     };
-    db_device_row_read(s, 23, &r.device);
+    db_device_row_read(s, 24, &r.device);
     *stop = cb->fn(cb->ctx, &r) != 0;
     return MT_OK;
 }
@@ -408,7 +434,7 @@ mt_status db_winners_each(db_t *db, const db_filter *f, db_winner_fn fn, void *c
         "SELECT w.device_id, w.kernel_id, coalesce(w.trial_id, 0), k.family, k.version, "
         "k.source_hash, w.shape, w.m, w.config_key, w.config_json, w.runner_ups, w.time_ms, "
         "w.updated_ms, coalesce(w.verified_ms, 0), w.verified_time_ms, w.origin, "
-        DB_WINNER_DECISION_COLUMNS ", " DB_DEVICE_COLUMNS " "
+        DB_WINNER_DECISION_COLUMNS ", w.stale, " DB_DEVICE_COLUMNS " "
         "FROM winners w JOIN devices d ON d.id = w.device_id JOIN kernels k ON k.id = w.kernel_id "
         "WHERE " DB_FILTER_KERNEL " AND (?2 IS NULL OR w.shape = ?2) "
         "AND (?3 <= 0 OR w.m = ?3) AND (?4 IS NULL OR d.fingerprint = ?4 OR d.name = ?4) "

@@ -83,7 +83,7 @@ Test(db_schema, migrates_the_v1_fixture)
 
     db_t *db = open_ok(path, DB_OPEN_DEFAULT);
     db_close(db);
-    cr_assert_eq(sql_int(path, "PRAGMA user_version"), 4, "1 -> 2 -> 3 -> 4");
+    cr_assert_eq(sql_int(path, "PRAGMA user_version"), 5, "1 -> 2 -> 3 -> 4 -> 5");
     cr_expect_eq(sql_int(path, "SELECT count(*) FROM meta WHERE key='migrated_1_to_2_ms'"), 1);
     cr_expect_eq(sql_int(path, "SELECT count(*) FROM meta WHERE key='migrated_2_to_3_ms'"), 1);
     cr_expect_eq(sql_int(path, "SELECT count(*) FROM trials"), sql_int(ref, "SELECT count(*) FROM trials"));
@@ -179,8 +179,8 @@ Test(db_schema, migrates_the_v2_fixture)
 
     db_t *db = open_ok(path, DB_OPEN_DEFAULT);
     db_close(db);
-    cr_assert_eq(sql_int(path, "PRAGMA user_version"), 4);
-    cr_expect_eq(sql_int(path, "SELECT CAST(value AS INTEGER) FROM meta WHERE key='schema_version'"), 4);
+    cr_assert_eq(sql_int(path, "PRAGMA user_version"), DB_SCHEMA_VERSION);
+    cr_expect_eq(sql_int(path, "SELECT CAST(value AS INTEGER) FROM meta WHERE key='schema_version'"), DB_SCHEMA_VERSION);
     cr_expect_eq(sql_int(path, "SELECT count(*) FROM meta WHERE key='migrated_2_to_3_ms'"), 1);
     cr_expect_eq(sql_int(path, "SELECT count(*) FROM trials"), n);
     cr_expect_eq(same_trials(ref), n, "a column other than status/error changed");
@@ -228,6 +228,7 @@ Test(db_schema, migrates_the_v2_fixture)
 typedef struct v3_winners {
     int n, decided;
     char keys[4][64];
+    int stale;
 } v3_winners;
 
 static int v3_winner_cb(void *arg, const db_winner_row *w)
@@ -239,12 +240,15 @@ static int v3_winner_cb(void *arg, const db_winner_row *w)
     if (w->confirm.decision != DB_DECIDED_MEDIAN || w->confirm.rounds != 0 ||
         w->confirm.challenger_key || !isnan(w->confirm.ratio_hi))
         c->decided++;
+    c->stale += w->stale;
     return 0;
 }
 
-/* 3 -> 4: winners gain their decision, and every old winner is "median"
- * (never confirmed); nothing else changes; a decision is then stored and
- * survives a plain recompute. */
+/* 3 -> 4 -> 5: winners gain their decision, and every old winner is
+ * "median" (never confirmed); then the stale mark, and no old winner is
+ * stale; nothing else changes; a decision is then stored and survives a
+ * plain recompute; db verify's stale mark is stored, read back, and
+ * cleared when a tuning run decides the winner again. */
 Test(db_schema, migrates_the_v3_fixture)
 {
     char ref[160];
@@ -257,9 +261,11 @@ Test(db_schema, migrates_the_v3_fixture)
 
     db_t *db = open_ok(path, DB_OPEN_DEFAULT);
     db_close(db);
-    cr_assert_eq(sql_int(path, "PRAGMA user_version"), 4);
-    cr_expect_eq(sql_int(path, "SELECT CAST(value AS INTEGER) FROM meta WHERE key='schema_version'"), 4);
+    cr_assert_eq(sql_int(path, "PRAGMA user_version"), 5);
+    cr_expect_eq(sql_int(path, "SELECT CAST(value AS INTEGER) FROM meta WHERE key='schema_version'"), 5);
     cr_expect_eq(sql_int(path, "SELECT count(*) FROM meta WHERE key='migrated_3_to_4_ms'"), 1);
+    cr_expect_eq(sql_int(path, "SELECT count(*) FROM meta WHERE key='migrated_4_to_5_ms'"), 1);
+    cr_expect_eq(sql_int(path, "SELECT count(*) FROM winners WHERE stale = 0"), nw);
     cr_expect_eq(same_trials(ref), sql_int(ref, "SELECT count(*) FROM trials"));
     cr_expect_eq(sql_int(path, "SELECT count(*) FROM winners w JOIN trials t ON t.id = w.trial_id "
                                "AND t.config_key = w.config_key AND t.time_median_ms = w.time_ms"),
@@ -274,7 +280,18 @@ Test(db_schema, migrates_the_v3_fixture)
     cr_assert_eq(db_winners_each(db, NULL, v3_winner_cb, &c, &e), MT_OK, "%s", e.msg);
     cr_expect_eq(c.n, 2);
     cr_expect_eq(c.decided, 0, "an upgraded winner claims a decision");
+    cr_expect_eq(c.stale, 0, "an upgraded winner is stale");
     cr_expect_str_eq(c.keys[0], "ROWS=16");
+
+    /* db verify's mark: stored, read back, and a re-decision clears it. */
+    cr_assert_eq(db_winner_verify(db, 1, 1, "N=256", 1, 0.5, true, &e), MT_OK, "%s", e.msg);
+    cr_expect_eq(db_winner_verify(db, 1, 1, "N=256", 99, 0.5, true, &e), MT_E_NOT_FOUND);
+    cr_expect_eq(db_winner_verify(db, 1, 1, "N=256", 1, NAN, true, &e), MT_E_INVALID);
+    v3_winners c2 = {0};
+    cr_assert_eq(db_winners_each(db, NULL, v3_winner_cb, &c2, &e), MT_OK, "%s", e.msg);
+    cr_expect_eq(c2.stale, 1);
+    cr_expect_eq(sql_int(path, "SELECT count(*) FROM winners WHERE m = 1 AND stale = 1 AND "
+                               "verified_time_ms = 0.5 AND verified_ms > 0"), 1);
 
     /* The fixture's M=1 winner ROWS=16 was a lucky median: record that the
      * default (ROWS=1) won its confirmation; recompute must not undo it. */
@@ -286,11 +303,13 @@ Test(db_schema, migrates_the_v3_fixture)
     db_close(db);
     cr_expect_eq(sql_int(path, "SELECT count(*) FROM winners WHERE m = 1 AND config_key = "
                                "'ROWS=1' AND decision = 2 AND challenger = 'ROWS=16' AND "
-                               "rounds = 10 AND ratio_hi = 1.05"), 1);
+                               "rounds = 10 AND ratio_hi = 1.05 AND stale = 0"), 1);
     sqlite3 *s;
     cr_assert_eq(sqlite3_open(path, &s), SQLITE_OK);
     cr_expect_neq(sqlite3_exec(s, "UPDATE winners SET decision = 4", NULL, NULL, NULL), SQLITE_OK,
                   "decision 4 passed the CHECK");
+    cr_expect_neq(sqlite3_exec(s, "UPDATE winners SET stale = 2", NULL, NULL, NULL), SQLITE_OK,
+                  "stale 2 passed the CHECK");
     sqlite3_close(s);
 }
 
@@ -303,7 +322,7 @@ Test(db_schema, readonly_open_of_v3_upgrades_a_memory_copy_only)
     db_stats st;
     mt_err e = MT_ERR_INIT;
     cr_assert_eq(db_stats_get(db, &st, &e), MT_OK, "%s", e.msg);
-    cr_expect_eq(st.schema_version, 4);
+    cr_expect_eq(st.schema_version, DB_SCHEMA_VERSION);
     cr_expect_eq(st.winners, 2);
     v3_winners c = {0};
     cr_assert_eq(db_winners_each(db, NULL, v3_winner_cb, &c, &e), MT_OK, "%s", e.msg);
@@ -325,7 +344,7 @@ Test(db_schema, readonly_open_of_v2_upgrades_a_memory_copy_only)
     db_stats st;
     mt_err e = MT_ERR_INIT;
     cr_assert_eq(db_stats_get(db, &st, &e), MT_OK, "%s", e.msg);
-    cr_expect_eq(st.schema_version, 4);
+    cr_expect_eq(st.schema_version, DB_SCHEMA_VERSION);
     cr_expect_eq(st.trials_by_status[DB_TRIAL_COMPILED], 3);
     cr_expect_eq(st.trials_by_status[DB_TRIAL_SKIPPED], 1);
     db_close(db);
@@ -345,7 +364,7 @@ Test(db_schema, readonly_open_of_v1_upgrades_a_memory_copy_only)
     db_stats st;
     mt_err e = MT_ERR_INIT;
     cr_assert_eq(db_stats_get(db, &st, &e), MT_OK, "%s", e.msg);
-    cr_expect_eq(st.schema_version, 4);
+    cr_expect_eq(st.schema_version, DB_SCHEMA_VERSION);
     cr_expect_eq(st.trials, 8);
     db_device d = dev_mi210();
     int64_t id;
