@@ -140,6 +140,21 @@ static const cpu_case index_cases[] = {
     {"IH=72,ID=8,topk=9,ps=3,kv=bf16,C=97", 3, "BT=1024,QB=1,WAVES=1,TK_WAVES=1"},
 };
 
+/* Register tiles: AVX-512 expansion 6 tokens x 4 row vectors, scores 8
+ * queries x 2 key vectors, P*V 8 x 3 value vectors; AVX2 4 x 3, 4 x 2,
+ * 4 x 3; else 4 x 2 throughout. */
+static const cpu_case prefill_cases[] = {
+    /* glm5.2 widths: queries not a multiple of BM or of the tile, a
+     * context not a multiple of BN */
+    {"H=2,L=512,R=64,D=192,V=256,ps=64,kv=bf16,P=37", 29, "BM=16,BN=32,ET=16"},
+    {"H=2,L=512,R=64,D=192,V=256,ps=64,kv=fp8,P=100", 70, NULL},
+    /* no prefix; rows, values and dims that are not whole vectors */
+    {"H=3,L=64,R=16,D=48,V=40,ps=7,kv=fp8,P=0", 13, "BM=8,BN=16,ET=4"},
+    {"H=2,L=20,R=8,D=12,V=20,ps=3,kv=bf16,P=5", 3, "BM=4,BN=16,ET=64"},
+    /* no rope dims; one block of queries over several key tiles */
+    {"H=2,L=24,R=0,D=16,V=24,ps=5,kv=bf16,P=170", 7, "BM=64,BN=128,ET=16"},
+};
+
 /* The capped variants (ATTN_CHECK_ARCH) sample fewer configs: the chosen
  * cases above reach every vector path's edges, and each sampled config is
  * a host compile per case (CI time). */
@@ -161,9 +176,18 @@ Test(ATTN_CHECK_SUITE, dsa_indexer_cpu, .timeout = 600)
     check_cpu_cases(&fam_dsa_indexer, index_cases, sizeof index_cases / sizeof *index_cases);
 }
 
+/* The capped variants run only the chosen cases (they reach every vector
+ * path's edges; CI time). */
+Test(ATTN_CHECK_SUITE, mla_prefill_cpu, .timeout = 600)
+{
 #ifndef ATTN_CHECK_ARCH
-Test(attn_check, mla_prefill_cpu) { check_family(&fam_mla_prefill, "cpu", 8, 3); }
+    check_family(&fam_mla_prefill, "cpu", 8, 3);
+#endif
+    check_cpu_cases(&fam_mla_prefill, prefill_cases,
+                    sizeof prefill_cases / sizeof *prefill_cases);
+}
 
+#ifndef ATTN_CHECK_ARCH
 Test(attn_check, rope_cpu) { check_family(&fam_rope, "cpu", 4, 4); }
 #endif
 #else
