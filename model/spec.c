@@ -207,7 +207,7 @@ mt_status model_spec_draft(model_runtime *rt, model_spec_catchup *items, int n, 
     if (m && (st = model_mtp_step(rt, mi, m, err)) != MT_OK)
         goto done;
     /* Draft steps: the items still drafting, each from its own last row. */
-    for (int step = 0; m; step++) {
+    while (m) {
         int m2 = 0;
         for (int i = 0; i < m; i++) {
             model_spec_seq *s = who[i];
