@@ -19,6 +19,7 @@ int cmd_devices(int argc, char **argv);
 int cmd_kernels(int argc, char **argv);
 int cmd_check(int argc, char **argv);
 int cmd_db(int argc, char **argv);
+int cmd_db_verify(int argc, char **argv); /* `moetune db verify` */
 int cmd_make_tiny_model(int argc, char **argv);
 int cmd_tune(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
@@ -26,6 +27,7 @@ int cmd_serve(int argc, char **argv);
 int cmd_bench_serve(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_isa(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
 
 /* Option parsing: "--name value" or "--name=value". Returns the value and
  * advances *i, or NULL when argv[*i] is not that option. A missing value

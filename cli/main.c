@@ -16,6 +16,7 @@ static const struct {
     {"tune", cmd_tune, "search, verify and time kernel configs; store winners in the database"},
     {"make-tiny-model", cmd_make_tiny_model, "write a small random GLM-5 checkpoint in the real MXFP4 format"},
     {"isa", cmd_isa, "compile one kernel config for a GPU arch: registers, scratch, occupancy, instruction mix"},
+    {"plan", cmd_plan, "memory per rank of a multi-device deployment, from config.json alone"},
     {"bench", cmd_bench, "benchmark kernels against limits measured in the same run (--family moe)"},
     {"serve", cmd_serve, "serve a checkpoint over HTTP with OpenAI's API (continuous batching, prefix cache)"},
     {"bench-serve", cmd_bench_serve, "measure a running server: Poisson load, TTFT, inter-token latency, knee"},
