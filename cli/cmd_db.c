@@ -1,4 +1,5 @@
-/* cmd_db.c: `moetune db show|best|export|import|merge|misses|check|gc`:
+/* cmd_db.c: `moetune db show|best|export|import|merge|misses|check|gc`
+ * (and `verify`, in cmd_db_verify.c):
  * inspect, ship, join and clean a tuning database. Thin: parses options,
  * calls db/, prints text or (--json) JSON. */
 #define _GNU_SOURCE
@@ -43,6 +44,9 @@ static void usage(FILE *f)
             "  misses                   lookups that found no tuned config, most frequent first\n"
             "  check                    integrity check, and a list of the winners a\n"
             "                           re-timing would cover (it times nothing)\n"
+            "  verify [--device D]      re-time winners against their runner-up and the\n"
+            "                           default on this device; mark those that no longer\n"
+            "                           win stale (`moetune db verify --help`)\n"
             "  gc --current | --keep-hash FAMILY=HASH...\n"
             "                           drop trials and winners of named families whose\n"
             "                           source hash is not a kept one [--dry-run];\n"
@@ -277,6 +281,7 @@ static int show_winner(void *ctx, const db_winner_row *w)
             cJSON_AddNumberToObject(o, "verified_ms", (double)w->verified_ms);
             cJSON_AddNumberToObject(o, "verified_time_ms", w->verified_time_ms);
         }
+        cJSON_AddBoolToObject(o, "stale", w->stale);
         if (w->origin)
             cJSON_AddStringToObject(o, "origin", w->origin);
         const db_confirm *d = &w->confirm;
@@ -293,9 +298,10 @@ static int show_winner(void *ctx, const db_winner_row *w)
         cJSON_AddItemToArray(c->arr, o);
         return 0;
     }
-    char vbuf[32] = "-";
+    char vbuf[48] = "-";
     if (w->verified_ms > 0)
-        snprintf(vbuf, sizeof vbuf, "%.4f ms", w->verified_time_ms);
+        snprintf(vbuf, sizeof vbuf, "%.4f ms%s", w->verified_time_ms,
+                 w->stale ? " STALE (no longer wins)" : "");
     char dbuf[320];
     decision_text(&w->confirm, dbuf, sizeof dbuf);
     printf("%-24.24s %-12s %-36s %6" PRId64 "  %-28s %10.4f ms  %s  verified %s%s%s\n",
@@ -588,6 +594,8 @@ int cmd_db(int argc, char **argv)
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? CLI_USAGE : CLI_OK;
     }
+    if (!strcmp(argv[1], "verify"))
+        return cmd_db_verify(argc, argv);
     opts o;
     int rc = parse(argc, argv, &o);
     if (rc < 0)

@@ -103,6 +103,14 @@ mt_status tune_worker_paired(tune_worker *w, const kern_config *cfg_a, const voi
                              double timeout_s, volatile sig_atomic_t *stop, tune_paired *out,
                              mt_err *err);
 
+/* The timing of one config in a paired round (tune_run.c): base with a
+ * fixed number of samples (the same work for both configs in every round),
+ * each a batch of launches lasting at least 0.1 ms for a kernel of about
+ * fast_ms, no early abandon. */
+kern_time_opts tune_paired_opts(const kern_time_opts *base, double fast_ms);
+/* Median of n <= TUNE_CONFIRM_MAX_ROUNDS values (not modified). */
+double tune_median(const double *v, int n);
+
 /* ---- search strategies (tune_search.c) ------------------------------------
  * Holds the valid (sharded) space of one (job, M), the configs already
  * known (in the database or proposed) and the results so far; proposes the

@@ -519,7 +519,7 @@ static void check_determinism(run_ctx *r, const char *key, int *det)
 #define TUNE_SAMPLE_MIN_MS 0.1
 #define TUNE_ROUND_MIN_MS 2.0
 
-static double median_of(const double *v, int n)
+double tune_median(const double *v, int n)
 {
     double s[TUNE_CONFIRM_MAX_ROUNDS];
     memcpy(s, v, sizeof(double) * (size_t)n);
@@ -535,9 +535,9 @@ static double median_of(const double *v, int n)
 /* The timing of one config in a paired round: a fixed number of samples
  * (the same work for both configs in every round), each a batch of
  * launches lasting at least TUNE_SAMPLE_MIN_MS. */
-static kern_time_opts paired_opts(const run_ctx *r, double fast_ms)
+kern_time_opts tune_paired_opts(const kern_time_opts *base, double fast_ms)
 {
-    kern_time_opts t = r->o->timing;
+    kern_time_opts t = *base;
     t.abandon_ms = 0;
     t.target_spread = 0;
     if (t.warmup < 1)
@@ -582,7 +582,7 @@ static mt_status confirm(run_ctx *r, const char *cand_key, const char *dflt_key,
         size_t la = 0, lb = 0;
         const void *ba = dev_code_get_bytes(code_a, &la);
         const void *bb = dev_code_get_bytes(code_b, &lb);
-        kern_time_opts t = paired_opts(r, fmin(r->best_ms, r->default_ms));
+        kern_time_opts t = tune_paired_opts(&r->o->timing, fmin(r->best_ms, r->default_ms));
         mt_status ws = tune_worker_paired(r->worker, &ca, ba, la, &cb, bb, lb, rounds, &t,
                                           r->timeout_s * (2 + rounds), r->o->stop, pr, &e);
         if (ws == MT_E_INTERRUPTED) {
@@ -594,8 +594,8 @@ static mt_status confirm(run_ctx *r, const char *cand_key, const char *dflt_key,
         } else if (pr->status != MT_OK) {
             snprintf(why, why_cap, "%s: %.400s", pr->step, pr->msg);
         } else {
-            *cand_ms = median_of(pr->a_ms, pr->rounds);
-            *dflt_ms = median_of(pr->b_ms, pr->rounds);
+            *cand_ms = tune_median(pr->a_ms, pr->rounds);
+            *dflt_ms = tune_median(pr->b_ms, pr->rounds);
             if (tune_ratio_interval(pr->a_ms, pr->b_ms, pr->rounds, iv->level, seed, iv, &e) !=
                 MT_OK)
                 snprintf(why, why_cap, "%.400s", e.msg);
