@@ -1,7 +1,10 @@
 /* cmd_check.c: `moetune check`: runs each family's default config and a
  * sample of other configs on small shapes against the C reference, and
  * prints a table. On a compile-only device (a GPU arch with no GPU) it
- * compiles each sampled config and prints its resources instead. */
+ * compiles each sampled config and prints its resources instead; with
+ * --json on hip and cuda, also each kernel's instruction mix (matrix
+ * instructions against FMA/VALU, memory, scratch; AMD from the disassembly,
+ * NVIDIA from the PTX). */
 #include <cjson/cJSON.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -11,6 +14,8 @@
 #include "../common/clock.h"
 #include "../common/rng.h"
 #include "../device/device.h"
+#include "../device/isa_mix.h"
+#include "../device/ptx_mix.h"
 #include "../kernels/runner.h"
 #include "cli.h"
 
@@ -33,7 +38,10 @@ static void usage(void)
            "Runs every family's default config and N sampled configs (default 3) on its\n"
            "small check cases against the plain C reference. With a GPU --arch and no GPU\n"
            "(e.g. --device hip --arch gfx90a) it compiles the sample and prints registers,\n"
-           "LDS and spills. Exit 0 only when everything passed; 2 for usage errors.\n");
+           "LDS and spills; --json adds, on hip and cuda, each kernel's instruction mix\n"
+           "(\"mix\": matrix instructions vs FMA/VALU, memory, scratch; from llvm-objdump on\n"
+           "AMD, from the PTX on NVIDIA). Exit 0 only when everything passed; 2 for usage\n"
+           "errors.\n");
 }
 
 static int parse(int argc, char **argv, check_opts *o)
@@ -93,6 +101,95 @@ static void resources_text(const dev_code_info *info, char *out, size_t cap)
     }
 }
 
+/* The instruction mix of every kernel of code, for a GPU backend: AMD
+ * from llvm-objdump's disassembly (device/isa_mix.h), NVIDIA from the PTX
+ * NVRTC kept (device/ptx_mix.h). NULL where there is none (cpu, emu, no
+ * llvm-objdump, a cache entry without PTX); *why then says why, or stays
+ * empty on a backend that has no mix (cpu, emu). */
+static cJSON *mix_json(const dev_props *pr, const dev_code *code, char *why, size_t cap)
+{
+    const dev_code_info *info = dev_code_get_info(code);
+    cJSON *arr = NULL;
+    if (pr->backend == DEV_BACKEND_CUDA) {
+        const char *ptx = dev_code_get_text(code);
+        if (!ptx) {
+            snprintf(why, cap, "no PTX kept for this code object");
+            return NULL;
+        }
+        dev_ptx_report *rep = malloc(sizeof *rep);
+        if (!rep)
+            return NULL;
+        dev_ptx_parse(ptx, rep);
+        arr = cJSON_CreateArray();
+        for (int i = 0; i < info->n_kernels; i++) {
+            const dev_ptx_func *f = dev_ptx_find(rep, info->kernels[i].name);
+            if (!f)
+                continue;
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddStringToObject(o, "kernel", f->name);
+            cJSON_AddStringToObject(o, "source", "ptx");
+            cJSON_AddNumberToObject(o, "instructions", f->total);
+            cJSON_AddNumberToObject(o, "mma", f->mma);
+            cJSON_AddNumberToObject(o, "fma", f->fma);
+            cJSON_AddNumberToObject(o, "alu", f->alu);
+            cJSON_AddNumberToObject(o, "global_load", f->ld_global);
+            cJSON_AddNumberToObject(o, "global_store", f->st_global);
+            cJSON_AddNumberToObject(o, "atomic", f->atomic);
+            cJSON_AddNumberToObject(o, "shared_load", f->ld_shared);
+            cJSON_AddNumberToObject(o, "shared_store", f->st_shared);
+            cJSON_AddNumberToObject(o, "local", f->local);
+            cJSON_AddNumberToObject(o, "barrier", f->barrier);
+            cJSON *kinds = cJSON_AddArrayToObject(o, "mma_kinds");
+            for (int k = 0; k < f->n_mma_kinds; k++)
+                cJSON_AddItemToArray(kinds, cJSON_CreateString(f->mma_kind[k]));
+            cJSON_AddItemToArray(arr, o);
+        }
+        free(rep);
+        return arr;
+    }
+    if (pr->backend != DEV_BACKEND_HIP)
+        return NULL;
+    size_t len = 0;
+    const void *bytes = dev_code_get_bytes(code, &len);
+    dev_isa_report *rep = malloc(sizeof *rep);
+    mt_err err = MT_ERR_INIT;
+    if (!rep || dev_isa_mix(bytes, len, pr->arch, rep, &err) != MT_OK) {
+        snprintf(why, cap, "%.400s", rep ? err.msg : "out of memory");
+        free(rep);
+        return NULL;
+    }
+    arr = cJSON_CreateArray();
+    for (int i = 0; i < info->n_kernels; i++) {
+        const dev_isa_func *f = dev_isa_find(rep, info->kernels[i].name);
+        if (!f)
+            continue;
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "kernel", f->name);
+        cJSON_AddStringToObject(o, "source", "disassembly");
+        cJSON_AddNumberToObject(o, "instructions", f->all.total);
+        cJSON_AddNumberToObject(o, "mma", f->all.n[DEV_ISA_MFMA]);
+        cJSON_AddNumberToObject(o, "valu", f->all.n[DEV_ISA_VALU]);
+        for (int c = DEV_ISA_SALU; c < DEV_ISA_N_CLASSES; c++)
+            cJSON_AddNumberToObject(o, dev_isa_class_name((dev_isa_class)c), f->all.n[c]);
+        cJSON *kinds = cJSON_AddArrayToObject(o, "mma_kinds");
+        for (int k = 0; k < f->n_mma_kinds; k++)
+            cJSON_AddItemToArray(kinds, cJSON_CreateString(f->mma_kind[k]));
+        if (f->hot >= 0) {
+            const dev_isa_loop *l = &f->loops[f->hot];
+            cJSON *h = cJSON_AddObjectToObject(o, "hot_loop");
+            cJSON_AddNumberToObject(h, "instructions", l->c.total);
+            cJSON_AddNumberToObject(h, "depth", l->depth);
+            for (int c = 0; c < DEV_ISA_N_CLASSES; c++)
+                cJSON_AddNumberToObject(h, c == DEV_ISA_MFMA ? "mma"
+                                                             : dev_isa_class_name((dev_isa_class)c),
+                                        l->c.n[c]);
+        }
+        cJSON_AddItemToArray(arr, o);
+    }
+    free(rep);
+    return arr;
+}
+
 static cJSON *resources_json(const dev_code_info *info)
 {
     cJSON *arr = cJSON_CreateArray();
@@ -107,6 +204,8 @@ static cJSON *resources_json(const dev_code_info *info)
         cJSON_AddNumberToObject(o, "spill_sgprs", r->spill_sgprs);
         cJSON_AddNumberToObject(o, "lds_bytes", (double)r->lds_bytes);
         cJSON_AddNumberToObject(o, "private_bytes", (double)r->private_bytes);
+        cJSON_AddNumberToObject(o, "max_threads", r->max_threads);
+        cJSON_AddNumberToObject(o, "waves_per_simd", r->waves_per_simd);
         cJSON_AddItemToArray(arr, o);
     }
     return arr;
@@ -164,6 +263,15 @@ static void check_config(dev_device *d, const kern_family *f, const kern_impl *i
             cJSON_AddBoolToObject(r, "cache_hit", info->cache_hit);
             cJSON_AddNumberToObject(r, "compile_ms", info->compile_ms);
             cJSON_AddItemToObject(r, "resources", resources_json(info));
+        }
+        const dev_code *mc = code ? code : e ? kern_exec_code(e) : NULL;
+        if (o->json && mc) {
+            char why[512] = "";
+            cJSON *mix = mix_json(pr, mc, why, sizeof why);
+            if (mix)
+                cJSON_AddItemToObject(r, "mix", mix);
+            else if (why[0])
+                cJSON_AddStringToObject(r, "mix_missing", why);
         }
         cJSON_AddNumberToObject(r, "ms", ms);
         cJSON_AddItemToArray(rows, r);
