@@ -394,21 +394,24 @@ static const kern_impl gpu_impl = {
 
 static const int cpu_bm_v[] = {4, 8, 16, 32, 64};
 static const int cpu_bn_v[] = {16, 32, 64, 128};
-static const int cpu_et_v[] = {4, 16, 64};
+static const int cpu_et_v[] = {4, 16, 64, 256};
 static const kern_param_desc cpu_params[] = {
     {"BM", cpu_bm_v, 5, "query rows per work item"},
     {"BN", cpu_bn_v, 4, "key tile"},
-    {"ET", cpu_et_v, 3, "context tokens per expansion work item"},
+    {"ET", cpu_et_v, 4, "context tokens per expansion work item (they share each kv_b panel)"},
 };
 
 static void cpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern_config *c)
 {
-    (void)s;
-    (void)p;
     c->n = 3;
-    c->v[0] = m >= 64 ? 32 : m >= 16 ? 8 : 4;
+    c->v[0] = m >= 128 ? 64 : m >= 64 ? 32 : m >= 16 ? 8 : 4;
     c->v[1] = 64;
-    c->v[2] = 16;
+    /* The expansion converts a head's kv_b rows once per item: the more
+     * tokens share them the better, while items remain for every thread. */
+    int64_t t = n_tok(s, m), et = 256;
+    while (et > 16 && (t + et - 1) / et * s->v[D_H] < 4 * (int64_t)p->compute_units)
+        et /= 4;
+    c->v[2] = (int)et;
 }
 
 static int cpu_defines(const kern_shape *s, const kern_config *cfg, const dev_props *p,
