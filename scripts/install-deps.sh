@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages moetune needs to build, test and run
-# (clang-19 also serves CI's second compiler build).
+# (clang-19 also serves CI's second compiler build; Open MPI runs the
+# multi-rank collectives and their test).
 # Idempotent and silent when everything is present: one dpkg-query, no
 # apt-get update, no output. Otherwise installs only what is missing, and
 # refreshes the package lists only when apt cannot find a package without
@@ -14,6 +15,7 @@ pkgs=(
   libamdhip64-dev libamd-comgr-dev
   clang-19 lld-19 llvm-19 rocm-device-libs
   curl jq
+  libopenmpi-dev openmpi-bin
 )
 # The OpenAI-client test (test_serve_agent) runs the official npm client:
 # Debian's node where the machine has none of its own.
