@@ -110,7 +110,7 @@ static const kern_param_desc gpu_params[P_COUNT] = {
 static size_t gpu_shared(const kern_shape *s, const kern_config *cfg)
 {
     int64_t E = s->v[D_E], b = cfg->v[P_BLOCK];
-    return cfg->v[P_CHUNK] ? (size_t)(E + b) * 4 : (size_t)(2 * E + b + 1) * 4;
+    return cfg->v[P_CHUNK] ? (size_t)(E + b) * 4 : (size_t)(2 * E + 1) * 4;
 }
 
 static int64_t n_chunks(const kern_shape *s, int64_t m, const kern_config *cfg)

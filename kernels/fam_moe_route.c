@@ -263,8 +263,9 @@ static bool gpu_valid(const kern_shape *s, int64_t m, const kern_config *cfg,
 
 /* Few tokens: the multi-block GEMV, so the gate streams through many CUs
  * (at M = 1 the one-block path runs on one CU), with K slices until the
- * grid covers every CU (256 x 6144 at M = 1: 32 blocks x KS = 8); many
- * tokens: one block per token already fills the device. */
+ * grid has two blocks per CU (a compile-only device, which knows no CU
+ * count, counts as 256 CUs), at most KS = 8: 256 x 6144 at M = 1 is 32
+ * blocks x KS = 8. Many tokens: one block per token fills the device. */
 static void gpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern_config *cfg)
 {
     cfg->n = P_COUNT;
@@ -276,7 +277,8 @@ static void gpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern
     if (!cfg->v[P_TPB])
         return;
     int64_t blocks = (int64_t)kern_cdiv(s->v[D_E], cfg->v[P_EPB]) * kern_cdiv(m, cfg->v[P_TPB]);
-    while (cfg->v[P_KS] < ks_vals[3] && blocks * cfg->v[P_KS] < p->compute_units) {
+    int64_t cus = p->compute_units > 0 ? p->compute_units : 256;
+    while (cfg->v[P_KS] < ks_vals[3] && blocks * cfg->v[P_KS] < 2 * cus) {
         cfg->v[P_KS] *= 2;
         if ((cfg->v[P_KS] - 1) * slice_len(s, cfg) >= s->v[D_H]) { /* a slice would be empty */
             cfg->v[P_KS] /= 2;

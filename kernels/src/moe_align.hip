@@ -6,8 +6,9 @@
  *   1. per-expert counts with shared-memory atomics;
  *   2. padded offsets (a serial scan by thread 0: E <= 1024 values);
  *   3. sentinel fill of sorted, tile -> expert map;
- *   4. stable placement, BLOCK pairs at a time: a pair's rank is the number
- *      of earlier pairs of the same expert in its chunk.
+ *   4. stable placement, BLOCK pairs at a time (a_place): lanes of a wave
+ *      with the same expert find each other with ceil(log2 E) + 1 ballots,
+ *      a pair's rank is a popcount, and the waves take turns in order.
  *
  * histogram -> scan -> scatter (CHUNK > 0), over ceil(npairs / CHUNK) blocks:
  *   moe_align_count    block b counts the experts of pairs [b*CHUNK, ...) into
@@ -21,11 +22,49 @@
  *                      starting offsets: the order stays stable across blocks.
  * Params: BLOCK threads, CHUNK pairs per block. Dims: S_E experts, S_topk. */
 
+/* ceil(log2(S_E)): the bits that tell expert ids apart (S_E <= 1024). */
+#define A_BITS                                                                                \
+    ((S_E > 1) + (S_E > 2) + (S_E > 4) + (S_E > 8) + (S_E > 16) + (S_E > 32) + (S_E > 64) +   \
+     (S_E > 128) + (S_E > 256) + (S_E > 512))
+
+/* Places the pairs p in [base, base + BLOCK), p < p1, of expert e = ids[p]
+ * at sorted[off[e] + (pairs of e before p in this step)] and advances
+ * off[e] past them: stable. Within a wave, lanes of the same expert match
+ * by ballots over the bits of e, a lane's rank is the popcount of the
+ * matching lanes below it, and the group's last lane claims the group's
+ * slots from off[e] (distinct experts, distinct words: no race); the
+ * waves take their turns in order. Every thread of the block calls it. */
+MT_DEVICE void a_place(const int *ids, int *sorted, int *off, int base, int p1)
+{
+    int tid = threadIdx.x, lane = tid % MT_WARP_SIZE, wave = tid / MT_WARP_SIZE;
+    int p = base + tid, e = p < p1 ? ids[p] : -1;
+    unsigned long long same = mt_ballot(e >= 0);
+    for (int b = 0; b < A_BITS; b++) {
+        unsigned long long set = mt_ballot((e >> b) & 1);
+        same &= ((e >> b) & 1) ? set : ~set;
+    }
+    int rank = (int)__popcll(same & ((1ull << lane) - 1ull)), n = (int)__popcll(same);
+    int last = e >= 0 ? 63 - (int)__clzll(same) : lane;
+    for (int w = 0; w < BLOCK / MT_WARP_SIZE; w++) {
+        if (wave == w) {
+            int o = 0;
+            if (e >= 0 && lane == last) {
+                o = off[e];
+                off[e] = o + n;
+            }
+            o = mt_shfl_idx_i32(o, last);
+            if (e >= 0)
+                sorted[o + rank] = p;
+        }
+        __syncthreads();
+    }
+}
+
 MT_KERNEL void moe_align(const int *ids, int *sorted, int *tile_expert, int *total,
                          int npairs, int bm, int cap)
 {
     MT_DYN_SHARED(int, sh);
-    int *cnt = sh, *off = sh + S_E, *chunk = sh + 2 * S_E, *tot = sh + 2 * S_E + BLOCK;
+    int *cnt = sh, *off = sh + S_E, *tot = sh + 2 * S_E;
     int tid = threadIdx.x;
     for (int e = tid; e < S_E; e += BLOCK)
         cnt[e] = 0;
@@ -52,22 +91,9 @@ MT_KERNEL void moe_align(const int *ids, int *sorted, int *tile_expert, int *tot
         for (int t = t0; t < t1; t++)
             tile_expert[t] = e;
     }
-    for (int base = 0; base < npairs; base += BLOCK) {
-        int p = base + tid;
-        int e = p < npairs ? ids[p] : -1;
-        chunk[tid] = e;
-        __syncthreads();
-        if (e >= 0) {
-            int rank = 0;
-            for (int j = 0; j < tid; j++)
-                rank += chunk[j] == e;
-            sorted[off[e] + rank] = p;
-        }
-        __syncthreads();
-        if (e >= 0)
-            atomicAdd(&off[e], 1);
-        __syncthreads();
-    }
+    __syncthreads();
+    for (int base = 0; base < npairs; base += BLOCK)
+        a_place(ids, sorted, off, base, npairs);
 }
 
 /* ---- histogram -> scan -> scatter ------------------------------------- */
@@ -145,26 +171,12 @@ MT_KERNEL void moe_align_scan(int *counts, int *tile_expert, int *total, int nbl
 MT_KERNEL void moe_align_scatter(const int *ids, int *sorted, const int *counts, int npairs)
 {
     MT_DYN_SHARED(int, sh);
-    int *off = sh, *chunk = sh + S_E;
+    int *off = sh;
     int tid = threadIdx.x, b = blockIdx.x;
     for (int e = tid; e < S_E; e += BLOCK)
         off[e] = counts[b * S_E + e];
     __syncthreads();
     int p1 = (b + 1) * CHUNK < npairs ? (b + 1) * CHUNK : npairs;
-    for (int base = b * CHUNK; base < p1; base += BLOCK) {
-        int p = base + tid;
-        int e = p < p1 ? ids[p] : -1;
-        chunk[tid] = e;
-        __syncthreads();
-        if (e >= 0) {
-            int rank = 0;
-            for (int j = 0; j < tid; j++)
-                rank += chunk[j] == e;
-            sorted[off[e] + rank] = p;
-        }
-        __syncthreads();
-        if (e >= 0)
-            atomicAdd(&off[e], 1);
-        __syncthreads();
-    }
+    for (int base = b * CHUNK; base < p1; base += BLOCK)
+        a_place(ids, sorted, off, base, p1);
 }
