@@ -10,7 +10,9 @@
  *       after (others' load makes times noisy; run it under `nice -n 19`).
  *       --shard I/N sweeps that shard of the space only (a deterministic
  *       part, docs/TUNING.md), for spaces too large to sweep whole; the
- *       replay then searches the same shard.
+ *       replay then searches the same shard. --db keeps the scratch
+ *       database (default: a fresh one in /tmp), so an interrupted sweep
+ *       resumes, and a finished one can be written for fewer M.
  *   bench_replay replay [--seeds N] [--strategies random,evolve,model] FILE...
  *       replays each strategy over N seeds (default 200) on each table and
  *       M at budgets of 5 %, 10 % and 15 % of the space (at least 1), and
@@ -42,7 +44,7 @@ static void die(const char *what, const mt_err *err)
 static void usage(void)
 {
     fprintf(stderr, "usage: bench_replay sweep --family F --shape S --m LIST [--device D] "
-                    "[--shard I/N] --out FILE\n"
+                    "[--shard I/N] [--db SCRATCH] --out FILE\n"
                     "       bench_replay replay [--seeds N] [--strategies LIST] FILE...\n");
     exit(2);
 }
@@ -99,6 +101,8 @@ static double load1(void)
 typedef struct sweep_out {
     FILE *f;
     int rows;
+    const int64_t *ms; /* only these M */
+    int n_m;
 } sweep_out;
 
 static void put_ms(FILE *f, double v, bool last)
@@ -112,6 +116,11 @@ static int row_cb(void *arg, const db_trial_row *row)
 {
     sweep_out *o = arg;
     const db_trial *t = &row->t;
+    bool wanted = false;
+    for (int i = 0; i < o->n_m; i++)
+        wanted = wanted || o->ms[i] == t->m;
+    if (!wanted)
+        return 0;
     fprintf(o->f, "%lld,%s,", (long long)t->m, db_trial_status_str(t->status));
     put_ms(o->f, t->time_median_ms, false);
     put_ms(o->f, t->time_min_ms, false);
@@ -125,6 +134,7 @@ static int row_cb(void *arg, const db_trial_row *row)
 static int sweep(int argc, char **argv)
 {
     const char *family = NULL, *shape = NULL, *device = "cpu", *out = NULL, *shard = NULL;
+    const char *db_arg = NULL;
     int64_t ms[TUNE_MAX_M];
     int n_m = 0;
     for (int i = 2; i < argc; i++) {
@@ -140,6 +150,8 @@ static int sweep(int argc, char **argv)
             out = argv[++i];
         else if (!strcmp(argv[i], "--shard"))
             shard = argv[++i];
+        else if (!strcmp(argv[i], "--db"))
+            db_arg = argv[++i];
         else if (!strcmp(argv[i], "--m")) {
             for (char *t = strtok(argv[++i], ","); t && n_m < TUNE_MAX_M; t = strtok(NULL, ","))
                 ms[n_m++] = atoll(t);
@@ -162,8 +174,10 @@ static int sweep(int argc, char **argv)
         perror("mkdtemp");
         return 1;
     }
-    char db_path[256];
+    char db_path[512];
     snprintf(db_path, sizeof db_path, "%s/sweep.db", dir);
+    if (db_arg) /* resume an interrupted sweep: measured configs are kept */
+        snprintf(db_path, sizeof db_path, "%s", db_arg);
     tune_opts o;
     tune_opts_default(&o);
     o.device = device;
@@ -209,7 +223,7 @@ static int sweep(int argc, char **argv)
     db_t *db = NULL;
     if (db_open(db_path, DB_OPEN_READONLY, &db, &err) != MT_OK)
         die("open sweep database", &err);
-    sweep_out so = {fo, 0};
+    sweep_out so = {fo, 0, job.m, job.n_m};
     db_filter flt = {.family = f->name};
     if (db_trials_each(db, &flt, row_cb, &so, &err) != MT_OK)
         die("read trials", &err);
