@@ -302,6 +302,19 @@ static inline void mt__mma_check(const void *p, int ld, const char *what, const 
 #define MT_UNROLL
 static inline unsigned mt_opaque_u32(unsigned x) { return x; }
 
+/* ---- byte permute (prelude_gpu.h's mt_nib_lut4), AMD's nibble order --- */
+#define MT_NIB_OF(h, k) (2 * (k) + (h))
+static inline unsigned mt_nib_lut4(unsigned lo, unsigned hi, unsigned w, int h)
+{
+    uint64_t tab = (uint64_t)hi << 32 | lo;
+    unsigned r = 0;
+    for (int k = 0; k < 4; k++) {
+        unsigned m = (w >> (4 * MT_NIB_OF(h, k))) & 7u;
+        r |= (unsigned)((tab >> (8 * m)) & 0xffu) << (8 * k);
+    }
+    return r;
+}
+
 /* ---- 16-byte loads (prelude_gpu.h's mt_load16): a GPU's 16-byte load
  * needs a 16-byte aligned address; emu traps where one would fault. ------ */
 typedef struct __attribute__((aligned(16))) mt_u32x4 { unsigned x, y, z, w; } mt_u32x4;

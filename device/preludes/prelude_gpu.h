@@ -32,6 +32,13 @@
  *                             work on it stays where it is written (e.g. is
  *                             not hoisted out of a loop to hold more
  *                             registers); no instruction
+ *   mt_nib_lut4(lo, hi, w, h) -> 4 bytes: byte k is entry m of the 8-byte
+ *                             table hi:lo (lo holds entries 0..3), m the low
+ *                             3 bits of nibble MT_NIB_OF(h, k) of w (h 0 or
+ *                             1): one byte permute (v_perm_b32, prmt)
+ *   MT_NIB_OF(h, k)           that nibble (0..7): 2k + h on AMD and emu,
+ *                             4h + k on NVIDIA (each platform's selector
+ *                             layout, so the selectors cost one mask)
  *   mt_u32x4                  four 32-bit words (.x .y .z .w), 16 bytes
  *   mt_load16(p), mt_load16_nt(p) -> mt_u32x4: one 16-byte global load from
  *                             p (16-byte aligned; emu traps otherwise); _nt
@@ -87,6 +94,11 @@ MT__FN unsigned mt_opaque_u32(unsigned x)
     __asm__ volatile("" : "+v"(x));
     return x;
 }
+#define MT_NIB_OF(h, k) (2 * (k) + (h))
+MT__FN unsigned mt_nib_lut4(unsigned lo, unsigned hi, unsigned w, int h)
+{
+    return __builtin_amdgcn_perm(hi, lo, (w >> (4 * h)) & 0x07070707u);
+}
 typedef unsigned mt_u32x4 __attribute__((ext_vector_type(4)));
 MT__FN mt_u32x4 mt_load16(const void *p) { return *(const mt_u32x4 *)p; }
 MT__FN mt_u32x4 mt_load16_nt(const void *p)
@@ -141,6 +153,11 @@ MT__FN unsigned mt_opaque_u32(unsigned x)
 {
     asm volatile("" : "+r"(x));
     return x;
+}
+#define MT_NIB_OF(h, k) (4 * (h) + (k))
+MT__FN unsigned mt_nib_lut4(unsigned lo, unsigned hi, unsigned w, int h)
+{
+    return __byte_perm(lo, hi, (w >> (16 * h)) & 0x7777u);
 }
 typedef uint4 mt_u32x4;
 MT__FN mt_u32x4 mt_load16(const void *p) { return *(const uint4 *)p; }

@@ -445,7 +445,7 @@ MT_DEVICE void q_stage(unsigned *xs, unsigned *ws, const unsigned *tab, const mt
  * before any is used (loads in flight). A lane keeps its blocks' activations
  * of the R pairs in registers as bf16 pairs (a4w4: quantized there once per
  * pass), decodes the nibbles in registers (twice the E2M1 value, an
- * integer, from a byte table in a 64-bit constant; the sign from bit 3) and
+ * integer, from an 8-byte table by a byte permute; the sign from bit 3) and
  * sums in f32; the V_LK lanes of a row then add up with xor shuffles (a
  * fixed order). No atomics: stage 1 writes h (SPLITK 1) or per-split
  * partials for moe_up_finish; stage 2 writes the weighted rows (comb=1,
@@ -462,8 +462,10 @@ MT_DEVICE void q_stage(unsigned *xs, unsigned *ws, const unsigned *tab, const mt
 #define V_KPL (V_NKB / V_LK)
 #define V_LR (MT_WS / V_LK)
 #define V_NS (WAVES * V_LR)
-/* 2 x |E2M1| of magnitude codes 0..7 (0, 0.5, 1, 1.5, 2, 3, 4, 6), a byte each */
-#define V_LUT 0x0c08060403020100ull
+/* 2 x |E2M1| of magnitude codes 0..7 (0, 0.5, 1, 1.5, 2, 3, 4, 6), a byte
+ * each: the table of mt_nib_lut4 */
+#define V_LUT_LO 0x03020100u
+#define V_LUT_HI 0x0c080604u
 
 /* Segment idx of the aligned layout (the idx-th expert that has pairs):
  * its expert, first row and padded length; false past the last one. */
@@ -488,13 +490,12 @@ MT_DEVICE int v_segment(const int *tile_expert, int bm, int ntiles, int idx, int
     return 0;
 }
 
-/* Twice the E2M1 value of the nibble at bit sh of w: 0, 1, 2, 3, 4, 6, 8
- * or 12 with the nibble's sign (bit 3). */
-MT_DEVICE float v_nib2(unsigned w, int sh)
+/* Twice the E2M1 value of nibble t (0..7) of w given its magnitude byte
+ * m (from mt_nib_lut4): 0, 1, 2, 3, 4, 6, 8 or 12, the sign from the
+ * nibble's bit 3. */
+MT_DEVICE float v_nib2(unsigned w, int t, unsigned m)
 {
-    unsigned c = w >> sh;
-    float m = (float)(unsigned)((V_LUT >> ((c & 7u) * 8u)) & 0xffu);
-    return mt_uint_as_float(mt_float_as_uint(m) | ((c << 28) & 0x80000000u));
+    return mt_uint_as_float(mt_float_as_uint((float)m) | ((w << (28 - 4 * t)) & 0x80000000u));
 }
 
 /* The 32 activations at src (one block, 64-byte aligned) as 16 bf16 pairs. */
@@ -612,13 +613,18 @@ MT_DEVICE void v_quant_act(unsigned *d)
                         for (int j = 0; j < 4; j++) {                                    \
                             const unsigned w = V_WORD(wv[u][q][i], j);                   \
                             MT_UNROLL                                                    \
-                            for (int b = 0; b < 4; b++) {                                \
-                                const float lo = v_nib2(w, 8 * b), hi = v_nib2(w, 8 * b + 4); \
+                            for (int h = 0; h < 2; h++) {                                \
+                                const unsigned mb = mt_nib_lut4(V_LUT_LO, V_LUT_HI, w, h); \
                                 MT_UNROLL                                                \
-                                for (int r = 0; r < V_R; r++) {                          \
-                                    const unsigned av = ao[r][i][4 * j + b];              \
-                                    s[r] += lo * mt_uint_as_float(av << 16);             \
-                                    s[r] += hi * mt_uint_as_float(av & 0xffff0000u);     \
+                                for (int k = 0; k < 4; k++) {                            \
+                                    const int t = MT_NIB_OF(h, k); /* element 8j + t */  \
+                                    const float wk = v_nib2(w, t, (mb >> (8 * k)) & 0xffu); \
+                                    MT_UNROLL                                            \
+                                    for (int r = 0; r < V_R; r++) {                      \
+                                        const unsigned av = ao[r][i][4 * j + t / 2];     \
+                                        const unsigned ab = t & 1 ? av & 0xffff0000u : av << 16; \
+                                        s[r] += wk * mt_uint_as_float(ab);               \
+                                    }                                                    \
                                 }                                                        \
                             }                                                            \
                         }                                                                \
