@@ -1,7 +1,9 @@
 /* test_spec.c: MTP speculative decoding in the runtime (spec.h): greedy
  * output with speculation is token-for-token the plain output under
- * batch-invariant kernels (20 prompts of mixed lengths), the next-token-map
- * checkpoint's drafts are accepted, rollback never changes a page shared
+ * batch-invariant kernels (12 prompts of mixed lengths; test_serve_spec
+ * runs 20 through the server), oracle drafts with planted errors keep
+ * exactly the right prefix, the next-token-map checkpoint's drafts are
+ * accepted, rollback never changes a page shared
  * with a fork, and speculative sampling draws from the target distribution
  * (chi-square on a small vocabulary). */
 #include "model/spec.h"
@@ -41,7 +43,7 @@ static int spec_run(model_runtime *rt, const int32_t *prompt, int n, int k, int 
     return produced;
 }
 
-Test(spec, greedy_with_three_drafts_matches_plain_decoding_on_20_prompts)
+Test(spec, greedy_with_three_drafts_matches_plain_decoding_on_12_prompts)
 {
     char *dir = fw_tiny_dir();
     model_runtime *rt = spec_open(dir, 3);
@@ -50,7 +52,7 @@ Test(spec, greedy_with_three_drafts_matches_plain_decoding_on_20_prompts)
     mt_rng_seed(&r, seed);
     int32_t V = model_runtime_vocab(rt);
     int64_t drafted = 0, accepted = 0;
-    for (int p = 0; p < 20; p++) {
+    for (int p = 0; p < 12; p++) {
         /* mixed lengths: 1..40 tokens (some cross the 16-token prefill chunks and pages) */
         int n = 1 + (int)mt_rng_below(&r, 40);
         int32_t prompt[40], plain[10], spec[10];
@@ -68,8 +70,61 @@ Test(spec, greedy_with_three_drafts_matches_plain_decoding_on_20_prompts)
                          "%d with speculation, %d without", seed, p, n, i, spec[i], plain[i]);
     }
     cr_assert_eq(model_kv_free_pages(rt), 96, "every page back after the sequences are freed");
-    printf("spec: random tiny model, 20 prompts: %" PRId64 " of %" PRId64 " drafts accepted "
+    printf("spec: random tiny model, 12 prompts: %" PRId64 " of %" PRId64 " drafts accepted "
            "(seed %" PRIu64 ")\n", accepted, drafted, seed);
+    model_runtime_close(rt);
+    fw_rm_dir(dir);
+}
+
+/* Drafts from an oracle (the plain greedy continuation) with a wrong token
+ * planted at a random place: every round must keep exactly the right
+ * prefix, emit the reference token after it, and leave the cache so that
+ * later rounds still match (partial acceptance, rollback in mid-page). */
+Test(spec, oracle_drafts_with_planted_errors_keep_the_greedy_output)
+{
+    char *dir = fw_tiny_dir();
+    model_runtime *rt = spec_open(dir, 0);
+    uint64_t seed = mt_seed_fresh();
+    mt_rng r;
+    mt_rng_seed(&r, seed);
+    int32_t V = model_runtime_vocab(rt);
+    enum { N = 24 };
+    int32_t prompt[13], ref[N];
+    for (int i = 0; i < 13; i++)
+        prompt[i] = (int32_t)mt_rng_below(&r, (uint64_t)V);
+    cr_assert_eq(spec_run(rt, prompt, 13, 0, N, false, ref, NULL), N);
+    model_spec_seq sp;
+    mt_err err = MT_ERR_INIT;
+    int seq;
+    cr_assert_eq(model_seq_create(rt, &seq, &err), MT_OK);
+    cr_assert_eq(model_spec_seq_init(&sp, seq, 4, V, NULL, &r, &err), MT_OK, "%s", err.msg);
+    model_step_item it = {.seq = seq, .tokens = prompt, .n_tokens = 13, .logits = sp.logits};
+    cr_assert_eq(model_step(rt, &it, 1, &err), MT_OK, "%s", err.msg);
+    int have = 1; /* ref[0] is the prompt's argmax: the greedy run above */
+    int32_t buf[MODEL_SPEC_MAX_STEPS + 1];
+    while (have < N - 5) {
+        int good = (int)mt_rng_below(&r, 5); /* right drafts before the planted error */
+        sp.n_draft = 0;
+        for (int i = 0; i < good && i < 4; i++)
+            sp.draft[sp.n_draft++] = ref[have + i];
+        if (sp.n_draft < 4)
+            sp.draft[sp.n_draft++] = (ref[have + good] + 1 + (int32_t)mt_rng_below(&r, 100)) % V;
+        int64_t len = model_seq_len(rt, seq);
+        int nt = model_spec_verify_tokens(&sp, ref[have - 1], buf);
+        it = (model_step_item){.seq = seq, .tokens = buf, .n_tokens = nt, .all_logits = sp.logits};
+        cr_assert_eq(model_step(rt, &it, 1, &err), MT_OK, "%s", err.msg);
+        cr_assert_eq(model_spec_accept(rt, &sp, len, &err), MT_OK, "%s", err.msg);
+        int want = good < 4 ? good + 1 : 5;
+        cr_assert_eq(sp.n_out, want, "seed %" PRIu64 " at %d: %d right drafts, %d emitted", seed,
+                     have, good, sp.n_out);
+        cr_assert_eq(model_seq_len(rt, seq), len + sp.n_out, "rejected positions are cut");
+        for (int i = 0; i < sp.n_out; i++)
+            cr_assert_eq(sp.out[i], ref[have + i], "seed %" PRIu64 ": token %d is %d, greedy %d",
+                         seed, have + i, sp.out[i], ref[have + i]);
+        have += sp.n_out;
+    }
+    cr_assert_eq(sp.accepted, have - 1 - sp.rounds, "accepted counts the kept drafts");
+    model_spec_seq_release(&sp);
     model_runtime_close(rt);
     fw_rm_dir(dir);
 }
