@@ -44,7 +44,7 @@ static void die(const char *what, const mt_err *err)
 static void usage(void)
 {
     fprintf(stderr, "usage: bench_replay sweep --family F --shape S --m LIST [--device D] "
-                    "[--shard I/N] [--db SCRATCH] --out FILE\n"
+                    "[--shard I/N] [--db SCRATCH] [--timeout S] --out FILE\n"
                     "       bench_replay replay [--seeds N] [--strategies LIST] FILE...\n");
     exit(2);
 }
@@ -135,6 +135,7 @@ static int sweep(int argc, char **argv)
 {
     const char *family = NULL, *shape = NULL, *device = "cpu", *out = NULL, *shard = NULL;
     const char *db_arg = NULL;
+    double timeout_s = 0;
     int64_t ms[TUNE_MAX_M];
     int n_m = 0;
     for (int i = 2; i < argc; i++) {
@@ -152,6 +153,8 @@ static int sweep(int argc, char **argv)
             shard = argv[++i];
         else if (!strcmp(argv[i], "--db"))
             db_arg = argv[++i];
+        else if (!strcmp(argv[i], "--timeout"))
+            timeout_s = atof(argv[++i]);
         else if (!strcmp(argv[i], "--m")) {
             for (char *t = strtok(argv[++i], ","); t && n_m < TUNE_MAX_M; t = strtok(NULL, ","))
                 ms[n_m++] = atoll(t);
@@ -185,6 +188,8 @@ static int sweep(int argc, char **argv)
     o.strategy = TUNE_EXHAUSTIVE;
     o.confirm_rounds = -1; /* the table is the search's times, not decisions */
     o.transfer = false;
+    if (timeout_s > 0) /* a low-priority sweep on a loaded machine is slow */
+        o.timeout_s = timeout_s;
     o.log = getenv("BENCH_REPLAY_LOG") ? stderr : NULL;
     if (shard && tune_shard_parse(shard, &o.shard_index, &o.shard_count, &err) != MT_OK)
         die("--shard", &err);
