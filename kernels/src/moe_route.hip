@@ -163,11 +163,12 @@ MT_KERNEL void moe_route(const mt_bf16 *x, const mt_bf16 *gate, const float *bia
  * wave64 and wave32); with KS = 1 one slice covers the row. */
 #define R_KC ((((S_H + KS - 1) / KS) + 64 * VEC - 1) / (64 * VEC) * (64 * VEC))
 /* Whole VEC runs load as 32-bit words (two bf16 each) when rows keep them
- * aligned; R_U runs per lane are loaded before any is used, so a wave
- * keeps R_U loads in flight. */
+ * aligned; R_U runs per lane, gate and token words, are loaded before any
+ * is used, so a wave keeps R_U gate loads in flight (fewer runs when many
+ * tokens would hold too many registers). */
 #define R_WORDS (VEC >= 2 && S_H % VEC == 0)
-#define R_U 4
 #define R_NW (VEC >= 2 ? VEC / 2 : 1)
+#define R_U (R_TPB * R_NW >= 16 ? 1 : R_TPB * R_NW >= 8 ? 2 : 4)
 
 /* Adds the token rows x[t0 .. t0+nt) times the gate row g over this lane's
  * runs k, k + W*VEC, ... below k1 (W the wave size) to acc[0 .. nt), in
@@ -178,11 +179,18 @@ MT_DEVICE void r_dot_slice(const mt_bf16 *g, const mt_bf16 *x, int t0, int nt, i
     const int step = MT_WARP_SIZE * VEC;
     if (R_WORDS) {
         for (; k < k1; k += R_U * step) {
-            unsigned gw[R_U][R_NW];
+            unsigned gw[R_U][R_NW], xw[R_U][R_TPB][R_NW];
             for (int u = 0; u < R_U; u++)
-                if (k + u * step < k1)
+                if (k + u * step < k1) {
                     for (int v = 0; v < R_NW; v++)
                         gw[u][v] = ((const unsigned *)(g + k + u * step))[v];
+                    for (int j = 0; j < R_TPB; j++)
+                        if (j < nt) {
+                            const mt_bf16 *xr = x + (long long)(t0 + j) * S_H + k + u * step;
+                            for (int v = 0; v < R_NW; v++)
+                                xw[u][j][v] = ((const unsigned *)xr)[v];
+                        }
+                }
             for (int u = 0; u < R_U; u++)
                 if (k + u * step < k1)
                     for (int v = 0; v < R_NW; v++) {
@@ -190,10 +198,8 @@ MT_DEVICE void r_dot_slice(const mt_bf16 *g, const mt_bf16 *x, int t0, int nt, i
                         float g1 = mt_uint_as_float(gw[u][v] & 0xffff0000u);
                         for (int j = 0; j < R_TPB; j++)
                             if (j < nt) {
-                                const mt_bf16 *xr = x + (long long)(t0 + j) * S_H + k + u * step;
-                                unsigned xw = ((const unsigned *)xr)[v];
-                                acc[j] += mt_uint_as_float(xw << 16) * g0;
-                                acc[j] += mt_uint_as_float(xw & 0xffff0000u) * g1;
+                                acc[j] += mt_uint_as_float(xw[u][j][v] << 16) * g0;
+                                acc[j] += mt_uint_as_float(xw[u][j][v] & 0xffff0000u) * g1;
                             }
                     }
         }
