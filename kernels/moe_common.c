@@ -328,28 +328,38 @@ bool moe_cpu_valid(int64_t k, int64_t n, const kern_config *cfg, char *why, size
     return true;
 }
 
-static int pick(const int *vals, int n, int want)
-{
-    int best = vals[0];
-    for (int i = 0; i < n; i++)
-        if (vals[i] <= want)
-            best = vals[i];
-    return best;
-}
-
+/* Defaults by the pairs each used expert gets (per_expert):
+ * - decode (< 2): one token per tile; the weights stream once, so the
+ *   point is few instructions per weight byte and long sequential streams:
+ *   stage 1 one gate and one up row (NR 1), stage 2 two rows over NT 128
+ *   rows per work item;
+ * - 2 to 4: MR 2, whole K;
+ * - prefill (>= 4): compute-bound; a register tile of 4 tokens against
+ *   2 (stage 1: 2 gate + 2 up) or 4 weight rows, 16 accumulators, K in
+ *   blocks of 1024 so a decoded row block stays in L1 across the tiles.
+ * Measured on a 2-core Zen 5 (docs/BENCHMARKS.md). */
 void moe_cpu_default(int64_t k, int64_t n, int64_t npairs, int64_t n_experts, bool up,
                      kern_config *cfg)
 {
-    double per_expert = (double)npairs / (double)(n_experts < npairs ? n_experts : npairs);
+    double used = moe_expected_experts(n_experts, 1, npairs);
+    double per_expert = (double)npairs / (used > 1.0 ? used : 1.0);
     cfg->n = MOE_CPU_NPARAMS;
-    /* Two weight streams in flight (measured best for decode on Zen 3). */
-    cfg->v[MOE_CPU_NR] = up ? 1 : 2;
-    cfg->v[MOE_CPU_MR] = per_expert >= 4 ? 4 : per_expert >= 2 ? 2 : 1;
-    cfg->v[MOE_CPU_KB] = per_expert >= 4 ? 1024 : 65536;
-    cfg->v[MOE_CPU_NT] = pick(nt_vals, 6, 64);
+    if (per_expert >= 4) {
+        cfg->v[MOE_CPU_NR] = up ? 2 : 4;
+        cfg->v[MOE_CPU_MR] = 4;
+        cfg->v[MOE_CPU_KB] = 1024;
+        cfg->v[MOE_CPU_NT] = 64;
+    } else {
+        cfg->v[MOE_CPU_NR] = up ? 1 : 2;
+        cfg->v[MOE_CPU_MR] = per_expert >= 2 ? 2 : 1;
+        cfg->v[MOE_CPU_KB] = 65536;
+        cfg->v[MOE_CPU_NT] = up ? 64 : 128;
+    }
     cfg->v[MOE_CPU_PF] = 0;
-    while (n % cfg->v[MOE_CPU_NT])
+    while (cfg->v[MOE_CPU_NT] > 8 && n % cfg->v[MOE_CPU_NT])
         cfg->v[MOE_CPU_NT] /= 2;
+    while (cfg->v[MOE_CPU_NR] > 1 && cfg->v[MOE_CPU_NT] % cfg->v[MOE_CPU_NR])
+        cfg->v[MOE_CPU_NR] /= 2;
     while (cfg->v[MOE_CPU_KB] > 256 && cfg->v[MOE_CPU_KB] < k && k % cfg->v[MOE_CPU_KB])
         cfg->v[MOE_CPU_KB] /= 2;
     if (cfg->v[MOE_CPU_KB] < k && k % cfg->v[MOE_CPU_KB])

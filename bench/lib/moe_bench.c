@@ -16,7 +16,7 @@
 
 /* ---- the problem ---------------------------------------------------------- */
 
-enum { BM = 128, MAX_CFG = 12, MAX_REPS = 100 };
+enum { BM = 128, MAX_CFG = 16, MAX_REPS = 100 };
 
 /* Everything one run allocates: device weights and activations of the
  * largest M, host staging, events. */
@@ -264,6 +264,8 @@ static const int cpu_sweep[][MOE_CPU_NPARAMS] = {
     {1, 1, 65536, 64, 0}, {1, 1, 65536, 128, 0}, {2, 1, 65536, 64, 0}, {2, 1, 65536, 128, 0},
     {4, 1, 65536, 64, 0}, {1, 1, 65536, 64, 512}, {1, 2, 65536, 64, 0}, {2, 2, 65536, 64, 0},
     {1, 4, 1024, 64, 0},  {2, 4, 1024, 64, 0},    {1, 8, 2048, 64, 0},
+    {2, 1, 65536, 256, 0}, {2, 1, 65536, 128, 1024}, {4, 4, 1024, 64, 0},
+    {2, 8, 1024, 64, 0},
 };
 
 static mt_status open_stage(bench *b, gemm_bench *g, const char *key, mt_err *err)
