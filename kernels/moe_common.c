@@ -615,7 +615,6 @@ void moe_gpu_default(int64_t k, int64_t n, int64_t bm, bool up, int comb, int64_
         return;
     int tm, tn, tk;
     int mma = kern_mma_tile(p, 1, &tm, &tn, &tk) ? 1 : 0;
-    if (getenv("H1_SCALAR_DEFAULTS")) mma = 0; /* H1 TEMP */
     if (mma) {
         int big = kern_mma_tile(p, 2, &tm, &tn, &tk);
         int want = per_expert >= 128 ? 128 : per_expert >= 64 ? 64 : per_expert >= 32 ? 32 : 16;
