@@ -292,6 +292,9 @@ typedef struct db_lookup_result {
     char device_fingerprint[DB_NAME_MAX];
     char stale_hash[DB_NAME_MAX];          /* DB_STALE: the hash the entries have */
     bool miss_recorded;                    /* a row in misses was counted */
+    bool stale;                            /* the config found was marked stale by
+                                              `db verify`: still returned, and the
+                                              message says so */
     char message[DB_MESSAGE_MAX];          /* one line for the log; "" on exact */
 } db_lookup_result;
 

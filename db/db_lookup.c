@@ -50,6 +50,7 @@ static void take_hit(db_lookup_result *out, sqlite3_stmt *s)
     copy_text(out->device_name, sizeof out->device_name, db_col_text(s, 4));
     out->device_compute_units = sqlite3_column_int(s, 5);
     copy_text(out->device_fingerprint, sizeof out->device_fingerprint, db_col_text(s, 6));
+    out->stale = sqlite3_column_int(s, 8) != 0;
 }
 
 /* True when tuned size a is a better stand-in for m than b: smaller
@@ -279,7 +280,15 @@ mt_status db_lookup(db_t *db, const db_device *dev, const char *family, int vers
     mt_status st = prepare(dev, family, version, source_hash, shape_key, m, &q, out, err);
     if (st)
         return st;
-    return lookup(db, &q, true, out, err);
+    st = lookup(db, &q, true, out, err);
+    if (st == MT_OK && out->has_config && out->stale) {
+        size_t n = strlen(out->message);
+        snprintf(out->message + n, sizeof out->message - n,
+                 "%s%s %s M=%lld: the config %s was marked stale by `moetune db verify` (it no "
+                 "longer beat its runner-up or the default there); it is still used: re-tune it",
+                 n ? "; " : "", family, shape_key, (long long)m, out->config_key);
+    }
+    return st;
 }
 
 mt_status db_coverage(db_t *db, const db_device *dev, const db_coverage_query *queries, int n,

@@ -16,7 +16,7 @@
 
 #define LOOKUP_COLUMNS                                                                   \
     "SELECT w.config_json, w.config_key, w.m, w.time_ms, d.name, d.compute_units, "     \
-    "d.fingerprint, d.runtime_version "                                                  \
+    "d.fingerprint, d.runtime_version, w.stale "                                         \
     "FROM kernels k JOIN winners w ON w.kernel_id = k.id JOIN devices d ON d.id = w.device_id "
 
 static const char *const stmt_sql[ST_STMT_COUNT] = {

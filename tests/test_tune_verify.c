@@ -4,7 +4,8 @@
  * their runner-up and the default in paired rounds. A deliberately slow
  * winner (3x the default's work) is marked stale; a truly fastest one is
  * marked verified and not stale; a winner tuned for a GPU backend and one
- * for an old kernel source are skipped and left alone. */
+ * for an old kernel source are skipped and left alone; the lookup returns
+ * the stale winner with a message saying so. */
 #include "test_tune_util.h"
 #include "test_tune_families.h"
 #include "db/db_testing.h"
@@ -162,6 +163,22 @@ Test(tune_verify, marks_a_planted_slow_winner_from_another_machine_stale)
     cr_expect(!ms.w[fast].stale && ms.w[fast].verified_ms > 0);
     cr_expect(!ms.w[gpu].stale && ms.w[gpu].verified_ms == 0);
     cr_expect(!ms.w[old].stale && ms.w[old].verified_ms == 0);
+
+    /* The runtime's lookup still returns the stale winner, and says so. */
+    cr_assert_eq(db_open(path, DB_OPEN_READONLY, &db, &e), MT_OK, "%s", e.msg);
+    db_device other = {DB_BACKEND_CPU, "x86_64", "Other Machine CPU (tuned elsewhere)", "",
+                       "", "fake-other-machine", 96};
+    char hash[65];
+    kern_source_hash(&tspin, DEV_BACKEND_CPU, hash);
+    db_lookup_result lr;
+    cr_assert_eq(db_lookup(db, &other, "tspin", tspin.version, hash, p.shape, 1, &lr, &e), MT_OK,
+                 "%s", e.msg);
+    cr_expect(lr.has_config && lr.stale && lr.provenance == DB_HIT_EXACT);
+    cr_expect(strstr(lr.message, "marked stale") != NULL, "message: %s", lr.message);
+    cr_assert_eq(db_lookup(db, &other, "tspin", tspin.version, hash, p.shape, 2, &lr, &e), MT_OK,
+                 "%s", e.msg);
+    cr_expect(lr.has_config && !lr.stale && !strstr(lr.message, "stale"), "%s", lr.message);
+    db_close(db);
 
     /* A filter keeps to its winners; a missing database is an error, not a
      * new file. */
