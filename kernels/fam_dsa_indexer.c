@@ -452,6 +452,25 @@ static void gpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern
         else
             break;
     }
+    /* Matrix instructions where the device has them (kern_mma_tile): the
+     * first of these score tiles it takes (the top-k waves and queries per
+     * block as above), else the scalar config. */
+    static const int mma_tiles[][2] = { /* BT, WAVES */
+        {64, 4}, {64, 2}, {32, 2}, {16, 1},
+    };
+    int tm, tn, tk;
+    if (!kern_mma_tile(p, 1, &tm, &tn, &tk))
+        return;
+    for (size_t i = 0; i < sizeof mma_tiles / sizeof mma_tiles[0]; i++) {
+        kern_config t = *c;
+        t.v[GP_BT] = mma_tiles[i][0];
+        t.v[GP_WAVES] = mma_tiles[i][1];
+        t.v[GP_MMA] = 1;
+        if (gpu_valid(s, m, &t, p, why, sizeof why)) {
+            *c = t;
+            return;
+        }
+    }
 }
 
 static int gpu_defines(const kern_shape *s, const kern_config *cfg, const dev_props *p,

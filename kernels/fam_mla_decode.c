@@ -424,6 +424,24 @@ static void gpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern
         else
             break;
     }
+    /* Matrix instructions where the device has them (kern_mma_tile): the
+     * first of these tiles it takes, else the scalar config above. */
+    static const int mma_tiles[][3] = { /* HB, BN, WAVES */
+        {64, 32, 4}, {64, 16, 8}, {32, 32, 4}, {32, 16, 4}, {16, 16, 4}, {16, 16, 2}, {16, 16, 1},
+    };
+    int tm, tn, tk;
+    if (kern_mma_tile(p, 1, &tm, &tn, &tk))
+        for (size_t i = 0; i < sizeof mma_tiles / sizeof mma_tiles[0]; i++) {
+            kern_config t = *c;
+            t.v[GP_HB] = mma_tiles[i][0];
+            t.v[GP_BN] = mma_tiles[i][1];
+            t.v[GP_WAVES] = mma_tiles[i][2];
+            t.v[GP_MMA] = 1;
+            if (gpu_valid(s, m, &t, p, why, sizeof why)) {
+                *c = t;
+                break;
+            }
+        }
     c->v[GP_NSPLIT] = pick_split(s, m, (int)(s->v[D_H] / c->v[0]), 2 * p->compute_units);
 }
 

@@ -371,6 +371,29 @@ static void gpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern
         else
             break;
     }
+    /* Matrix instructions where the device has them (kern_mma_tile): the
+     * first of these tiles it takes (no query tile much wider than the
+     * chunk), else the scalar config above. */
+    static const int mma_tiles[][3] = { /* BM, BN, WAVES */
+        {64, 16, 4}, {32, 32, 4}, {32, 16, 4}, {16, 16, 4}, {16, 16, 2}, {16, 16, 1},
+    };
+    int tm, tn, tk;
+    if (!kern_mma_tile(p, 1, &tm, &tn, &tk))
+        return;
+    for (size_t i = 0; i < sizeof mma_tiles / sizeof mma_tiles[0]; i++) {
+        kern_config t = *c;
+        t.v[GP_BM] = mma_tiles[i][0];
+        t.v[GP_BN] = mma_tiles[i][1];
+        t.v[GP_WAVES] = mma_tiles[i][2];
+        t.v[GP_STAGES] = 1;
+        t.v[GP_MMA] = 1;
+        if (t.v[GP_BM] > 16 && t.v[GP_BM] > m)
+            continue;
+        if (gpu_valid(s, m, &t, p, why, sizeof why)) {
+            *c = t;
+            return;
+        }
+    }
 }
 
 static int gpu_defines(const kern_shape *s, const kern_config *cfg, const dev_props *p,
