@@ -10,16 +10,24 @@
 # check compiles a sample of every family and prints registers and spills,
 # and tune --compile-only stores resource usage.
 #
-# Usage: bench/gpu-check.sh [--arch sm_90] [--budget 90s]
+# Attention (its own section, after the MoE): mla_decode, dsa_indexer and
+# mla_prefill at GLM-5.2 dims, the default config (the MMA path where the
+# device has matrix instructions) checked against the reference at full
+# size, then tuned for --attn-budget each; the trials' times go to the same
+# database.
+#
+# Usage: bench/gpu-check.sh [--arch sm_90] [--budget 90s] [--attn-budget 30s]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 arch=sm_90
 budget=90s
+attn_budget=30s
 while [ $# -gt 0 ]; do
   case "$1" in
     --arch) arch="$2"; shift ;;
     --budget) budget="$2"; shift ;;
+    --attn-budget) attn_budget="$2"; shift ;;
     *) echo "gpu-check.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -74,6 +82,19 @@ if [ $mode = gpu ]; then
   $mt bench --family moe --shape glm5.2 --m 1,4,16,64,256 "${dev[@]}" --db "$db" \
     | tee "$out/bench.txt"
 fi
+
+step "attention at glm5.2: the defaults at full size, then tune (budget $attn_budget each)"
+# family shape M-list; check takes the first M
+for spec in "mla_decode glm5.2 1,6" "mla_decode glm5.2-dense 1" "dsa_indexer glm5.2 1,4" \
+    "mla_prefill glm5.2 256"; do
+  read -r fam shape ms <<<"$spec"
+  $mt check "${dev[@]}" --family "$fam" --shape "$shape" --m "${ms%%,*}" --samples 0 | tail -2 ||
+    { echo "check $fam $shape failed"; check_rc=1; }
+  $mt tune --family "$fam" --shape "$shape" --m "$ms" "${dev[@]}" --db "$db" \
+    --strategy evolve --budget "$attn_budget" --jobs "$(nproc)" --quiet "${extra[@]}" ||
+    echo "tune $fam failed (exit $?)"
+done
+$mt db show --db "$db" | grep -E "mla_|dsa_" | tee "$out/db-attn.txt"
 
 step "done in $(( $(date +%s) - t0 )) s; results in $out"
 exit $check_rc
