@@ -281,9 +281,14 @@ print:;
     for (int i = 0; i < produced; i++)
         printf("%s%" PRId32, i ? "," : " ", out[i]);
     printf("\n");
-    fprintf(stderr, "prompt %zu tokens in %.1f ms; %d tokens generated in %.1f ms (%.1f tok/s); "
-            "seed %" PRIu64 "\n", n, t1 - t0, produced, t2 - t1,
-            produced > 1 ? (produced - 1) / ((t2 - t1) / 1000.0) : 0.0, s);
+    if (spec > 0) /* the prefill is inside model_spec_generate: one time for both */
+        fprintf(stderr, "prompt %zu tokens and %d tokens generated in %.1f ms (%.1f tok/s "
+                "overall); seed %" PRIu64 "\n", n, produced, t2 - t0,
+                produced > 0 ? produced / ((t2 - t0) / 1000.0) : 0.0, s);
+    else
+        fprintf(stderr, "prompt %zu tokens in %.1f ms; %d tokens generated in %.1f ms (%.1f "
+                "tok/s); seed %" PRIu64 "\n", n, t1 - t0, produced, t2 - t1,
+                produced > 1 ? (produced - 1) / ((t2 - t1) / 1000.0) : 0.0, s);
     rc = CLI_OK;
 done:
     free(ids);
