@@ -15,7 +15,8 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: moetune bench-serve --url URL --input-len N --output-len N --cache-hit F\n"
-            "                           --rates LIST [--duration S] [--ttft-limit S]\n"
+            "                           --rates LIST | --concurrency LIST\n"
+            "                           [--duration S] [--ttft-limit S]\n"
             "                           [--timeout S] [--seed N] [--token-range LO:HI]\n"
             "For each rate in LIST (requests per second, e.g. 0.5,1,2), sends streaming\n"
             "completions with Poisson arrivals for S seconds (default 30) to the server at URL\n"
@@ -24,6 +25,10 @@ static void usage(FILE *f)
             "inter-token latency p50/p95, success and the prefix-cache hit per rate, and the\n"
             "knee: the highest rate with TTFT p95 within --ttft-limit (default 5 s) and every\n"
             "request succeeding. Prompt ids are drawn from [LO, HI) (default 16:256).\n"
+            "--concurrency C1,C2,...: a closed loop instead of rates: C clients each send their\n"
+            "next request when the previous one ended, for S seconds; --concurrency 1 is the\n"
+            "single-stream speed (compare servers started with and without\n"
+            "--speculative-steps).\n"
             "Exit status 1 when the server stopped answering /health.\n");
 }
 
@@ -62,7 +67,8 @@ int cmd_bench_serve(int argc, char **argv)
 {
     serve_bench_opts o;
     memset(&o, 0, sizeof o);
-    double rates[MAX_RATES], x;
+    double rates[MAX_RATES], conc_v[MAX_RATES], x;
+    int conc[MAX_RATES];
     bool bad = false;
     const char *v;
     for (int i = 1; i < argc && !bad; i++) {
@@ -86,6 +92,19 @@ int cmd_bench_serve(int argc, char **argv)
                 bad = true;
             }
             o.rates = rates;
+        } else if ((v = cli_opt(argc, argv, &i, "--concurrency", &bad))) {
+            o.n_conc = parse_rates(v, conc_v);
+            for (int k = 0; k < o.n_conc; k++) {
+                conc[k] = (int)conc_v[k];
+                if (conc[k] != conc_v[k] || conc[k] > 4096)
+                    o.n_conc = -1;
+            }
+            if (o.n_conc < 1) {
+                cli_error("bench-serve", "--concurrency '%s' must be a list of integers in "
+                          "[1, 4096]", v);
+                bad = true;
+            }
+            o.concurrency = conc;
         } else if ((v = cli_opt(argc, argv, &i, "--duration", &bad))) {
             bad = !num(v, "--duration", 0.001, 1e6, &o.duration_s);
         } else if ((v = cli_opt(argc, argv, &i, "--ttft-limit", &bad))) {
@@ -108,8 +127,9 @@ int cmd_bench_serve(int argc, char **argv)
             bad = true;
         }
     }
-    if (!bad && (!o.url || !o.input_len || !o.output_len || !o.n_rates)) {
-        cli_error("bench-serve", "--url, --input-len, --output-len and --rates are required");
+    if (!bad && (!o.url || !o.input_len || !o.output_len || (!o.n_rates == !o.n_conc))) {
+        cli_error("bench-serve", "--url, --input-len, --output-len and one of --rates and "
+                  "--concurrency are required");
         bad = true;
     }
     if (bad) {
@@ -123,8 +143,9 @@ int cmd_bench_serve(int argc, char **argv)
         cli_error("bench-serve", "%s", err.msg);
         return CLI_FAIL;
     }
-    serve_bench_print(stdout, &o, rows, o.n_rates);
-    for (int i = 0; i < o.n_rates; i++)
+    int n_rows = o.n_conc > 0 ? o.n_conc : o.n_rates;
+    serve_bench_print(stdout, &o, rows, n_rows);
+    for (int i = 0; i < n_rows; i++)
         if (!rows[i].server_up)
             return CLI_FAIL;
     return CLI_OK;

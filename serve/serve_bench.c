@@ -212,6 +212,46 @@ static bool health_ok(const serve_url *u)
     return ok;
 }
 
+/* A row from n finished requests timed from t0, over [t0, max(span_end,
+ * the last answer)]: a load that the server sustains reads as that load. */
+static void fill_row(serve_bench_row *row, const req *rs, int n, uint64_t t0, uint64_t span_end)
+{
+    dvec ttft = {0}, itl = {0};
+    uint64_t last = 0;
+    int64_t tokens = 0, prompt = 0, cached = 0;
+    for (int i = 0; i < n; i++) {
+        const req *r = &rs[i];
+        row->sent++;
+        if (r->t_end > last)
+            last = r->t_end;
+        if (!r->ok) {
+            if (!row->first_error[0])
+                snprintf(row->first_error, sizeof row->first_error, "%s", r->error);
+            continue;
+        }
+        row->ok++;
+        tokens += r->tokens;
+        prompt += r->prompt_tokens;
+        cached += r->cached_tokens;
+        dvec_push(&ttft, r->ttft);
+        for (size_t k = 0; k < r->itl.n; k++)
+            dvec_push(&itl, r->itl.v[k]);
+    }
+    if (last > span_end)
+        span_end = last;
+    row->elapsed_s = (double)(span_end - t0) * 1e-9;
+    row->req_s = row->elapsed_s > 0 ? row->ok / row->elapsed_s : 0;
+    row->tok_s = row->elapsed_s > 0 ? (double)tokens / row->elapsed_s : 0;
+    row->ttft_p50 = serve_percentile(ttft.v, ttft.n, 50);
+    row->ttft_p95 = serve_percentile(ttft.v, ttft.n, 95);
+    row->itl_p50 = serve_percentile(itl.v, itl.n, 50);
+    row->itl_p95 = serve_percentile(itl.v, itl.n, 95);
+    row->success_pct = row->sent ? 100.0 * row->ok / row->sent : 0;
+    row->cache_hit = prompt ? (double)cached / (double)prompt : 0;
+    free(ttft.v);
+    free(itl.v);
+}
+
 /* ---- one rate ------------------------------------------------------------------------- */
 
 static mt_status run_rate(const serve_bench_opts *o, const serve_url *u, double rate,
@@ -296,45 +336,8 @@ static mt_status run_rate(const serve_bench_opts *o, const serve_url *u, double 
     for (int i = 0; i < n; i++)
         if (started[i])
             pthread_join(th[i], NULL);
-    /* The row. */
-    dvec ttft = {0}, itl = {0};
-    uint64_t last = 0;
-    int64_t tokens = 0, prompt = 0, cached = 0;
-    for (int i = 0; i < n; i++) {
-        req *r = &rs[i];
-        row->sent++;
-        if (r->t_end > last)
-            last = r->t_end;
-        if (!r->ok) {
-            if (!row->first_error[0])
-                snprintf(row->first_error, sizeof row->first_error, "%s", r->error);
-            continue;
-        }
-        row->ok++;
-        tokens += r->tokens;
-        prompt += r->prompt_tokens;
-        cached += r->cached_tokens;
-        dvec_push(&ttft, r->ttft);
-        for (size_t k = 0; k < r->itl.n; k++)
-            dvec_push(&itl, r->itl.v[k]);
-    }
-    /* Over the arrival window, or until the last answer when that is later:
-     * a rate that the server sustains reads as that rate. */
-    uint64_t span_end = t0 + (uint64_t)(o->duration_s * 1e9);
-    if (last > span_end)
-        span_end = last;
-    row->elapsed_s = (double)(span_end - t0) * 1e-9;
-    row->req_s = row->elapsed_s > 0 ? row->ok / row->elapsed_s : 0;
-    row->tok_s = row->elapsed_s > 0 ? (double)tokens / row->elapsed_s : 0;
-    row->ttft_p50 = serve_percentile(ttft.v, ttft.n, 50);
-    row->ttft_p95 = serve_percentile(ttft.v, ttft.n, 95);
-    row->itl_p50 = serve_percentile(itl.v, itl.n, 50);
-    row->itl_p95 = serve_percentile(itl.v, itl.n, 95);
-    row->success_pct = row->sent ? 100.0 * row->ok / row->sent : 0;
-    row->cache_hit = prompt ? (double)cached / (double)prompt : 0;
+    fill_row(row, rs, n, t0, t0 + (uint64_t)(o->duration_s * 1e9));
     row->server_up = health_ok(u);
-    free(ttft.v);
-    free(itl.v);
 out:
     if (rs)
         for (int i = 0; i < n; i++) {
@@ -345,6 +348,113 @@ out:
     free(th);
     free(started);
     free(at);
+    return st;
+}
+
+/* ---- closed loop ---------------------------------------------------------------------- */
+
+/* One client of the closed loop: requests back to back until t_stop (at
+ * least one), each sent when the previous one finished. */
+typedef struct client {
+    const serve_bench_opts *o;
+    const serve_url *u;
+    const int32_t *prefix;
+    int n_prefix;
+    mt_rng rng;
+    uint64_t t_stop;
+    req *rs;
+    int n, cap;
+    bool nomem;
+} client;
+
+static void *client_main(void *arg)
+{
+    client *c = arg;
+    do {
+        if (c->n == c->cap) {
+            int cap = c->cap ? 2 * c->cap : 16;
+            req *nr = realloc(c->rs, (size_t)cap * sizeof *nr);
+            if (!nr) {
+                c->nomem = true;
+                break;
+            }
+            c->rs = nr, c->cap = cap;
+        }
+        req *r = &c->rs[c->n];
+        memset(r, 0, sizeof *r);
+        r->url = c->u;
+        r->timeout_s = c->o->timeout_s;
+        r->want_tokens = c->o->output_len;
+        r->sse = (serve_sse_parser)SERVE_SSE_PARSER_INIT;
+        r->body = prompt_body(c->prefix, c->n_prefix, c->o->input_len, c->o->output_len, true,
+                              &c->rng, c->o->token_lo, c->o->token_hi, &r->body_len);
+        c->n++;
+        if (!r->body) {
+            snprintf(r->error, sizeof r->error, "out of memory");
+            break;
+        }
+        req_main(r); /* t_start 0: now */
+    } while (mt_now_ns() < c->t_stop);
+    return NULL;
+}
+
+static mt_status run_closed(const serve_bench_opts *o, const serve_url *u, int conc,
+                            const int32_t *prefix, int n_prefix, mt_rng *rng,
+                            serve_bench_row *row, mt_err *err)
+{
+    memset(row, 0, sizeof *row);
+    row->concurrency = conc;
+    client *cs = calloc((size_t)conc, sizeof *cs);
+    pthread_t *th = calloc((size_t)conc, sizeof *th);
+    bool *started = calloc((size_t)conc, sizeof *started);
+    mt_status st = MT_OK;
+    if (!cs || !th || !started) {
+        st = mt_fail(err, MT_E_NOMEM, "bench-serve: out of memory");
+        goto out;
+    }
+    uint64_t t0 = mt_now_ns();
+    for (int i = 0; i < conc; i++) {
+        cs[i] = (client){.o = o, .u = u, .prefix = prefix, .n_prefix = n_prefix,
+                         .t_stop = t0 + (uint64_t)(o->duration_s * 1e9)};
+        mt_rng_seed(&cs[i].rng, mt_rng_u64(rng));
+        started[i] = pthread_create(&th[i], NULL, client_main, &cs[i]) == 0;
+        if (!started[i] && !row->first_error[0])
+            snprintf(row->first_error, sizeof row->first_error, "cannot start a client thread");
+    }
+    int total = 0;
+    for (int i = 0; i < conc; i++) {
+        if (started[i])
+            pthread_join(th[i], NULL);
+        total += cs[i].n;
+        if (cs[i].nomem)
+            st = mt_fail(err, MT_E_NOMEM, "bench-serve: out of memory");
+    }
+    req *all = malloc((size_t)(total + 1) * sizeof *all);
+    if (!all) {
+        st = mt_fail(err, MT_E_NOMEM, "bench-serve: out of memory");
+    } else if (st == MT_OK) {
+        int k = 0;
+        for (int i = 0; i < conc; i++)
+            for (int j = 0; j < cs[i].n; j++)
+                all[k++] = cs[i].rs[j];
+        /* Over [t0, last answer]: the clients keep the server busy until then. */
+        fill_row(row, all, total, t0, t0);
+        row->rate = row->elapsed_s > 0 ? row->sent / row->elapsed_s : 0;
+        row->server_up = health_ok(u);
+    }
+    free(all);
+out:
+    if (cs)
+        for (int i = 0; i < conc; i++) {
+            for (int j = 0; j < cs[i].n; j++) {
+                free(cs[i].rs[j].body);
+                free(cs[i].rs[j].itl.v);
+            }
+            free(cs[i].rs);
+        }
+    free(cs);
+    free(th);
+    free(started);
     return st;
 }
 
@@ -361,11 +471,15 @@ mt_status serve_bench_run(const serve_bench_opts *oin, serve_bench_row *rows, mt
         o.token_lo = 16;
         o.token_hi = 256;
     }
-    if (o.input_len < 1 || o.output_len < 1 || o.n_rates < 1 || !(o.cache_hit >= 0) ||
-        o.cache_hit >= 1)
+    if (o.input_len < 1 || o.output_len < 1 || (o.n_rates < 1) == (o.n_conc < 1) ||
+        !(o.cache_hit >= 0) || o.cache_hit >= 1)
         return mt_fail(err, MT_E_INVALID,
-                       "bench-serve: need input_len >= 1, output_len >= 1, a rate, and "
-                       "0 <= cache_hit < 1");
+                       "bench-serve: need input_len >= 1, output_len >= 1, rates or "
+                       "concurrencies (not both), and 0 <= cache_hit < 1");
+    for (int i = 0; i < o.n_conc; i++)
+        if (o.concurrency[i] < 1 || o.concurrency[i] > 4096)
+            return mt_fail(err, MT_E_INVALID, "bench-serve: concurrency %d is not in 1..4096",
+                           o.concurrency[i]);
     for (int i = 0; i < o.n_rates; i++)
         if (!(o.rates[i] > 0))
             return mt_fail(err, MT_E_INVALID, "bench-serve: rate %g is not positive",
@@ -386,12 +500,26 @@ mt_status serve_bench_run(const serve_bench_opts *oin, serve_bench_row *rows, mt
     for (int i = 0; i < n_prefix; i++)
         prefix[i] = o.token_lo + (int32_t)mt_rng_below(&rng, (uint64_t)(o.token_hi - o.token_lo));
     mt_status st = MT_OK;
-    for (int i = 0; i < o.n_rates && !st; i++) {
-        st = run_rate(&o, &u, o.rates[i], prefix, n_prefix, &rng, &rows[i], err);
+    int n_rows = o.n_conc > 0 ? o.n_conc : o.n_rates;
+    for (int i = 0; i < n_rows && !st; i++) {
+        if (o.n_conc > 0) {
+            /* Warm-up: one request, so the first row does not pay the
+             * server's first-use costs (compiles, page faults). */
+            serve_bench_row warm;
+            serve_bench_opts one = o;
+            one.duration_s = 0;
+            if (i == 0)
+                (void)run_closed(&one, &u, 1, prefix, n_prefix, &rng, &warm, err);
+            st = run_closed(&o, &u, o.concurrency[i], prefix, n_prefix, &rng, &rows[i], err);
+        } else {
+            st = run_rate(&o, &u, o.rates[i], prefix, n_prefix, &rng, &rows[i], err);
+        }
         if (!st && o.progress) {
             fprintf(o.progress,
-                    "rate %g req/s: %d/%d ok, TTFT p95 %.3f s, %.1f tok/s, server %s%s%s\n",
-                    rows[i].rate, rows[i].ok, rows[i].sent, rows[i].ttft_p95, rows[i].tok_s,
+                    "%s %g: %d/%d ok, TTFT p95 %.3f s, %.1f tok/s, server %s%s%s\n",
+                    o.n_conc > 0 ? "concurrency" : "rate req/s",
+                    o.n_conc > 0 ? (double)rows[i].concurrency : rows[i].rate, rows[i].ok,
+                    rows[i].sent, rows[i].ttft_p95, rows[i].tok_s,
                     rows[i].server_up ? "up" : "DOWN", rows[i].first_error[0] ? "; first error: " : "",
                     rows[i].first_error);
             fflush(o.progress);
@@ -414,12 +542,16 @@ static void fmt_s(char *out, size_t cap, double s)
 void serve_bench_print(FILE *f, const serve_bench_opts *o, const serve_bench_row *rows, int n)
 {
     double limit = o->ttft_limit_s > 0 ? o->ttft_limit_s : 5;
+    bool closed = o->n_conc > 0;
     fprintf(f,
-            "workload: %d input tokens (%.0f%% shared prefix), %d output tokens, Poisson "
-            "arrivals, %.0f s per rate\n\n",
+            "workload: %d input tokens (%.0f%% shared prefix), %d output tokens, %s, %g s "
+            "per %s\n\n",
             o->input_len, o->cache_hit * 100, o->output_len,
-            o->duration_s > 0 ? o->duration_s : 30);
-    fprintf(f, "| rate | req/s | tok/s | TTFT p50 / p95 | ITL p50 / p95 | success | cache hit |\n");
+            closed ? "closed loop (each client sends its next request when one ends)"
+                   : "Poisson arrivals",
+            o->duration_s > 0 ? o->duration_s : 30, closed ? "concurrency" : "rate");
+    fprintf(f, "| %s | req/s | tok/s | TTFT p50 / p95 | ITL p50 / p95 | success | cache hit |\n",
+            closed ? "concurrency" : "rate");
     fprintf(f, "| --- | --- | --- | --- | --- | --- | --- |\n");
     for (int i = 0; i < n; i++) {
         const serve_bench_row *r = &rows[i];
@@ -429,19 +561,23 @@ void serve_bench_print(FILE *f, const serve_bench_opts *o, const serve_bench_row
         fmt_s(i50, sizeof i50, r->itl_p50);
         fmt_s(i95, sizeof i95, r->itl_p95);
         fprintf(f, "| %g | %.2f | %.1f | %s / %s | %s / %s | %.0f%% (%d/%d) | %.0f%% |\n",
-                r->rate, r->req_s, r->tok_s, t50, t95, i50, i95, r->success_pct, r->ok, r->sent,
+                closed ? (double)r->concurrency : r->rate, r->req_s, r->tok_s, t50, t95, i50, i95, r->success_pct, r->ok, r->sent,
                 r->cache_hit * 100);
     }
-    int k = serve_bench_knee(rows, n, limit);
-    if (k >= 0)
-        fprintf(f, "\nknee: %g req/s (highest rate with TTFT p95 <= %g s and every request "
-                   "succeeding)\n",
-                rows[k].rate, limit);
-    else
-        fprintf(f, "\nknee: none (no rate had TTFT p95 <= %g s with every request succeeding)\n",
-                limit);
+    if (!closed) {
+        int k = serve_bench_knee(rows, n, limit);
+        if (k >= 0)
+            fprintf(f, "\nknee: %g req/s (highest rate with TTFT p95 <= %g s and every request "
+                       "succeeding)\n",
+                    rows[k].rate, limit);
+        else
+            fprintf(f,
+                    "\nknee: none (no rate had TTFT p95 <= %g s with every request "
+                    "succeeding)\n",
+                    limit);
+    }
     bool up = true;
     for (int i = 0; i < n; i++)
         up = up && rows[i].server_up;
-    fprintf(f, "server: %s\n", up ? "up after every rate" : "NOT answering /health after a rate");
+    fprintf(f, "server: %s\n", up ? "up after every row" : "NOT answering /health after a row");
 }

@@ -37,6 +37,13 @@ typedef struct serve_bench_opts {
     double cache_hit;      /* [0, 1) */
     const double *rates;   /* requests per second, > 0 */
     int n_rates;
+    /* Closed loop instead of rates (n_conc > 0, n_rates 0): for each value
+     * C, C clients each send a request when their previous one ended, for
+     * duration_s (at least one request each), after one unmeasured warm-up
+     * request; tok/s is over the span to the last answer. concurrency 1 is
+     * the single-stream speed. */
+    const int *concurrency;
+    int n_conc;
     double duration_s;     /* arrivals per rate; default 30 */
     double ttft_limit_s;   /* default 5 */
     double timeout_s;      /* per request; default 300 */
@@ -46,7 +53,8 @@ typedef struct serve_bench_opts {
 } serve_bench_opts;
 
 typedef struct serve_bench_row {
-    double rate;
+    double rate;           /* rate mode: the arrival rate; closed loop: requests sent / s */
+    int concurrency;       /* closed loop: clients; 0 in rate mode */
     int sent, ok;
     double elapsed_s;
     double req_s, tok_s;
@@ -58,10 +66,10 @@ typedef struct serve_bench_row {
     char first_error[160]; /* the first failure's reason, "" when none */
 } serve_bench_row;
 
-/* Runs every rate in order into rows[0..n_rates). Fails (MT_E_INVALID) on bad
- * options or an unparsable URL, MT_E_IO when the server does not answer
- * /health before the first rate; per-request failures are counted, not
- * returned. */
+/* Runs every rate (or concurrency) in order into rows[0..n_rates or
+ * n_conc). Fails (MT_E_INVALID) on bad options or an unparsable URL, MT_E_IO
+ * when the server does not answer /health before the first rate;
+ * per-request failures are counted, not returned. */
 mt_status serve_bench_run(const serve_bench_opts *o, serve_bench_row *rows, mt_err *err);
 
 /* Index of the knee row, or -1 when no rate qualifies. */

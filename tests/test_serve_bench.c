@@ -1,7 +1,8 @@
 /* test_serve_bench.c: the load generator against the real server on the
  * tiny model: a short sweep prints the WORKLOAD.md table, finds a knee,
  * has no failed request at or below it, sees the shared prefix cached and
- * leaves the server up; and the two commands end to end: `moetune serve`
+ * leaves the server up; the closed loop (--concurrency) keeps each client
+ * busy and counts every request; and the two commands end to end: `moetune serve`
  * (ephemeral port, SIGTERM stops it with status 0) measured by `moetune
  * bench-serve`. */
 #include <fcntl.h>
@@ -55,6 +56,52 @@ Test(serve_bench, sweep_has_a_knee_and_no_failures_below_it)
             cr_assert_float_eq(rows[i].cache_hit, 0.5, 1e-9, "cache hit %g", rows[i].cache_hit);
         }
     }
+    free(table);
+    tsrv_stop(&t);
+}
+
+Test(serve_bench, closed_loop_keeps_each_client_busy_and_counts_every_request)
+{
+    tsrv t;
+    tsrv_start(&t, NULL);
+    int conc[] = {1, 3};
+    serve_bench_opts o;
+    memset(&o, 0, sizeof o);
+    o.url = t.url_text;
+    o.input_len = 40;
+    o.output_len = 6;
+    o.concurrency = conc;
+    o.n_conc = 2;
+    o.duration_s = 1;
+    o.timeout_s = 120;
+    o.seed = mt_seed_fresh();
+    serve_bench_row rows[2];
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(serve_bench_run(&o, rows, &err), MT_OK, "%s", err.msg);
+    char *table = NULL;
+    size_t tl = 0;
+    FILE *f = open_memstream(&table, &tl);
+    serve_bench_print(f, &o, rows, 2);
+    fclose(f);
+    cr_log_info("seed %llu\n%s", (unsigned long long)o.seed, table);
+    cr_assert_not_null(strstr(table, "| concurrency | req/s |"), "%s", table);
+    cr_assert_null(strstr(table, "knee"), "a closed loop has no knee:\n%s", table);
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(rows[i].concurrency, conc[i]);
+        cr_assert_geq(rows[i].sent, conc[i], "every client sends at least one request");
+        cr_assert_eq(rows[i].ok, rows[i].sent, "%s", rows[i].first_error);
+        cr_assert(rows[i].server_up);
+        /* Every request generated output_len tokens over the measured span. */
+        cr_assert_float_eq(rows[i].tok_s * rows[i].elapsed_s, (double)rows[i].ok * 6, 1e-6,
+                           "%s", table);
+        cr_assert_geq(rows[i].elapsed_s, o.duration_s * 0.99, "the loop ran its duration");
+    }
+    /* Rates and concurrencies together are refused. */
+    double rate = 1;
+    o.rates = &rate;
+    o.n_rates = 1;
+    cr_assert_eq(serve_bench_run(&o, rows, &err), MT_E_INVALID);
+    cr_assert(strstr(err.msg, "not both"), "%s", err.msg);
     free(table);
     tsrv_stop(&t);
 }
@@ -137,7 +184,7 @@ Test(serve_bench, serve_and_bench_serve_commands_end_to_end)
     cr_assert_not_null(strstr(out, "| 2 | "));
     cr_assert_not_null(strstr(out, "| 4 | "));
     cr_assert_not_null(strstr(out, "knee: "));
-    cr_assert_not_null(strstr(out, "server: up after every rate"));
+    cr_assert_not_null(strstr(out, "server: up after every row"));
     /* Bad usage is a usage error, not a crash. */
     snprintf(cmd, sizeof cmd, "%s bench-serve --url %s --rates -1 >/dev/null 2>&1", MOETUNE_BIN,
              t.url_text);
