@@ -31,56 +31,18 @@ static const kern_family *fam(void)
     return f;
 }
 
-static void parse(const char *text, kern_config *c)
-{
-    mt_err err = MT_ERR_INIT;
-    cr_assert_eq(kern_config_parse(fam()->gpu, text, c, &err), MT_OK, "%s", err.msg);
-}
-
-typedef struct mcase {
-    const char *shape;
-    int64_t m;
-} mcase;
-
-/* Every (config, case) pair on spec; each config must be valid there. */
-static void check_on(const char *spec, const char *const *cfgs, int ncfg, const mcase *cases,
-                     int ncase)
-{
-    const kern_family *f = fam();
-    dev_device *d = td_open(spec, NULL);
-    uint64_t seed = mt_seed_fresh();
-    for (int i = 0; i < ncfg; i++) {
-        kern_config c;
-        parse(cfgs[i], &c);
-        for (int k = 0; k < ncase; k++) {
-            kern_shape s;
-            cr_assert_eq(kern_shape_parse(f, cases[k].shape, &s, NULL, NULL), MT_OK);
-            char why[256] = "";
-            cr_assert(kern_config_valid(f, f->gpu, &s, cases[k].m, &c, dev_get_props(d), why,
-                                        sizeof why),
-                      "%s %s %s: %s", spec, cfgs[i], cases[k].shape, why);
-            uint64_t sd = seed + (uint64_t)(i * 16 + k);
-            mt_err err = MT_ERR_INIT;
-            mt_status st = kern_check_one(d, f, cases[k].shape, cases[k].m, &c, sd, &err);
-            cr_expect_eq(st, MT_OK, "%s %s, %s M=%" PRId64 " (seed %" PRIu64 "): %s", spec,
-                         cfgs[i], cases[k].shape, cases[k].m, sd, err.msg);
-        }
-    }
-    dev_close(d);
-}
-
 /* Small (emu is slow). Sparse with empty and out-of-context slots (topk <
  * C); sparse with a list longer than the context (C < topk, fp8); dense
  * fp8 with 37 keys; dense bf16 with a wider latent; queries of one page
  * row see different lengths (M > 1). */
-static const mcase cases[] = {
+static const mma_case cases[] = {
     {"H=32,L=64,R=16,D=32,topk=24,ps=5,kv=bf16,sparse=1,C=50", 2},
     {"H=32,L=64,R=32,D=48,topk=40,ps=4,kv=fp8,sparse=1,C=19", 2},
     {"H=32,L=64,R=16,D=32,topk=16,ps=7,kv=fp8,sparse=0,C=37", 1},
     {"H=32,L=128,R=32,D=48,topk=16,ps=16,kv=bf16,sparse=0,C=45", 3},
 };
 /* GLM-5.2 widths (576 = 512 + 64), fewer heads. */
-static const mcase glm_cases[] = {
+static const mma_case glm_cases[] = {
     {"H=16,L=512,R=64,D=192,topk=32,ps=64,kv=fp8,sparse=1,C=45", 1},
     {"H=16,L=512,R=64,D=192,topk=32,ps=64,kv=bf16,sparse=0,C=21", 1},
 };
@@ -108,14 +70,14 @@ static const char *const wave32_glm[] = {
 
 Test(attn_mma, mla_decode_matches_the_reference_on_wave64, .timeout = 900)
 {
-    check_on("emu:wave64", wave64_cfgs, 5, cases, 4);
-    check_on("emu:wave64", wave64_glm, 1, glm_cases, 2);
+    mma_check_on(fam(), "emu:wave64", wave64_cfgs, 5, cases, 4);
+    mma_check_on(fam(), "emu:wave64", wave64_glm, 1, glm_cases, 2);
 }
 
 Test(attn_mma, mla_decode_matches_the_reference_on_wave32, .timeout = 900)
 {
-    check_on("emu:wave32", wave32_cfgs, 4, cases, 4);
-    check_on("emu:wave32", wave32_glm, 1, glm_cases, 2);
+    mma_check_on(fam(), "emu:wave32", wave32_cfgs, 4, cases, 4);
+    mma_check_on(fam(), "emu:wave32", wave32_glm, 1, glm_cases, 2);
 }
 
 /* ---- validity ------------------------------------------------------------ */
@@ -127,7 +89,7 @@ static bool valid_on(const char *shape, const char *cfg, const dev_props *p, cha
     kern_shape s;
     cr_assert_eq(kern_shape_parse(f, shape, &s, NULL, NULL), MT_OK);
     kern_config c;
-    parse(cfg, &c);
+    mma_parse(fam(), cfg, &c);
     why[0] = 0;
     return kern_config_valid(f, f->gpu, &s, 1, &c, p, why, cap);
 }
@@ -235,7 +197,7 @@ static void compile_nv(const char *shape, const char *cfg_text)
     kern_shape s;
     cr_assert_eq(kern_shape_parse(f, shape, &s, NULL, NULL), MT_OK);
     kern_config c;
-    parse(cfg_text, &c);
+    mma_parse(fam(), cfg_text, &c);
     char why[256] = "";
     cr_assert(kern_config_valid(f, f->gpu, &s, 1, &c, dev_get_props(d), why, sizeof why),
               "sm_90 %s: %s", cfg_text, why);

@@ -32,51 +32,13 @@ static const kern_family *fam(void)
     return f;
 }
 
-static void parse(const char *text, kern_config *c)
-{
-    mt_err err = MT_ERR_INIT;
-    cr_assert_eq(kern_config_parse(fam()->gpu, text, c, &err), MT_OK, "%s", err.msg);
-}
-
-typedef struct icase {
-    const char *shape;
-    int64_t m;
-} icase;
-
-/* Every (config, case) pair on spec; each config must be valid there. */
-static void check_on(const char *spec, const char *const *cfgs, int ncfg, const icase *cases,
-                     int ncase)
-{
-    const kern_family *f = fam();
-    dev_device *d = td_open(spec, NULL);
-    uint64_t seed = mt_seed_fresh();
-    for (int i = 0; i < ncfg; i++) {
-        kern_config c;
-        parse(cfgs[i], &c);
-        for (int k = 0; k < ncase; k++) {
-            kern_shape s;
-            cr_assert_eq(kern_shape_parse(f, cases[k].shape, &s, NULL, NULL), MT_OK);
-            char why[256] = "";
-            cr_assert(kern_config_valid(f, f->gpu, &s, cases[k].m, &c, dev_get_props(d), why,
-                                        sizeof why),
-                      "%s %s %s: %s", spec, cfgs[i], cases[k].shape, why);
-            uint64_t sd = seed + (uint64_t)(i * 16 + k);
-            mt_err err = MT_ERR_INIT;
-            mt_status st = kern_check_one(d, f, cases[k].shape, cases[k].m, &c, sd, &err);
-            cr_expect_eq(st, MT_OK, "%s %s, %s M=%" PRId64 " (seed %" PRIu64 "): %s", spec,
-                         cfgs[i], cases[k].shape, cases[k].m, sd, err.msg);
-        }
-    }
-    dev_close(d);
-}
-
 /* Small (emu is slow). GLM-5.2 widths: 203 keys over pages of 7 (not a
  * multiple of any BT), three queries of which two share a page row and see
  * different lengths; fewer keys than topk (fp8); then heads and dims that
  * are not whole fragments: 3 x 24, 20 x 36, and 2 x 30 (not whole 4-value
  * loads). The family's fill repeats a third of the keys, so the top-k's tie
  * rule decides. */
-static const icase cases[] = {
+static const mma_case cases[] = {
     {"IH=32,ID=128,topk=40,ps=7,kv=bf16,C=203", 3},
     {"IH=32,ID=128,topk=256,ps=64,kv=fp8,C=100", 2},
     {"IH=32,ID=128,topk=64,ps=16,kv=fp8,C=150", 1},
@@ -100,12 +62,12 @@ static const char *const wave32_cfgs[] = {
 
 Test(indexer_mma, dsa_indexer_matches_the_reference_on_wave64, .timeout = 900)
 {
-    check_on("emu:wave64", wave64_cfgs, 4, cases, NCASES);
+    mma_check_on(fam(), "emu:wave64", wave64_cfgs, 4, cases, NCASES);
 }
 
 Test(indexer_mma, dsa_indexer_matches_the_reference_on_wave32, .timeout = 900)
 {
-    check_on("emu:wave32", wave32_cfgs, 3, cases, NCASES);
+    mma_check_on(fam(), "emu:wave32", wave32_cfgs, 3, cases, NCASES);
 }
 
 /* ---- validity ------------------------------------------------------------ */
@@ -117,7 +79,7 @@ static bool valid_on(const char *shape, const char *cfg, const dev_props *p, cha
     kern_shape s;
     cr_assert_eq(kern_shape_parse(f, shape, &s, NULL, NULL), MT_OK);
     kern_config c;
-    parse(cfg, &c);
+    mma_parse(fam(), cfg, &c);
     why[0] = 0;
     return kern_config_valid(f, f->gpu, &s, 1, &c, p, why, cap);
 }
@@ -222,7 +184,7 @@ static void compile_nv(const char *shape, const char *cfg_text)
     kern_shape s;
     cr_assert_eq(kern_shape_parse(f, shape, &s, NULL, NULL), MT_OK);
     kern_config c;
-    parse(cfg_text, &c);
+    mma_parse(fam(), cfg_text, &c);
     char why[256] = "";
     cr_assert(kern_config_valid(f, f->gpu, &s, 4, &c, dev_get_props(d), why, sizeof why),
               "sm_90 %s: %s", cfg_text, why);

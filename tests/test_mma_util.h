@@ -1,5 +1,6 @@
-/* test_mma_util.h: compile-only checks shared by the matrix-core tests
- * (test_moe_mma, test_attn_mma, test_indexer_mma): open a compile-only
+/* test_mma_util.h: checks shared by the matrix-core tests (test_moe_mma,
+ * test_attn_mma, test_indexer_mma, test_prefill_mma): run configs on emu
+ * against the family's reference (mma_check_on); open a compile-only
  * device or skip, and build one config for an AMD arch, asserting no
  * scratch and no spills in the kernel and, where llvm-objdump exists, that
  * its disassembly uses the expected matrix instruction and no other
@@ -13,11 +14,55 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <inttypes.h>
+
+#include "common/rng.h"
 #include "device/device.h"
 #include "device/isa_mix.h"
 #include "kernels/exec.h"
 #include "kernels/family.h"
+#include "kernels/runner.h"
 #include "test_dev_util.h"
+
+/* A config string of f's GPU implementation, parsed or the test fails. */
+static inline void mma_parse(const kern_family *f, const char *text, kern_config *c)
+{
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(kern_config_parse(f->gpu, text, c, &err), MT_OK, "%s", err.msg);
+}
+
+/* A shape and M the emu checks run. */
+typedef struct mma_case {
+    const char *shape;
+    int64_t m;
+} mma_case;
+
+/* Every (config, case) pair of f on device spec against the reference, with
+ * a fresh seed per pair (printed on failure); each config must be valid. */
+static inline void mma_check_on(const kern_family *f, const char *spec, const char *const *cfgs,
+                                int ncfg, const mma_case *cases, int ncase)
+{
+    dev_device *d = td_open(spec, NULL);
+    uint64_t seed = mt_seed_fresh();
+    for (int i = 0; i < ncfg; i++) {
+        kern_config c;
+        mma_parse(f, cfgs[i], &c);
+        for (int k = 0; k < ncase; k++) {
+            kern_shape s;
+            cr_assert_eq(kern_shape_parse(f, cases[k].shape, &s, NULL, NULL), MT_OK);
+            char why[256] = "";
+            cr_assert(kern_config_valid(f, f->gpu, &s, cases[k].m, &c, dev_get_props(d), why,
+                                        sizeof why),
+                      "%s %s %s: %s", spec, cfgs[i], cases[k].shape, why);
+            uint64_t sd = seed + (uint64_t)(i * 16 + k);
+            mt_err err = MT_ERR_INIT;
+            mt_status st = kern_check_one(d, f, cases[k].shape, cases[k].m, &c, sd, &err);
+            cr_expect_eq(st, MT_OK, "%s %s, %s M=%" PRId64 " (seed %" PRIu64 "): %s", spec,
+                         cfgs[i], cases[k].shape, cases[k].m, sd, err.msg);
+        }
+    }
+    dev_close(d);
+}
 
 static inline dev_device *mma_open_or_skip(const char *spec, const char *arch)
 {

@@ -27,52 +27,14 @@ static const kern_family *fam(void)
     return f;
 }
 
-static void parse(const char *text, kern_config *c)
-{
-    mt_err err = MT_ERR_INIT;
-    cr_assert_eq(kern_config_parse(fam()->gpu, text, c, &err), MT_OK, "%s", err.msg);
-}
-
-typedef struct pcase {
-    const char *shape;
-    int64_t m;
-} pcase;
-
-/* Every (config, case) pair on spec; each config must be valid there. */
-static void check_on(const char *spec, const char *const *cfgs, int ncfg, const pcase *cases,
-                     int ncase)
-{
-    const kern_family *f = fam();
-    dev_device *d = td_open(spec, NULL);
-    uint64_t seed = mt_seed_fresh();
-    for (int i = 0; i < ncfg; i++) {
-        kern_config c;
-        parse(cfgs[i], &c);
-        for (int k = 0; k < ncase; k++) {
-            kern_shape s;
-            cr_assert_eq(kern_shape_parse(f, cases[k].shape, &s, NULL, NULL), MT_OK);
-            char why[256] = "";
-            cr_assert(kern_config_valid(f, f->gpu, &s, cases[k].m, &c, dev_get_props(d), why,
-                                        sizeof why),
-                      "%s %s %s: %s", spec, cfgs[i], cases[k].shape, why);
-            uint64_t sd = seed + (uint64_t)(i * 16 + k);
-            mt_err err = MT_ERR_INIT;
-            mt_status st = kern_check_one(d, f, cases[k].shape, cases[k].m, &c, sd, &err);
-            cr_expect_eq(st, MT_OK, "%s %s, %s M=%" PRId64 " (seed %" PRIu64 "): %s", spec,
-                         cfgs[i], cases[k].shape, cases[k].m, sd, err.msg);
-        }
-    }
-    dev_close(d);
-}
-
 /* Small (emu is slow): a chunk past a prefix (21 queries: not a multiple
  * of BM; 34 keys: not of BN), a chunk with no prefix on an fp8 cache, and
  * GLM-5.2 widths (D 192, R 64, V 256) with one head. */
-static const pcase cases[] = {
+static const mma_case cases[] = {
     {"H=2,L=32,R=16,D=32,V=32,ps=5,kv=bf16,P=13", 21},
     {"H=2,L=48,R=32,D=16,V=64,ps=7,kv=fp8,P=0", 19},
 };
-static const pcase glm_cases[] = {
+static const mma_case glm_cases[] = {
     {"H=1,L=512,R=64,D=192,V=256,ps=64,kv=fp8,P=9", 5},
 };
 
@@ -96,14 +58,14 @@ static const char *const wave32_cfgs[] = {
 
 Test(prefill_mma, mla_prefill_matches_the_reference_on_wave64, .timeout = 900)
 {
-    check_on("emu:wave64", wave64_cfgs, 4, cases, 2);
-    check_on("emu:wave64", wave64_glm, 2, glm_cases, 1);
+    mma_check_on(fam(), "emu:wave64", wave64_cfgs, 4, cases, 2);
+    mma_check_on(fam(), "emu:wave64", wave64_glm, 2, glm_cases, 1);
 }
 
 Test(prefill_mma, mla_prefill_matches_the_reference_on_wave32, .timeout = 900)
 {
-    check_on("emu:wave32", wave32_cfgs, 3, cases, 2);
-    check_on("emu:wave32", wave32_cfgs + 2, 1, glm_cases, 1);
+    mma_check_on(fam(), "emu:wave32", wave32_cfgs, 3, cases, 2);
+    mma_check_on(fam(), "emu:wave32", wave32_cfgs + 2, 1, glm_cases, 1);
 }
 
 /* ---- validity ------------------------------------------------------------ */
@@ -115,7 +77,7 @@ static bool valid_on(const char *shape, const char *cfg, const dev_props *p, cha
     kern_shape s;
     cr_assert_eq(kern_shape_parse(f, shape, &s, NULL, NULL), MT_OK);
     kern_config c;
-    parse(cfg, &c);
+    mma_parse(fam(), cfg, &c);
     why[0] = 0;
     return kern_config_valid(f, f->gpu, &s, 64, &c, p, why, cap);
 }
@@ -216,7 +178,7 @@ Test(prefill_mma, nvrtc_sm90_builds)
     kern_shape s;
     cr_assert_eq(kern_shape_parse(f, "glm5.2", &s, NULL, NULL), MT_OK);
     kern_config c;
-    parse("BM=32,BN=16,WAVES=4,STAGES=1,MMA=1", &c);
+    mma_parse(fam(), "BM=32,BN=16,WAVES=4,STAGES=1,MMA=1", &c);
     char why[256] = "";
     cr_assert(kern_config_valid(f, f->gpu, &s, 256, &c, dev_get_props(d), why, sizeof why),
               "sm_90: %s", why);
