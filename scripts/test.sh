@@ -38,11 +38,13 @@ echo "== tests"
 ctest_clean_tmp --test-dir build -j"$jobs" --output-on-failure
 
 if [ $quick -eq 0 ]; then
-  echo "== build (ASan + UBSan)"
+  echo "== build (ASan + UBSan, -O1)"
   # The kernels the first pass compiled are reused from its cache: the
   # sanitizers check the host code, which a cold cache would only slow.
-  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DMOETUNE_WERROR=ON \
-        -DMOETUNE_SANITIZE=ON -DMOETUNE_TESTS=ON \
+  # -O1, as the sanitizers' documentation advises: the instrumented
+  # emulator runs 2-8x faster than at -O0 (test_attn_mma 50 s -> 6 s).
+  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG="-O1 -g" \
+        -DMOETUNE_WERROR=ON -DMOETUNE_SANITIZE=ON -DMOETUNE_TESTS=ON \
         -DMOETUNE_TEST_CACHE="$PWD/build/test-cache" >/dev/null
   cmake --build build-asan -j"$jobs"
   echo "== tests under ASan + UBSan + LeakSanitizer"
