@@ -35,6 +35,36 @@ static int32_t argmax(const float *logits, int32_t vocab)
     return best < 0 ? 0 : best;
 }
 
+/* Unnormalized softmax weights p[0..n) of the sorted candidates c (largest
+ * first; +inf logits share all the weight), in double, then the top-p cut:
+ * returns how many are kept and their weight sum in *sum. */
+static int32_t softmax_top_p(const model_sampler *s, const cand *c, int32_t n, double *p,
+                             double *sum)
+{
+    *sum = 0.0;
+    for (int32_t i = 0; i < n; i++) {
+        p[i] = isinf(c[0].v) && c[0].v > 0 ? (c[i].v == c[0].v ? 1.0 : 0.0)
+                                            : exp((double)c[i].v - (double)c[0].v);
+        *sum += p[i];
+    }
+    if (s->top_p > 0.0f && s->top_p < 1.0f) {
+        double acc = 0.0;
+        int32_t keep = n;
+        for (int32_t i = 0; i < n; i++) {
+            acc += p[i] / *sum;
+            if (acc >= (double)s->top_p) {
+                keep = i + 1;
+                break;
+            }
+        }
+        n = keep;
+        *sum = 0.0;
+        for (int32_t i = 0; i < n; i++)
+            *sum += p[i];
+    }
+    return n;
+}
+
 int32_t model_sample(const float *logits, int32_t vocab, const model_sampler *s, mt_rng *rng)
 {
     if (vocab <= 0)
@@ -62,26 +92,7 @@ int32_t model_sample(const float *logits, int32_t vocab, const model_sampler *s,
         free(c);
         return id;
     }
-    for (int32_t i = 0; i < n; i++) {
-        p[i] = isinf(c[0].v) && c[0].v > 0 ? (c[i].v == c[0].v ? 1.0 : 0.0)
-                                            : exp((double)c[i].v - (double)c[0].v);
-        sum += p[i];
-    }
-    if (s->top_p > 0.0f && s->top_p < 1.0f) {
-        double acc = 0.0;
-        int32_t keep = n;
-        for (int32_t i = 0; i < n; i++) {
-            acc += p[i] / sum;
-            if (acc >= (double)s->top_p) {
-                keep = i + 1;
-                break;
-            }
-        }
-        n = keep;
-        sum = 0.0;
-        for (int32_t i = 0; i < n; i++)
-            sum += p[i];
-    }
+    n = softmax_top_p(s, c, n, p, &sum);
     /* 53 random bits: a uniform double in [0, sum). */
     double u = (double)(mt_rng_u64(rng) >> 11) * (1.0 / 9007199254740992.0) * sum;
     int32_t pick = c[n - 1].id;
@@ -165,26 +176,7 @@ bool model_sampler_probs(const float *logits, int32_t vocab, const model_sampler
     qsort(c, (size_t)n, sizeof(cand), cand_cmp);
     if (s->top_k > 0 && s->top_k < n)
         n = s->top_k;
-    for (int32_t i = 0; i < n; i++) {
-        p[i] = isinf(c[0].v) && c[0].v > 0 ? (c[i].v == c[0].v ? 1.0 : 0.0)
-                                            : exp((double)c[i].v - (double)c[0].v);
-        sum += p[i];
-    }
-    if (s->top_p > 0.0f && s->top_p < 1.0f) {
-        double acc = 0.0;
-        int32_t keep = n;
-        for (int32_t i = 0; i < n; i++) {
-            acc += p[i] / sum;
-            if (acc >= (double)s->top_p) {
-                keep = i + 1;
-                break;
-            }
-        }
-        n = keep;
-        sum = 0.0;
-        for (int32_t i = 0; i < n; i++)
-            sum += p[i];
-    }
+    n = softmax_top_p(s, c, n, p, &sum);
     for (int32_t i = 0; i < n; i++)
         probs[c[i].id] = p[i] / sum;
     free(c);

@@ -32,53 +32,15 @@ static const kern_family *fam(const char *name)
     return f;
 }
 
-static void parse(const kern_family *f, const char *text, kern_config *c)
-{
-    mt_err err = MT_ERR_INIT;
-    cr_assert_eq(kern_config_parse(f->gpu, text, c, &err), MT_OK, "%s", err.msg);
-}
-
-typedef struct mcase {
-    const char *shape;
-    int64_t m;
-} mcase;
-
-/* Every (config, case) pair on spec; each config must be valid there. */
-static void check_on(const char *spec, const char *fname, const char *const *cfgs, int ncfg,
-                     const mcase *cases, int ncase)
-{
-    const kern_family *f = fam(fname);
-    dev_device *d = td_open(spec, NULL);
-    uint64_t seed = mt_seed_fresh();
-    for (int i = 0; i < ncfg; i++) {
-        kern_config c;
-        parse(f, cfgs[i], &c);
-        for (int k = 0; k < ncase; k++) {
-            kern_shape s;
-            cr_assert_eq(kern_shape_parse(f, cases[k].shape, &s, NULL, NULL), MT_OK);
-            char why[256] = "";
-            cr_assert(kern_config_valid(f, f->gpu, &s, cases[k].m, &c, dev_get_props(d), why,
-                                        sizeof why),
-                      "%s %s %s: %s", spec, fname, cfgs[i], why);
-            uint64_t sd = seed + (uint64_t)(i * 16 + k);
-            mt_err err = MT_ERR_INIT;
-            mt_status st = kern_check_one(d, f, cases[k].shape, cases[k].m, &c, sd, &err);
-            cr_expect_eq(st, MT_OK, "%s %s %s, %s M=%" PRId64 " (seed %" PRIu64 "): %s", spec,
-                         fname, cfgs[i], cases[k].shape, cases[k].m, sd, err.msg);
-        }
-    }
-    dev_close(d);
-}
-
 /* Small shapes (emu is slow): skew=2 leaves E - 2*topk experts empty,
  * skew=1 piles every token's first slot on one expert; M=1, 13 and 21 fill
  * no tile exactly. */
-static const mcase up_cases[] = {
+static const mma_case up_cases[] = {
     {"H=256,I=128,E=16,topk=4,a=mxfp4,cat=1,bm=64,skew=2", 13},
     {"H=256,I=128,E=8,topk=2,a=bf16,cat=0,bm=64,skew=1", 21},
     {"H=128,I=128,E=16,topk=4,a=bf16,cat=1,bm=64,skew=0", 1},
 };
-static const mcase down_cases[] = {
+static const mma_case down_cases[] = {
     {"H=256,I=128,E=16,topk=4,a=mxfp4,comb=0,bm=64,skew=2", 13},
     {"H=256,I=128,E=8,topk=2,a=bf16,comb=1,bm=64,skew=1", 21},
     {"H=128,I=128,E=16,topk=4,a=mxfp4,comb=1,bm=64,skew=0", 1},
@@ -106,26 +68,26 @@ static const char *const wave32_split[] = {
 
 Test(moe_mma, up_matches_the_reference_on_wave64, .timeout = 900)
 {
-    check_on("emu:wave64", "moe_gemm_up", wave64_cfgs, 4, up_cases, 3);
-    check_on("emu:wave64", "moe_gemm_up", wave64_split, 2, up_cases, 2);
+    mma_check_on(fam("moe_gemm_up"), "emu:wave64", wave64_cfgs, 4, up_cases, 3);
+    mma_check_on(fam("moe_gemm_up"), "emu:wave64", wave64_split, 2, up_cases, 2);
 }
 
 Test(moe_mma, down_matches_the_reference_on_wave64, .timeout = 900)
 {
-    check_on("emu:wave64", "moe_gemm_down", wave64_cfgs, 4, down_cases, 3);
-    check_on("emu:wave64", "moe_gemm_down", wave64_split, 2, down_cases, 1);
+    mma_check_on(fam("moe_gemm_down"), "emu:wave64", wave64_cfgs, 4, down_cases, 3);
+    mma_check_on(fam("moe_gemm_down"), "emu:wave64", wave64_split, 2, down_cases, 1);
 }
 
 Test(moe_mma, up_matches_the_reference_on_wave32, .timeout = 900)
 {
-    check_on("emu:wave32", "moe_gemm_up", wave32_cfgs, 2, up_cases, 3);
-    check_on("emu:wave32", "moe_gemm_up", wave32_split, 1, up_cases, 1);
+    mma_check_on(fam("moe_gemm_up"), "emu:wave32", wave32_cfgs, 2, up_cases, 3);
+    mma_check_on(fam("moe_gemm_up"), "emu:wave32", wave32_split, 1, up_cases, 1);
 }
 
 Test(moe_mma, down_matches_the_reference_on_wave32, .timeout = 900)
 {
-    check_on("emu:wave32", "moe_gemm_down", wave32_cfgs, 2, down_cases, 3);
-    check_on("emu:wave32", "moe_gemm_down", wave32_split, 1, down_cases, 1);
+    mma_check_on(fam("moe_gemm_down"), "emu:wave32", wave32_cfgs, 2, down_cases, 3);
+    mma_check_on(fam("moe_gemm_down"), "emu:wave32", wave32_split, 1, down_cases, 1);
 }
 
 /* ---- the weight decode (q_decode of moe_gemm.hip) ------------------------ */
@@ -246,7 +208,7 @@ static bool valid_on(const char *fname, const char *shape, const char *cfg, cons
     kern_shape s;
     cr_assert_eq(kern_shape_parse(f, shape, &s, NULL, NULL), MT_OK);
     kern_config c;
-    parse(f, cfg, &c);
+    mma_parse(f, cfg, &c);
     why[0] = 0;
     return kern_config_valid(f, f->gpu, &s, 64, &c, p, why, cap);
 }
@@ -382,7 +344,7 @@ static void compile_nv(const char *fname, const char *shape, int64_t m, const ch
     kern_shape s;
     cr_assert_eq(kern_shape_parse(f, shape, &s, NULL, NULL), MT_OK);
     kern_config c;
-    parse(f, cfg_text, &c);
+    mma_parse(f, cfg_text, &c);
     char why[256] = "";
     cr_assert(kern_config_valid(f, f->gpu, &s, m, &c, dev_get_props(d), why, sizeof why),
               "sm_90 %s: %s", cfg_text, why);
