@@ -20,7 +20,7 @@ static void usage(FILE *f)
             "usage: moetune generate --model DIR [--db FILE] [--device D]\n"
             "                        (--prompt TEXT | --tokens 1,2,3) [--max-tokens N]\n"
             "                        [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
-            "                        [--act-quant none|mxfp4] [--kv-dtype bf16|fp8]\n"
+            "                        [--act-quant none|mxfp4|int8] [--kv-dtype bf16|fp8]\n"
             "                        [--logits FILE] [--report] [--batch-invariant]\n"
             "                        [--speculative-steps K]\n"
             "Runs the GLM-5 checkpoint in DIR on the device (default auto) with kernels from\n"
@@ -28,8 +28,9 @@ static void usage(FILE *f)
             "prints the generated text (with a tokenizer) and the token ids. Sampling:\n"
             "temperature 0 (default) is greedy; --top-k, --top-p and --seed shape and fix\n"
             "the draws. --act-quant overrides the checkpoint's activation quantization of\n"
-            "the expert GEMMs (mxfp4: a4w4, none: a16w4). --logits writes the logits of\n"
-            "every prompt position as raw little-endian float32 [prompt tokens, vocab].\n"
+            "the expert GEMMs (mxfp4: a4w4, none: a16w4, int8: a8w4, cpu devices only).\n"
+            "--logits writes the logits of every prompt position as raw little-endian\n"
+            "float32 [prompt tokens, vocab].\n"
             "--report prints the full kernel selection table to stderr. --batch-invariant\n"
             "runs one config per kernel at every token count and no split-K, so a token's\n"
             "logits are bitwise the same alone, batched, in prefill or in decode.\n"
@@ -106,12 +107,8 @@ int cmd_generate(int argc, char **argv)
             logits_path = v;
         } else if ((v = cli_opt(argc, argv, &i, "--act-quant", &bad))) {
             o.act_quant_set = true;
-            if (!strcmp(v, "none"))
-                o.act_quant = MODEL_ACT_NONE;
-            else if (!strcmp(v, "mxfp4"))
-                o.act_quant = MODEL_ACT_MXFP4;
-            else {
-                cli_error("generate", "--act-quant '%s': none or mxfp4", v);
+            if (!model_act_quant_parse(v, &o.act_quant)) {
+                cli_error("generate", "--act-quant '%s': none, mxfp4 or int8", v);
                 bad = true;
             }
         } else if ((v = cli_opt(argc, argv, &i, "--kv-dtype", &bad))) {

@@ -16,6 +16,7 @@ static void usage(FILE *f)
             "                     [--max-batch-tokens N] [--threads N] [--max-cached N]\n"
             "                     [--served-model-name NAME] [--max-body BYTES]\n"
             "                     [--batch-invariant] [--speculative-steps K]\n"
+            "                     [--act-quant none|mxfp4|int8]\n"
             "Serves the checkpoint in DIR over HTTP with OpenAI's API: POST /v1/completions,\n"
             "POST /v1/chat/completions (streaming or not), GET /v1/models, GET /health,\n"
             "GET /metrics (Prometheus), POST /tokenize, POST /detokenize. Kernels come from\n"
@@ -29,6 +30,8 @@ static void usage(FILE *f)
             "--speculative-steps K (1-8) drafts K tokens per request and step with the\n"
             "checkpoint's MTP layer and verifies them in the next step; the acceptance\n"
             "rate is in /metrics and in each response's usage.speculative.\n"
+            "--act-quant overrides the checkpoint's activation quantization of the expert\n"
+            "GEMMs: none (a16w4), mxfp4 (a4w4) or int8 (a8w4, cpu devices only).\n"
             "Runs until SIGINT or SIGTERM.\n");
 }
 
@@ -71,6 +74,12 @@ int cmd_serve(int argc, char **argv)
         } else if ((v = cli_opt(argc, argv, &i, "--port", &bad))) {
             bad = !int_opt(v, "--port", 0, 65535, &x);
             o.port = (int)x;
+        } else if ((v = cli_opt(argc, argv, &i, "--act-quant", &bad))) {
+            o.engine.rt.act_quant_set = true;
+            if (!model_act_quant_parse(v, &o.engine.rt.act_quant)) {
+                cli_error("serve", "--act-quant '%s': none, mxfp4 or int8", v);
+                bad = true;
+            }
         } else if ((v = cli_opt(argc, argv, &i, "--speculative-steps", &bad))) {
             bad = !int_opt(v, "--speculative-steps", 0, MODEL_SPEC_MAX_STEPS, &x);
             o.engine.rt.speculative_steps = (int)x;

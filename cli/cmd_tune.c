@@ -39,8 +39,9 @@ static void usage(void)
         "  --model DIR         tune every kernel the runtime runs for the checkpoint DIR\n"
         "                      (its kernel plan, from DIR/config.json alone); an M above\n"
         "                      a kernel's largest M is skipped for that kernel\n"
-        "  --act-quant Q       with --model: none (a16w4) or mxfp4 (a4w4); default: the\n"
-        "                      checkpoint's Quark config, as the runtime\n"
+        "  --act-quant Q       with --model: none (a16w4), mxfp4 (a4w4) or int8 (a8w4,\n"
+        "                      cpu only); default: the checkpoint's Quark config, as\n"
+        "                      the runtime\n"
         "  --kv-dtype T        with --model: bf16 (default) or fp8 KV cache\n"
         "  --max-batch-tokens N  with --model: the runtime's largest step (default 512)\n"
         "  --m LIST            token counts, e.g. 1,16,128 (default 1,2,4,...,4096)\n"
@@ -109,12 +110,8 @@ static int parse(int argc, char **argv, tune_opts *o, tune_cli *c)
         else if ((v = cli_opt(argc, argv, &i, "--act-quant", &bad))) {
             c->plan_opts_given = true;
             c->plan.act_quant_set = true;
-            if (!strcmp(v, "none"))
-                c->plan.act_quant = MODEL_ACT_NONE;
-            else if (!strcmp(v, "mxfp4"))
-                c->plan.act_quant = MODEL_ACT_MXFP4;
-            else {
-                cli_error("tune", "--act-quant '%s': none or mxfp4", v);
+            if (!model_act_quant_parse(v, &c->plan.act_quant)) {
+                cli_error("tune", "--act-quant '%s': none, mxfp4 or int8", v);
                 return CLI_USAGE;
             }
         } else if ((v = cli_opt(argc, argv, &i, "--kv-dtype", &bad))) {

@@ -8,7 +8,8 @@
 
 #include "moe_common.h"
 
-static const char *dt(bool a4) { return a4 ? "mxfp4" : "bf16"; }
+/* The kernels' activation dtype ("a=" of the GEMM keys). */
+static const char *dt(const moe_dims *d) { return d->a8 ? "i8" : d->a4 ? "mxfp4" : "bf16"; }
 
 void moe_layer_keys(const moe_dims *d, moe_keys *k)
 {
@@ -20,20 +21,20 @@ void moe_layer_keys(const moe_dims *d, moe_keys *k)
              d->topkg, (int)lround(d->scale * 1000.0), d->norm ? 1 : 0);
     snprintf(k->align, sizeof k->align, "E=%lld,topk=%d,bm=%d,skew=0", E, d->topk, bm);
     snprintf(k->up, sizeof k->up, "H=%lld,I=%lld,E=%lld,topk=%d,a=%s,cat=1,bm=%d,skew=0", H, I,
-             E, d->topk, dt(d->a4), bm);
+             E, d->topk, dt(d), bm);
     snprintf(k->down, sizeof k->down, "H=%lld,I=%lld,E=%lld,topk=%d,a=%s,comb=%d,bm=%d,skew=0",
-             H, I, E, d->topk, dt(d->a4), d->comb ? 1 : 0, bm);
+             H, I, E, d->topk, dt(d), d->comb ? 1 : 0, bm);
     if (d->comb)
         snprintf(k->combine, sizeof k->combine, "H=%lld,topk=%d,shared=1,o=f32", H, d->topk);
     if (!S)
         return;
     snprintf(k->sh_align, sizeof k->sh_align, "E=1,topk=1,bm=%d,skew=0", bm);
     snprintf(k->sh_up, sizeof k->sh_up, "H=%lld,I=%lld,E=1,topk=1,a=%s,cat=1,bm=%d,skew=0", H, S,
-             dt(d->a4), bm);
+             dt(d), bm);
     /* With the deterministic combine the shared expert writes rows too
      * (its split-K, where a config has one, then sums in a fixed order). */
     snprintf(k->sh_down, sizeof k->sh_down,
-             "H=%lld,I=%lld,E=1,topk=1,a=%s,comb=%d,bm=%d,skew=0", H, S, dt(d->a4),
+             "H=%lld,I=%lld,E=1,topk=1,a=%s,comb=%d,bm=%d,skew=0", H, S, dt(d),
              d->comb ? 1 : 0, bm);
 }
 
@@ -57,7 +58,8 @@ void moe_reference(const moe_dims *d, const moe_host_weights *w, const uint16_t 
     int64_t H = d->hidden, P = M * d->topk;
     memset(y, 0, sizeof(float) * (size_t)(M * H));
     if (d->shared_inter) {
-        moe_gemm_dims g = {.h = H, .i = d->shared_inter, .e = 1, .topk = 1, .a4 = d->a4};
+        moe_gemm_dims g = {.h = H, .i = d->shared_inter, .e = 1, .topk = 1, .a4 = d->a4,
+                           .a8 = d->a8};
         int32_t *zero = calloc((size_t)M, 4);
         float *one = malloc((size_t)M * 4);
         for (int64_t i = 0; i < M; i++)
@@ -73,7 +75,8 @@ void moe_reference(const moe_dims *d, const moe_host_weights *w, const uint16_t 
     for (int64_t t = 0; t < M; t++)
         moe_route_ref_token(&rd, x + t * H, w->gate, w->bias, ids + t * d->topk,
                             tw + t * d->topk, NULL, NULL);
-    moe_gemm_dims g = {.h = H, .i = d->inter, .e = d->n_experts, .topk = d->topk, .a4 = d->a4};
+    moe_gemm_dims g = {.h = H, .i = d->inter, .e = d->n_experts, .topk = d->topk, .a4 = d->a4,
+                       .a8 = d->a8};
     expert_ref(&g, x, M, ids, tw, w->w13, w->s13, w->w2, w->s2, y);
     if (ids_out)
         memcpy(ids_out, ids, (size_t)P * 4);

@@ -25,6 +25,7 @@ typedef struct moe_dims {
     float scale;          /* routed_scaling_factor */
     bool norm;            /* norm_topk_prob */
     bool a4;              /* MXFP4 activations (a4w4) as Quark's input_tensors ask */
+    bool a8;              /* int8 activations per 32-block (a8w4, cpu kernels; a4 false) */
     int64_t shared_inter; /* shared expert intermediate size; 0 = none */
     int comb;             /* 0: down accumulates with atomics; 1: rows + moe_combine */
     int bm;               /* rows per tile of the aligned (expert-sorted) layout; 0 = 128 */

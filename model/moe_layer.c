@@ -15,13 +15,15 @@ struct model_moe_ws {
     void *sh_ids, *sh_w, *sh_sorted, *sh_tile, *sh_total, *sh_h, *sh_rows;
 };
 
-void model_moe_dims(const model_config *c, bool a4, int64_t shared_inter, moe_dims *out)
+void model_moe_dims(const model_config *c, kern_dtype act, int64_t shared_inter,
+                    moe_dims *out)
 {
     *out = (moe_dims){.hidden = c->hidden_size, .inter = c->moe_intermediate_size,
                       .n_experts = c->n_routed_experts, .topk = (int)c->num_experts_per_tok,
                       .ngroup = (int)c->n_group, .topkg = (int)c->topk_group,
                       .scale = (float)c->routed_scaling_factor, .norm = c->norm_topk_prob,
-                      .a4 = a4, .shared_inter = shared_inter, .comb = 1, .bm = 128};
+                      .a4 = act == KERN_DT_MXFP4, .a8 = act == KERN_DT_I8,
+                      .shared_inter = shared_inter, .comb = 1, .bm = 128};
 }
 
 mt_status model_moe_add_kernels(model_kset *ks, const moe_dims *d, int64_t m_max,

@@ -31,12 +31,14 @@ typedef struct model_moe_kernels {
     model_kern *route, *align, *up, *down, *combine, *sh_align, *sh_up, *sh_down;
 } model_moe_kernels;
 
-/* The routed-expert dims of a GLM-5 config: a4 selects MXFP4 activations,
- * shared_inter the MXFP4 shared expert's width (0: none on the MoE GEMMs),
+/* The routed-expert dims of a GLM-5 config: act is the activation dtype the
+ * expert GEMMs take (KERN_DT_BF16 a16w4, KERN_DT_MXFP4 a4w4, KERN_DT_I8
+ * a8w4), shared_inter the MXFP4 shared expert's width (0: none on the MoE GEMMs),
  * deterministic combine (comb 1: the down GEMM writes one row per
  * (token, expert) pair and moe_combine sums them in a fixed order, so a
  * token's output does not depend on thread timing), bm 128. */
-void model_moe_dims(const model_config *c, bool a4, int64_t shared_inter, moe_dims *out);
+void model_moe_dims(const model_config *c, kern_dtype act, int64_t shared_inter,
+                    moe_dims *out);
 
 /* Adds the layer's kernels (keys from moe_layer_keys) to ks, each called
  * with at most m_max rows. */

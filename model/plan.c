@@ -205,7 +205,7 @@ static mt_status mlp_uses(builder *b, model_plan_layer *ly)
     }
     /* The served MoE layer's kernels (moe_layer.h), keys from the one list. */
     moe_dims md;
-    model_moe_dims(c, pp->a4, ly->sh_inter && ly->sh_mxfp4 ? ly->sh_inter : 0, &md);
+    model_moe_dims(c, pp->act, ly->sh_inter && ly->sh_mxfp4 ? ly->sh_inter : 0, &md);
     moe_keys mk;
     moe_layer_keys(&md, &mk);
     USE(&k[MODEL_KS_ROUTE], "moe_route", T, "router", "%s", mk.route);
@@ -315,9 +315,12 @@ static mt_status resolve_params(const model_config *c, const model_plan_opts *o,
 {
     pp->eps_e = model_plan_eps_exponent(c->rms_norm_eps, NULL);
     pp->eps6_e = 6; /* q_a_layernorm / kv_a_layernorm: 1e-6 as in transformers */
-    pp->a4 = false;
+    pp->act = KERN_DT_BF16;
     if (o->act_quant_set) {
-        pp->a4 = o->act_quant == MODEL_ACT_MXFP4;
+        if ((unsigned)o->act_quant >= MODEL_ACT_COUNT)
+            return mt_fail(err, MT_E_INVALID, "act_quant %d: none, mxfp4 or int8",
+                           (int)o->act_quant);
+        pp->act = model_act_quant_dtype(o->act_quant);
     } else {
         /* The routed experts of the first MoE layer decide. */
         for (int64_t i = 0; i < c->num_hidden_layers; i++) {
@@ -325,10 +328,11 @@ static mt_status resolve_params(const model_config *c, const model_plan_opts *o,
                 continue;
             char name[128];
             snprintf(name, sizeof name, "model.layers.%" PRId64 ".mlp.experts.0.gate_proj", i);
-            bool mx = false;
-            mt_status st = module_mxfp4(c, o->weights, name, &mx, &pp->a4, err);
+            bool mx = false, a4 = false;
+            mt_status st = module_mxfp4(c, o->weights, name, &mx, &a4, err);
             if (st != MT_OK)
                 return st;
+            pp->act = a4 ? KERN_DT_MXFP4 : KERN_DT_BF16;
             break;
         }
     }

@@ -8,8 +8,8 @@
  * kernels (rt_load.c / rt_select.c), and `moetune tune --model` tunes
  * exactly them, so a tuned database covers what the runtime looks up.
  *
- * Options that change kernels are inputs: activation quantization (a4w4 or
- * a16w4: the Quark config's input spec of the routed experts unless
+ * Options that change kernels are inputs: activation quantization (a4w4,
+ * a16w4 or a8w4: the Quark config's input spec of the routed experts unless
  * overridden), the KV cache dtype and page size (keys of the attention
  * kernels), and max_batch_tokens (the largest M). KV pages only change
  * representative runtime dims (pool rows, context length). Defaults are
@@ -114,7 +114,7 @@ typedef struct model_plan_layer {
 
 /* The runtime's resolved settings (options with defaults applied). */
 typedef struct model_plan_params {
-    bool a4;           /* MXFP4 activations into the expert GEMMs */
+    kern_dtype act;    /* activations into the expert GEMMs: bf16, mxfp4 or i8 */
     int kv_dtype;      /* kern_dtype of the KV cache */
     int ps;            /* tokens per page */
     int64_t n_pages, max_ctx, T; /* pool pages, context limit, max_batch_tokens */

@@ -115,7 +115,7 @@ struct model_runtime {
     int eps_e, eps6_e;           /* rms_norm_eps and the q/kv latent norms' 1e-6 */
     int64_t sm_bits;             /* mla_decode's sm dim: the softmax scale's float bits
                                   * under YaRN, 0 (the family's (D+R)^-0.5) otherwise */
-    bool a4;                     /* MXFP4 activations into the expert GEMMs */
+    kern_dtype act;              /* activations into the expert GEMMs: bf16, mxfp4, i8 */
     kern_dtype kv_dtype;
     int ps;                      /* tokens per page */
     int64_t n_pages, max_ctx, T; /* T: max_batch_tokens */

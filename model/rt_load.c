@@ -550,7 +550,7 @@ mt_status rt_bufs_alloc(model_runtime *rt, mt_err *err)
         if (st != MT_OK)
             return mt_err_prefix(err, "activation buffers for %" PRId64 " tokens", T);
     }
-    model_moe_dims(rt->cfg, rt->a4, sh_max, &rt->moe);
+    model_moe_dims(rt->cfg, rt->act, sh_max, &rt->moe);
     bool any_moe = false;
     for (int64_t i = 0; i < rt->n_layers; i++)
         any_moe |= rt->layers[i].moe;

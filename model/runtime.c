@@ -25,6 +25,73 @@ static int eps_exponent(model_runtime *rt, double eps, const char *what)
     return e;
 }
 
+static const char *const act_quant_names[MODEL_ACT_COUNT] = {
+    [MODEL_ACT_NONE] = "none", [MODEL_ACT_MXFP4] = "mxfp4", [MODEL_ACT_INT8] = "int8"};
+static const kern_dtype act_quant_dtypes[MODEL_ACT_COUNT] = {
+    [MODEL_ACT_NONE] = KERN_DT_BF16, [MODEL_ACT_MXFP4] = KERN_DT_MXFP4,
+    [MODEL_ACT_INT8] = KERN_DT_I8};
+
+const char *model_act_quant_name(model_act_quant q)
+{
+    return (unsigned)q < MODEL_ACT_COUNT ? act_quant_names[q] : "?";
+}
+
+bool model_act_quant_parse(const char *s, model_act_quant *out)
+{
+    for (int q = 0; q < MODEL_ACT_COUNT; q++)
+        if (s && !strcmp(s, act_quant_names[q])) {
+            *out = (model_act_quant)q;
+            return true;
+        }
+    return false;
+}
+
+kern_dtype model_act_quant_dtype(model_act_quant q)
+{
+    return (unsigned)q < MODEL_ACT_COUNT ? act_quant_dtypes[q] : KERN_DT_BF16;
+}
+
+static const char *act_desc(kern_dtype act)
+{
+    return act == KERN_DT_I8      ? "a8w4 (int8 activations)"
+           : act == KERN_DT_MXFP4 ? "a4w4 (MXFP4 activations)"
+                                  : "a16w4 (bf16 activations)";
+}
+
+/* The --act-quant spelling of an expert GEMM activation dtype. */
+static const char *act_option(kern_dtype act)
+{
+    for (int q = 0; q < MODEL_ACT_COUNT; q++)
+        if (act_quant_dtypes[q] == act)
+            return act_quant_names[q];
+    return "?";
+}
+
+/* The expert GEMMs' activation dtype must have kernels on this device (a8w4
+ * has cpu kernels only): a refused default config fails the load here,
+ * naming the device and the option, instead of running another dtype. */
+static mt_status check_expert_act(model_runtime *rt, mt_err *err)
+{
+    const model_plan *p = rt->plan;
+    for (int i = 0; i < p->n_entries; i++) {
+        const model_plan_entry *e = &p->entries[i];
+        if (strcmp(e->fam->name, "moe_gemm_up") && strcmp(e->fam->name, "moe_gemm_down"))
+            continue;
+        const kern_impl *im = kern_family_impl(e->fam, rt->props->backend);
+        char why[160] = "no implementation for this backend";
+        kern_config cfg;
+        if (im) {
+            im->default_config(&e->shape, 1, rt->props, &cfg);
+            if (kern_config_valid(e->fam, im, &e->shape, 1, &cfg, rt->props, why, sizeof why))
+                continue;
+        }
+        return mt_fail(err, MT_E_UNSUPPORTED, "device %s (%s): experts %s (--act-quant %s) "
+                       "cannot run here: %s %s: %s", rt->props->spec, rt->props->name,
+                       act_desc(p->p.act), act_option(p->p.act), e->fam->name, e->key, why);
+    }
+    return MT_OK;
+}
+
 /* Warnings only: what the runtime cannot run fails model_plan_build. */
 static void check_config(model_runtime *rt)
 {
@@ -109,7 +176,7 @@ static mt_status setup(model_runtime *rt, mt_err *err)
     rt->n_layers = c->num_hidden_layers; /* the MTP layer, when loaded, is layers[n_layers] */
     rt->eps_e = eps_exponent(rt, c->rms_norm_eps, "rms_norm_eps");
     rt->eps6_e = pp->eps6_e;
-    rt->a4 = pp->a4;
+    rt->act = pp->act;
     rt->kv_dtype = (kern_dtype)pp->kv_dtype;
     rt->ps = pp->ps;
     rt->n_pages = pp->n_pages;
@@ -121,11 +188,13 @@ static mt_status setup(model_runtime *rt, mt_err *err)
             " experts top-%" PRId64 ", vocab %" PRId64 "; device %s (%s); experts %s; kv cache "
             "%s, %" PRId64 " pages of %d tokens; max context %" PRId64 "\n",
             o->model_dir, rt->n_layers, rt->H, rt->E, rt->TOPKE, rt->V, rt->props->spec,
-            rt->props->name, rt->a4 ? "a4w4 (MXFP4 activations)" : "a16w4 (bf16 activations)",
+            rt->props->name, act_desc(rt->act),
             kern_dtype_name(rt->kv_dtype), rt->n_pages, rt->ps, rt->max_ctx);
     if (o->speculative_steps < 0 || o->speculative_steps > MODEL_SPEC_MAX_STEPS)
         return mt_fail(err, MT_E_INVALID, "speculative_steps %d: 0 (off) to %d",
                        o->speculative_steps, MODEL_SPEC_MAX_STEPS);
+    if ((st = check_expert_act(rt, err)) != MT_OK)
+        return st;
     if ((st = rt_load(rt, err)) != MT_OK || (st = model_kset_select(rt->ks, err)) != MT_OK ||
         (st = rt_bufs_alloc(rt, err)) != MT_OK || (st = rt_mtp_load(rt, err)) != MT_OK)
         return st;

@@ -404,7 +404,8 @@ static mt_status layer_dims(bench *b, const kern_family *fu, const kern_shape *s
         .topkg = (int)kern_shape_get(fr, &rs, "topkg"),
         .scale = (float)kern_shape_get(fr, &rs, "rsf") / 1000.0f,
         .norm = kern_shape_get(fr, &rs, "norm") != 0,
-        .a4 = kern_shape_get(fu, s, "a") == KERN_DT_MXFP4, .shared_inter = b->S, .comb = 1,
+        .a4 = kern_shape_get(fu, s, "a") == KERN_DT_MXFP4,
+        .a8 = kern_shape_get(fu, s, "a") == KERN_DT_I8, .shared_inter = b->S, .comb = 1,
         .bm = BM};
     return MT_OK;
 }
@@ -447,7 +448,8 @@ mt_status moe_bench_run(dev_device *d, const moe_bench_opts *o, FILE *out, mt_er
     }
     /* The stages alone: the same keys as the layer's GEMMs. */
     moe_dims gd = {.hidden = b.H, .inter = b.I, .n_experts = b.E, .topk = (int)b.topk,
-                   .a4 = kern_shape_get(fu, &s, "a") == KERN_DT_MXFP4, .bm = BM};
+                   .a4 = kern_shape_get(fu, &s, "a") == KERN_DT_MXFP4,
+                   .a8 = kern_shape_get(fu, &s, "a") == KERN_DT_I8, .bm = BM};
     moe_keys keys;
     moe_layer_keys(&gd, &keys);
     for (int g = 0; g < 2; g++)
