@@ -9,6 +9,7 @@
 
 #include "../common/clock.h"
 #include "../common/rng.h"
+#include "../comm/comm.h"
 #include "../kernels/family.h"
 #include "../model/runtime.h"
 #include "../model/spec.h"
@@ -22,7 +23,7 @@ static void usage(FILE *f)
             "                        [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
             "                        [--act-quant none|mxfp4|int8] [--kv-dtype bf16|fp8]\n"
             "                        [--logits FILE] [--report] [--batch-invariant]\n"
-            "                        [--speculative-steps K]\n"
+            "                        [--speculative-steps K] [--comm self|mpi]\n"
             "Runs the GLM-5 checkpoint in DIR on the device (default auto) with kernels from\n"
             "the tuning database FILE (every kernel runs its default config without one),\n"
             "prints the generated text (with a tokenizer) and the token ids. Sampling:\n"
@@ -36,7 +37,10 @@ static void usage(FILE *f)
             "logits are bitwise the same alone, batched, in prefill or in decode.\n"
             "--speculative-steps K (1-8) drafts K tokens a round with the checkpoint's MTP\n"
             "layer and verifies them in one step (greedy acceptance, speculative sampling\n"
-            "above temperature 0); the acceptance rate goes to stderr.\n");
+            "above temperature 0); the acceptance rate goes to stderr.\n"
+            "--comm mpi runs across the ranks of `mpirun -np N moetune generate ...`\n"
+            "(every rank with the same options): each rank holds 1/N of the routed experts\n"
+            "(expert parallelism); rank 0 runs the prompt, prints and writes --logits.\n");
 }
 
 static bool parse_num(const char *v, double *out)
@@ -81,7 +85,7 @@ static int parse_tokens(const char *s, int32_t **out, size_t *n)
 int cmd_generate(int argc, char **argv)
 {
     const char *model = NULL, *db = NULL, *device = "auto", *prompt = NULL, *tokens = NULL;
-    const char *logits_path = NULL, *v;
+    const char *logits_path = NULL, *comm_name = NULL, *v;
     double max_tokens = 32, temp = 0, top_k = 0, top_p = 1, seed = -1, spec = 0, num;
     model_runtime_opts o = {0};
     bool bad = false, report = false;
@@ -105,6 +109,8 @@ int cmd_generate(int argc, char **argv)
             tokens = v;
         } else if ((v = cli_opt(argc, argv, &i, "--logits", &bad))) {
             logits_path = v;
+        } else if ((v = cli_opt(argc, argv, &i, "--comm", &bad))) {
+            comm_name = v;
         } else if ((v = cli_opt(argc, argv, &i, "--act-quant", &bad))) {
             o.act_quant_set = true;
             if (!model_act_quant_parse(v, &o.act_quant)) {
@@ -161,9 +167,35 @@ int cmd_generate(int argc, char **argv)
     o.log = stderr;
     mt_err err = MT_ERR_INIT;
     model_runtime *rt = NULL;
+    mt_comm *comm = NULL;
+    FILE *quiet = NULL;
+    if (comm_name) {
+        if (mt_comm_open(comm_name, &comm, &err) != MT_OK) {
+            cli_error("generate", "--comm: %s", err.msg);
+            return CLI_FAIL;
+        }
+        o.comm = comm;
+        o.comm_lead = true;
+        if (mt_comm_rank(comm) != 0 && (quiet = fopen("/dev/null", "w")))
+            o.log = quiet; /* rank 0 reports; the others print only errors */
+    }
     if (model_runtime_open(&o, &rt, &err) != MT_OK) {
         cli_error("generate", "%s", err.msg);
+        mt_comm_close(comm);
+        if (quiet)
+            fclose(quiet);
         return CLI_FAIL;
+    }
+    if (comm && mt_comm_rank(comm) != 0) {
+        /* The other ranks serve their experts to rank 0's steps. */
+        mt_status fs = model_runtime_follow(rt, NULL, &err);
+        if (fs != MT_OK)
+            cli_error("generate", "rank %d: %s", mt_comm_rank(comm), err.msg);
+        model_runtime_close(rt);
+        mt_comm_close(comm);
+        if (quiet)
+            fclose(quiet);
+        return fs == MT_OK ? CLI_OK : CLI_FAIL;
     }
     if (report)
         model_runtime_report(rt, stderr);
@@ -292,6 +324,7 @@ done:
     free(lg);
     free(all);
     free(out);
-    model_runtime_close(rt);
+    model_runtime_close(rt); /* with --comm: tells the other ranks to stop */
+    mt_comm_close(comm);
     return rc;
 }

@@ -97,7 +97,8 @@ static mt_status mlp(model_runtime *rt, rt_layer *ly, int64_t M, mt_err *err)
     moe_weights w = {.gate = ly->gate, .bias = ly->bias, .w13 = ly->w13, .s13 = ly->s13,
                      .w2 = ly->w2, .s2 = ly->s2, .sh_w13 = ly->sh_w13, .sh_s13 = ly->sh_s13,
                      .sh_w2 = ly->sh_w2, .sh_s2 = ly->sh_s2};
-    mt_status st = model_moe_run(&k->moe, rt->moe_ws, &d, &w, b->xn, M, b->delta, err);
+    mt_status st = rt->ep ? rt_ep_moe(rt, ly, b->xn, M, b->delta, err)
+                          : model_moe_run(&k->moe, rt->moe_ws, &d, &w, b->xn, M, b->delta, err);
     if (st != MT_OK)
         return st;
     RUN(k->resid, M, NULL, b->resid, b->delta, b->xb);
@@ -214,6 +215,11 @@ static mt_status reserve(model_runtime *rt, const model_step_item *it, int64_t *
 
 mt_status model_step(model_runtime *rt, model_step_item *items, int n, mt_err *err)
 {
+    return rt->o.comm ? rt_ep_step(rt, items, n, err) : rt_step(rt, items, n, err);
+}
+
+mt_status rt_step(model_runtime *rt, model_step_item *items, int n, mt_err *err)
+{
     if (n <= 0)
         return n == 0 ? MT_OK : mt_fail(err, MT_E_INVALID, "model_step: %d items", n);
     if (n > RT_MAX_SEQS)
@@ -280,6 +286,8 @@ mt_status model_step(model_runtime *rt, model_step_item *items, int n, mt_err *e
                      n, max_pages, b->table_entries);
     if (st == MT_OK)
         st = kvc_table_upload(rt->layers[0].kv, seqs0, n, max_pages, b->table, err);
+    if (st == MT_OK && rt->o.comm)
+        st = rt_ep_step_begin(rt, M, err);
     if (st == MT_OK)
         st = forward(rt, M, cmax, nl, err);
     /* Its rows' hidden states are what model_mtp_step reads next (rt_mtp.c). */

@@ -20,6 +20,7 @@
 #include "../db/db.h"
 #include "../device/device.h"
 #include "../kernels/family.h"
+#include "ep_moe.h"
 #include "kset.h"
 #include "kvcache.h"
 #include "moe_layer.h"
@@ -129,6 +130,9 @@ struct model_runtime {
     model_kset *ks;
     model_kern *k_embed, *k_norm_final, *k_gather, *k_lm_head;
     model_moe_ws *moe_ws;        /* the MoE layers' workspace */
+    model_ep *ep;                /* expert parallelism (o.comm with MoE layers); NULL */
+    bool ep_joined;              /* this step reached its forward (rt_ep.c) */
+    bool ep_ended;               /* the leader told the other ranks to stop */
 
     rt_bufs b;
     rt_mtp mtp;
@@ -156,5 +160,28 @@ void rt_mtp_unload(model_runtime *rt);
  * (tokens' positions, pool rows, page table, query rows, contexts), xb and
  * resid in, xb and resid out; cmax the longest context. */
 mt_status rt_layer_forward(model_runtime *rt, rt_layer *ly, int64_t M, int64_t cmax, mt_err *err);
+/* model_step on this runtime alone (model_step adds the ranks' lockstep
+ * when the runtime has a communicator). */
+mt_status rt_step(model_runtime *rt, model_step_item *items, int n, mt_err *err);
+
+/* ---- rt_ep.c: across the ranks of o.comm (expert parallelism) ---- */
+
+/* Before rt_load's layers: this rank's expert range (every expert without
+ * a communicator or MoE layers). */
+mt_status rt_ep_open(model_runtime *rt, mt_err *err);
+void rt_ep_experts(const model_runtime *rt, int64_t *first, int64_t *count);
+/* The local expert kernels into rt->ks (before select); their workspace
+ * (after rt_bufs_alloc). */
+mt_status rt_ep_add_kernels(model_runtime *rt, mt_err *err);
+mt_status rt_ep_ws_alloc(model_runtime *rt, mt_err *err);
+/* The leader's end message, then the layer freed. */
+void rt_ep_close(model_runtime *rt);
+/* The MoE MLP of layer ly on the M rows x into y (f32), expert-parallel. */
+mt_status rt_ep_moe(model_runtime *rt, rt_layer *ly, const void *x, int64_t M, float *y,
+                    mt_err *err);
+/* model_step with a communicator; rt_step calls rt_ep_step_begin right
+ * before the forward (the leader announces it). */
+mt_status rt_ep_step(model_runtime *rt, model_step_item *items, int n, mt_err *err);
+mt_status rt_ep_step_begin(model_runtime *rt, int64_t M, mt_err *err);
 
 #endif

@@ -154,12 +154,14 @@ static mt_status quantize_linear(model_runtime *rt, const char *module, int64_t 
     return st;
 }
 
-/* Routed or shared experts: n experts named prefix%d / prefix (shared).
- * quantize: float experts (the MTP layer's bf16 ones) are quantized to
- * MXFP4 here; otherwise they must be MXFP4 in the file. */
-static mt_status upload_experts(model_runtime *rt, const char *prefix, bool shared, int64_t n,
-                                int64_t inter, bool quantize, void **w13, void **s13, void **w2,
-                                void **s2, mt_err *err)
+/* Routed or shared experts: n experts named prefix%d from expert first on
+ * (this rank's range under expert parallelism) / prefix (shared); only
+ * their tensors are read from the checkpoint (the mapping's other pages
+ * are never touched). quantize: float experts (the MTP layer's bf16 ones)
+ * are quantized to MXFP4 here; otherwise they must be MXFP4 in the file. */
+static mt_status upload_experts(model_runtime *rt, const char *prefix, bool shared,
+                                int64_t first, int64_t n, int64_t inter, bool quantize,
+                                void **w13, void **s13, void **w2, void **s2, mt_err *err)
 {
     int64_t H = rt->H;
     size_t b13 = (size_t)(2 * inter * H / 2), c13 = (size_t)(2 * inter * H / 32);
@@ -176,7 +178,7 @@ static mt_status upload_experts(model_runtime *rt, const char *prefix, bool shar
             if (shared)
                 snprintf(name, sizeof name, "%s%s", prefix, parts[p]);
             else
-                snprintf(name, sizeof name, "%s%" PRId64 ".%s", prefix, e, parts[p]);
+                snprintf(name, sizeof name, "%s%" PRId64 ".%s", prefix, first + e, parts[p]);
             const model_linear *l;
             st = model_weights_linear(rt->w, name, &l, err);
             if (st != MT_OK)
@@ -375,14 +377,16 @@ static mt_status load_layer(model_runtime *rt, int64_t i, rt_layer *ly, mt_err *
         snprintf(n1, sizeof n1, "%smlp.gate.e_score_correction_bias", p);
         MT_CHECK(upload_vec(rt, n1, rt->E, true, &ly->bias, err));
         snprintf(n1, sizeof n1, "%smlp.experts.", p);
-        MT_CHECK(upload_experts(rt, n1, false, rt->E, rt->IE, i >= rt->n_layers, &ly->w13,
+        int64_t e0, ne;
+        rt_ep_experts(rt, &e0, &ne);
+        MT_CHECK(upload_experts(rt, n1, false, e0, ne, rt->IE, i >= rt->n_layers, &ly->w13,
                                 &ly->s13, &ly->w2, &ly->s2, err));
         ly->sh_inter = pl->sh_inter;
         if (ly->sh_inter) {
             ly->sh_mxfp4 = pl->sh_mxfp4; /* from the file (the plan was built with the weights) */
             snprintf(n1, sizeof n1, "%smlp.shared_experts.", p);
             if (ly->sh_mxfp4) {
-                MT_CHECK(upload_experts(rt, n1, true, 1, ly->sh_inter, false, &ly->sh_w13, &ly->sh_s13,
+                MT_CHECK(upload_experts(rt, n1, true, 0, 1, ly->sh_inter, false, &ly->sh_w13, &ly->sh_s13,
                                     &ly->sh_w2, &ly->sh_s2, err));
             } else {
                 snprintf(n1, sizeof n1, "%smlp.shared_experts.gate_proj", p);
@@ -418,6 +422,7 @@ static void free_layer(model_runtime *rt, rt_layer *ly)
 mt_status rt_load(model_runtime *rt, mt_err *err)
 {
     int64_t H = rt->H, V = rt->V;
+    MT_CHECK(rt_ep_open(rt, err));
     mt_status st = upload_vec(rt, "model.norm.weight", H, false, &rt->final_norm, err);
     const model_tensor_info *emb;
     int64_t es[2] = {V, H};
@@ -468,7 +473,7 @@ mt_status rt_load(model_runtime *rt, mt_err *err)
     if (st != MT_OK)
         return st;
 
-    if ((st = register_plan(rt, err)) != MT_OK)
+    if ((st = register_plan(rt, err)) != MT_OK || (st = rt_ep_add_kernels(rt, err)) != MT_OK)
         return st;
     /* With MTP its layer is layers[n_layers] (plan.h), loaded like the others. */
     int64_t n_load = rt->n_layers + (rt->plan->mtp ? 1 : 0);
@@ -490,6 +495,7 @@ mt_status rt_load(model_runtime *rt, mt_err *err)
 
 void rt_unload(model_runtime *rt)
 {
+    rt_ep_close(rt);
     if (!rt->dev)
         return;
     for (int64_t i = 0; rt->layers && i < rt->n_layers + (rt->plan->mtp ? 1 : 0); i++)
@@ -551,6 +557,8 @@ mt_status rt_bufs_alloc(model_runtime *rt, mt_err *err)
             return mt_err_prefix(err, "activation buffers for %" PRId64 " tokens", T);
     }
     model_moe_dims(rt->cfg, rt->act, sh_max, &rt->moe);
+    if (rt->ep) /* its own workspace: routed experts are split over the ranks */
+        return rt_ep_ws_alloc(rt, err);
     bool any_moe = false;
     for (int64_t i = 0; i < rt->n_layers; i++)
         any_moe |= rt->layers[i].moe;

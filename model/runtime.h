@@ -59,6 +59,11 @@ typedef struct model_runtime_opts {
     int speculative_steps;   /* > 0: load the MTP layer to draft with (model_mtp_step); the
                               * most draft tokens a round may use (<= MODEL_SPEC_MAX_STEPS) */
     FILE *log;               /* selection report and warnings; NULL = stderr */
+    struct mt_comm *comm;    /* ranks to split the routed experts over (expert parallelism,
+                              * comm/comm.h; everything else replicated); NULL: one device.
+                              * The caller's: it must outlive the runtime */
+    bool comm_lead;          /* with comm: rank 0 drives every step, the other ranks run
+                              * model_runtime_follow; false: each rank runs its own steps */
 } model_runtime_opts;
 
 typedef struct model_runtime model_runtime;
@@ -111,6 +116,26 @@ typedef struct model_step_item {
  * when the KV pool cannot hold the tokens; MT_E_INVALID for a token id out
  * of range or a sequence past the maximum context, naming the item. */
 mt_status model_step(model_runtime *rt, model_step_item *items, int n, mt_err *err);
+
+/* ---- several ranks (opts.comm) ---------------------------------------------- */
+
+/* With a communicator every MoE layer of every step exchanges (token,
+ * expert) pairs with every rank, so all ranks step in lockstep:
+ * - without comm_lead each rank calls model_step the same number of times,
+ *   with n = 0 when it has nothing to run (it then serves its experts to
+ *   the others); a step that fails before its forward still joins;
+ * - with comm_lead only rank 0 calls model_step (n = 0 there does
+ *   nothing); it announces each forward to the others, which run
+ *   model_runtime_follow until rank 0 closes its runtime.
+ * A step that fails inside its forward leaves the other ranks waiting: end
+ * the job (mpirun does when a process exits with an error). */
+
+/* Ranks other than 0 of a comm_lead runtime: runs an empty step for every
+ * step rank 0 runs, until rank 0 closes its runtime (MT_OK) or a collective
+ * fails. *steps (may be NULL) counts the steps followed. */
+mt_status model_runtime_follow(model_runtime *rt, int64_t *steps, mt_err *err);
+/* This rank (0 without a communicator). */
+int model_runtime_rank(const model_runtime *rt);
 
 /* ---- speculative decoding (the MTP layer; see spec.h) ------------------------ */
 
