@@ -9,7 +9,8 @@
  * Both paths are real; the runtime compares the tuned times of
  * (moe_gemm_down comb=0) and (moe_gemm_down comb=1 + moe_combine) for its
  * shapes. Activations are the bf16 stage-1 output h [pairs, I], used as
- * bf16 (a16w4) or quantized per 32-block on the fly (a4w4). */
+ * bf16 (a16w4) or quantized per 32-block (a4w4: on GPUs once per launch
+ * by moe_act_quant, before the GEMM). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -268,11 +269,21 @@ static bool gemv_partials(const kern_shape *s, const kern_config *cfg)
     return cfg->v[MOE_GPU_GEMV] && (!s->v[D_COMB] || cfg->v[MOE_GPU_SPLITK] > 1);
 }
 
-static size_t gpu_scratch(const kern_shape *s, int64_t m, const kern_config *cfg)
+static size_t partial_bytes(const kern_shape *s, int64_t m, const kern_config *cfg)
 {
     if (!gemv_partials(s, cfg))
         return 0;
     return (size_t)cfg->v[MOE_GPU_SPLITK] * (size_t)(m * s->v[D_TOPK]) * (size_t)s->v[D_H] * 4;
+}
+
+/* The partials, then for a4w4 h quantized by moe_act_quant (once per
+ * launch, read by every N tile). */
+static size_t gpu_scratch(const kern_shape *s, int64_t m, const kern_config *cfg)
+{
+    size_t part = partial_bytes(s, m, cfg);
+    if (s->v[D_A] != KERN_DT_MXFP4)
+        return part;
+    return moe_gpu_act_offset(part) + moe_gpu_act_bytes(m * s->v[D_TOPK], s->v[D_I]);
 }
 
 static mt_status gpu_run(const kern_ctx *c, mt_err *err)
@@ -284,15 +295,20 @@ static mt_status gpu_run(const kern_ctx *c, mt_err *err)
     /* tiles of BM rows; the decode path (GEMV) takes the layout's bm tiles */
     int32_t ntm = (int32_t)(moe_cap_rows(P, s->v[D_E], bm) / (v[MOE_GPU_GEMV] ? bm : v[MOE_GPU_BM]));
     int64_t ws = H * I / 2, ss = H * I / 32;
+    void *h = c->bufs[B_H], *hq = NULL, *hqs = NULL;
+    mt_status st = MT_OK;
+    if (s->v[D_A] == KERN_DT_MXFP4)
+        st = moe_gpu_act_quant(c, h, P, I, partial_bytes(s, c->m, c->cfg), &hq, &hqs, err);
     dev_kernel *k;
-    mt_status st = kern_get(c, "moe_gemm_down", "ppppppllpppiii", &k, err);
+    if (st == MT_OK)
+        st = kern_get(c, "moe_gemm_down", "ppppppppllpppiii", &k, err);
     if (st != MT_OK)
         return st;
-    void *h = c->bufs[B_H], *sorted = c->bufs[B_SORTED], *tile = c->bufs[B_TILE],
-         *total = c->bufs[B_TOTAL], *w = c->bufs[B_W], *sc = c->bufs[B_S],
-         *tw = c->bufs[B_TOPKW], *out = c->bufs[B_OUT], *part = c->scratch;
-    void *args[] = {&h,  &sorted, &tile, &total, &w,  &sc, &ws,
-                    &ss, &tw,     &out,  &part,  &np, &bm, &ntm};
+    void *sorted = c->bufs[B_SORTED], *tile = c->bufs[B_TILE], *total = c->bufs[B_TOTAL],
+         *w = c->bufs[B_W], *sc = c->bufs[B_S], *tw = c->bufs[B_TOPKW], *out = c->bufs[B_OUT],
+         *part = c->scratch;
+    void *args[] = {&h,  &hq, &hqs, &sorted, &tile, &total, &w,  &sc,
+                    &ws, &ss, &tw,  &out,    &part, &np,    &bm, &ntm};
     int64_t gx = v[MOE_GPU_GEMV] ? moe_gemv_blocks(P, s->v[D_E], H, c->cfg)
                                  : ntm * (H / v[MOE_GPU_BN]);
     dev_dim3 grid = {(unsigned)gx, (unsigned)v[MOE_GPU_SPLITK], 1};

@@ -5,7 +5,8 @@
  * E8M0 scales [N, K/32]), gate and up either separate tensors (cat=0) or
  * concatenated per expert as [2I, H] (cat=1, gate first). Activations are
  * bf16 (a=bf16, a16w4) or quantized to MXFP4 per 32-block by the "even"
- * rule on the fly (a=mxfp4, a4w4). The problem's inputs already hold the
+ * rule (a=mxfp4, a4w4: on GPUs once per launch by moe_act_quant, before
+ * the GEMM). The problem's inputs already hold the
  * aligned layout for the runtime dim bm (the tile height moe_align padded
  * to); GPU tiles of BM rows must divide bm. */
 #include <stdio.h>
@@ -258,10 +259,20 @@ static int gpu_defines(const kern_shape *s, const kern_config *cfg, const dev_pr
     return moe_gpu_defines(true, p, out, buf, cap);
 }
 
-static size_t gpu_scratch(const kern_shape *s, int64_t m, const kern_config *cfg)
+/* Split-K partials [SPLITK][npairs][2I], then for a4w4 x quantized by
+ * moe_act_quant (once per launch, read by every N tile). */
+static size_t partial_bytes(const kern_shape *s, int64_t m, const kern_config *cfg)
 {
     int sk = cfg->v[MOE_GPU_SPLITK];
     return sk > 1 ? (size_t)sk * (size_t)(m * s->v[D_TOPK]) * (size_t)(2 * s->v[D_I]) * 4 : 0;
+}
+
+static size_t gpu_scratch(const kern_shape *s, int64_t m, const kern_config *cfg)
+{
+    size_t part = partial_bytes(s, m, cfg);
+    if (s->v[D_A] != KERN_DT_MXFP4)
+        return part;
+    return moe_gpu_act_offset(part) + moe_gpu_act_bytes(m, s->v[D_H]);
 }
 
 static mt_status gpu_run(const kern_ctx *c, mt_err *err)
@@ -276,14 +287,20 @@ static mt_status gpu_run(const kern_ctx *c, mt_err *err)
     strides(s, &ws, &ss, &uw, &us);
     const uint8_t *wg, *sg, *wu, *su;
     weight_ptrs(s, c->bufs, &wg, &sg, &wu, &su);
+    void *x = c->bufs[B_X], *xq = NULL, *xqs = NULL;
+    mt_status st = MT_OK;
+    if (s->v[D_A] == KERN_DT_MXFP4)
+        st = moe_gpu_act_quant(c, x, c->m, s->v[D_H], partial_bytes(s, c->m, c->cfg), &xq,
+                               &xqs, err);
     dev_kernel *k;
-    mt_status st = kern_get(c, "moe_gemm_up", "ppppppppllppiii", &k, err);
+    if (st == MT_OK)
+        st = kern_get(c, "moe_gemm_up", "ppppppppppllppiii", &k, err);
     if (st != MT_OK)
         return st;
-    void *x = c->bufs[B_X], *sorted = c->bufs[B_SORTED], *tile = c->bufs[B_TILE],
-         *total = c->bufs[B_TOTAL], *h = c->bufs[out_buf(s)], *part = c->scratch;
-    void *args[] = {&x, &sorted, &tile, &total, &wg, &sg, &wu, &su, &ws, &ss, &h, &part,
-                    &np, &bm, &ntm};
+    void *sorted = c->bufs[B_SORTED], *tile = c->bufs[B_TILE], *total = c->bufs[B_TOTAL],
+         *h = c->bufs[out_buf(s)], *part = c->scratch;
+    void *args[] = {&x, &xq, &xqs, &sorted, &tile, &total, &wg, &sg, &wu, &su, &ws, &ss, &h,
+                    &part, &np, &bm, &ntm};
     int64_t gx = v[MOE_GPU_GEMV] ? moe_gemv_blocks(P, s->v[D_E], I, c->cfg)
                                  : ntm * (I / v[MOE_GPU_BN]);
     dev_dim3 grid = {(unsigned)gx, (unsigned)v[MOE_GPU_SPLITK], 1};

@@ -647,6 +647,30 @@ void moe_gpu_default(int64_t k, int64_t n, int64_t bm, bool up, int comb, int64_
     memcpy(cfg->v, v0, sizeof v0); /* nothing fits this device: validity says why */
 }
 
+size_t moe_gpu_act_offset(size_t before) { return (before + 255) / 256 * 256; }
+
+size_t moe_gpu_act_bytes(int64_t rows, int64_t k)
+{
+    return (size_t)rows * (size_t)(k / 2 + k / 32);
+}
+
+mt_status moe_gpu_act_quant(const kern_ctx *c, const void *src, int64_t rows, int64_t k,
+                            size_t before, void **q, void **s, mt_err *err)
+{
+    unsigned char *base = (unsigned char *)c->scratch + moe_gpu_act_offset(before);
+    *q = base;
+    *s = base + (size_t)rows * (size_t)(k / 2);
+    dev_kernel *kq;
+    mt_status st = kern_get(c, "moe_act_quant", "pppi", &kq, err);
+    if (st != MT_OK)
+        return st;
+    void *x = (void *)(uintptr_t)src;
+    int32_t n = (int32_t)rows;
+    void *args[] = {&x, q, s, &n};
+    return dev_launch(c->dev, kq, (dev_dim3){kern_cdiv(rows * (k / 32), 256), 1, 1},
+                      (dev_dim3){256, 1, 1}, 0, args, err);
+}
+
 int moe_gpu_defines(bool up, const dev_props *p, dev_define *out, char (*buf)[64], int cap)
 {
     if (cap < 2)

@@ -151,6 +151,15 @@ void moe_gpu_default(int64_t k, int64_t n, int64_t bm, bool up, int comb, int64_
                      int64_t n_experts, const dev_props *p, kern_config *cfg);
 /* Extra defines: MT_WS (the device's wave size) and MOE_UP. */
 int moe_gpu_defines(bool up, const dev_props *p, dev_define *out, char (*buf)[64], int cap);
+/* a4w4 on GPUs: the scratch bytes moe_act_quant writes for rows x k
+ * activations (E2M1 codes [rows, k/2], then E8M0 scales [rows, k/32]),
+ * placed after `before` bytes of other scratch (rounded up to 256). */
+size_t moe_gpu_act_offset(size_t before);
+size_t moe_gpu_act_bytes(int64_t rows, int64_t k);
+/* Launches moe_act_quant on src [rows, k] (bf16, device) into c->scratch
+ * at moe_gpu_act_offset(before); *q and *s receive the codes and scales. */
+mt_status moe_gpu_act_quant(const kern_ctx *c, const void *src, int64_t rows, int64_t k,
+                            size_t before, void **q, void **s, mt_err *err);
 
 static inline float moe_silu(float g) { return g / (1.0f + expf(-g)); }
 

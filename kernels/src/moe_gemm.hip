@@ -6,10 +6,10 @@
  * never straddles two experts and a tile that starts in padding is all
  * padding) against BN weight rows (x2 in stage 1: gate and up). The K loop
  * walks BK-wide slices, staged through shared memory in STAGES buffers:
- * activation rows are gathered by pair id (bf16, or for a4w4 quantized to
- * MXFP4 per 32-block by the "even" rule and dequantized, exactly as the
- * reference), weights are loaded VEC bytes at a time and their nibbles
- * decoded with the E8M0 block scales. Each thread owns an RM x RN register
+ * activation rows are gathered by pair id (bf16, or for a4w4 the packed
+ * E2M1 codes and E8M0 scales that moe_act_quant wrote once per launch,
+ * decoded like the weights), weights are loaded VEC bytes at a time and
+ * their nibbles decoded with the E8M0 block scales. Each thread owns an RM x RN register
  * tile. SPLITK > 1 splits K across blockIdx.y (stage 1 writes partial sums
  * to scratch and moe_up_finish applies the activation; stage 2 adds its
  * partial into y with atomics). GROUP_M swizzles the tile order so
@@ -17,12 +17,21 @@
  *
  * MMA=1 or 2 swaps the f32 register tile for the prelude's matrix
  * fragments (MT_MMA_SHAPE 16 or 32): the slices are staged as bf16 (the
- * decoded MXFP4 weights, and the MXFP4 round trip of a4w4 activations, are
- * E2M1 x 2^e values, exact in bf16) in shared rows padded by Q_PAD, the
+ * decoded MXFP4 weights, and the decoded a4w4 activations, are E2M1 x 2^e
+ * values, exact in bf16) in shared rows padded by Q_PAD, the
  * waves split BN first and then BM, each wave multiplies Q_TM x Q_TN
  * fragments (x2 in stage 1), and the epilogues are the scalar path's.
- * The weight bytes are decoded by a 256-entry table of bf16 pairs in
- * shared memory and one integer exponent add per pair (q_decode).
+ * The weight bytes (and a4w4 activation bytes) are decoded by a 256-entry
+ * table of bf16 pairs in shared memory and one integer exponent add per
+ * pair (q_decode).
+ *
+ * a4w4 (S_a 3): the family first runs moe_act_quant, which quantizes every
+ * activation row once to MXFP4 (packed [rows, K/2], E8M0 scales [rows,
+ * K/32], the reference's "even" rule) into its scratch; the GEMM kernels
+ * take those as aq/asc and never quantize, so no N tile repeats the work.
+ * The decoded values are the MXFP4 round trip the reference computes, so
+ * every path's result is bit for bit the a16w4 kernel's on the round-trip
+ * activations (tests/test_moe_act_quant.c).
  *
  * GEMV > 0 is the decode path (few pairs per expert), described at its
  * section below: no tiles, no shared memory, no padding rows.
@@ -54,53 +63,71 @@
 #define G_N (MOE_UP ? S_I : S_H)
 #define G_LD (BK + 1)
 
-/* mt_e2m1_to_f32(mt_f32_to_e2m1(v)), bit for bit (checked over every f32),
- * with selects instead of the encoder's branches, which diverge per lane. */
-MT_DEVICE float g_e2m1_round(float v)
+/* The E2M1 code of v (already divided by its block scale): bit for bit
+ * mt_f32_to_e2m1, the reference's rule (ties to even, saturating, a
+ * magnitude that rounds to zero and NaN give +0), as a count of passed
+ * thresholds instead of the encoder's branches, which diverge per lane. */
+MT_DEVICE unsigned g_e2m1_code(float v)
 {
-    float a = v < 0.0f ? -v : v, r = 0.0f;
-    r = a > 0.25f ? 0.5f : r;
-    r = a >= 0.75f ? 1.0f : r;
-    r = a > 1.25f ? 1.5f : r;
-    r = a >= 1.75f ? 2.0f : r;
-    r = a > 2.5f ? 3.0f : r;
-    r = a >= 3.5f ? 4.0f : r;
-    r = a > 5.0f ? 6.0f : r;
-    return mt_uint_as_float(mt_float_as_uint(r) |
-                            (r > 0.0f ? mt_float_as_uint(v) & 0x80000000u : 0u));
+    float a = v < 0.0f ? -v : v;
+    unsigned c = (unsigned)(a > 0.25f) + (unsigned)(a >= 0.75f) + (unsigned)(a > 1.25f) +
+                 (unsigned)(a >= 1.75f) + (unsigned)(a > 2.5f) + (unsigned)(a >= 3.5f) +
+                 (unsigned)(a > 5.0f);
+    return c | (c && v < 0.0f ? 8u : 0u);
 }
 
-/* For a4w4, replaces 32 activations (one block) by their MXFP4 round trip
- * ("even" rule); a16w4 leaves them. */
-MT_DEVICE void g_quant_act(float *dst)
+/* a4w4's pre-pass: quantizes activation rows [rows, G_K] (bf16) to MXFP4
+ * once per launch of the family, into q (packed [rows, G_K/2], element 2i
+ * in the low nibble) and s (E8M0 codes [rows, G_K/32]) by the "even" rule
+ * (kernels/mxfp4.h; 255 for a block with a NaN). One lane per 32-block:
+ * four 16-byte loads, one 16-byte row of codes. Grid: x = blocks / 256. */
+MT_KERNEL void moe_act_quant(const mt_bf16 *x, unsigned char *q, unsigned char *s, int rows)
 {
-    if (S_a == 3) {
-        float amax = 0.0f;
-        int nan = 0;
-        for (int i = 0; i < 32; i++) {
-            float a = dst[i] < 0.0f ? -dst[i] : dst[i];
-            nan |= dst[i] != dst[i];
-            amax = a > amax ? a : amax;
+    const long long blk = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (blk >= (long long)rows * (G_K / 32))
+        return;
+    float f[32];
+    MT_UNROLL
+    for (int i = 0; i < 4; i++) {
+        mt_u32x4 v = mt_load16(x + blk * 32 + 8 * i);
+        unsigned w[4] = {v.x, v.y, v.z, v.w};
+        MT_UNROLL
+        for (int j = 0; j < 4; j++) {
+            f[8 * i + 2 * j] = mt_uint_as_float(w[j] << 16);
+            f[8 * i + 2 * j + 1] = mt_uint_as_float(w[j] & 0xffff0000u);
         }
-        unsigned r = (mt_float_as_uint(amax) + 0x200000u) & 0xff800000u;
-        int e = (int)(r >> 23) - 129;
-        int code = e < -127 ? 0 : e > 127 ? 254 : e + 127;
-        int ex = 127 - code;
-        float inv = ex == -127 ? mt_uint_as_float(0x00400000u)
-                               : mt_uint_as_float((unsigned)(ex + 127) << 23);
-        float sc = mt_e8m0_to_f32((unsigned)(nan ? 255 : code));
-        for (int i = 0; i < 32; i++)
-            dst[i] = nan ? sc : g_e2m1_round(dst[i] * inv) * sc;
     }
+    float amax = 0.0f;
+    int nan = 0;
+    MT_UNROLL
+    for (int i = 0; i < 32; i++) {
+        float a = f[i] < 0.0f ? -f[i] : f[i];
+        nan |= f[i] != f[i];
+        amax = a > amax ? a : amax;
+    }
+    unsigned r = (mt_float_as_uint(amax) + 0x200000u) & 0xff800000u;
+    int e = (int)(r >> 23) - 129;
+    int code = e < -127 ? 0 : e > 127 ? 254 : e + 127;
+    int ex = 127 - code; /* multiply by 2^ex */
+    float inv = ex == -127 ? mt_uint_as_float(0x00400000u)
+                           : mt_uint_as_float((unsigned)(ex + 127) << 23);
+    unsigned *dq = (unsigned *)(q + blk * 16);
+    MT_UNROLL
+    for (int i = 0; i < 4; i++) {
+        unsigned w = 0;
+        MT_UNROLL
+        for (int j = 0; j < 8; j++)
+            w |= g_e2m1_code(f[8 * i + j] * inv) << (4 * j);
+        dq[i] = w;
+    }
+    s[blk] = (unsigned char)(nan ? 255 : code);
 }
 
-/* Loads 32 activations of one row (bf16) into dst as floats; for a4w4 as
- * their MXFP4 round trip. */
+/* Loads 32 bf16 activations of one row into dst as floats (a16w4). */
 MT_DEVICE void g_load_act(const mt_bf16 *src, float *dst)
 {
     for (int i = 0; i < 32; i++)
         dst[i] = mt_bf16_to_f32(src[i]);
-    g_quant_act(dst);
 }
 
 /* The bf16 pair (lo, hi) of two values exact in bf16 (decoded MXFP4, and
@@ -126,8 +153,10 @@ MT_DEVICE int g_tile(const int *sorted, const int *total, int npairs, int ntm, i
 }
 
 /* Stages K slice kt of the tile into buffer b. wrow(r) for r < G_WR*BN is
- * wb[r / BN] + (n0 + r % BN) * K/2, scales likewise. */
-MT_DEVICE void g_stage(float *xs, float *ws, const mt_bf16 *act, const int *sorted, int row0,
+ * wb[r / BN] + (n0 + r % BN) * K/2, scales likewise. Activations: act
+ * (bf16) or, for a4w4, aq/asc (moe_act_quant's codes and scales). */
+MT_DEVICE void g_stage(float *xs, float *ws, const mt_bf16 *act, const unsigned char *aq,
+                       const unsigned char *asc, const int *sorted, int row0,
                        int npairs, int rowdiv, const unsigned char *w0,
                        const unsigned char *s0, const unsigned char *w1,
                        const unsigned char *s1, int n0, int k0)
@@ -137,7 +166,15 @@ MT_DEVICE void g_stage(float *xs, float *ws, const mt_bf16 *act, const int *sort
         int r = idx / (BK / 32), kb = idx % (BK / 32);
         int p = sorted[row0 + r];
         float *d = xs + r * G_LD + kb * 32;
-        if (p < npairs) {
+        if (p < npairs && S_a == 3) {
+            long long row = p / rowdiv, k = k0 + kb * 32;
+            const unsigned char *qa = aq + row * (G_K / 2) + k / 2;
+            float sc = mt_e8m0_to_f32(asc[row * (G_K / 32) + k / 32]);
+            for (int i = 0; i < 16; i++) {
+                d[2 * i] = mt_e2m1_to_f32(qa[i] & 15u) * sc;
+                d[2 * i + 1] = mt_e2m1_to_f32(qa[i] >> 4) * sc;
+            }
+        } else if (p < npairs) {
             float tmp[32];
             g_load_act(act + (long long)(p / rowdiv) * G_K + k0 + kb * 32, tmp);
             for (int i = 0; i < 32; i++)
@@ -176,7 +213,7 @@ MT_DEVICE void g_stage(float *xs, float *ws, const mt_bf16 *act, const int *sort
 }
 
 /* The K loop shared by both stages: acc[0] (and acc[1] for stage 1). */
-#define G_MAINLOOP(ACT, ROWDIV, W0, S0, W1, S1)                                         \
+#define G_MAINLOOP(ACT, AQ, ASC, ROWDIV, W0, S0, W1, S1)                                \
     __shared__ float xs[STAGES][BM * G_LD];                                             \
     __shared__ float ws[STAGES][G_WR * BN * G_LD];                                      \
     const int tx = threadIdx.x % G_TX, ty = threadIdx.x / G_TX;                         \
@@ -187,16 +224,17 @@ MT_DEVICE void g_stage(float *xs, float *ws, const mt_bf16 *act, const int *sort
                 acc[q][i][j] = 0.0f;                                                    \
     const int kper = G_K / SPLITK, kbeg = blockIdx.y * kper, nk = kper / BK;            \
     if (STAGES > 1)                                                                     \
-        g_stage(xs[0], ws[0], ACT, sorted, row0, npairs, ROWDIV, W0, S0, W1, S1, n0, kbeg); \
+        g_stage(xs[0], ws[0], ACT, AQ, ASC, sorted, row0, npairs, ROWDIV, W0, S0, W1,   \
+                S1, n0, kbeg);                                                          \
     for (int kt = 0; kt < nk; kt++) {                                                   \
         int b = STAGES > 1 ? kt % STAGES : 0;                                           \
         if (STAGES == 1) {                                                              \
-            g_stage(xs[0], ws[0], ACT, sorted, row0, npairs, ROWDIV, W0, S0, W1, S1, n0, \
-                    kbeg + kt * BK);                                                    \
+            g_stage(xs[0], ws[0], ACT, AQ, ASC, sorted, row0, npairs, ROWDIV, W0, S0,   \
+                    W1, S1, n0, kbeg + kt * BK);                                        \
             __syncthreads();                                                            \
         } else if (kt + 1 < nk) {                                                       \
-            g_stage(xs[(kt + 1) % STAGES], ws[(kt + 1) % STAGES], ACT, sorted, row0,    \
-                    npairs, ROWDIV, W0, S0, W1, S1, n0, kbeg + (kt + 1) * BK);          \
+            g_stage(xs[(kt + 1) % STAGES], ws[(kt + 1) % STAGES], ACT, AQ, ASC, sorted, \
+                    row0, npairs, ROWDIV, W0, S0, W1, S1, n0, kbeg + (kt + 1) * BK);    \
         }                                                                               \
         if (STAGES > 1 && kt == 0)                                                      \
             __syncthreads();                                                            \
@@ -323,24 +361,25 @@ MT_DEVICE void q_decode(const unsigned *tab, unsigned long long v, unsigned c, u
 /* Stages K slice k0 as bf16 pairs: xs [BM][Q_LDW] activations (zero rows
  * for padding), ws [G_WR*BN][Q_LDW] weights, as g_stage; tab is q_tab. */
 MT_DEVICE void q_stage(unsigned *xs, unsigned *ws, const unsigned *tab, const mt_bf16 *act,
-                       const int *sorted,
+                       const unsigned char *aq, const unsigned char *asc, const int *sorted,
                        int row0, int npairs, int rowdiv, const unsigned char *w0,
                        const unsigned char *s0, const unsigned char *w1,
                        const unsigned char *s1, int n0, int k0)
 {
     const int tid = threadIdx.x;
     if (S_a == 3) {
-        for (int idx = tid; idx < BM * (BK / 32); idx += G_T) {
-            int r = idx / (BK / 32), kb = idx % (BK / 32);
+        /* 16 activations per item: one 8-byte load of codes, decoded as
+         * the weights are */
+        for (int idx = tid; idx < BM * (BK / 16); idx += G_T) {
+            int r = idx / (BK / 16), c = idx % (BK / 16);
             int p = sorted[row0 + r];
-            unsigned *d = xs + r * Q_LDW + kb * 16;
+            unsigned *d = xs + r * Q_LDW + c * 8;
             if (p < npairs) {
-                float tmp[32];
-                g_load_act(act + (long long)(p / rowdiv) * G_K + k0 + kb * 32, tmp);
-                for (int i = 0; i < 16; i++)
-                    d[i] = q_pair(tmp[2 * i], tmp[2 * i + 1]);
+                long long row = p / rowdiv, k = k0 + c * 16;
+                unsigned long long v = *(const unsigned long long *)(aq + row * (G_K / 2) + k / 2);
+                q_decode(tab, v, asc[row * (G_K / 32) + k / 32], d, 8);
             } else {
-                for (int i = 0; i < 16; i++)
+                for (int i = 0; i < 8; i++)
                     d[i] = 0u;
             }
         }
@@ -382,7 +421,7 @@ MT_DEVICE void q_stage(unsigned *xs, unsigned *ws, const unsigned *tab, const mt
  * wave's fragment origin (wm, wn) for the epilogue. Step t stages slice t
  * and multiplies slice t - (STAGES - 1): one q_stage call site, which the
  * compiler inlines (a call spills across the ABI boundary into scratch). */
-#define Q_MAINLOOP(ACT, ROWDIV, W0, S0, W1, S1)                                         \
+#define Q_MAINLOOP(ACT, AQ, ASC, ROWDIV, W0, S0, W1, S1)                                \
     __shared__ __attribute__((aligned(16))) unsigned xs[STAGES][BM * Q_LDW];            \
     __shared__ __attribute__((aligned(16))) unsigned ws[STAGES][G_WR * BN * Q_LDW];     \
     __shared__ unsigned q_tab[256];                                                     \
@@ -398,8 +437,8 @@ MT_DEVICE void q_stage(unsigned *xs, unsigned *ws, const unsigned *tab, const mt
     const int kper = G_K / SPLITK, kbeg = blockIdx.y * kper, nk = kper / BK;            \
     for (int t = 0; t < nk + STAGES - 1; t++) {                                         \
         if (t < nk)                                                                     \
-            q_stage(xs[t % STAGES], ws[t % STAGES], q_tab, ACT, sorted, row0, npairs,   \
-                    ROWDIV, W0, S0, W1, S1, n0, kbeg + t * BK);                         \
+            q_stage(xs[t % STAGES], ws[t % STAGES], q_tab, ACT, AQ, ASC, sorted, row0,  \
+                    npairs, ROWDIV, W0, S0, W1, S1, n0, kbeg + t * BK);                 \
         if (STAGES == 1)                                                                \
             __syncthreads();                                                            \
         const int kt = t - (STAGES - 1);                                                \
@@ -443,8 +482,8 @@ MT_DEVICE void q_stage(unsigned *xs, unsigned *ws, const unsigned *tab, const mt
  * mt_load16_nt, one E8M0 scale), so a wave covers V_LR = MT_WS / V_LK rows
  * at once and the block V_NS row slots; UNROLL rows per slot are loaded
  * before any is used (loads in flight). A lane keeps its blocks' activations
- * of the R pairs in registers as bf16 pairs (a4w4: quantized there once per
- * pass), decodes the nibbles in registers (twice the E2M1 value, an
+ * of the R pairs in registers as bf16 pairs (a4w4: decoded there once per
+ * pass from moe_act_quant's codes), decodes the nibbles in registers (twice the E2M1 value, an
  * integer, from an 8-byte table by a byte permute; the sign from bit 3) and
  * sums in f32; the V_LK lanes of a row then add up with xor shuffles (a
  * fixed order). No atomics: stage 1 writes h (SPLITK 1) or per-split
@@ -511,33 +550,33 @@ MT_DEVICE void v_load_act(const mt_bf16 *src, unsigned *d)
     }
 }
 
-/* a4w4: replaces the 16 pairs of a block by their MXFP4 round trip (exact
- * in bf16). The words pass through mt_opaque_u32 on the way in and out,
- * so that blocks quantized one after another are not interleaved by the
- * compiler (each holds 32 floats while it works). */
-MT_DEVICE void v_quant_act(unsigned *d)
-{
-    float f[32];
-    MT_UNROLL
-    for (int i = 0; i < 16; i++) {
-        unsigned w = mt_opaque_u32(d[i]);
-        f[2 * i] = mt_uint_as_float(w << 16);
-        f[2 * i + 1] = mt_uint_as_float(w & 0xffff0000u);
-    }
-    g_quant_act(f);
-    MT_UNROLL
-    for (int i = 0; i < 16; i++)
-        d[i] = mt_opaque_u32(g_pair(f[2 * i], f[2 * i + 1]));
-}
-
 /* Word j (0..3) of a 16-byte load. */
 #define V_WORD(v, j) ((j) == 0 ? (v).x : (j) == 1 ? (v).y : (j) == 2 ? (v).z : (v).w)
+
+/* a4w4: the 16 code bytes at q (one block from moe_act_quant, 16-byte
+ * aligned) with E8M0 scale code c as 16 bf16 pairs: the MXFP4 round trip
+ * of the block, exact in bf16. The words pass through mt_opaque_u32, so
+ * that the compiler decodes each block where it is written instead of
+ * interleaving all of them (which spilled on gfx942). */
+MT_DEVICE void v_load_act_q(const unsigned char *q, unsigned c, unsigned *d)
+{
+    const float sc = mt_e8m0_to_f32(c);
+    const mt_u32x4 v = mt_load16(q);
+    MT_UNROLL
+    for (int j = 0; j < 4; j++) {
+        const unsigned w = mt_opaque_u32(V_WORD(v, j));
+        MT_UNROLL
+        for (int b = 0; b < 4; b++)
+            d[4 * j + b] = mt_opaque_u32(g_pair(mt_e2m1_to_f32((w >> (8 * b)) & 15u) * sc,
+                                                mt_e2m1_to_f32((w >> (8 * b + 4)) & 15u) * sc));
+    }
+}
 
 /* The decode path's loop over the segment (expert segment row0, padded
  * length seglen, weights W0/S0 and, stage 1, W1/S1 at row n0 of the
  * expert). EMIT(p, n, a0, a1) receives each finished dot product (a1: the
  * up row's, stage 1) in the row's lane 0. */
-#define V_MAINLOOP(ACT, ROWDIV, W0, S0, W1, S1, EMIT)                                    \
+#define V_MAINLOOP(ACT, AQ, ASC, ROWDIV, W0, S0, W1, S1, EMIT)                           \
     const int lane = threadIdx.x % MT_WS, lk = lane % V_LK;                              \
     const int slot = threadIdx.x / MT_WS * V_LR + lane / V_LK;                           \
     const int kb0 = blockIdx.y * V_NKB + lk; /* the lane's first 32-block */             \
@@ -553,21 +592,18 @@ MT_DEVICE void v_quant_act(unsigned *d)
         for (int r = 0; r < V_R; r++)                                                    \
             MT_UNROLL                                                                    \
             for (int i = 0; i < V_KPL; i++) {                                            \
-                if (p[r] < npairs) {                                                     \
-                    v_load_act(ACT + (long long)(p[r] / (ROWDIV)) * G_K +                \
-                                   (kb0 + i * V_LK) * 32, a[r][i]);                      \
+                const long long row = p[r] / (ROWDIV), kb = kb0 + i * V_LK;              \
+                if (p[r] < npairs && S_a == 3) {                                         \
+                    v_load_act_q((AQ) + row * (G_K / 2) + kb * 16,                       \
+                                 (ASC)[row * (G_K / 32) + kb], a[r][i]);                 \
+                } else if (p[r] < npairs) {                                              \
+                    v_load_act((ACT) + row * G_K + kb * 32, a[r][i]);                    \
                 } else {                                                                 \
                     MT_UNROLL                                                            \
                     for (int j = 0; j < 16; j++)                                         \
                         a[r][i][j] = 0u;                                                 \
                 }                                                                        \
             }                                                                            \
-        if (S_a == 3)                                                                    \
-            MT_UNROLL                                                                    \
-            for (int r = 0; r < V_R; r++)                                                \
-                MT_UNROLL                                                                \
-                for (int i = 0; i < V_KPL; i++)                                          \
-                    v_quant_act(a[r][i]);                                                \
         for (int rb = 0; rb < BN; rb += V_NS * UNROLL) {                                 \
             /* the bf16 pairs, converted where used: hoisted out of this */             \
             /* loop as floats they would take twice the registers */                    \
@@ -671,9 +707,11 @@ MT_DEVICE void v_down_out(float *out, float *partial, const float *topk_w, int n
 
 #if MOE_UP
 /* Grid: x = ntm * (S_I / BN) tiles, y = SPLITK. GEMV: x = min(npairs, E)
- * segments * (S_I / BN), and ntm is the layout's tile count (rows / bm). */
+ * segments * (S_I / BN), and ntm is the layout's tile count (rows / bm).
+ * a4w4 reads xq/xqs (moe_act_quant of x), a16w4 x. */
 MT_KERNEL G_BOUNDS void moe_gemm_up(
-    const mt_bf16 *x, const int *sorted, const int *tile_expert, const int *total,
+    const mt_bf16 *x, const unsigned char *xq, const unsigned char *xqs, const int *sorted,
+    const int *tile_expert, const int *total,
     const unsigned char *wg, const unsigned char *sg, const unsigned char *wu,
     const unsigned char *su, long long wstride, long long sstride, mt_bf16 *h,
     float *partial, int npairs, int bm, int ntm)
@@ -688,7 +726,7 @@ MT_KERNEL G_BOUNDS void moe_gemm_up(
     const unsigned char *w0 = wg + e * wstride, *w1 = wu + e * wstride;
     const unsigned char *s0 = sg + e * sstride, *s1 = su + e * sstride;
 #define V_UP_EMIT(P, N, G, U) g_up_out(h, partial, npairs, (P), (N), (G), (U))
-    V_MAINLOOP(x, S_topk, w0, s0, w1, s1, V_UP_EMIT)
+    V_MAINLOOP(x, xq, xqs, S_topk, w0, s0, w1, s1, V_UP_EMIT)
 #else
     int pid_m, pid_n;
     if (!g_tile(sorted, total, npairs, ntm, &pid_m, &pid_n))
@@ -700,7 +738,7 @@ MT_KERNEL G_BOUNDS void moe_gemm_up(
 #endif
 #if GEMV
 #elif MMA
-    Q_MAINLOOP(x, S_topk, w0, s0, w1, s1)
+    Q_MAINLOOP(x, xq, xqs, S_topk, w0, s0, w1, s1)
     for (int i = 0; i < Q_TM; i++)
         for (int rg = 0; rg < MT_MMA_ACC_REGS; rg++) {
             int p = sorted[row0 + Q_ROW(i, rg)];
@@ -711,7 +749,7 @@ MT_KERNEL G_BOUNDS void moe_gemm_up(
                          acc[1][i][j].x[rg]);
         }
 #else
-    G_MAINLOOP(x, S_topk, w0, s0, w1, s1)
+    G_MAINLOOP(x, xq, xqs, S_topk, w0, s0, w1, s1)
     for (int i = 0; i < G_RM; i++) {
         int p = sorted[row0 + ty * G_RM + i];
         if (p >= npairs)
@@ -742,9 +780,11 @@ MT_KERNEL void moe_up_finish(const float *partial, mt_bf16 *h, int npairs)
 /* Grid: x = ntm * (S_H / BN) tiles, y = SPLITK. out is y [M, S_H] (S_comb
  * 0, accumulated with atomics) or rows [npairs, S_H] (S_comb 1). GEMV: as
  * stage 1's, with per-split partials [SPLITK][npairs][S_H] for
- * moe_down_finish unless comb=1 is not split. */
+ * moe_down_finish unless comb=1 is not split. a4w4 reads hq/hqs
+ * (moe_act_quant of hin), a16w4 hin. */
 MT_KERNEL G_BOUNDS void moe_gemm_down(
-    const mt_bf16 *hin, const int *sorted, const int *tile_expert, const int *total,
+    const mt_bf16 *hin, const unsigned char *hq, const unsigned char *hqs, const int *sorted,
+    const int *tile_expert, const int *total,
     const unsigned char *wd, const unsigned char *sd, long long wstride, long long sstride,
     const float *topk_w, float *out, float *partial, int npairs, int bm, int ntm)
 {
@@ -757,7 +797,7 @@ MT_KERNEL G_BOUNDS void moe_gemm_down(
     const long long e = ex;
     const unsigned char *w0 = wd + e * wstride, *s0 = sd + e * sstride;
 #define V_DOWN_EMIT(P, N, A, A1) v_down_out(out, partial, topk_w, npairs, (P), (N), (A))
-    V_MAINLOOP(hin, 1, w0, s0, w0, s0, V_DOWN_EMIT)
+    V_MAINLOOP(hin, hq, hqs, 1, w0, s0, w0, s0, V_DOWN_EMIT)
 #else
     (void)partial;
     int pid_m, pid_n;
@@ -769,7 +809,7 @@ MT_KERNEL G_BOUNDS void moe_gemm_down(
 #endif
 #if GEMV
 #elif MMA
-    Q_MAINLOOP(hin, 1, w0, s0, w0, s0)
+    Q_MAINLOOP(hin, hq, hqs, 1, w0, s0, w0, s0)
     for (int i = 0; i < Q_TM; i++)
         for (int rg = 0; rg < MT_MMA_ACC_REGS; rg++) {
             int p = sorted[row0 + Q_ROW(i, rg)];
@@ -780,7 +820,7 @@ MT_KERNEL G_BOUNDS void moe_gemm_down(
                 g_down_out(out, p, n0 + Q_COL(j, rg), wk, acc[0][i][j].x[rg]);
         }
 #else
-    G_MAINLOOP(hin, 1, w0, s0, w0, s0)
+    G_MAINLOOP(hin, hq, hqs, 1, w0, s0, w0, s0)
     for (int i = 0; i < G_RM; i++) {
         int p = sorted[row0 + ty * G_RM + i];
         if (p >= npairs)
