@@ -1,10 +1,11 @@
 /* bench_model.c: the model runtime on the tiny GLM-5 checkpoint, on cpu.
  *
- *  1. Accuracy: relative L2 error of the logits of the a4w4 and a16w4
- *     kernel paths against the float32 reference over dequantized weights
- *     (model/reference.h without bf16 rounding or activation quantization),
- *     and of the float reference with MXFP4 activations (the quantization
- *     error alone, no kernels involved).
+ *  1. Accuracy: relative L2 error and top-1 agreement of the logits of the
+ *     a16w4, a8w4 and a4w4 kernel paths against the float32 reference over
+ *     dequantized weights (model/reference.h without bf16 rounding or
+ *     activation quantization), and of the float reference with MXFP4 or
+ *     int8 activations (the quantization error alone, no kernels
+ *     involved). --accuracy-only stops after it.
  *  2. Speed: prefill and decode tokens per second with every kernel at its
  *     default config, then with a database tuned in this run by the tuner's
  *     C API (tuner/tuner.h; a small budget per shape) for the kernels that
@@ -14,7 +15,8 @@
  *     or a regression); then batch-invariant mode (one config per kernel at
  *     every M) against the same selection without it, the same way.
  *
- * usage: bench_model [--budget TRIALS] [--prompt N] [--decode N] [--rounds R] */
+ * usage: bench_model [--accuracy-only] [--budget TRIALS] [--prompt N] [--decode N]
+ *                    [--rounds R] */
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -77,6 +79,22 @@ static float *prefill_logits(model_runtime *rt, const int32_t *tok, int n)
     step_or_die(rt, &it);
     model_seq_free(rt, seq);
     return lg;
+}
+
+/* Positions whose largest logit is the same token in got and want. */
+static int top1_agree(const float *got, const float *want, int n, int32_t V)
+{
+    int same = 0;
+    for (int t = 0; t < n; t++) {
+        const float *g = got + (size_t)t * V, *w = want + (size_t)t * V;
+        int32_t bg = 0, bw = 0;
+        for (int32_t v = 1; v < V; v++) {
+            bg = g[v] > g[bg] ? v : bg;
+            bw = w[v] > w[bw] ? v : bw;
+        }
+        same += bg == bw;
+    }
+    return same;
 }
 
 static void rel_err(const float *got, const float *want, int n, int32_t V, double *mean,
@@ -158,6 +176,15 @@ static int runtime_jobs(model_runtime *rt, const int64_t *ms, int n_m, tune_job 
 int main(int argc, char **argv)
 {
     int budget = 6, n_prompt = 128, n_dec = 32, rounds = 10;
+    bool accuracy_only = false;
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--accuracy-only")) {
+            accuracy_only = true;
+            for (int j = i; j + 1 < argc; j++)
+                argv[j] = argv[j + 1];
+            argc--;
+            break;
+        }
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--budget"))
             budget = atoi(argv[i + 1]);
@@ -186,37 +213,58 @@ int main(int argc, char **argv)
     int32_t *tok = malloc(sizeof(int32_t) * (size_t)(n_prompt > n_acc ? n_prompt : n_acc));
     for (int i = 0; i < (n_prompt > n_acc ? n_prompt : n_acc); i++)
         tok[i] = (int32_t)mt_rng_below(&r, 512);
-    model_ref *ref = NULL, *ref4 = NULL;
-    model_ref_opts fo = {0}, f4 = {.act_mxfp4 = true};
+    model_ref *ref = NULL, *ref4 = NULL, *ref8 = NULL;
+    model_ref_opts fo = {0}, f4 = {.act_mxfp4 = true}, f8 = {.act_int8 = true};
     if (model_ref_open(dir, &fo, &ref, &err) != MT_OK ||
-        model_ref_open(dir, &f4, &ref4, &err) != MT_OK) {
+        model_ref_open(dir, &f4, &ref4, &err) != MT_OK ||
+        model_ref_open(dir, &f8, &ref8, &err) != MT_OK) {
         fprintf(stderr, "bench_model: %s\n", err.msg);
         return 1;
     }
     int32_t V = (int32_t)model_ref_vocab(ref);
     float *want = malloc(sizeof(float) * (size_t)V * n_acc);
     float *want4 = malloc(sizeof(float) * (size_t)V * n_acc);
+    float *want8 = malloc(sizeof(float) * (size_t)V * n_acc);
     model_ref_forward(ref, tok, n_acc, want, NULL);
     model_ref_forward(ref4, tok, n_acc, want4, NULL);
+    model_ref_forward(ref8, tok, n_acc, want8, NULL);
     printf("logits vs the float32 reference over dequantized weights (%d positions, context "
            "past index_topk):\n", n_acc);
     printf("  %-44s %12s %12s\n", "path", "mean rel L2", "worst");
     double mean, worst;
     rel_err(want4, want, n_acc, V, &mean, &worst);
     printf("  %-44s %12.3g %12.3g\n", "float reference, MXFP4 activations", mean, worst);
-    for (int a = 0; a < 2; a++) {
-        model_runtime *rt = open_rt(dir, NULL, a ? MODEL_ACT_MXFP4 : MODEL_ACT_NONE, 64);
+    rel_err(want8, want, n_acc, V, &mean, &worst);
+    printf("  %-44s %12.3g %12.3g\n", "float reference, int8 activations", mean, worst);
+    static const struct {
+        model_act_quant act;
+        const char *what;
+    } paths[] = {{MODEL_ACT_NONE, "kernels a16w4 (bf16 storage)"},
+                 {MODEL_ACT_INT8, "kernels a8w4 (bf16 storage, int8 activations)"},
+                 {MODEL_ACT_MXFP4, "kernels a4w4 (bf16 storage, MXFP4 activations)"}};
+    for (int a = 0; a < 3; a++) {
+        model_runtime *rt = open_rt(dir, NULL, paths[a].act, 64);
         float *got = prefill_logits(rt, tok, n_acc);
         rel_err(got, want, n_acc, V, &mean, &worst);
-        printf("  %-44s %12.3g %12.3g\n", a ? "kernels a4w4 (bf16 storage, MXFP4 activations)"
-                                            : "kernels a16w4 (bf16 storage)", mean, worst);
+        printf("  %-44s %12.3g %12.3g   top-1 agreement %d/%d\n", paths[a].what, mean, worst,
+               top1_agree(got, want, n_acc, V), n_acc);
         free(got);
         model_runtime_close(rt);
     }
     model_ref_close(ref);
     model_ref_close(ref4);
+    model_ref_close(ref8);
     free(want);
     free(want4);
+    free(want8);
+    if (accuracy_only) {
+        char cmd[400];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        if (system(cmd) != 0)
+            fprintf(stderr, "bench_model: could not remove %s\n", dir);
+        free(tok);
+        return 0;
+    }
 
     /* ---- the runtime without a database: the kernels to tune ---- */
     int T = n_prompt > 64 ? n_prompt : 64;

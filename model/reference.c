@@ -355,7 +355,51 @@ typedef struct ref_scratch {
     double *score, *p;
     int32_t *sel, *order;
     int64_t nsel;
+    bool prompt;       /* a forward of more than one token (the runtime's prefill chunk) */
 } ref_scratch;
+
+/* With mimic, the attention of a prompt row whose context is at most
+ * index_topk as the runtime's mla_prefill computes it: keys and values of
+ * every token 0..t expanded through kv_b, each rounded to bf16, dense
+ * softmax, the output rounded to bf16 into s->v. */
+static void attention_expanded(const model_ref *r, const ref_layer *ly, int64_t t, ref_scratch *s)
+{
+    int64_t L = r->L, R = r->R, D = r->D, VD = r->VD, NH = r->NH;
+    for (int64_t h = 0; h < NH; h++) {
+        const float *qh = s->q + h * (D + R);
+        const float *wkv = ly->kv_b + h * (D + VD) * L;
+        double mx = -INFINITY, sum = 0;
+        for (int64_t u = 0; u <= t; u++) {
+            const float *c = ly->cache + u * (L + R);
+            double d = 0;
+            for (int64_t i = 0; i < D; i++) {
+                double k = 0;
+                for (int64_t l = 0; l < L; l++)
+                    k += (double)wkv[i * L + l] * c[l];
+                d += (double)qh[i] * bf(r, (float)k);
+            }
+            for (int64_t i = 0; i < R; i++)
+                d += (double)qh[D + i] * c[L + i];
+            s->p[u] = d * r->sm_scale;
+            mx = s->p[u] > mx ? s->p[u] : mx;
+        }
+        for (int64_t u = 0; u <= t; u++) {
+            s->p[u] = exp(s->p[u] - mx);
+            sum += s->p[u];
+        }
+        for (int64_t j = 0; j < VD; j++) {
+            double acc = 0;
+            for (int64_t u = 0; u <= t; u++) {
+                const float *c = ly->cache + u * (L + R);
+                double v = 0;
+                for (int64_t l = 0; l < L; l++)
+                    v += (double)wkv[(D + j) * L + l] * c[l];
+                acc += s->p[u] * bf(r, (float)v);
+            }
+            s->v[h * VD + j] = bf(r, (float)(acc / sum));
+        }
+    }
+}
 
 static void attention(model_ref *r, ref_layer *ly, int64_t t, float *resid, ref_scratch *s)
 {
@@ -427,7 +471,10 @@ static void attention(model_ref *r, ref_layer *ly, int64_t t, float *resid, ref_
     }
     /* Absorbed attention in latent space over the selected tokens. */
     double scale = r->sm_scale; /* (D + R)^-0.5, YaRN-corrected */
-    for (int64_t h = 0; h < NH; h++) {
+    bool expanded = r->o.mimic && s->prompt && t < r->TOPK;
+    if (expanded)
+        attention_expanded(r, ly, t, s);
+    for (int64_t h = 0; !expanded && h < NH; h++) {
         const float *qh = s->q + h * (D + R);
         for (int64_t l = 0; l < L; l++) {
             double acc = 0;
@@ -469,14 +516,40 @@ static void attention(model_ref *r, ref_layer *ly, int64_t t, float *resid, ref_
         resid[i] += s->y[i];
 }
 
-/* y += weight * down(silu(gate x) * up(x)); mx: MXFP4 activations. */
+/* Activation quantization of the expert GEMM inputs. */
+enum { ACT_FLOAT, ACT_MXFP4, ACT_INT8 };
+
+/* v rounded through int8 per 32-block with the scale amax/127 (a8w4). */
+static void int8_roundtrip_row(float *v, int64_t n)
+{
+    for (int64_t b = 0; b < n; b += 32) {
+        int64_t e = b + 32 < n ? b + 32 : n;
+        float amax = 0;
+        for (int64_t i = b; i < e; i++)
+            amax = fabsf(v[i]) > amax ? fabsf(v[i]) : amax;
+        float to_q = amax > 0 ? 127.0f / amax : 0, scale = amax / 127.0f;
+        for (int64_t i = b; i < e; i++) {
+            float q = rintf(v[i] * to_q);
+            v[i] = (q > 127 ? 127 : q < -127 ? -127 : q) * scale;
+        }
+    }
+}
+
+static void quantize_act(int aq, float *v, int64_t n)
+{
+    if (aq == ACT_MXFP4)
+        mxfp4_roundtrip_row(v, n, v);
+    else if (aq == ACT_INT8)
+        int8_roundtrip_row(v, n);
+}
+
+/* y += weight * down(silu(gate x) * up(x)); aq: the inputs' quantization. */
 static void expert(model_ref *r, const float *wg, const float *wu, const float *wd, int64_t inter,
-                   const float *x, bool mx, bool h_bf16, double weight, ref_scratch *s, double *y)
+                   const float *x, int aq, bool h_bf16, double weight, ref_scratch *s, double *y)
 {
     int64_t H = r->H;
     memcpy(s->act, x, sizeof(float) * (size_t)H);
-    if (mx)
-        mxfp4_roundtrip_row(s->act, H, s->act);
+    quantize_act(aq, s->act, H);
     matvec(wg, s->act, inter, H, s->g);
     matvec(wu, s->act, inter, H, s->u);
     for (int64_t i = 0; i < inter; i++) {
@@ -484,8 +557,7 @@ static void expert(model_ref *r, const float *wg, const float *wu, const float *
         if (h_bf16)
             s->h[i] = bf(r, s->h[i]);
     }
-    if (mx)
-        mxfp4_roundtrip_row(s->h, inter, s->h);
+    quantize_act(aq, s->h, inter);
     matvec(wd, s->h, H, inter, s->y);
     for (int64_t i = 0; i < H; i++)
         y[i] += weight * s->y[i];
@@ -497,10 +569,11 @@ static void mlp(model_ref *r, ref_layer *ly, float *resid, ref_scratch *s, doubl
     rmsnorm(r, resid, ly->post_norm, H, r->eps, s->xn);
     memset(y, 0, sizeof(double) * (size_t)H);
     if (!ly->moe) {
-        expert(r, ly->gate_proj, ly->up_proj, ly->down_proj, ly->inter, s->xn, false, true, 1.0,
-               s, y);
+        expert(r, ly->gate_proj, ly->up_proj, ly->down_proj, ly->inter, s->xn, ACT_FLOAT, true,
+               1.0, s, y);
     } else {
         int64_t E = r->E, K = r->TOPKE;
+        int aq = r->o.act_mxfp4 ? ACT_MXFP4 : r->o.act_int8 ? ACT_INT8 : ACT_FLOAT;
         double *score = s->score, *choice = s->p;
         for (int64_t e = 0; e < E; e++) {
             double acc = 0;
@@ -526,12 +599,12 @@ static void mlp(model_ref *r, ref_layer *ly, float *resid, ref_scratch *s, doubl
         for (int64_t k = 0; k < K; k++) {
             double wk = r->c->norm_topk_prob ? score[ids[k]] / (wsum + 1e-20) * rsf
                                              : score[ids[k]] * rsf;
-            expert(r, ly->eg[ids[k]], ly->eu[ids[k]], ly->ed[ids[k]], r->IE, s->xn,
-                   r->o.act_mxfp4, true, wk, s, y);
+            expert(r, ly->eg[ids[k]], ly->eu[ids[k]], ly->ed[ids[k]], r->IE, s->xn, aq, true,
+                   wk, s, y);
         }
         if (ly->sh_inter)
             expert(r, ly->sg, ly->su, ly->sd, ly->sh_inter, s->xn,
-                   ly->sh_mxfp4 && r->o.act_mxfp4, true, 1.0, s, y);
+                   ly->sh_mxfp4 ? aq : ACT_FLOAT, true, 1.0, s, y);
     }
     for (int64_t i = 0; i < H; i++)
         resid[i] += (float)y[i];
@@ -555,7 +628,7 @@ mt_status model_ref_forward(model_ref *r, const int32_t *tokens, int64_t n, floa
                       r->IE * (r->c->n_shared_experts ? r->c->n_shared_experts : 1), n, r->E};
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
         big = dims[i] > big ? dims[i] : big;
-    ref_scratch s = {0};
+    ref_scratch s = {.prompt = n > 1};
     float **f[] = {&s.xn, &s.a, &s.qn, &s.q, &s.iq, &s.kv, &s.ik, &s.iw, &s.qabs, &s.o, &s.v,
                    &s.y, &s.g, &s.u, &s.h, &s.act};
     bool ok = true;

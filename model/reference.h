@@ -19,11 +19,15 @@
  *
  * Options: `mimic` rounds to bf16 where the kernel path stores bf16
  * (GEMM inputs, norm outputs, cached keys, the expert intermediate, ...)
- * so that the two agree to float accumulation order; without it every
+ * so that the two agree to float accumulation order, and runs the rows of
+ * a prompt (n > 1) whose context is at most index_topk as the runtime's
+ * prefill path does (mla_prefill: keys and values expanded through kv_b,
+ * each rounded to bf16, and a bf16 output); without it every
  * activation stays float (the "dequantized weights in float32" baseline,
  * except the expert intermediate kept in bf16 by the checkpoint's own
  * kernels is also float). `act_mxfp4` quantizes the expert GEMM inputs to
- * MXFP4 per 32 (a4w4); `kv_fp8` stores the caches as fp8 e4m3.
+ * MXFP4 per 32 (a4w4), `act_int8` to int8 per 32 with the scale amax/127
+ * (a8w4; ignored with act_mxfp4); `kv_fp8` stores the caches as fp8 e4m3.
  *
  * Ownership: open/close pair; the handle owns its float weights. Not
  * thread-safe per handle. */
@@ -39,6 +43,7 @@ typedef struct model_ref_opts {
     bool mimic;
     bool act_mxfp4;
     bool kv_fp8;
+    bool act_int8;
 } model_ref_opts;
 
 typedef struct model_ref model_ref;
