@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../comm/comm.h"
 #include "../serve/serve_server.h"
 #include "cli.h"
 
@@ -16,7 +17,7 @@ static void usage(FILE *f)
             "                     [--max-batch-tokens N] [--threads N] [--max-cached N]\n"
             "                     [--served-model-name NAME] [--max-body BYTES]\n"
             "                     [--batch-invariant] [--speculative-steps K]\n"
-            "                     [--act-quant none|mxfp4|int8]\n"
+            "                     [--act-quant none|mxfp4|int8] [--ranks N]\n"
             "Serves the checkpoint in DIR over HTTP with OpenAI's API: POST /v1/completions,\n"
             "POST /v1/chat/completions (streaming or not), GET /v1/models, GET /health,\n"
             "GET /metrics (Prometheus), POST /tokenize, POST /detokenize. Kernels come from\n"
@@ -32,6 +33,11 @@ static void usage(FILE *f)
             "rate is in /metrics and in each response's usage.speculative.\n"
             "--act-quant overrides the checkpoint's activation quantization of the expert\n"
             "GEMMs: none (a16w4), mxfp4 (a4w4) or int8 (a8w4, cpu devices only).\n"
+            "--ranks N runs under `mpirun -np N moetune serve --ranks N ...` (every rank\n"
+            "with the same options): each rank holds 1/N of the routed experts (expert\n"
+            "parallelism over MPI); rank 0 serves HTTP and schedules, and announces each\n"
+            "step to the other ranks, which serve their experts to it. A rank that dies\n"
+            "ends the whole job (mpirun's abort), server included.\n"
             "Runs until SIGINT or SIGTERM.\n");
 }
 
@@ -47,6 +53,36 @@ static bool int_opt(const char *v, const char *name, long lo, long hi, long *out
     return true;
 }
 
+/* Ranks other than 0 of `serve --ranks N`: the same runtime, following
+ * rank 0's steps until rank 0 stops (SIGINT and SIGTERM wait for that: the
+ * leader's signal stops the job cleanly). */
+static int serve_follow(model_runtime_opts *o, mt_comm *comm)
+{
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    FILE *quiet = fopen("/dev/null", "w");
+    if (quiet)
+        o->log = quiet; /* rank 0 reports */
+    model_runtime *rt = NULL;
+    mt_err err = MT_ERR_INIT;
+    int64_t steps = 0;
+    mt_status st = model_runtime_open(o, &rt, &err);
+    if (st == MT_OK)
+        st = model_runtime_follow(rt, &steps, &err);
+    if (st != MT_OK)
+        cli_error("serve", "rank %d: %s", mt_comm_rank(comm), err.msg);
+    else
+        fprintf(stderr, "moetune serve: rank %d: followed %lld steps; rank 0 stopped\n",
+                mt_comm_rank(comm), (long long)steps);
+    model_runtime_close(rt);
+    if (quiet)
+        fclose(quiet);
+    return st == MT_OK ? CLI_OK : CLI_FAIL;
+}
+
 int cmd_serve(int argc, char **argv)
 {
     serve_server_opts o;
@@ -56,7 +92,7 @@ int cmd_serve(int argc, char **argv)
     o.port = 8080;
     bool bad = false, cache_off = false;
     const char *v;
-    long x;
+    long x, ranks = 0;
     for (int i = 1; i < argc && !bad; i++) {
         if (cli_flag(argv[i], "--help") || cli_flag(argv[i], "-h")) {
             usage(stdout);
@@ -101,6 +137,8 @@ int cmd_serve(int argc, char **argv)
             cache_off = x == 0;
         } else if ((v = cli_opt(argc, argv, &i, "--served-model-name", &bad))) {
             o.model_name = v;
+        } else if ((v = cli_opt(argc, argv, &i, "--ranks", &bad))) {
+            bad = !int_opt(v, "--ranks", 1, 1 << 16, &ranks);
         } else if ((v = cli_opt(argc, argv, &i, "--max-body", &bad))) {
             bad = !int_opt(v, "--max-body", 1024, 1L << 30, &x);
             o.max_body = (size_t)x;
@@ -117,6 +155,27 @@ int cmd_serve(int argc, char **argv)
     }
     if (cache_off)
         o.engine.max_cached = -1;
+    mt_comm *comm = NULL;
+    mt_err err = MT_ERR_INIT;
+    if (ranks) {
+        if (mt_comm_open("mpi", &comm, &err) != MT_OK) {
+            cli_error("serve", "--ranks: %s", err.msg);
+            return CLI_FAIL;
+        }
+        if (mt_comm_size(comm) != ranks) {
+            cli_error("serve", "--ranks %ld, but mpirun started %d ranks", ranks,
+                      mt_comm_size(comm));
+            mt_comm_close(comm);
+            return CLI_FAIL;
+        }
+        o.engine.rt.comm = comm;
+        o.engine.rt.comm_lead = true;
+        if (mt_comm_rank(comm) != 0) {
+            int rc = serve_follow(&o.engine.rt, comm);
+            mt_comm_close(comm);
+            return rc;
+        }
+    }
 
     /* Every thread started from here on inherits the mask, so only sigwait
      * below sees the signals. */
@@ -130,6 +189,7 @@ int cmd_serve(int argc, char **argv)
     mt_err err = MT_ERR_INIT;
     if (serve_server_start(&o, &s, &err)) {
         cli_error("serve", "%s", err.msg);
+        mt_comm_close(comm);
         return CLI_FAIL;
     }
     fprintf(stderr, "moetune serve: listening on http://%s:%d (loading %s on %s)\n", o.host,
@@ -149,6 +209,7 @@ int cmd_serve(int argc, char **argv)
         cli_error("serve", "%s", err.msg);
         rc = CLI_FAIL;
     }
-    serve_server_stop(s);
+    serve_server_stop(s); /* with --ranks: closing the runtime stops the other ranks */
+    mt_comm_close(comm);
     return rc;
 }

@@ -253,4 +253,10 @@ Test(ep_mpi, a_rank_that_dies_ends_the_job, .timeout = 300)
     cr_assert_not(strstr(out, "ep_check rank 0/2 ok"), "rank 0 finished without rank 1:\n%s",
                   out);
 }
+#else
+Test(ep_mpi, needs_mpi)
+{
+    cr_skip_test("this build has no MPI (install libopenmpi-dev and openmpi-bin, then "
+                 "reconfigure): the multi-rank expert-parallel checks did not run");
+}
 #endif
