@@ -186,7 +186,6 @@ int cmd_serve(int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
 
     serve_server *s = NULL;
-    mt_err err = MT_ERR_INIT;
     if (serve_server_start(&o, &s, &err)) {
         cli_error("serve", "%s", err.msg);
         mt_comm_close(comm);
