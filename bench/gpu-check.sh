@@ -16,6 +16,10 @@
 # size, then tuned for --attn-budget each; the trials' times go to the same
 # database.
 #
+# NCCL (its own section, at the end, GPU mode only): bench_comm_gpu opens a
+# one-rank "nccl" communicator on the GPU and checks each collective on
+# device buffers; skipped where libnccl.so.2 is not installed.
+#
 # Usage: bench/gpu-check.sh [--arch sm_90] [--budget 90s] [--attn-budget 30s]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -95,6 +99,23 @@ for spec in "mla_decode glm5.2 1,6" "mla_decode glm5.2-dense 1" "dsa_indexer glm
     echo "tune $fam failed (exit $?)"
 done
 $mt db show --db "$db" | grep -E "mla_|dsa_" | tee "$out/db-attn.txt"
+
+if [ $mode = gpu ]; then
+  step "NCCL: one-rank smoke check on device buffers (comm/comm_gpu.c)"
+  # all-reduce, all-gather, reduce-scatter, all-to-all-v, broadcast, barrier,
+  # each checked against what one rank must get; skipped (exit 2) where
+  # libnccl.so.2 is not installed.
+  if [ ! -x build-gpu/bench_comm_gpu ]; then
+    cmake --build build-gpu -j"$(nproc)" --target bench_comm_gpu >/dev/null ||
+      echo "build of bench_comm_gpu failed"
+  fi
+  build-gpu/bench_comm_gpu --backend nccl --device 0 | tee "$out/comm-nccl.txt"
+  case ${PIPESTATUS[0]} in
+    0) ;;
+    2) echo "NCCL check skipped: backend or device absent (see above)" ;;
+    *) echo "NCCL check FAILED"; check_rc=1 ;;
+  esac
+fi
 
 step "done in $(( $(date +%s) - t0 )) s; results in $out"
 exit $check_rc

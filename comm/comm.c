@@ -1,6 +1,7 @@
 /* comm.c: the collectives of comm.h on top of a backend's all-to-all-v,
- * broadcast and barrier (comm_impl.h), with rank-ordered reductions, and
- * the one-rank "self" backend. */
+ * broadcast and barrier (comm_impl.h), with rank-ordered reductions, or
+ * on the backend's own collectives where it has them (the GPU backends,
+ * comm_gpu.c); and the one-rank "self" backend. */
 #include "comm_impl.h"
 
 #include <math.h>
@@ -46,7 +47,8 @@ static mt_status self_barrier(void *ctx, mt_err *err)
 
 static void self_close(void *ctx) { (void)ctx; }
 
-static const mt_comm_ops self_ops = {self_a2av, self_bcast, self_barrier, self_close};
+static const mt_comm_ops self_ops = {.all_to_all_v = self_a2av, .broadcast = self_bcast,
+                                     .barrier = self_barrier, .close = self_close};
 
 /* ---- open / close ------------------------------------------------------- */
 
@@ -58,6 +60,10 @@ bool mt_comm_backend_available(const char *backend)
     if (!strcmp(backend, "mpi"))
         return true;
 #endif
+    if (mt_comm_gpu_backend(backend)) {
+        mt_err e = MT_ERR_INIT;
+        return mt_comm_gpu_check_library(backend, &e) == MT_OK;
+    }
     return false;
 }
 
@@ -79,13 +85,36 @@ mt_status mt_comm_open(const char *backend, mt_comm **out, mt_err *err)
                      "communicator 'mpi': this build has no MPI (install libopenmpi-dev and "
                      "reconfigure)");
 #endif
-    } else if (!strcmp(backend, "nccl") || !strcmp(backend, "rccl")) {
-        st = mt_fail(err, MT_E_UNSUPPORTED,
-                     "communicator '%s': the GPU backends are not written yet; cpu and emu "
-                     "devices use 'mpi'", backend);
+    } else if (mt_comm_gpu_backend(backend)) {
+        st = mt_comm_gpu_check_library(backend, err);
+        if (st == MT_OK)
+            st = mt_fail(err, MT_E_UNSUPPORTED,
+                         "communicator '%s' works on device buffers: open it with "
+                         "mt_comm_open_gpu (a GPU, the ranks and rank 0's unique id); cpu and "
+                         "emu devices use 'mpi'", backend);
     } else {
-        st = mt_fail(err, MT_E_UNSUPPORTED, "communicator '%s': unknown (self, mpi)", backend);
+        st = mt_fail(err, MT_E_UNSUPPORTED, "communicator '%s': unknown (self, mpi, nccl, rccl)",
+                     backend);
     }
+    if (st != MT_OK) {
+        free(c);
+        return st;
+    }
+    *out = c;
+    return MT_OK;
+}
+
+mt_status mt_comm_open_gpu(const char *backend, const mt_comm_gpu_opts *o, mt_comm **out,
+                           mt_err *err)
+{
+    *out = NULL;
+    if (!backend || !mt_comm_gpu_backend(backend))
+        return mt_fail(err, MT_E_UNSUPPORTED, "communicator '%s': GPU backends are nccl and rccl",
+                       backend ? backend : "(null)");
+    mt_comm *c = calloc(1, sizeof *c);
+    if (!c)
+        return mt_fail(err, MT_E_NOMEM, "communicator");
+    mt_status st = mt_comm_gpu_open(c, backend, o, err);
     if (st != MT_OK) {
         free(c);
         return st;
@@ -105,6 +134,8 @@ void mt_comm_close(mt_comm *c)
 int mt_comm_rank(const mt_comm *c) { return c->rank; }
 int mt_comm_size(const mt_comm *c) { return c->size; }
 const char *mt_comm_backend(const mt_comm *c) { return c->backend; }
+bool mt_comm_device_buffers(const mt_comm *c) { return c->device_buffers; }
+bool mt_comm_sums_rank_ordered(const mt_comm *c) { return !c->unordered_sums; }
 
 /* ---- reductions ------------------------------------------------------- */
 
@@ -215,6 +246,10 @@ mt_status mt_comm_all_reduce(mt_comm *c, const void *send, void *recv, size_t co
                              mt_comm_dtype t, mt_comm_op op, mt_err *err)
 {
     MT_CHECK(check(c, "all_reduce", t, (int)op, err));
+    if (c->ops->all_reduce) {
+        mt_status st = c->ops->all_reduce(c->ctx, send, recv, count, t, op, err);
+        return st == MT_OK ? st : mt_err_prefix(err, "all_reduce of %zu elements", count);
+    }
     int n = c->size, r = c->rank;
     size_t es = mt_comm_dtype_size(t), roff, rlen;
     split(count, n, r, &roff, &rlen);
@@ -246,6 +281,10 @@ mt_status mt_comm_reduce_scatter(mt_comm *c, const void *send, void *recv, size_
                                  mt_comm_dtype t, mt_comm_op op, mt_err *err)
 {
     MT_CHECK(check(c, "reduce_scatter", t, (int)op, err));
+    if (c->ops->reduce_scatter) {
+        mt_status st = c->ops->reduce_scatter(c->ctx, send, recv, count, t, op, err);
+        return st == MT_OK ? st : mt_err_prefix(err, "reduce_scatter of %zu elements", count);
+    }
     /* count elements per rank: blocks are equal, so split() of the whole
      * gives exactly rank r's block. */
     size_t len;
@@ -257,6 +296,10 @@ mt_status mt_comm_all_gather(mt_comm *c, const void *send, void *recv, size_t co
                              mt_comm_dtype t, mt_err *err)
 {
     MT_CHECK(check(c, "all_gather", t, -1, err));
+    if (c->ops->all_gather) {
+        mt_status st = c->ops->all_gather(c->ctx, send, recv, count, t, err);
+        return st == MT_OK ? st : mt_err_prefix(err, "all_gather of %zu elements", count);
+    }
     int n = c->size;
     size_t es = mt_comm_dtype_size(t);
     size_t *v = calloc(4 * (size_t)n, sizeof *v);

@@ -7,22 +7,37 @@
  *   "mpi":  Open MPI (Debian's libopenmpi), for cpu and emu devices, on one
  *           host or several; launched with `mpirun -np N`. Built when CMake
  *           finds MPI (MOETUNE_HAVE_MPI).
- * NCCL (NVIDIA) and RCCL (AMD), loaded at run time like libcuda, are the
- * GPU backends of the same interface; they are not written yet (no GPU to
- * test them on here) and "nccl"/"rccl" are refused naming that.
+ *   "nccl": NVIDIA's NCCL (libnccl.so.2) and
+ *   "rccl": AMD's RCCL (librccl.so.1, the same API), both loaded with dlopen
+ *           at run time like libcuda, so no header or library is needed to
+ *           build; opened with mt_comm_open_gpu (a device and the ranks'
+ *           unique id). Where the library is absent every open fails with
+ *           MT_E_UNSUPPORTED naming it; MOETUNE_NCCL_LIBRARY /
+ *           MOETUNE_RCCL_LIBRARY name a library path to use instead.
  *
- * Buffers are host memory (the memory of cpu and emu devices). Counts are
- * elements of the given dtype. Every collective is blocking and must be
- * called by every rank in the same order with matching arguments.
+ * Buffers are host memory for "self" and "mpi" (the memory of cpu and emu
+ * devices) and device memory of the communicator's GPU for "nccl" and
+ * "rccl" (mt_comm_device_buffers). Counts are elements of the given dtype.
+ * Every collective is blocking (the GPU backends enqueue on their stream
+ * and wait for it) and must be called by every rank in the same order with
+ * matching arguments.
  *
- * Sums are deterministic: each element is added in rank order 0, 1, ...,
- * N-1 (in float for bf16, rounded once to nearest-even at the end), so
- * every rank gets bitwise the same result, the same on every run, whatever
- * the transport's own reduction algorithm would do. The batch-invariant
- * mode relies on this.
+ * Sums on "self" and "mpi" are deterministic: each element is added in
+ * rank order 0, 1, ..., N-1 (in float for bf16, rounded once to
+ * nearest-even at the end), so every rank gets bitwise the same result,
+ * the same on every run, whatever the transport's own reduction algorithm
+ * would do. The batch-invariant mode relies on this. The GPU backends sum
+ * with the library's own reduction (ring or tree, chosen by NCCL/RCCL from
+ * the topology, message size and NCCL_ALGO/NCCL_PROTO), which is not rank
+ * order: results can differ in the last bits from the rank-ordered sum and
+ * between deployments (mt_comm_sums_rank_ordered says which). A
+ * batch-invariant runtime on them must not use SUM for anything a token's
+ * result depends on: it all-gathers the operands (exact: a copy) and adds
+ * them in rank order on the device itself. MAX is exact either way (NaN
+ * propagation through the GPU libraries' max is not specified).
  *
- * Ownership: mt_comm_open returns a communicator the caller closes with
- * mt_comm_close. MPI is initialized by the first "mpi" open in a process
+ * Ownership: mt_comm_open and mt_comm_open_gpu return a communicator the
+ * caller closes with mt_comm_close. MPI is initialized by the first "mpi" open in a process
  * (unless the program already did) and finalized at process exit. One
  * thread at a time per communicator. */
 #ifndef MT_COMM_H
@@ -48,13 +63,56 @@ typedef enum mt_comm_op { MT_COMM_SUM = 0, MT_COMM_MAX = 1, MT_COMM_OP_COUNT } m
 size_t mt_comm_dtype_size(mt_comm_dtype t);
 
 /* True when this build has the backend ("self" always, "mpi" when built
- * with MPI). */
+ * with MPI, "nccl" and "rccl" always: their libraries load at open). */
 bool mt_comm_backend_available(const char *backend);
 
-/* Opens the world communicator of backend. Unknown or unavailable backends
- * are MT_E_UNSUPPORTED naming them. */
+/* Opens the world communicator of backend ("self", "mpi"). Unknown or
+ * unavailable backends are MT_E_UNSUPPORTED naming them; "nccl" and "rccl"
+ * are MT_E_UNSUPPORTED too: naming their library when it cannot be
+ * loaded, else saying to use mt_comm_open_gpu. */
 mt_status mt_comm_open(const char *backend, mt_comm **out, mt_err *err);
-void mt_comm_close(mt_comm *c);
+void mt_comm_close(mt_comm *c); /* NULL is a no-op */
+
+/* ---- the GPU backends: "nccl" and "rccl" ----------------------------- */
+
+#define MT_COMM_UNIQUE_ID_BYTES 128 /* NCCL's ncclUniqueId */
+
+/* Identifies one GPU communicator: rank 0 makes it and hands it to the
+ * other ranks over any channel (an "mpi" communicator's broadcast, a file
+ * on a shared disk). Opaque bytes. */
+typedef struct mt_comm_unique_id {
+    unsigned char bytes[MT_COMM_UNIQUE_ID_BYTES];
+} mt_comm_unique_id;
+
+/* Makes a new id with backend's library (ncclGetUniqueId). Fails with
+ * MT_E_UNSUPPORTED naming the library when it cannot be loaded. */
+mt_status mt_comm_unique_id_make(const char *backend, mt_comm_unique_id *out, mt_err *err);
+
+typedef struct mt_comm_gpu_opts {
+    int device;  /* GPU ordinal (the N of cuda:N / hip:N) holding this rank's buffers */
+    int size;    /* ranks in the communicator (>= 1) */
+    int rank;    /* this rank, 0 .. size-1 */
+    const mt_comm_unique_id *id; /* rank 0's id, the same on every rank; may be NULL
+                                  * only when size is 1 (the rank makes its own) */
+    void *stream; /* CUstream / hipStream_t the collectives run on; NULL: the null
+                   * stream, the one the cuda and hip devices launch kernels on */
+} mt_comm_gpu_opts;
+
+/* Opens rank o->rank of an o->size-rank communicator of backend ("nccl",
+ * "rccl") on GPU o->device: every rank calls it with the same id and size
+ * (ncclCommInitRank blocks until all have). On NVIDIA the device's
+ * primary context (the cuda device backend's) is made current on the
+ * calling thread. Errors: MT_E_UNSUPPORTED naming a library that cannot be
+ * loaded, MT_E_INVALID for bad options, MT_E_DEVICE with the library's
+ * message. */
+mt_status mt_comm_open_gpu(const char *backend, const mt_comm_gpu_opts *o, mt_comm **out,
+                           mt_err *err);
+
+/* True when buffers are device memory (nccl, rccl). */
+bool mt_comm_device_buffers(const mt_comm *c);
+/* True when SUM adds in rank order, bitwise the same on every rank and
+ * run ("self", "mpi"); false for the GPU libraries' reductions. */
+bool mt_comm_sums_rank_ordered(const mt_comm *c);
 
 int mt_comm_rank(const mt_comm *c);
 int mt_comm_size(const mt_comm *c);

@@ -15,6 +15,16 @@ typedef struct mt_comm_ops {
     mt_status (*broadcast)(void *ctx, void *buf, size_t bytes, int root, mt_err *err);
     mt_status (*barrier)(void *ctx, mt_err *err);
     void (*close)(void *ctx);
+    /* Optional: NULL builds them on all_to_all_v with host-side rank-ordered
+     * reductions (comm.c), which needs host buffers. A backend on device
+     * memory provides all three (count elements of t; reduce_scatter's
+     * count is per rank). */
+    mt_status (*all_reduce)(void *ctx, const void *send, void *recv, size_t count,
+                            mt_comm_dtype t, mt_comm_op op, mt_err *err);
+    mt_status (*all_gather)(void *ctx, const void *send, void *recv, size_t count,
+                            mt_comm_dtype t, mt_err *err);
+    mt_status (*reduce_scatter)(void *ctx, const void *send, void *recv, size_t count,
+                                mt_comm_dtype t, mt_comm_op op, mt_err *err);
 } mt_comm_ops;
 
 struct mt_comm {
@@ -22,11 +32,21 @@ struct mt_comm {
     const mt_comm_ops *ops;
     void *ctx;
     int rank, size;
+    bool device_buffers; /* buffers are device memory (nccl, rccl) */
+    bool unordered_sums; /* sums are the library's, not in rank order */
 };
 
 /* The MPI backend (comm_mpi.c), when built with MPI. */
 #ifdef MOETUNE_HAVE_MPI
 mt_status mt_comm_mpi_open(mt_comm *c, mt_err *err);
 #endif
+
+/* The GPU backends (comm_gpu.c): whether backend is one of them; loading
+ * its library alone (MT_E_UNSUPPORTED naming it when absent); opening one
+ * into c. */
+bool mt_comm_gpu_backend(const char *backend);
+mt_status mt_comm_gpu_check_library(const char *backend, mt_err *err);
+mt_status mt_comm_gpu_open(mt_comm *c, const char *backend, const mt_comm_gpu_opts *o,
+                           mt_err *err);
 
 #endif

@@ -85,7 +85,8 @@ static mt_status barrier(void *ctx, mt_err *err)
 
 static void close_ctx(void *ctx) { free(ctx); }
 
-static const mt_comm_ops mpi_ops = {a2av, bcast, barrier, close_ctx};
+static const mt_comm_ops mpi_ops = {.all_to_all_v = a2av, .broadcast = bcast,
+                                    .barrier = barrier, .close = close_ctx};
 
 mt_status mt_comm_mpi_open(mt_comm *c, mt_err *err)
 {
