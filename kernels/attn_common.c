@@ -138,7 +138,7 @@ void attn_ref_prefill(const attn_prefill_args *a)
                     vv[kvi * (size_t)a->v + (size_t)(row - a->d)] = r;
             }
     }
-    double scale = 1.0 / sqrt((double)dq);
+    double scale = a->scale ? a->scale : 1.0 / sqrt((double)dq);
     double *s = malloc(sizeof(double) * (size_t)t_all);
     double *o = malloc(sizeof(double) * (size_t)a->v);
     for (int64_t i = 0; i < a->m; i++)

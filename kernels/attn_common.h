@@ -83,7 +83,8 @@ void attn_ref_decode(const attn_decode_args *a);
  * sequence, keys and values expanded from the latent through kv_b:
  * k_nope[t][h] = W_UK[h] c_t and v[t][h] = W_UV[h] c_t, each rounded to
  * bf16 (as the kernels store them); k_rope[t] = cache[t][l:l+r] (shared by
- * all heads). Query i attends tokens 0..p+i; scale = (d + r)^-0.5. */
+ * all heads). Query i attends tokens 0..p+i; scale = (d + r)^-0.5 unless
+ * given. */
 typedef struct attn_prefill_args {
     int64_t m, p, h, l, r, d, v;
     const uint16_t *q;          /* bf16 [m][h][d + r] */
@@ -94,6 +95,7 @@ typedef struct attn_prefill_args {
     const int32_t *table;       /* [max_pages] */
     const uint16_t *wkv;        /* bf16 [h * (d + v)][l]: per head d rows W_UK, v rows W_UV */
     uint16_t *out;              /* bf16 [m][h][v] */
+    double scale;               /* softmax scale; 0: (d + r)^-0.5 */
 } attn_prefill_args;
 void attn_ref_prefill(const attn_prefill_args *a);
 

@@ -9,7 +9,10 @@
  * and v [T][H][V] in scratch; launch 2 is flash attention (online softmax,
  * key tiles pipelined STAGES deep) with q = [q_nope | q_rope] (D + R per
  * head, rope already applied), k = [k_nope | cache rope part] (the rope key
- * is shared by all heads), scale (D + R)^-0.5; out bf16 [M][H][V].
+ * is shared by all heads), scale (D + R)^-0.5 unless the runtime dim sm
+ * carries another as float32 bits (a YaRN checkpoint's mscale^2
+ * correction, as in mla_decode; the kernels take it as an argument, so it
+ * costs no compile); out bf16 [M][H][V].
  *
  * GLM-5.2 is DSA everywhere: queries that see more than index_topk tokens
  * attend only their selected tokens, which this dense family does not do.
@@ -26,7 +29,7 @@
 #include "attn_common.h"
 #include "family.h"
 
-enum { D_H, D_L, D_R, D_D, D_V, D_PS, D_KV, D_P, D_COUNT };
+enum { D_H, D_L, D_R, D_D, D_V, D_PS, D_KV, D_P, D_SM, D_COUNT };
 
 static const kern_dim_desc dims[D_COUNT] = {
     [D_H] = {"H", KERN_DIM_INT, false, 1, 256, "attention heads"},
@@ -37,12 +40,14 @@ static const kern_dim_desc dims[D_COUNT] = {
     [D_PS] = {"ps", KERN_DIM_INT, false, 1, 4096, "tokens per cache page"},
     [D_KV] = {"kv", KERN_DIM_DTYPE, false, 0, 0, "cache element type: bf16 or fp8"},
     [D_P] = {"P", KERN_DIM_INT, true, 0, 1 << 22, "prefix offset: tokens cached before the chunk"},
+    [D_SM] = {"sm", KERN_DIM_INT, true, 0, 0x7F7FFFFF,
+              "softmax scale as float32 bits; 0: (D+R)^-0.5 (YaRN's mscale^2 needs another)"},
 };
 
 static const kern_preset presets[] = {
-    {"glm5.2", "H=64,L=512,R=64,D=192,V=256,ps=64,kv=bf16,P=1024"},
-    {"tiny", "H=4,L=32,R=16,D=32,V=32,ps=16,kv=bf16,P=20"},
-    {"glm5.2-fp8", "H=64,L=512,R=64,D=192,V=256,ps=64,kv=fp8,P=1024"},
+    {"glm5.2", "H=64,L=512,R=64,D=192,V=256,ps=64,kv=bf16,P=1024,sm=0"},
+    {"tiny", "H=4,L=32,R=16,D=32,V=32,ps=16,kv=bf16,P=20,sm=0"},
+    {"glm5.2-fp8", "H=64,L=512,R=64,D=192,V=256,ps=64,kv=fp8,P=1024,sm=0"},
 };
 
 enum { B_Q, B_CACHE, B_KSCALE, B_TABLE, B_WKV, B_OUT, B_COUNT };
@@ -57,6 +62,18 @@ static int64_t n_pages(const kern_shape *s, int64_t m) { return max_pages(s, m) 
 static float kscale_of(const kern_shape *s)
 {
     return s->v[D_KV] == KERN_DT_FP8E4M3 ? 0.375f : 1.0f;
+}
+/* The scale the kernels multiply q . k by: the sm dim's float when set,
+ * else (D + R)^-0.5. */
+static float softmax_scale(const kern_shape *s)
+{
+    if (s->v[D_SM]) {
+        uint32_t bits = (uint32_t)s->v[D_SM];
+        float f;
+        memcpy(&f, &bits, sizeof f);
+        return f;
+    }
+    return (float)(1.0 / sqrt((double)(s->v[D_D] + s->v[D_R])));
 }
 
 static bool shape_ok(const kern_shape *s, int64_t m, char *why, size_t cap)
@@ -117,6 +134,8 @@ static void reference(const kern_shape *s, int64_t m, void *const *host)
         .d = s->v[D_D], .v = s->v[D_V], .q = host[B_Q], .pool = host[B_CACHE],
         .kv = (kern_dtype)s->v[D_KV], .kscale = *(const float *)host[B_KSCALE],
         .ps = s->v[D_PS], .table = host[B_TABLE], .wkv = host[B_WKV], .out = host[B_OUT],
+        .scale = s->v[D_SM] ? (double)softmax_scale(s)
+                            : 1.0 / sqrt((double)(s->v[D_D] + s->v[D_R])),
     };
     attn_ref_prefill(&a);
 }
@@ -189,7 +208,7 @@ static mt_status run(const kern_ctx *c, mt_err *err)
     int h = (int)s->v[D_H], hr = (int)(s->v[D_D] + s->v[D_V]);
     void *kn = c->scratch;
     void *vv = (char *)c->scratch + (size_t)t * (size_t)h * (size_t)s->v[D_D] * 2;
-    float scale = (float)(1.0 / sqrt((double)(s->v[D_D] + s->v[D_R])));
+    float scale = softmax_scale(s);
     unsigned nt = gpu ? (unsigned)(param(c, "WAVES") * c->props->warp_size) : 1;
     dev_dim3 block = {nt, 1, 1};
 
@@ -460,6 +479,7 @@ static const kern_case cases[] = {
     {"H=2,L=24,R=8,D=16,V=24,ps=3,kv=bf16,P=37", 3},
     {"H=3,L=48,R=16,D=40,V=24,ps=5,kv=fp8,P=1", 1},
     {"H=2,L=512,R=64,D=192,V=256,ps=64,kv=fp8,P=9", 4},   /* glm5.2 widths */
+    {"H=4,L=32,R=16,D=32,V=32,ps=16,kv=bf16,P=6,sm=1049262777", 3}, /* a YaRN scale, 0.27 */
 };
 
 const kern_family fam_mla_prefill = {

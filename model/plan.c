@@ -179,6 +179,12 @@ static mt_status attention_uses(builder *b, model_plan_layer *ly)
     USE(&k[MODEL_KS_DECODE], "mla_decode", T, "attention",
         "H=%" PRId64 ",L=%" PRId64 ",R=%" PRId64 ",D=%" PRId64 ",topk=%" PRId64
         ",ps=%d,kv=%s,sparse=1,C=%" PRId64, NH, L, R, D, c->index_topk, pp->ps, kv, ctx);
+    /* Prefill chunks' rows that see at most index_topk tokens (every key
+     * kept): expanded, dense; P the longest prefix such a row can have. */
+    int64_t pmax = c->index_topk < pp->max_ctx ? c->index_topk : pp->max_ctx;
+    USE(&k[MODEL_KS_PREFILL], "mla_prefill", T, "prefill attention",
+        "H=%" PRId64 ",L=%" PRId64 ",R=%" PRId64 ",D=%" PRId64 ",V=%" PRId64
+        ",ps=%d,kv=%s,P=%" PRId64 ",sm=0", NH, L, R, D, VD, pp->ps, kv, pmax);
     COPY(&k[MODEL_KS_COPY_O], T, "attn out", NH * L, 0, NH * L, NH * L, 0, "f32", "bf16");
     USE(&k[MODEL_KS_VOUT], "ops_head_gemm", T, "v absorb",
         "H=%" PRId64 ",K=%" PRId64 ",KA=%" PRId64 ",N=%" PRId64 ",NO=%" PRId64, NH, L, L, VD,

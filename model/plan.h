@@ -87,6 +87,9 @@ typedef enum model_plan_slot {
     MODEL_KS_SH_GEMM_GU, MODEL_KS_SH_SILU, MODEL_KS_SH_GEMM_DOWN, MODEL_KS_ROUTE,
     MODEL_KS_ALIGN, MODEL_KS_UP, MODEL_KS_DOWN, MODEL_KS_SH_ALIGN, MODEL_KS_SH_UP,
     MODEL_KS_SH_DOWN, MODEL_KS_COMBINE,
+    /* dense prefill of a chunk's rows whose context is at most index_topk
+     * (rt_forward.c; the rows' other attention slots do not run for them) */
+    MODEL_KS_PREFILL,
     MODEL_KS_COUNT
 } model_plan_slot;
 

@@ -13,7 +13,13 @@
  *   top-k, still in the idx buffer) -> per-query top index_topk tokens
  *   absorbed MLA: q_abs = [W_UK^T q_nope | q_rope] -> mla_decode (sparse over
  *   the top-k; every query has its own context length and page-table row)
- *   -> W_UV -> o_proj -> residual add
+ *   -> W_UV; except the rows of prefill chunks (items of more than one
+ *   token) whose context is at most index_topk, where the indexer keeps
+ *   every key: those run mla_prefill (dense, kv_b-expanded keys and values,
+ *   one launch per item's run of such rows) straight into the W_UV output
+ *   rows. Batch-invariant runtimes keep every row on the absorbed path (the
+ *   two paths round differently, and decode must equal prefill bitwise).
+ *   -> o_proj -> residual add
  *   norm -> dense SwiGLU MLP, or the MoE (router, expert sort, MXFP4 expert
  *   GEMMs, shared expert) -> residual add
  * then the final norm on the rows whose logits are wanted and lm_head. */
@@ -31,7 +37,55 @@
             return s_;                                                                           \
     } while (0)
 
-static mt_status attention(model_runtime *rt, rt_layer *ly, int64_t M, int64_t cmax, mt_err *err)
+/* Row r of a device buffer of rows w elements of es bytes. */
+static void *row_at(void *base, int64_t r, int64_t w, size_t es)
+{
+    return (char *)base + (size_t)r * (size_t)w * es;
+}
+
+/* Absorbed MLA of rows r0 .. r0+n-1 of the batch: q absorb, mla_decode
+ * (sparse over the indexer's top-k), W_UV into those rows of v. */
+static mt_status absorbed(model_runtime *rt, rt_layer *ly, int64_t r0, int64_t n, int64_t cmax,
+                          mt_err *err)
+{
+    rt_bufs *b = &rt->b;
+    rt_layer_kernels *k = &ly->k;
+    int64_t NH = rt->NH, topk = rt->TOPK > 0 ? rt->TOPK : 1;
+    void *q = row_at(b->q, r0, NH * (rt->D + rt->R), 2);
+    void *qabs = row_at(b->qabs, r0, NH * (rt->L + rt->R), 2);
+    void *o = row_at(b->o, r0, NH * rt->L, 4), *ob = row_at(b->ob, r0, NH * rt->L, 2);
+    void *v = row_at(b->v, r0, NH * rt->VD, 2);
+    RUN(k->absorb, n, NULL, q, ly->w_ukt, qabs);
+    RUN(k->copy_qrope, n * NH, NULL, q, qabs);
+    kern_shape s = k->decode->shape;
+    model_kern_shape_set(k->decode, &s, "C", cmax);
+    model_kern_shape_set(k->decode, &s, "sm", rt->sm_bits);
+    RUN(k->decode, n, &s, qabs, kvc_latent_pool(ly->kv), kvc_latent_scale(ly->kv), b->table,
+        row_at(b->qseq, r0, 1, 4), row_at(b->ctx, r0, 1, 4), row_at(b->idx, r0, topk, 4), o);
+    RUN(k->copy_o, n, NULL, o, ob);
+    RUN(k->vout, n, NULL, ob, ly->w_uv, v);
+    return MT_OK;
+}
+
+/* Dense mla_prefill of one run of rows (rt_prefill_run) into its rows of v. */
+static mt_status prefill(model_runtime *rt, rt_layer *ly, const rt_prefill *pf,
+                         const rt_prefill_run *r, mt_err *err)
+{
+    rt_bufs *b = &rt->b;
+    model_kern *kp = ly->k.prefill;
+    kern_shape s = kp->shape;
+    model_kern_shape_set(kp, &s, "P", r->p);
+    model_kern_shape_set(kp, &s, "sm", rt->sm_bits);
+    RUN(kp, r->n, &s, row_at(b->q, r->row0, rt->NH * (rt->D + rt->R), 2),
+        kvc_latent_pool(ly->kv), kvc_latent_scale(ly->kv),
+        row_at(b->table, r->item, pf->table_stride, 4), ly->w_kvb,
+        row_at(b->v, r->row0, rt->NH * rt->VD, 2));
+    return MT_OK;
+}
+
+/* pf: the rows that run mla_prefill (NULL or none: every row absorbed). */
+static mt_status attention(model_runtime *rt, rt_layer *ly, int64_t M, int64_t cmax,
+                           const rt_prefill *pf, mt_err *err)
 {
     rt_bufs *b = &rt->b;
     rt_layer_kernels *k = &ly->k;
@@ -64,15 +118,21 @@ static mt_status attention(model_runtime *rt, rt_layer *ly, int64_t M, int64_t c
         RUN(k->indexer, M, &s, b->iq, b->iw, kvc_index_pool(ly->kv), kvc_index_scale(ly->kv),
             b->table, b->qseq, b->ctx, b->idx, b->val);
     }
-    RUN(k->absorb, M, NULL, b->q, ly->w_ukt, b->qabs);
-    RUN(k->copy_qrope, M * rt->NH, NULL, b->q, b->qabs);
-    kern_shape s = k->decode->shape;
-    model_kern_shape_set(k->decode, &s, "C", cmax);
-    model_kern_shape_set(k->decode, &s, "sm", rt->sm_bits);
-    RUN(k->decode, M, &s, b->qabs, kvc_latent_pool(ly->kv), kvc_latent_scale(ly->kv), b->table,
-        b->qseq, b->ctx, b->idx, b->o);
-    RUN(k->copy_o, M, NULL, b->o, b->ob);
-    RUN(k->vout, M, NULL, b->ob, ly->w_uv, b->v);
+    /* Runs are in row order; the rows between them are absorbed. */
+    int64_t r = 0;
+    mt_status st = MT_OK;
+    for (int i = 0; pf && st == MT_OK && i < pf->n_runs; i++) {
+        const rt_prefill_run *pr = &pf->runs[i];
+        if (pr->row0 > r)
+            st = absorbed(rt, ly, r, pr->row0 - r, cmax, err);
+        if (st == MT_OK)
+            st = prefill(rt, ly, pf, pr, err);
+        r = pr->row0 + pr->n;
+    }
+    if (st == MT_OK && r < M)
+        st = absorbed(rt, ly, r, M - r, cmax, err);
+    if (st != MT_OK)
+        return st;
     RUN(k->gemm_o, M, NULL, b->v, ly->w_o, b->delta);
     RUN(k->resid, M, NULL, b->resid, b->delta, b->xb);
     return MT_OK;
@@ -113,7 +173,7 @@ static mt_status mlp(model_runtime *rt, rt_layer *ly, int64_t M, mt_err *err)
 
 mt_status rt_layer_forward(model_runtime *rt, rt_layer *ly, int64_t M, int64_t cmax, mt_err *err)
 {
-    mt_status st = attention(rt, ly, M, cmax, err);
+    mt_status st = attention(rt, ly, M, cmax, NULL, err);
     return st == MT_OK ? mlp(rt, ly, M, err) : st;
 }
 
@@ -123,7 +183,7 @@ static mt_status forward(model_runtime *rt, int64_t M, int64_t cmax, int64_t nl,
     rt_bufs *b = &rt->b;
     RUN(rt->k_embed, M, NULL, rt->embed, b->tok, b->resid, b->xb);
     for (int64_t l = 0; l < rt->n_layers; l++) {
-        mt_status st = attention(rt, &rt->layers[l], M, cmax, err);
+        mt_status st = attention(rt, &rt->layers[l], M, cmax, &rt->pf, err);
         if (st == MT_OK)
             st = mlp(rt, &rt->layers[l], M, err);
         if (st != MT_OK)
@@ -213,6 +273,37 @@ static mt_status reserve(model_runtime *rt, const model_step_item *it, int64_t *
     return st;
 }
 
+/* The step's mla_prefill runs (rt->pf): per item of more than one token,
+ * its rows at positions below index_topk (their context is at most
+ * index_topk, so every key is kept and dense attention is exact). None on a
+ * batch-invariant runtime. max_pages: page-table entries per item. */
+static void plan_prefill(model_runtime *rt, const model_step_item *items, int n,
+                         const int64_t *old, int64_t max_pages)
+{
+    rt_prefill *pf = &rt->pf;
+    pf->n_runs = 0;
+    pf->table_stride = max_pages;
+    if (rt->o.batch_invariant || rt->TOPK <= 0)
+        return;
+    int64_t off = 0;
+    for (int i = 0; i < n; i++) {
+        int64_t dense = rt->TOPK - old[i];
+        if (dense > items[i].n_tokens)
+            dense = items[i].n_tokens;
+        if (items[i].n_tokens > 1 && dense > 0)
+            pf->runs[pf->n_runs++] = (rt_prefill_run){.row0 = off, .n = dense, .p = old[i],
+                                                      .item = i};
+        off += items[i].n_tokens;
+    }
+}
+
+void model_runtime_attention_rows(const model_runtime *rt, int64_t *prefill_rows,
+                                  int64_t *absorbed_rows)
+{
+    *prefill_rows = rt->pf.rows_prefill;
+    *absorbed_rows = rt->pf.rows_absorbed;
+}
+
 mt_status model_step(model_runtime *rt, model_step_item *items, int n, mt_err *err)
 {
     return rt->o.comm ? rt_ep_step(rt, items, n, err) : rt_step(rt, items, n, err);
@@ -275,6 +366,7 @@ mt_status rt_step(model_runtime *rt, model_step_item *items, int n, mt_err *err)
         off += it->n_tokens;
     }
     int64_t max_pages = (cmax + rt->ps - 1) / rt->ps;
+    plan_prefill(rt, items, n, old, max_pages);
     rt_bufs *b = &rt->b;
     void *dst[] = {b->tok, b->pos, b->rows, b->qseq, b->ctx};
     for (int j = 0; j < 5 && st == MT_OK; j++)
@@ -295,6 +387,11 @@ mt_status rt_step(model_runtime *rt, model_step_item *items, int n, mt_err *err)
     rt->mtp.last_was_mtp = false;
     if (st != MT_OK)
         goto fail;
+    for (int i = 0; i < rt->pf.n_runs; i++)
+        rt->pf.rows_prefill += rt->pf.runs[i].n;
+    rt->pf.rows_absorbed += M;
+    for (int i = 0; i < rt->pf.n_runs; i++)
+        rt->pf.rows_absorbed -= rt->pf.runs[i].n;
 
     if (nl) {
         float *host = malloc(sizeof(float) * (size_t)(nl * rt->V));

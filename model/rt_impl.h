@@ -41,6 +41,7 @@ typedef struct rt_layer_kernels {
     /* dense MLP, or the shared expert when it is bf16 */
     model_kern *gemm_gu, *silu, *gemm_down, *sh_gemm_gu, *sh_silu, *sh_gemm_down;
     model_moe_kernels moe; /* the MoE layer's (combine unused: atomic combine) */
+    model_kern *prefill;   /* mla_prefill: dense rows of prefill chunks */
 } rt_layer_kernels;
 
 /* Device weights of one layer (bf16 unless noted). */
@@ -54,6 +55,7 @@ typedef struct rt_layer {
     void *k_norm_w, *k_norm_b;   /* f32 [ID] */
     void *w_ukt;                 /* [NH][L][D] (W_UK transposed per head) */
     void *w_uv;                  /* [NH][V][L] */
+    void *w_kvb;                 /* kv_b as stored, [NH][D + V][L]: mla_prefill expands with it */
     void *w_o;                   /* [H][NH * V] */
     int64_t inter;               /* dense MLP intermediate */
     void *w_gu, *w_down;         /* [2I][H], [H][I] */
@@ -87,6 +89,25 @@ typedef struct rt_mtp {
     int64_t last_rows;
     bool last_was_mtp;
 } rt_mtp;
+
+/* A run of one item's rows that attends through mla_prefill (dense: each
+ * row's context is at most index_topk, so the indexer keeps every key):
+ * rows row0 .. row0+n-1 of the batch at positions p .. p+n-1, page-table
+ * row `item`. */
+typedef struct rt_prefill_run {
+    int64_t row0, n, p;
+    int item;
+} rt_prefill_run;
+
+/* Which rows of the current step attend through mla_prefill (model_step
+ * fills it; rt_layer_forward, which the MTP layer uses, runs none), and
+ * rows counted per path since open (model_runtime_attention_rows). */
+typedef struct rt_prefill {
+    rt_prefill_run runs[RT_MAX_SEQS];
+    int n_runs;
+    int64_t table_stride;        /* page-table entries per item this step */
+    int64_t rows_prefill, rows_absorbed;
+} rt_prefill;
 
 /* Device activation buffers, sized for max_batch_tokens (T). */
 typedef struct rt_bufs {
@@ -135,6 +156,7 @@ struct model_runtime {
     bool ep_ended;               /* the leader told the other ranks to stop */
 
     rt_bufs b;
+    rt_prefill pf;
     rt_mtp mtp;
     rt_seq seqs[RT_MAX_SEQS];
     int32_t *h_i32;              /* host staging, T * max(TOPK, 8) entries */

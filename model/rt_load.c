@@ -219,7 +219,11 @@ static mt_status upload_experts(model_runtime *rt, const char *prefix, bool shar
     return st;
 }
 
-/* kv_b [NH * (D + V)][L] -> W_UK^T [NH][L][D] and W_UV [NH][V][L]. */
+/* kv_b [NH * (D + V)][L] -> W_UK^T [NH][L][D] and W_UV [NH][V][L] for the
+ * absorbed attention, and kv_b as it is for mla_prefill's expansion (the
+ * absorbed layouts cannot serve it: W_UK^T is transposed and the family
+ * reads one [D + V][L] panel per head; the copy costs NH (D + V) L bf16
+ * per layer, 29 MB at GLM-5.2). */
 static mt_status upload_kv_b(model_runtime *rt, const char *module, rt_layer *ly, mt_err *err)
 {
     int64_t NH = rt->NH, D = rt->D, VD = rt->VD, L = rt->L;
@@ -242,6 +246,8 @@ static mt_status upload_kv_b(model_runtime *rt, const char *module, rt_layer *ly
     }
     if (st == MT_OK)
         st = upload(rt, uv, (size_t)(NH * VD * L) * 2, &ly->w_uv, err);
+    if (st == MT_OK)
+        st = upload(rt, kvb, (size_t)(NH * (D + VD) * L) * 2, &ly->w_kvb, err);
     free(kvb);
     free(ukt);
     free(uv);
@@ -284,6 +290,7 @@ static const size_t slot_field[MODEL_KS_COUNT] = {
     SLOT(SH_GEMM_DOWN, sh_gemm_down), SLOT(ROUTE, moe.route), SLOT(ALIGN, moe.align),
     SLOT(UP, moe.up), SLOT(DOWN, moe.down), SLOT(SH_ALIGN, moe.sh_align),
     SLOT(SH_UP, moe.sh_up), SLOT(SH_DOWN, moe.sh_down), SLOT(COMBINE, moe.combine),
+    SLOT(PREFILL, prefill),
 };
 #undef SLOT
 
@@ -411,8 +418,8 @@ static mt_status load_layer(model_runtime *rt, int64_t i, rt_layer *ly, mt_err *
 static void free_layer(model_runtime *rt, rt_layer *ly)
 {
     void *ptrs[] = {ly->in_norm, ly->post_norm, ly->w_a, ly->q_norm, ly->kv_norm, ly->w_b,
-                    ly->k_norm_w, ly->k_norm_b, ly->w_ukt, ly->w_uv, ly->w_o, ly->w_gu,
-                    ly->w_down, ly->gate, ly->bias, ly->w13, ly->s13, ly->w2, ly->s2,
+                    ly->k_norm_w, ly->k_norm_b, ly->w_ukt, ly->w_uv, ly->w_kvb, ly->w_o,
+                    ly->w_gu, ly->w_down, ly->gate, ly->bias, ly->w13, ly->s13, ly->w2, ly->s2,
                     ly->sh_w13, ly->sh_s13, ly->sh_w2, ly->sh_s2, ly->sh_gu, ly->sh_down};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
         dev_free(rt->dev, ptrs[i]);

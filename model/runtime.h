@@ -82,6 +82,12 @@ int64_t model_runtime_max_context(const model_runtime *rt);
  * (family, shape, M bucket, config, provenance). */
 void model_runtime_selection(const model_runtime *rt, model_selection_counts *out);
 void model_runtime_report(const model_runtime *rt, FILE *f);
+/* Token rows model_step has attended since open, per attention path: dense
+ * mla_prefill (rows of prefill chunks whose context is at most
+ * index_topk; never on a batch-invariant runtime) and absorbed mla_decode
+ * (the rest). Counted once per row, not per layer; MTP steps not counted. */
+void model_runtime_attention_rows(const model_runtime *rt, int64_t *prefill_rows,
+                                  int64_t *absorbed_rows);
 
 /* ---- sequences ------------------------------------------------------------ */
 

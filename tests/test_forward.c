@@ -53,6 +53,8 @@ static void check_reference(fw_open_args a, bool kv_fp8, int n)
         mean += e / n;
         close += e <= 1e-2;
     }
+    cr_log_info("seed %" PRIu64 " on %s: worst position %.3g, mean %.3g, %d of %d within 1e-2",
+                seed, a.device, worst, mean, close, n);
     cr_assert_leq(worst, a4 ? 0.6 : 0.4, "seed %" PRIu64 " on %s: worst position %.3g", seed,
                   a.device, worst);
     cr_assert_leq(mean, a4 ? 0.15 : 3e-2, "seed %" PRIu64 " on %s: mean error %.3g", seed,
@@ -152,10 +154,20 @@ Test(forward_cpu, the_same_step_repeated_gives_identical_logits)
     fw_rm_dir(dir);
 }
 
-Test(forward_cpu, decode_token_by_token_equals_prefill)
+/* Decode against prefill crosses the two attention paths: the prompt's
+ * first index_topk rows run mla_prefill (keys and values expanded through
+ * kv_b and rounded to bf16), the decoded tokens the absorbed mla_decode
+ * (q_abs and the latent output rounded to bf16 instead). Every attention
+ * output of those rows differs by bf16 roundings, which the later layers,
+ * MoE routing and the DSA top-k carry along. Measured over 11 seeds
+ * (a16w4, 21 rows): mean 0.004-0.025, 16-21 rows within 1e-2, worst row
+ * up to 0.42 where a routing or top-k choice tips over; bounds
+ * (fw_cross_path_rows): every row <= 0.6, mean <= 5e-2, half within 1e-2.
+ * The first chunk takes mla_prefill in both: TIGHT. */
+static void decode_equals_prefill(model_act_quant act)
 {
     char *dir = fw_tiny_dir();
-    model_runtime *rt = fw_open(dir, (fw_open_args){.act = MODEL_ACT_MXFP4});
+    model_runtime *rt = fw_open(dir, (fw_open_args){.act = act});
     int32_t V = model_runtime_vocab(rt);
     uint64_t seed = mt_seed_fresh();
     const int n = 21;
@@ -174,12 +186,29 @@ Test(forward_cpu, decode_token_by_token_equals_prefill)
         cr_assert_eq(model_step(rt, &one, 1, &err), MT_OK, "%s", err.msg);
     }
     cr_assert_eq(model_seq_len(rt, seq), n);
-    assert_rows(dec, pre, n, V, "decode vs prefill", seed);
+    int64_t pre_rows, abs_rows;
+    model_runtime_attention_rows(rt, &pre_rows, &abs_rows);
+    int topk = (int)model_runtime_config(rt)->index_topk;
+    cr_assert(pre_rows == topk + 3 && abs_rows == 2 * n - topk - 3,
+              "rows on mla_prefill %" PRId64 ", absorbed %" PRId64, pre_rows, abs_rows);
+    /* The chunk of 3 took the same path in both. */
+    assert_rows(dec, pre, 3, V, "decode vs prefill, the first chunk", seed);
+    fw_cross_path_rows(dec, pre, n, V, 0.6, 5e-2, "decode vs prefill", seed);
     free(dec);
     free(pre);
     free(tok);
     model_runtime_close(rt);
     fw_rm_dir(dir);
+}
+
+/* a16w4: with a4w4 every bf16 difference of the attention output can also
+ * move an MXFP4 activation by a whole E2M1 step, and across the two paths
+ * there is one in every row of the prompt's first index_topk (measured:
+ * mean 0.12-0.15 per 21 rows, where the reference's a4w4 bound is 0.15);
+ * test_forward_prefill.c holds a4w4 chunks to TIGHT on the prefill path. */
+Test(forward_cpu, decode_token_by_token_equals_prefill)
+{
+    decode_equals_prefill(MODEL_ACT_NONE);
 }
 
 Test(forward_cpu, forked_sequence_continues_like_the_original)

@@ -48,6 +48,44 @@ Test(forward_emu, a16w4_matches_reference)
     fw_rm_dir(dir);
 }
 
+/* Decode against prefill across the two attention paths, as
+ * test_forward.c's on cpu, with the HIP sources of mla_prefill and
+ * mla_decode: a prompt of 6 (mla_prefill) against a chunk of 2
+ * (mla_prefill) and 4 tokens one at a time (absorbed). Six rows make the
+ * mean noisier than test_forward.c's 21: mean <= 0.15. */
+Test(forward_emu, decode_token_by_token_equals_prefill)
+{
+    char *dir = fw_tiny_dir();
+    model_runtime *rt = fw_open(dir, (fw_open_args){.device = "emu", .act = MODEL_ACT_NONE,
+                                                    .max_batch_tokens = 8});
+    int32_t V = model_runtime_vocab(rt);
+    uint64_t seed = mt_seed_fresh();
+    const int n = 6;
+    int32_t *tok = fw_tokens(seed, n, V);
+    float *pre = fw_prefill(rt, tok, n, NULL);
+    float *dec = malloc(sizeof(float) * (size_t)V * n);
+    int seq;
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(model_seq_create(rt, &seq, &err), MT_OK, "%s", err.msg);
+    model_step_item it = {.seq = seq, .tokens = tok, .n_tokens = 2, .all_logits = dec};
+    cr_assert_eq(model_step(rt, &it, 1, &err), MT_OK, "%s", err.msg);
+    for (int t = 2; t < n; t++) {
+        model_step_item one = {.seq = seq, .tokens = tok + t, .n_tokens = 1,
+                               .logits = dec + (size_t)t * V};
+        cr_assert_eq(model_step(rt, &one, 1, &err), MT_OK, "%s", err.msg);
+    }
+    int64_t pre_rows, abs_rows;
+    model_runtime_attention_rows(rt, &pre_rows, &abs_rows);
+    cr_assert(pre_rows == n + 2 && abs_rows == n - 2, "rows on mla_prefill %" PRId64
+              ", absorbed %" PRId64, pre_rows, abs_rows);
+    fw_cross_path_rows(dec, pre, n, V, 0.6, 0.15, "emu decode vs prefill", seed);
+    free(dec);
+    free(pre);
+    free(tok);
+    model_runtime_close(rt);
+    fw_rm_dir(dir);
+}
+
 /* Greedy continuation of a prompt: prefill, then one token per step. */
 static void greedy(model_runtime *rt, const int32_t *prompt, int n, int gen, int32_t *out)
 {

@@ -98,4 +98,31 @@ static inline double fw_rel_l2(const float *got, const float *want, int32_t n)
     return sqrt(e / (w > 0 ? w : 1));
 }
 
+/* Rows of logits from the runtime's two attention paths (mla_prefill and
+ * the absorbed mla_decode: bf16 roundings in different places, which
+ * later layers, MoE routing and the DSA top-k carry along): every row <=
+ * worst, the mean <= mean_max, half of the rows within 1e-2. A wrong
+ * layout, rotation or mask gives errors near 1 in most rows. Logs the
+ * statistics. */
+static inline void fw_cross_path_rows(const float *got, const float *want, int n, int32_t V,
+                                      double worst_max, double mean_max, const char *what,
+                                      uint64_t seed)
+{
+    int close = 0;
+    double worst = 0, mean = 0;
+    for (int t = 0; t < n; t++) {
+        double e = fw_rel_l2(got + (size_t)t * V, want + (size_t)t * V, V);
+        cr_assert(!isnan(e), "%s, seed %" PRIu64 ": NaN at row %d", what, seed, t);
+        worst = e > worst ? e : worst;
+        mean += e / n;
+        close += e <= 1e-2;
+    }
+    cr_log_info("%s, seed %" PRIu64 ": worst row %.3g, mean %.3g, %d of %d within 1e-2", what,
+                seed, worst, mean, close, n);
+    cr_assert_leq(worst, worst_max, "%s, seed %" PRIu64 ": worst row %.3g", what, seed, worst);
+    cr_assert_leq(mean, mean_max, "%s, seed %" PRIu64 ": mean error %.3g", what, seed, mean);
+    cr_assert_geq(2 * close, n, "%s, seed %" PRIu64 ": only %d of %d rows within 1e-2 "
+                  "(mean %.3g)", what, seed, close, n, mean);
+}
+
 #endif
