@@ -149,7 +149,7 @@ Test(forward_a8w4, act_quant_names_round_trip)
     for (int q = 0; q < MODEL_ACT_COUNT; q++) {
         model_act_quant got = MODEL_ACT_COUNT;
         cr_assert(model_act_quant_parse(model_act_quant_name((model_act_quant)q), &got));
-        cr_assert_eq(got, q);
+        cr_assert_eq((int)got, q);
     }
     cr_assert_eq(model_act_quant_dtype(MODEL_ACT_INT8), KERN_DT_I8);
     cr_assert_eq(model_act_quant_dtype(MODEL_ACT_MXFP4), KERN_DT_MXFP4);
