@@ -557,7 +557,9 @@ MT_DEVICE void v_load_act(const mt_bf16 *src, unsigned *d)
  * aligned) with E8M0 scale code c as 16 bf16 pairs: the MXFP4 round trip
  * of the block, exact in bf16. The words pass through mt_opaque_u32, so
  * that the compiler decodes each block where it is written instead of
- * interleaving all of them (which spilled on gfx942). */
+ * interleaving all of them (which spilled on gfx942). A byte-permute
+ * decode like the weights' (mt_nib_lut4) cut stage 1's static VALU on
+ * gfx942 by about 650, but spilled on sm_90 (168 registers). */
 MT_DEVICE void v_load_act_q(const unsigned char *q, unsigned c, unsigned *d)
 {
     const float sc = mt_e8m0_to_f32(c);
