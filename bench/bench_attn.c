@@ -43,118 +43,25 @@ static void die(const char *what, const mt_err *err)
     exit(1);
 }
 
-/* Compute-peak probes: 64 work items of PEAK_ITERS steps of 12 independent
- * vector chains each (fp32 FMA, or vdpbf16ps: 2 multiply-adds per lane);
- * bf16_dot writes out[1001] = 0 where the CPU has no AVX512_BF16. */
-enum { PEAK_ITEMS = 64, PEAK_ITERS = 40000 };
-static const char peak_src[] =
-    "#if defined(__AVX512F__)\n"
-    "#define VW 16\n"
-    "#else\n"
-    "#define VW 8\n"
-    "#endif\n"
-    "typedef float mt_vf __attribute__((vector_size(VW * 4)));\n"
-    "MT_CPU_KERNEL void fma_chains(float *out, int iters)\n"
-    "{\n"
-    "    mt_vf a[12], m, c;\n"
-    "    for (int k = 0; k < VW; k++) { m[k] = 0.999f; c[k] = 0.001f * (k + 1); }\n"
-    "    for (int j = 0; j < 12; j++) a[j] = c + (float)j;\n"
-    "    for (int i = 0; i < iters; i++)\n"
-    "#pragma GCC unroll 12\n"
-    "        for (int j = 0; j < 12; j++) a[j] = a[j] * m + c;\n"
-    "    float s = 0.0f;\n"
-    "    for (int j = 0; j < 12; j++) for (int k = 0; k < VW; k++) s += a[j][k];\n"
-    "    out[itemIdx.x] = s;\n"
-    "    if (itemIdx.x == 0) out[1000] = VW;\n"
-    "}\n"
-    "#if defined(__AVX512F__) && defined(__AVX512BF16__)\n"
-    "#include <immintrin.h>\n"
-    "MT_CPU_KERNEL void bf16_dot(float *out, int iters)\n"
-    "{\n"
-    "    __m512 a[12];\n"
-    "    __m512i x = _mm512_set1_epi32(0x3f7f3f7f), y = _mm512_set1_epi32(0x3a803a80);\n"
-    "    for (int j = 0; j < 12; j++) a[j] = _mm512_set1_ps((float)j);\n"
-    "    for (int i = 0; i < iters; i++) {\n"
-    "#pragma GCC unroll 12\n"
-    "        for (int j = 0; j < 12; j++) a[j] = _mm512_dpbf16_ps(a[j], (__m512bh)x, (__m512bh)y);\n"
-    "        __asm__ volatile(\"\" : \"+v\"(x));\n"
-    "    }\n"
-    "    float s = 0.0f;\n"
-    "    for (int j = 0; j < 12; j++) s += _mm512_reduce_add_ps(a[j]);\n"
-    "    out[itemIdx.x] = s;\n"
-    "    if (itemIdx.x == 0) out[1001] = 32;\n"
-    "}\n"
-    "#else\n"
-    "MT_CPU_KERNEL void bf16_dot(float *out, int iters)\n"
-    "{\n"
-    "    (void)iters;\n"
-    "    if (itemIdx.x == 0) out[1001] = 0;\n"
-    "}\n"
-    "#endif\n";
-
 /* The limits of this run: read bandwidth (p90 of its probe) and the best
  * fp32 FMA and bf16 dot rates of n_probe short probes (bf16 0: none). */
 typedef struct limits {
     bench_limits *probe;
-    dev_device *dev;
-    dev_code *code;
-    dev_module *mod;
-    dev_kernel *fma, *dot;
-    float *out;
     double gbps, gflops, bf16_gflops;
     int n_probe;
 } limits;
-
-static double time_peak(limits *l, dev_kernel *k, int slot)
-{
-    mt_err err = MT_ERR_INIT;
-    int iters = PEAK_ITERS;
-    void *args[] = {&l->out, &iters};
-    double t0 = mt_now_ms();
-    if (dev_launch(l->dev, k, (dev_dim3){PEAK_ITEMS, 1, 1}, (dev_dim3){1, 1, 1}, 0, args,
-                   &err) != MT_OK ||
-        dev_synchronize(l->dev, &err) != MT_OK)
-        die("peak probe", &err);
-    double ms = mt_now_ms() - t0;
-    float lanes = 0;
-    if (dev_copy_from(l->dev, &lanes, l->out + slot, sizeof lanes, &err) != MT_OK)
-        die("peak probe", &err);
-    /* fp32: VW lanes x 1 FMA; bf16: 16 lanes x 2 (lanes holds 32). */
-    return (double)PEAK_ITEMS * PEAK_ITERS * 12 * lanes * 2 / (ms * 1e6);
-}
-
-static void open_peaks(limits *l, dev_device *d)
-{
-    mt_err err = MT_ERR_INIT;
-    dev_compile_req req = {.name = "bench_attn_peaks.cpu", .source = peak_src};
-    l->dev = d;
-    if (dev_compile(d, &req, &l->code, &err) != MT_OK ||
-        dev_module_load(d, l->code, &l->mod, &err) != MT_OK ||
-        dev_module_get_kernel(l->mod, "fma_chains", "pi", &l->fma, &err) != MT_OK ||
-        dev_module_get_kernel(l->mod, "bf16_dot", "pi", &l->dot, &err) != MT_OK ||
-        dev_alloc(d, 4096, (void **)&l->out, &err) != MT_OK)
-        die("peak probes", &err);
-}
 
 /* Twenty launches of each probe (about 2 ms each); keeps the best of all
  * so far. */
 static void probe_peaks(limits *l)
 {
-    for (int i = 0; i < 20; i++) {
-        double f = time_peak(l, l->fma, 1000), b = time_peak(l, l->dot, 1001);
-        if (f > l->gflops)
-            l->gflops = f;
-        if (b > l->bf16_gflops)
-            l->bf16_gflops = b;
-    }
+    mt_err err = MT_ERR_INIT;
+    bench_peaks pk;
+    if (bench_limits_peaks(l->probe, 20, &pk, &err) != MT_OK)
+        die("peak probes", &err);
+    l->gflops = pk.fma;
+    l->bf16_gflops = pk.bf16;
     l->n_probe += 20;
-}
-
-static void close_peaks(limits *l)
-{
-    dev_free(l->dev, l->out);
-    dev_module_unload(l->mod);
-    dev_code_free(l->code);
 }
 
 /* One result line, printed once every limit is known. */
@@ -284,7 +191,6 @@ int main(int argc, char **argv)
         bench_limits_bandwidth(l.probe, 5, &bw, &err) != MT_OK)
         die("limits", &err);
     l.gbps = bw.p90;
-    open_peaks(&l, d);
     probe_peaks(&l);
     /* bf16 shares: mla_decode's score GEMM, 2 (L+R) of 2 (2L+R) flops per
      * token and head; dsa_indexer's q.k, 2 ID of 2 ID + 2. */
@@ -333,7 +239,6 @@ int main(int argc, char **argv)
     printf("(*) the limit that bounds the kernel: bandwidth for decode-like calls, FLOP/s for "
            "prefill; GB/s and GFLOP/s from the best time; of pk: the flops' time at the fp32 "
            "FMA peak (bf16 dot peak for the bf16 share) over the best time\n");
-    close_peaks(&l);
     bench_limits_close(l.probe);
     dev_close(d);
     return 0;

@@ -16,13 +16,15 @@ static void usage(FILE *f)
             "usage: moetune bench --family moe|moe_gemm_up|moe_gemm_down [--shape glm5.2]\n"
             "                     [--m 1,4,16,64,256] [--device cpu] [--arch A] [--db tuned.db]\n"
             "                     [--json]\n"
-            "                     [--no-sweep] [--flush]\n"
+            "                     [--no-sweep] [--all] [--flush]\n"
             "Per M, with fresh routing every call: --family moe times the MoE layer the\n"
             "server runs (router, expert sort, expert GEMMs, shared expert), each kernel with\n"
             "the config --db gives for that M (defaults without it); then each expert GEMM\n"
             "stage alone: the default config and the best of a small sweep (cpu). Reported:\n"
             "achieved weight bandwidth, GFLOP/s and the fraction of this machine's memory\n"
-            "bandwidth measured in the same run, each with p10/p90. --flush streams 1 GiB\n"
+            "bandwidth: the best of four read patterns, sampled between the timed calls (the\n"
+            "limit is the samples' p90: noise only lowers a probe). --all prints every\n"
+            "config's p10/median/p90 to stderr. --flush streams 1 GiB\n"
             "before every timed call, so nothing a call read stays cached. --arch on cpu caps\n"
             "the compiled code at an x86-64 level (x86-64-v3: the AVX2 paths).\n");
 }
@@ -31,7 +33,7 @@ int cmd_bench(int argc, char **argv)
 {
     const char *family = NULL, *shape = "glm5.2", *spec = "cpu", *mlist = "1,4,16,64,256";
     const char *db_path = NULL, *arch = NULL;
-    bool json = false, sweep = true, flush = false, bad = false;
+    bool json = false, sweep = true, flush = false, all = false, bad = false;
     for (int i = 1; i < argc; i++) {
         const char *v;
         if (cli_flag(argv[i], "--help") || cli_flag(argv[i], "-h")) {
@@ -53,6 +55,8 @@ int cmd_bench(int argc, char **argv)
             json = true;
         } else if (cli_flag(argv[i], "--flush")) {
             flush = true;
+        } else if (cli_flag(argv[i], "--all")) {
+            all = true;
         } else if (cli_flag(argv[i], "--no-sweep")) {
             sweep = false;
         } else if (!bad) {
@@ -101,7 +105,7 @@ int cmd_bench(int argc, char **argv)
         return CLI_FAIL;
     }
     moe_bench_opts o = {.shape = shape, .family = family, .ms = ms, .n_ms = n, .sweep = sweep,
-                        .json = json, .flush = flush, .db = db, .log = stderr};
+                        .json = json, .flush = flush, .all = all, .db = db, .log = stderr};
     mt_status st = moe_bench_run(d, &o, stdout, &err);
     if (st != MT_OK)
         cli_error("bench", "%s", err.msg);

@@ -16,6 +16,7 @@
 
 #include <dlfcn.h>
 #include <ffi.h>
+#include <sys/mman.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,12 @@
 #define CPU_MAX_THREADS 4096
 #define CPU_MAX_ARGS 32
 #define CPU_ALIGN 4096 /* page-aligned like GPU allocations; SIMD-friendly */
+/* Allocations of at least this size are aligned to it and asked to be
+ * backed by transparent huge pages (where THP is "madvise", the default
+ * on Debian, nothing else would give them): weights and activations are
+ * streamed, and with 4 KiB pages every 4 KiB of a stream is a TLB miss
+ * (a costly page walk under virtualization). */
+#define CPU_HUGE 2097152
 
 typedef void (*set_item_fn)(unsigned, unsigned, unsigned, unsigned, unsigned, unsigned);
 
@@ -400,9 +407,14 @@ static mt_status cpu_synchronize(void *ctx, mt_err *err)
 static mt_status cpu_alloc(void *ctx, size_t bytes, void **ptr, mt_err *err)
 {
     (void)ctx;
-    size_t rounded = (bytes + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN;
-    if (rounded < bytes || !(*ptr = aligned_alloc(CPU_ALIGN, rounded)))
+    size_t align = bytes >= CPU_HUGE ? CPU_HUGE : CPU_ALIGN;
+    size_t rounded = (bytes + align - 1) / align * align;
+    if (rounded < bytes || !(*ptr = aligned_alloc(align, rounded)))
         return mt_fail(err, MT_E_NOMEM, "cpu device: allocating %zu bytes", bytes);
+#ifdef MADV_HUGEPAGE
+    if (align == CPU_HUGE)
+        (void)madvise(*ptr, rounded, MADV_HUGEPAGE); /* a hint: refusal changes nothing */
+#endif
     return MT_OK;
 }
 

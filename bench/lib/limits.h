@@ -6,10 +6,17 @@
  * loads the CPU has) and run on the backend's thread pool, like the kernels
  * they are compared with:
  *  - read bandwidth: a streaming sum over a buffer of at least 1 GiB and 16x
- *    the last-level cache, in 64 work items;
- *  - fp32 FMA peak: 12 independent vector FMA chains per thread.
+ *    the last-level cache, in 64 work items, in four read patterns (one or
+ *    four streams per item, with and without software prefetch): the
+ *    limit is the fastest, since a probe that under-reads flatters kernels;
+ *  - compute peaks: fp32 FMA, bf16 dot (vdpbf16ps) and u8 x s8 dot (VNNI
+ *    vpdpbusd, else vpmaddubsw + vpmaddwd), each as 64 short work items of
+ *    12 independent vector chains. A probe that loses a core to another
+ *    process reads low, and a kernel set against it looks better than it
+ *    is, so callers repeat the probes between their kernels and keep the
+ *    best of all of them.
  * On GPU backends bandwidth comes from timed device-to-device copies
- * (kern_device_bandwidth) and there is no FMA probe (0).
+ * (kern_device_bandwidth) and there are no compute probes (0).
  *
  * Figures carry their spread (p10, median, p90 over the repetitions), so a
  * ratio against a noisy limit can be read as such.
@@ -34,8 +41,24 @@ void bench_limits_close(bench_limits *l);
 
 /* Read bandwidth in GB/s over reps (>= 3) timed passes after one warm-up. */
 mt_status bench_limits_bandwidth(bench_limits *l, int reps, bench_spread *out, mt_err *err);
-/* fp32 FMA peak in GFLOP/s over 3 runs (cpu backend; 0 elsewhere). */
-mt_status bench_limits_fma(bench_limits *l, bench_spread *out, mt_err *err);
+/* One bandwidth sample, cheap enough to interleave with the kernels being
+ * timed (a limit measured minutes apart from a kernel is not its limit on
+ * a shared machine): 1 GiB from a slice of the probe buffer that rotates
+ * (on buffers above 1 GiB), in the read pattern that was fastest at the
+ * last bench_limits_bandwidth (GPU backends: a 1 GiB device copy). Shorter
+ * reads pay the launch and the prefetchers' ramp-up and under-read the
+ * limit (64 MiB read about 10% below 1 GiB here). */
+mt_status bench_limits_sample(bench_limits *l, double *gbps, mt_err *err);
+/* Compute peaks in GFLOP/s (bf16 and fp32: 2 per multiply-add) and GOP/s
+ * (i8: 2 per u8 x s8 multiply-add); 0 where the CPU lacks the instruction
+ * or the backend is not cpu. */
+typedef struct bench_peaks {
+    double fma, bf16, i8;
+} bench_peaks;
+
+/* Runs each peak probe launches times (a launch takes a few ms) and gives
+ * the best of every probe since open. */
+mt_status bench_limits_peaks(bench_limits *l, int launches, bench_peaks *out, mt_err *err);
 /* Streams the probe buffer once, so nothing a kernel read stays in cache. */
 mt_status bench_limits_flush(bench_limits *l, mt_err *err);
 

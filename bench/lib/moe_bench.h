@@ -37,6 +37,7 @@ typedef struct moe_bench_opts {
     bool sweep;            /* also time a small sweep of GEMM configs (cpu) */
     bool json;             /* one JSON object per line instead of a table */
     bool flush;            /* evict caches (stream 1 GiB) before every timed call */
+    bool all;              /* print every config's spread to log (not only the best) */
     double max_ms;         /* timing budget per (config, M); default 1500 */
     uint64_t seed;         /* 0: a fresh seed */
     db_t *db;              /* the layer's configs; NULL: family defaults */
