@@ -205,8 +205,10 @@ static void compile_nv(const char *shape, const char *cfg_text)
     mt_err err = MT_ERR_INIT;
     cr_assert_eq(kern_compile(d, f, f->gpu, &s, &c, &code, &err), MT_OK, "%s", err.msg);
     const dev_kernel_res *r = td_find_res(code, "mla_decode_split");
-    /* Known and open: NVRTC keeps the output fragments (acc, HB*L/threads
-     * floats per lane) in local memory; logged, not refused. */
+    /* NVRTC kept the output fragments (acc, HB*L/threads floats per lane)
+     * in local memory until every loop over them was unrolled (MT_UNROLL). */
+    cr_assert_eq(r->private_bytes, 0, "sm_90 %s %s: %lld bytes of local memory per lane",
+                 shape, cfg_text, (long long)r->private_bytes);
     cr_log_info("sm_90 mla_decode_split %s %s: %d registers, %lld bytes shared, %lld bytes "
                 "local", shape, cfg_text, r->vgprs, (long long)r->lds_bytes,
                 (long long)r->private_bytes);

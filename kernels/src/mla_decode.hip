@@ -246,7 +246,9 @@ MT_KERNEL __launch_bounds__(NT) void mla_decode_split(
     }
     const int wm = wave / A_WN, wn = wave % A_WN;
     mt_mma_acc acc[A_TM][A_TN];
+    MT_UNROLL
     for (int i = 0; i < A_TM; i++)
+        MT_UNROLL
         for (int j = 0; j < A_TN; j++)
             acc[i][j] = mt_mma_acc_zero();
 
@@ -319,24 +321,32 @@ MT_KERNEL __launch_bounds__(NT) void mla_decode_split(
             }
         }
         __syncthreads();
-        /* 4: O = O * alpha + P V */
+        /* 4: O = O * alpha + P V (every loop over acc unrolled: NVRTC
+         * keeps acc in local memory otherwise, 512 B per lane at HB=64) */
+        MT_UNROLL
         for (int i = 0; i < A_TM; i++) {
             float al[MT_MMA_ACC_REGS];
+            MT_UNROLL
             for (int rg = 0; rg < MT_MMA_ACC_REGS; rg++)
                 al[rg] = sAlpha[(wm * A_TM + i) * MT_MMA_M + mt_mma_acc_row(rg)];
+            MT_UNROLL
             for (int j = 0; j < A_TN; j++)
+                MT_UNROLL
                 for (int rg = 0; rg < MT_MMA_ACC_REGS; rg++)
                     acc[i][j].x[rg] *= al[rg];
         }
         for (int kk = 0; kk < BN; kk += MT_MMA_K) {
             mt_mma_a fa[2][A_TM];
+            MT_UNROLL
             for (int i = 0; i < A_TM; i++) {
                 int o = (wm * A_TM + i) * MT_MMA_M * A_LDP + kk;
                 fa[0][i] = mt_mma_load_a(sP[0] + o, A_LDP);
                 fa[1][i] = mt_mma_load_a(sP[1] + o, A_LDP);
             }
+            MT_UNROLL
             for (int j = 0; j < A_TN; j++) {
                 mt_mma_b fb = mt_mma_load_b(sKV + kk * A_LDK + (wn * A_TN + j) * MT_MMA_N, A_LDK);
+                MT_UNROLL
                 for (int i = 0; i < A_TM; i++) {
                     acc[i][j] = mt_mma_bf16(fa[0][i], fb, acc[i][j]);
                     acc[i][j] = mt_mma_bf16(fa[1][i], fb, acc[i][j]);
@@ -350,7 +360,9 @@ MT_KERNEL __launch_bounds__(NT) void mla_decode_split(
      * at a time (short loops stay unrolled: NVRTC puts acc in local memory
      * when a loop over registers is not). */
     float *pb = part + (((long)m * S_H + h0) * NSPLIT + split) * (S_L + 2);
+    MT_UNROLL
     for (int i = 0; i < A_TM; i++)
+        MT_UNROLL
         for (int j = 0; j < A_TN; j++) {
             mt_mma_acc o = acc[i][j];
             for (int rg = 0; rg < MT_MMA_ACC_REGS; rg++)

@@ -338,7 +338,9 @@ MT_KERNEL __launch_bounds__(NT) void mla_prefill_attn(
     }
     const int wm = wave / P_WN, wn = wave % P_WN;
     mt_mma_acc acc[P_TM][P_TN];
+    MT_UNROLL
     for (int i = 0; i < P_TM; i++)
+        MT_UNROLL
         for (int j = 0; j < P_TN; j++)
             acc[i][j] = mt_mma_acc_zero();
 
@@ -430,20 +432,27 @@ MT_KERNEL __launch_bounds__(NT) void mla_prefill_attn(
         }
         __syncthreads();
         /* 4: O = O * alpha + P V */
+        MT_UNROLL
         for (int i = 0; i < P_TM; i++) {
             float al[MT_MMA_ACC_REGS];
+            MT_UNROLL
             for (int rg = 0; rg < MT_MMA_ACC_REGS; rg++)
                 al[rg] = sAlpha[(wm * P_TM + i) * MT_MMA_M + mt_mma_acc_row(rg)];
+            MT_UNROLL
             for (int j = 0; j < P_TN; j++)
+                MT_UNROLL
                 for (int rg = 0; rg < MT_MMA_ACC_REGS; rg++)
                     acc[i][j].x[rg] *= al[rg];
         }
         for (int kk = 0; kk < BN; kk += MT_MMA_K) {
             mt_mma_a fa[P_TM];
+            MT_UNROLL
             for (int i = 0; i < P_TM; i++)
                 fa[i] = mt_mma_load_a(sP + (wm * P_TM + i) * MT_MMA_M * P_LDP + kk, P_LDP);
+            MT_UNROLL
             for (int j = 0; j < P_TN; j++) {
                 mt_mma_b fb = mt_mma_load_b(sV + kk * P_LDV + (wn * P_TN + j) * MT_MMA_N, P_LDV);
+                MT_UNROLL
                 for (int i = 0; i < P_TM; i++)
                     acc[i][j] = mt_mma_bf16(fa[i], fb, acc[i][j]);
             }
@@ -454,15 +463,21 @@ MT_KERNEL __launch_bounds__(NT) void mla_prefill_attn(
     /* o / sum as bf16: the rows scaled in place (as by alpha), then one
      * fragment at a time (the loops stay short enough to unroll: a loop
      * the compiler keeps indexes acc, which then lives in scratch) */
+    MT_UNROLL
     for (int i = 0; i < P_TM; i++) {
         float inv[MT_MMA_ACC_REGS];
+        MT_UNROLL
         for (int rg = 0; rg < MT_MMA_ACC_REGS; rg++)
             inv[rg] = 1.0f / sSum[(wm * P_TM + i) * MT_MMA_M + mt_mma_acc_row(rg)];
+        MT_UNROLL
         for (int j = 0; j < P_TN; j++)
+            MT_UNROLL
             for (int rg = 0; rg < MT_MMA_ACC_REGS; rg++)
                 acc[i][j].x[rg] *= inv[rg];
     }
+    MT_UNROLL
     for (int i = 0; i < P_TM; i++)
+        MT_UNROLL
         for (int j = 0; j < P_TN; j++)
             p_store_bf16(out + ((long)(i0 + (wm * P_TM + i) * MT_MMA_M) * S_H + h) * S_V +
                              (wn * P_TN + j) * MT_MMA_N,
