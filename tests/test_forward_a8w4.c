@@ -2,7 +2,8 @@
  * tiny checkpoint. On cpu the kernel path matches the plain C reference
  * that quantizes the expert inputs as a8w4 does (model/reference.h,
  * act_int8) and, against the float32 reference on the same prompt, errs
- * under half as much as a4w4 and near a16w4; the plan keys the expert GEMMs a=i8, so `tune --model
+ * (median position) under a quarter of a4w4 and within a16w4's error plus
+ * its tolerance (3e-2); the plan keys the expert GEMMs a=i8, so `tune --model
  * --act-quant int8` tunes what the runtime looks up; a device whose kernels
  * refuse a=i8 (emu) fails the load naming the device and the option; the
  * option's names parse both ways. Fresh seeds, printed. */
@@ -21,6 +22,23 @@ static void rel_errors(const float *got, const float *want, int n, int32_t V, do
         *worst = e > *worst ? e : *worst;
         *mean += e / n;
     }
+}
+
+/* Median relative L2 error over n rows (n <= 64): robust to the few
+ * positions where a router or DSA choice tips, which move every path. */
+static double median_error(const float *got, const float *want, int n, int32_t V)
+{
+    double e[64];
+    cr_assert_leq(n, 64);
+    for (int t = 0; t < n; t++) {
+        e[t] = fw_rel_l2(got + (size_t)t * V, want + (size_t)t * V, V);
+        for (int j = t; j > 0 && e[j] < e[j - 1]; j--) {
+            double x = e[j];
+            e[j] = e[j - 1];
+            e[j - 1] = x;
+        }
+    }
+    return n % 2 ? e[n / 2] : (e[n / 2 - 1] + e[n / 2]) / 2;
 }
 
 static float *run_prefill(const char *dir, model_act_quant act, const int32_t *tok, int n)
@@ -72,10 +90,11 @@ Test(forward_a8w4, matches_reference_and_errs_near_a16w4)
     cr_assert_leq(worst, 0.6, "seed %" PRIu64 ": worst position %.3g", seed, worst);
 
     /* Accuracy against float activations (no quantization, no bf16
-     * rounding) on the same prompt: a8w4 errs far below a4w4 and near
-     * a16w4 (19 seeds: a8w4 mean 0.009-0.053, a16w4 0.005-0.045, a4w4
-     * 0.17-0.21; a8w4 at most 0.039 above a16w4). And it is its own path:
-     * position 0 differs from both others by the quantization. */
+     * rounding) on the same prompt, by the median position (a router or
+     * DSA choice that tips moves the mean of every path alike: up to 0.1
+     * for a16w4 on some seeds): a8w4 errs far below a4w4 and near a16w4.
+     * And it is its own path: position 0 differs from both others by the
+     * quantization. */
     float *exact = ref_logits(dir, (model_ref_opts){0}, tok, n);
     float *g4 = run_prefill(dir, MODEL_ACT_MXFP4, tok, n);
     float *g16 = run_prefill(dir, MODEL_ACT_NONE, tok, n);
@@ -83,13 +102,15 @@ Test(forward_a8w4, matches_reference_and_errs_near_a16w4)
     rel_errors(g8, exact, n, V, &mean8, &worst8, seed, "a8w4");
     rel_errors(g4, exact, n, V, &mean4, &worst4, seed, "a4w4");
     rel_errors(g16, exact, n, V, &mean16, &worst16, seed, "a16w4");
-    printf("test_forward_a8w4: against the float32 reference, mean / worst: a8w4 %.3g / %.3g, "
-           "a16w4 %.3g / %.3g, a4w4 %.3g / %.3g\n", mean8, worst8, mean16, worst16, mean4,
-           worst4);
-    cr_assert_lt(2 * mean8, mean4, "seed %" PRIu64 ": a8w4 mean error %.3g not under half of "
-                 "a4w4's %.3g", seed, mean8, mean4);
-    cr_assert_leq(mean8, mean16 + 0.06, "seed %" PRIu64 ": a8w4 mean error %.3g, a16w4's %.3g",
-                  seed, mean8, mean16);
+    double med8 = median_error(g8, exact, n, V), med4 = median_error(g4, exact, n, V),
+           med16 = median_error(g16, exact, n, V);
+    printf("test_forward_a8w4: against the float32 reference, median / mean / worst: a8w4 "
+           "%.3g / %.3g / %.3g, a16w4 %.3g / %.3g / %.3g, a4w4 %.3g / %.3g / %.3g\n", med8,
+           mean8, worst8, med16, mean16, worst16, med4, mean4, worst4);
+    cr_assert_lt(4 * med8, med4, "seed %" PRIu64 ": a8w4 median error %.3g not under a "
+                 "quarter of a4w4's %.3g", seed, med8, med4);
+    cr_assert_leq(med8, med16 + 3e-2, "seed %" PRIu64 ": a8w4 median error %.3g, a16w4's %.3g",
+                  seed, med8, med16);
     cr_assert_gt(fw_rel_l2(g8, g16, V), 1e-4, "seed %" PRIu64 ": a8w4 = a16w4 at position 0",
                  seed);
     cr_assert_gt(fw_rel_l2(g8, g4, V), 1e-4, "seed %" PRIu64 ": a8w4 = a4w4 at position 0", seed);
