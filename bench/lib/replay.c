@@ -48,6 +48,7 @@ mt_status replay_table_read(const char *path, replay_table *t, mt_err *err)
     char line[2048];
     int lineno = 0, cap = 0;
     bool columns = false;
+    int version = 1, fields = 5; /* numeric fields between status and config */
     mt_status st = MT_OK;
     while (st == MT_OK && fgets(line, sizeof line, f)) {
         lineno++;
@@ -55,14 +56,21 @@ mt_status replay_table_read(const char *path, replay_table *t, mt_err *err)
         if (!line[0])
             continue;
         if (line[0] == '#') {
-            if (lineno == 1 && strcmp(line, "# moetune replay table 1"))
-                st = mt_fail(err, MT_E_FORMAT, "%s:1: not a replay table (version 1)", path);
+            if (lineno == 1 && !strcmp(line, "# moetune replay table 2"))
+                version = 2, fields = 3;
+            else if (lineno == 1 && strcmp(line, "# moetune replay table 1"))
+                st = mt_fail(err, MT_E_FORMAT, "%s:1: not a replay table (version 1 or 2)",
+                             path);
             header(t, line + 1 + (line[1] == ' '));
             continue;
         }
         if (!columns) {
-            if (strcmp(line, "m,status,median_ms,min_ms,p10_ms,p90_ms,reps,config"))
-                st = mt_fail(err, MT_E_FORMAT, "%s:%d: expected the column line", path, lineno);
+            const char *want = version == 1
+                                   ? "m,status,median_ms,min_ms,p10_ms,p90_ms,reps,config"
+                                   : "m,status,time_ms,max_ms,passes,config";
+            if (strcmp(line, want))
+                st = mt_fail(err, MT_E_FORMAT, "%s:%d: expected the column line \"%s\"", path,
+                             lineno, want);
             columns = true;
             continue;
         }
@@ -86,8 +94,9 @@ mt_status replay_table_read(const char *path, replay_table *t, mt_err *err)
         }
         r->m = m;
         const char *p = line + used;
-        /* median,min,p10,p90,reps: empty fields are NAN */
-        for (int k = 0; k < 5; k++) {
+        /* version 1: median,min,p10,p90,reps; version 2: time,max,passes;
+         * the first is the table's time; empty fields are NAN */
+        for (int k = 0; k < fields; k++) {
             const char *comma = strchr(p, ',');
             if (!comma) {
                 st = mt_fail(err, MT_E_FORMAT, "%s:%d: too few fields", path, lineno);
@@ -166,13 +175,27 @@ double replay_search(const kern_family *f, const kern_impl *im, const kern_shape
                      const dev_props *p, tune_strategy st, uint64_t seed, int budget,
                      const replay_table *t, int *space)
 {
+    return replay_search_ex(f, im, s, m, p, st, seed, budget, t, space, NULL, 0, NULL, NULL);
+}
+
+double replay_search_ex(const kern_family *f, const kern_impl *im, const kern_shape *s, int64_t m,
+                        const dev_props *p, tune_strategy st, uint64_t seed, int budget,
+                        const replay_table *t, int *space, const kern_config *seeds, int n_seeds,
+                        kern_config *top, int *n_top)
+{
     tune_search_args a = {f, im, s, m, p, st, seed, t->shard_index, t->shard_count, 8, budget};
     tune_search *srch = NULL;
+    int top_cap = n_top ? (*n_top < 16 ? *n_top : 16) : 0;
+    if (n_top)
+        *n_top = 0;
     if (tune_search_create(&a, &srch, NULL) != MT_OK)
         return INFINITY;
     if (space)
         *space = tune_search_space(srch);
+    for (int i = 0; i < n_seeds && i < REPLAY_TRANSFER_SEEDS; i++)
+        tune_search_seed(srch, &seeds[i]);
     double best = INFINITY;
+    double top_ms[16];
     int used = 0;
     kern_config c[64];
     while (used < budget) {
@@ -187,6 +210,18 @@ double replay_search(const kern_family *f, const kern_impl *im, const kern_shape
             tune_search_result(srch, &c[i], isfinite(ms), ms);
             if (ms < best)
                 best = ms;
+            /* the fastest few, in order: what transfer seeds the next M with */
+            if (top && top_cap > 0 && isfinite(ms) &&
+                (*n_top < top_cap || ms < top_ms[top_cap - 1])) {
+                int k = *n_top < top_cap ? (*n_top)++ : top_cap - 1;
+                while (k > 0 && top_ms[k - 1] > ms) {
+                    top[k] = top[k - 1];
+                    top_ms[k] = top_ms[k - 1];
+                    k--;
+                }
+                top[k] = c[i];
+                top_ms[k] = ms;
+            }
         }
     }
     tune_search_destroy(srch);
@@ -203,6 +238,14 @@ void replay_score_strategy(const kern_family *f, const kern_impl *im, const kern
                            int64_t m, const dev_props *p, tune_strategy st, uint64_t seed0,
                            int seeds, int budget, const replay_table *t, replay_score *out)
 {
+    replay_score_transfer(f, im, s, m, 0, p, st, seed0, seeds, budget, t, out);
+}
+
+void replay_score_transfer(const kern_family *f, const kern_impl *im, const kern_shape *s,
+                           int64_t m, int64_t from_m, const dev_props *p, tune_strategy st,
+                           uint64_t seed0, int seeds, int budget, const replay_table *t,
+                           replay_score *out)
+{
     memset(out, 0, sizeof *out);
     out->budget = budget;
     out->seeds = seeds;
@@ -214,8 +257,14 @@ void replay_score_strategy(const kern_family *f, const kern_impl *im, const kern
         return;
     }
     for (int i = 0; i < seeds; i++) {
-        double b = replay_search(f, im, s, m, p, st, seed0 + (uint64_t)i * 0x9e3779b97f4a7c15ull,
-                                 budget, t, NULL);
+        uint64_t seed = seed0 + (uint64_t)i * 0x9e3779b97f4a7c15ull;
+        kern_config top[REPLAY_TRANSFER_SEEDS];
+        int n_top = from_m > 0 ? REPLAY_TRANSFER_SEEDS : 0;
+        if (from_m > 0) /* the tuner's transfer: from_m was tuned first */
+            replay_search_ex(f, im, s, from_m, p, st, seed ^ 0xf00d, budget, t, NULL, NULL, 0,
+                             top, &n_top);
+        double b = replay_search_ex(f, im, s, m, p, st, seed, budget, t, NULL, top, n_top, NULL,
+                                    NULL);
         q[i] = isfinite(b) ? opt / b : 0;
         out->mean += q[i] / seeds;
         out->hit += (b <= opt) / (double)seeds;

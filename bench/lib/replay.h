@@ -6,18 +6,23 @@
  * table's optimum. bench_replay writes and replays the tables; the tuner
  * tests replay a committed one.
  *
- * File format (text, one table per file):
- *   # moetune replay table 1
+ * File format (text, one table per file), version 2:
+ *   # moetune replay table 2
  *   # family: gemm                        (then version, source_hash)
  *   # shape: N=256,K=512,...              (the canonical shape key)
  *   # shard: 1/6                          (optional: only that shard's configs)
  *   # device: cpu                         (backend; then cpu, isa, cores,
  *   # ...                                  date, load: free text)
- *   m,status,median_ms,min_ms,p10_ms,p90_ms,reps,config
- *   32,ok,0.0123,0.0120,0.0121,0.0130,57,NR=1,MR=2,...
- * The config key is the last field and contains commas; status is a trial
- * status name (docs/TUNING.md). Skipped rows carry their partial median
- * (abandoned at over 2x the best so far). */
+ *   m,status,time_ms,max_ms,passes,config
+ *   32,ok,0.0120,0.0131,3,NR=1,MR=2,...
+ * Each config was timed in several passes over the space (bench_replay
+ * sweep): time_ms is the lowest of the passes' minimum times, max_ms the
+ * highest, passes how many gave a time. Version 1 (one pass) has the
+ * columns m,status,median_ms,min_ms,p10_ms,p90_ms,reps,config and its
+ * median is the time. The config key is the last field and contains
+ * commas; status is a trial status name (docs/TUNING.md), ok when any pass
+ * was. Skipped rows carry their partial median (abandoned at over 2x the
+ * best so far). */
 #ifndef MT_BENCH_REPLAY_H
 #define MT_BENCH_REPLAY_H
 
@@ -31,7 +36,7 @@
 typedef struct replay_row {
     int64_t m;
     db_trial_status status;
-    double median_ms;  /* NAN when none */
+    double median_ms;  /* the table's time (version 2: min over passes); NAN: none */
     char config[DB_CONFIG_KEY_MAX + 1];
 } replay_row;
 
@@ -68,6 +73,20 @@ double replay_search(const kern_family *f, const kern_impl *im, const kern_shape
                      const dev_props *p, tune_strategy st, uint64_t seed, int budget,
                      const replay_table *t, int *space);
 
+/* replay_search with the tuner's transfer: seeds (n_seeds configs, may be
+ * NULL; the first REPLAY_TRANSFER_SEEDS) are proposed first after the
+ * default, as the tuner's transfer seeds are; top (room for *n_top, at most
+ * 16; may be NULL) receives the fastest configs found, fastest first, and
+ * *n_top their count. */
+double replay_search_ex(const kern_family *f, const kern_impl *im, const kern_shape *s, int64_t m,
+                        const dev_props *p, tune_strategy st, uint64_t seed, int budget,
+                        const replay_table *t, int *space, const kern_config *seeds, int n_seeds,
+                        kern_config *top, int *n_top);
+
+/* The tuner seeds an M with the winner and 4 runner-ups of the nearest
+ * M tuned before it (docs/TUNING.md, "transfer"). */
+#define REPLAY_TRANSFER_SEEDS 5
+
 /* Over `seeds` seeds from seed0: the fraction of the optimum reached
  * (optimum / best found) per seed, summarised. */
 typedef struct replay_score {
@@ -78,5 +97,13 @@ typedef struct replay_score {
 void replay_score_strategy(const kern_family *f, const kern_impl *im, const kern_shape *s,
                            int64_t m, const dev_props *p, tune_strategy st, uint64_t seed0,
                            int seeds, int budget, const replay_table *t, replay_score *out);
+/* The same with the tuner's transfer: for each seed, the strategy first
+ * searches from_m with the same budget, and its fastest
+ * REPLAY_TRANSFER_SEEDS configs seed the search at m (from_m <= 0: none,
+ * as replay_score_strategy). */
+void replay_score_transfer(const kern_family *f, const kern_impl *im, const kern_shape *s,
+                           int64_t m, int64_t from_m, const dev_props *p, tune_strategy st,
+                           uint64_t seed0, int seeds, int budget, const replay_table *t,
+                           replay_score *out);
 
 #endif
