@@ -276,14 +276,15 @@ static mt_status reserve(model_runtime *rt, const model_step_item *it, int64_t *
 /* The step's mla_prefill runs (rt->pf): per item of more than one token,
  * its rows at positions below index_topk (their context is at most
  * index_topk, so every key is kept and dense attention is exact). None on a
- * batch-invariant runtime. max_pages: page-table entries per item. */
+ * batch-invariant runtime or with absorbed_prefill. max_pages: page-table
+ * entries per item. */
 static void plan_prefill(model_runtime *rt, const model_step_item *items, int n,
                          const int64_t *old, int64_t max_pages)
 {
     rt_prefill *pf = &rt->pf;
     pf->n_runs = 0;
     pf->table_stride = max_pages;
-    if (rt->o.batch_invariant || rt->TOPK <= 0)
+    if (rt->o.batch_invariant || rt->o.absorbed_prefill || rt->TOPK <= 0)
         return;
     int64_t off = 0;
     for (int i = 0; i < n; i++) {

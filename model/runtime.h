@@ -56,6 +56,8 @@ typedef struct model_runtime_opts {
     int max_batch_tokens;    /* largest step (tokens over all items); 0 = 512 */
     bool batch_invariant;    /* one config per kernel at every M, no split-K (kset.h): a
                               * token's logits do not depend on the batch */
+    bool absorbed_prefill;   /* every row on the absorbed mla_decode path, prefill chunks
+                              * too (as batch_invariant does); for A/B measurements */
     int speculative_steps;   /* > 0: load the MTP layer to draft with (model_mtp_step); the
                               * most draft tokens a round may use (<= MODEL_SPEC_MAX_STEPS) */
     FILE *log;               /* selection report and warnings; NULL = stderr */
