@@ -120,9 +120,10 @@ extern const kern_param_desc moe_cpu_params[MOE_CPU_NPARAMS];
  * rows per expert. */
 bool moe_cpu_valid(int64_t k, int64_t n, const kern_config *cfg, char *why, size_t cap);
 /* Default cpu config for npairs routed pairs over n_experts; stage 1 (up)
- * streams two weight rows per NR (gate and up), stage 2 one. */
+ * streams two weight rows per NR (gate and up), stage 2 one. int_dot: the
+ * activations are quantized (a4w4, a8w4: integer dot tiles), else bf16. */
 void moe_cpu_default(int64_t k, int64_t n, int64_t npairs, int64_t n_experts, bool up,
-                     kern_config *cfg);
+                     bool int_dot, kern_config *cfg);
 /* Scratch bytes of the prepared activations (rows of k values). */
 size_t moe_cpu_act_bytes(int64_t rows, int64_t k);
 
