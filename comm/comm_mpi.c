@@ -5,8 +5,31 @@
 #include <limits.h>
 #include <mpi.h>
 #include <stdlib.h>
+#ifdef __linux__
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+#endif
 
 #include "comm_impl.h"
+
+/* A rank whose launcher (mpirun, or Open MPI's daemon on another host) dies
+ * goes too: nothing can coordinate the job any more. Open MPI itself ends
+ * the ranks of a SIGKILLed mpirun when they sleep or wait in a barrier
+ * (tried here), but two `serve --ranks 2` ranks were once found polling at
+ * 30% of a core 47 minutes after their mpirun had gone (cause not found);
+ * the kernel's parent-death signal does not depend on how a rank waits. */
+static void die_with_launcher(void)
+{
+#ifdef __linux__
+    pid_t launcher = getppid();
+    if (getenv("OMPI_COMM_WORLD_RANK") && launcher > 1) {
+        (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != launcher) /* it died before prctl took effect */
+            raise(SIGKILL);
+    }
+#endif
+}
 
 static void finalize_at_exit(void)
 {
@@ -101,6 +124,7 @@ mt_status mt_comm_mpi_open(mt_comm *c, mt_err *err)
         if (rc != MPI_SUCCESS)
             return mpi_fail(err, rc, "MPI_Init_thread");
         atexit(finalize_at_exit);
+        die_with_launcher();
     }
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     int *size = malloc(sizeof *size);
