@@ -22,7 +22,8 @@ static void usage(FILE *f)
             "                        (--prompt TEXT | --tokens 1,2,3) [--max-tokens N]\n"
             "                        [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
             "                        [--act-quant none|mxfp4|int8] [--kv-dtype bf16|fp8]\n"
-            "                        [--logits FILE] [--report] [--batch-invariant]\n"
+            "                        [--logits FILE] [--step-logits FILE] [--report]\n"
+            "                        [--batch-invariant]\n"
             "                        [--speculative-steps K] [--comm self|mpi]\n"
             "Runs the GLM-5 checkpoint in DIR on the device (default auto) with kernels from\n"
             "the tuning database FILE (every kernel runs its default config without one),\n"
@@ -31,7 +32,9 @@ static void usage(FILE *f)
             "the draws. --act-quant overrides the checkpoint's activation quantization of\n"
             "the expert GEMMs (mxfp4: a4w4, none: a16w4, int8: a8w4, cpu devices only).\n"
             "--logits writes the logits of every prompt position as raw little-endian\n"
-            "float32 [prompt tokens, vocab].\n"
+            "float32 [prompt tokens, vocab]; --step-logits the logits each generated token\n"
+            "was sampled from, [generated tokens, vocab] (the last prompt position's, then\n"
+            "the decode steps': what a server's logprobs are computed from).\n"
             "--report prints the full kernel selection table to stderr. --batch-invariant\n"
             "runs one config per kernel at every token count and no split-K, so a token's\n"
             "logits are bitwise the same alone, batched, in prefill or in decode.\n"
@@ -85,7 +88,8 @@ static int parse_tokens(const char *s, int32_t **out, size_t *n)
 int cmd_generate(int argc, char **argv)
 {
     const char *model = NULL, *db = NULL, *device = "auto", *prompt = NULL, *tokens = NULL;
-    const char *logits_path = NULL, *comm_name = NULL, *v;
+    const char *logits_path = NULL, *step_path = NULL, *comm_name = NULL, *v;
+    FILE *step_f = NULL;
     double max_tokens = 32, temp = 0, top_k = 0, top_p = 1, seed = -1, spec = 0, num;
     model_runtime_opts o = {0};
     bool bad = false, report = false;
@@ -109,6 +113,8 @@ int cmd_generate(int argc, char **argv)
             tokens = v;
         } else if ((v = cli_opt(argc, argv, &i, "--logits", &bad))) {
             logits_path = v;
+        } else if ((v = cli_opt(argc, argv, &i, "--step-logits", &bad))) {
+            step_path = v;
         } else if ((v = cli_opt(argc, argv, &i, "--comm", &bad))) {
             comm_name = v;
         } else if ((v = cli_opt(argc, argv, &i, "--act-quant", &bad))) {
@@ -152,8 +158,8 @@ int cmd_generate(int argc, char **argv)
         cli_error("generate", "--model and exactly one of --prompt, --tokens are required");
         bad = true;
     }
-    if (!bad && spec > 0 && logits_path) {
-        cli_error("generate", "--logits and --speculative-steps: pick one");
+    if (!bad && spec > 0 && (logits_path || step_path)) {
+        cli_error("generate", "--logits / --step-logits and --speculative-steps: pick one");
         bad = true;
     }
     if (bad) {
@@ -270,7 +276,15 @@ int cmd_generate(int argc, char **argv)
         done_tok += (size_t)chunk;
     }
     t1 = mt_now_ms();
+    if (step_path && !(step_f = fopen(step_path, "wb"))) {
+        cli_error("generate", "cannot write %s", step_path);
+        goto done;
+    }
     for (; produced < gen; produced++) {
+        if (step_f && fwrite(lg, sizeof(float), (size_t)V, step_f) != (size_t)V) {
+            cli_error("generate", "cannot write %s", step_path);
+            goto done;
+        }
         int32_t next = model_sample(lg, V, &smp, &rng);
         out[produced] = next;
         bool stop = false;
@@ -290,6 +304,14 @@ int cmd_generate(int argc, char **argv)
     }
 print:;
     double t2 = mt_now_ms();
+    if (step_f) {
+        int bad_close = fclose(step_f);
+        step_f = NULL;
+        if (bad_close != 0) {
+            cli_error("generate", "cannot write %s", step_path);
+            goto done;
+        }
+    }
     if (logits_path) {
         FILE *f = fopen(logits_path, "wb");
         if (!f || fwrite(all, sizeof(float) * (size_t)V, n, f) != n || fclose(f) != 0) {
@@ -320,6 +342,8 @@ print:;
                 produced > 1 ? (produced - 1) / ((t2 - t1) / 1000.0) : 0.0, s);
     rc = CLI_OK;
 done:
+    if (step_f)
+        fclose(step_f);
     free(ids);
     free(lg);
     free(all);

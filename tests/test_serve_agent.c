@@ -292,24 +292,26 @@ Test(serve_agent, logprobs_match_a_log_softmax_of_generate_logits)
     memcpy(all, prompt, sizeof prompt);
     for (int k = 0; k < 3; k++)
         all[np + k] = (int32_t)cJSON_GetArrayItem(gen, k)->valuedouble;
-    /* moetune generate --logits on the prompt plus the first two tokens: row
-     * np - 1 + k holds the logits token k was chosen from. */
-    char lpath[600], cmd[2048], *ids = ids_json(all, np + 2);
+    /* moetune generate on the prompt, greedy, 3 tokens, --step-logits: row
+     * k holds the logits token k was chosen from, computed as the server
+     * computes them (the prompt's prefill, then decode steps: the two paths
+     * round differently, so a prefill of prompt + tokens is not the same). */
+    char lpath[600], cmd[2048], *ids = ids_json(all, np);
     snprintf(lpath, sizeof lpath, "%s/logits.bin", T.dir);
     ids[strlen(ids) - 1] = 0;
-    snprintf(cmd, sizeof cmd, "%s generate --model %s --device cpu --tokens %s --max-tokens 1 "
-                              "--logits %s >/dev/null 2>&1",
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --device cpu --tokens %s --max-tokens 3 "
+                              "--step-logits %s >/dev/null 2>&1",
              MOETUNE_BIN, T.dir, ids + 1, lpath);
     cr_assert_eq(system(cmd), 0, "%s", cmd);
     int32_t V = serve_engine_info(serve_server_engine(T.s))->vocab;
     FILE *f = fopen(lpath, "rb");
-    float *rows = malloc(sizeof(float) * (size_t)V * (size_t)(np + 2));
-    cr_assert_eq(fread(rows, sizeof(float) * (size_t)V, (size_t)(np + 2), f), (size_t)(np + 2));
+    float *rows = malloc(sizeof(float) * (size_t)V * 3);
+    cr_assert_eq(fread(rows, sizeof(float) * (size_t)V, 3, f), 3);
     fclose(f);
     double *ls = malloc(sizeof(double) * (size_t)V);
     double worst = 0;
     for (int k = 0; k < 3; k++) {
-        log_softmax(rows + (size_t)(np - 1 + k) * (size_t)V, V, ls);
+        log_softmax(rows + (size_t)k * (size_t)V, V, ls);
         double got = cJSON_GetArrayItem(tl, k)->valuedouble;
         double want = ls[all[np + k]];
         worst = fmax(worst, fabs(got - want));
