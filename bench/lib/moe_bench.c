@@ -401,9 +401,9 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
     if ((st = bench_limits_peaks(b->lim, 3, &pk, err)) != MT_OK)
         return st;
     double peak = b->int_dot ? pk.i8 : pk.bf16 > 0 ? pk.bf16 : pk.fma;
-    bench_spread bwsp, *bws = &bwsp;
-    bench_spread_of(bwv, n, bws);
-    double bw = bws->p90; /* noise only lowers a probe: its p90 is the limit */
+    bench_spread bws;
+    bench_spread_of(bwv, n, &bws);
+    double bw = bws.p90; /* noise only lowers a probe: its p90 is the limit */
     double experts = experts_sum / (double)(calls ? calls : 1);
     double wbytes = experts * (double)N * (double)K * (0.5 + 1.0 / 32);
     double flops = 2.0 * (double)P * (double)N * (double)K;
@@ -422,7 +422,7 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
                 "\"speedup\":%.4f,\"experts\":%.2f,\"best_config\":\"%s\"}\n",
                 g->fam, g->up ? "up" : "down", b->o->shape, b->p->spec, (long long)M, dflt, best,
                 sp[best_c].p10, sp[best_c].p90, n, b->o->flush ? "true" : "false", gbs, gfl, bw,
-                bws->p10, bws->p90, bw > 0 ? gbs / bw : 0, peak,
+                bws.p10, bws.p90, bw > 0 ? gbs / bw : 0, peak,
                 b->int_dot ? "i8_dot" : pk.bf16 > 0 ? "bf16_dot" : "fp32_fma",
                 peak > 0 ? gfl / peak : 0, dflt / best, experts, ck);
     else
@@ -511,13 +511,13 @@ mt_status moe_bench_run(dev_device *d, const moe_bench_opts *o, FILE *out, mt_er
         fprintf(out, "%-14s %5s %10s %10s %9s %9s %8s %10s %8s %8s  %s\n", "family", "M",
                 "default ms", "best ms", "GB/s", "GFLOP/s", "of bw", "mem GB/s", "of peak",
                 "speedup", "best config");
+    /* Picks the probe's fastest read pattern, once; the ratios use samples
+     * of it interleaved with the timed calls. */
+    bench_spread probe;
+    if ((st = bench_limits_bandwidth(b.lim, 3, &probe, err)) != MT_OK)
+        goto out;
     for (int mi = 0; mi < o->n_ms; mi++) {
         int64_t M = o->ms[mi];
-        /* Picks the probe's fastest read pattern; the ratios use samples
-         * of it interleaved with the timed calls. */
-        bench_spread bw;
-        if ((st = bench_limits_bandwidth(b.lim, 3, &bw, err)) != MT_OK)
-            goto out;
         if (layer) {
             layer_result lr;
             if ((st = time_layer(&b, &mk, ws, M, &lr, err)) != MT_OK)
