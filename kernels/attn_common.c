@@ -10,6 +10,17 @@
 
 /* ---- cache elements ------------------------------------------------------- */
 
+float attn_softmax_scale(int64_t sm_bits, int64_t d, int64_t r)
+{
+    if (sm_bits) {
+        uint32_t bits = (uint32_t)sm_bits;
+        float f;
+        memcpy(&f, &bits, sizeof f);
+        return f;
+    }
+    return (float)(1.0 / sqrt((double)(d + r)));
+}
+
 size_t attn_kv_esize(kern_dtype t) { return t == KERN_DT_FP8E4M3 ? 1 : 2; }
 
 bool attn_kv_dtype_ok(kern_dtype t) { return t == KERN_DT_BF16 || t == KERN_DT_FP8E4M3; }

@@ -25,6 +25,11 @@
 /* ---- cache elements --------------------------------------------------- */
 
 /* Bytes per cache element: 2 (bf16) or 1 (fp8 e4m3). */
+/* The scale the MLA kernels multiply q . k by: sm_bits, when nonzero, is
+ * the float's bit pattern (the runtime passes the model's, e.g. with YaRN's
+ * correction); else (d + r)^-0.5 for nope width d and rope width r. */
+float attn_softmax_scale(int64_t sm_bits, int64_t d, int64_t r);
+
 size_t attn_kv_esize(kern_dtype t);
 /* True for the cache types the kernels read: bf16 and fp8 e4m3. */
 bool attn_kv_dtype_ok(kern_dtype t);

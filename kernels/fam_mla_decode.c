@@ -75,18 +75,10 @@ static float kscale_of(const kern_shape *s)
 {
     return s->v[D_KV] == KERN_DT_FP8E4M3 ? 0.375f : 1.0f;
 }
-/* The scale the kernel multiplies q . k by: the sm dim's float when set
- * (the runtime passes the model's, e.g. with YaRN's correction), else
- * (D + R)^-0.5. */
+/* The scale the kernels multiply q . k by (attn_softmax_scale). */
 static float softmax_scale(const kern_shape *s)
 {
-    if (s->v[D_SM]) {
-        uint32_t bits = (uint32_t)s->v[D_SM];
-        float f;
-        memcpy(&f, &bits, sizeof f);
-        return f;
-    }
-    return (float)(1.0 / sqrt((double)(s->v[D_D] + s->v[D_R])));
+    return attn_softmax_scale(s->v[D_SM], s->v[D_D], s->v[D_R]);
 }
 
 enum { B_Q, B_CACHE, B_KSCALE, B_TABLE, B_QSEQ, B_CTX, B_SEL, B_OUT, B_COUNT };

@@ -63,17 +63,10 @@ static float kscale_of(const kern_shape *s)
 {
     return s->v[D_KV] == KERN_DT_FP8E4M3 ? 0.375f : 1.0f;
 }
-/* The scale the kernels multiply q . k by: the sm dim's float when set,
- * else (D + R)^-0.5. */
+/* The scale the kernels multiply q . k by (attn_softmax_scale). */
 static float softmax_scale(const kern_shape *s)
 {
-    if (s->v[D_SM]) {
-        uint32_t bits = (uint32_t)s->v[D_SM];
-        float f;
-        memcpy(&f, &bits, sizeof f);
-        return f;
-    }
-    return (float)(1.0 / sqrt((double)(s->v[D_D] + s->v[D_R])));
+    return attn_softmax_scale(s->v[D_SM], s->v[D_D], s->v[D_R]);
 }
 
 static bool shape_ok(const kern_shape *s, int64_t m, char *why, size_t cap)
