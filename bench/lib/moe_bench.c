@@ -318,8 +318,49 @@ static mt_status fresh_routing(bench *b, int64_t M, double *used, mt_err *err)
     return dev_copy_to(b->d, b->tw, b->htw, (size_t)P * 4, err);
 }
 
+/* One timed call of the peer on the routing in b->hids. */
+static mt_status run_peer(bench *b, const gemm_bench *g, int64_t M, double *ms, mt_err *err)
+{
+    const moe_bench_peer *pr = b->o->peer;
+    mt_status st;
+    if (b->o->flush && (st = bench_limits_flush(b->lim, err)) != MT_OK)
+        return st;
+    return pr->run(pr->ctx, g->up, M, b->hids, ms, err);
+}
+
+/* The peer's spread, the default config's, and the per-round ratios
+ * peer / default (both ran on one routing in each round). */
+static void print_peer(bench *b, const gemm_bench *g, int64_t M, double *pt, double *ratio,
+                       int n, const bench_spread *dflt, double bw)
+{
+    bench_spread ps, rs;
+    bench_spread_of(pt, n, &ps);
+    bench_spread_of(ratio, n, &rs);
+    const char *name = b->o->peer->name;
+    if (b->o->json)
+        fprintf(b->out,
+                "{\"family\":\"%s\",\"stage\":\"%s\",\"vs\":\"%s\",\"shape\":\"%s\","
+                "\"device\":\"%s\",\"M\":%lld,\"reps\":%d,\"peer_ms\":%.4f,"
+                "\"peer_ms_p10\":%.4f,\"peer_ms_p90\":%.4f,\"moetune_ms\":%.4f,"
+                "\"moetune_ms_p10\":%.4f,\"moetune_ms_p90\":%.4f,\"ratio_of_medians\":%.4f,"
+                "\"ratio_p10\":%.4f,\"ratio_median\":%.4f,\"ratio_p90\":%.4f,"
+                "\"mem_bw_GBps\":%.3f}\n",
+                g->fam, g->up ? "up" : "down", name, b->o->shape, b->p->spec, (long long)M, n,
+                ps.median, ps.p10, ps.p90, dflt->median, dflt->p10, dflt->p90,
+                ps.median / dflt->median, rs.p10, rs.median, rs.p90, bw);
+    else
+        fprintf(b->out,
+                "%-14s %5lld  %s ms %.3f / %.3f / %.3f (p10 / median / p90), moetune default "
+                "%.3f / %.3f / %.3f; %s / moetune per round %.2f / %.2f / %.2f, of medians "
+                "%.2f (%d rounds)\n",
+                g->fam, (long long)M, name, ps.p10, ps.median, ps.p90, dflt->p10, dflt->median,
+                dflt->p90, name, rs.p10, rs.median, rs.p90, ps.median / dflt->median, n);
+    fflush(b->out);
+}
+
 /* Round robin over the configs, so every config sees the same machine
- * load, with a fresh routing before every call. */
+ * load, with a fresh routing before every call; the peer (if any) runs on
+ * the default config's routing in each round. */
 static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
 {
     int64_t P = M * b->topk, K = g->up ? b->H : b->I, N = g->up ? 2 * b->I : b->H;
@@ -333,6 +374,8 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
     if (st0 != MT_OK)
         return st0;
     double *t = malloc(sizeof(double) * (size_t)(nc * MAX_REPS)), bwv[MAX_REPS];
+    double pt[MAX_REPS], ratio[MAX_REPS];
+    const bool peer = b->o->peer != NULL;
     if (!t)
         return mt_fail(err, MT_E_NOMEM, "bench: out of memory");
     double spent = 0, experts_sum = 0;
@@ -350,16 +393,21 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
             /* A routing of its own for every call: a call that reused the
              * previous call's experts would read them from cache. */
             double ms = 0, used = 0;
+            bool with_peer = peer && c == 0, peer_first = with_peer && (n & 1);
             if ((st = fresh_routing(b, M, &used, err)) != MT_OK ||
+                (peer_first && (st = run_peer(b, g, M, &pt[n], err)) != MT_OK) ||
                 (b->o->flush && (st = bench_limits_flush(b->lim, err)) != MT_OK) ||
                 (st = dev_synchronize(b->d, err)) != MT_OK ||
                 (st = dev_event_record(b->d, b->e0, err)) != MT_OK ||
                 (st = kern_exec_run(g->ex[c], NULL, M, g->up ? bu : bd, err)) != MT_OK ||
                 (st = dev_event_record(b->d, b->e1, err)) != MT_OK ||
                 (st = dev_synchronize(b->d, err)) != MT_OK ||
-                (st = dev_event_elapsed_ms(b->d, b->e0, b->e1, &ms, err)) != MT_OK)
+                (st = dev_event_elapsed_ms(b->d, b->e0, b->e1, &ms, err)) != MT_OK ||
+                (with_peer && !peer_first && (st = run_peer(b, g, M, &pt[n], err)) != MT_OK))
                 break;
             t[c * MAX_REPS + n] = ms;
+            if (with_peer)
+                ratio[n] = pt[n] / ms;
             spent += ms;
             experts_sum += used;
             calls++;
@@ -430,6 +478,8 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
                 g->fam, (long long)M, dflt, best, gbs, gfl, bw > 0 ? gbs / bw : 0, bw,
                 peak > 0 ? gfl / peak : 0, dflt / best, ck);
     fflush(b->out);
+    if (peer)
+        print_peer(b, g, M, pt, ratio, n, &sp[0], bw);
     return MT_OK;
 }
 
@@ -484,6 +534,13 @@ mt_status moe_bench_run(dev_device *d, const moe_bench_opts *o, FILE *out, mt_er
     model_moe_kernels mk;
     if ((st = setup(&b, layer, err)) != MT_OK)
         goto out;
+    if (o->peer) {
+        moe_bench_peer_inputs pin = {.d = d, .H = b.H, .I = b.I, .E = b.E, .topk = b.topk,
+                                     .maxm = b.maxm, .w13 = b.w13, .s13 = b.s13, .w2 = b.w2,
+                                     .s2 = b.s2, .x = b.x, .h = b.h};
+        if ((st = o->peer->setup(o->peer->ctx, &pin, err)) != MT_OK)
+            goto out;
+    }
     if (layer) {
         /* The served layer: its kernels with the database's configs. */
         if ((st = layer_dims(&b, fu, &s, err)) != MT_OK ||

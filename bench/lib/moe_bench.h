@@ -29,9 +29,40 @@
 #include "../../db/db.h"
 #include "../../device/device.h"
 
+/* Another implementation of the two expert GEMM stages, timed in the same
+ * rounds as moetune's (bench/bench_ggml_moe.c: ggml's CPU mul_mat_id). In
+ * every round it runs once on the routing of the default config's call of
+ * that round (before that call in odd rounds, after it in even ones), so
+ * both see the same experts and the same load; its weights are its own
+ * copy, so neither finds the other's experts in cache. */
+typedef struct moe_bench_peer_inputs {
+    dev_device *d;
+    int64_t H, I, E, topk, maxm;
+    /* On d, in moe_gemm_up / moe_gemm_down's cat=1 layout (kernels/mxfp4.h):
+     * w13 packed [E, 2I, H/2] (I gate rows, then I up rows), s13 E8M0
+     * [E, 2I, H/32]; w2 packed [E, H, I/2], s2 [E, H, I/32]. */
+    const void *w13, *s13, *w2, *s2;
+    const void *x; /* bf16 [maxm, H]: stage 1's tokens */
+    const void *h; /* bf16 [maxm * topk, I]: stage 2's input, row p for pair p */
+} moe_bench_peer_inputs;
+
+typedef struct moe_bench_peer {
+    const char *name; /* printed next to its figures */
+    void *ctx;
+    /* Called once, after moetune's buffers are filled and before any timing;
+     * the inputs stay valid until moe_bench_run returns. */
+    mt_status (*setup)(void *ctx, const moe_bench_peer_inputs *in, mt_err *err);
+    /* One timed call of stage 1 (up) or 2 at M tokens routed by ids [M, topk]
+     * (host memory, expert ids of token t at ids[t * topk ...]); *ms gets the
+     * call's wall time. */
+    mt_status (*run)(void *ctx, bool up, int64_t M, const int32_t *ids, double *ms,
+                     mt_err *err);
+} moe_bench_peer;
+
 typedef struct moe_bench_opts {
     const char *shape;     /* moe_gemm_up shape: preset ("glm5.2") or key */
-    const char *family;    /* "moe" (layer and both GEMMs), "moe_gemm_up" or "moe_gemm_down" */
+    const char *family;    /* "moe" (layer and both GEMMs), "moe_gemm_up", "moe_gemm_down"
+                              or "moe_gemm" (both GEMMs, no layer) */
     const int64_t *ms;     /* token counts */
     int n_ms;
     bool sweep;            /* also time a small sweep of GEMM configs (cpu) */
@@ -42,6 +73,8 @@ typedef struct moe_bench_opts {
     uint64_t seed;         /* 0: a fresh seed */
     db_t *db;              /* the layer's configs; NULL: family defaults */
     FILE *log;             /* the layer's kernel selection report; NULL: stderr */
+    const moe_bench_peer *peer; /* NULL: none; else printed per stage and M with the
+                                   ratio of its median to the default config's */
 } moe_bench_opts;
 
 mt_status moe_bench_run(dev_device *d, const moe_bench_opts *o, FILE *out, mt_err *err);
