@@ -7,7 +7,7 @@
  * (docs/BENCHMARKS.md, "moetune against ggml").
  *
  *   bench_ggml_moe [--shape glm5.2] [--m 1,16,256] [--device cpu]
- *                  [--max-ms 1500] [--plain] [--sweep] [--flush] [--json]
+ *                  [--max-ms 1500] [--plain] [--poll] [--sweep] [--flush] [--json]
  *                  [--seed S]
  *
  * ggml's side: expert weights of type GGML_TYPE_MXFP4 ([K, N, E], one
@@ -43,6 +43,7 @@ enum { GGML_MXFP4_BLOCK_BYTES = 17, CHECK_M = 3, CHECK_NSTEP = 5 };
 typedef struct ggml_side {
     int threads;
     bool plain;
+    bool poll; /* leave the pool polling between calls (else paused) */
     uint64_t seed;
     FILE *log;
     ggml_backend_t be;
@@ -201,21 +202,25 @@ static mt_status graph_build(ggml_side *s, bool up, int64_t M, mt_err *err)
     s->g_m = M;
     if (ggml_backend_graph_compute(s->be, s->graph) != GGML_STATUS_SUCCESS)
         return mt_fail(err, MT_E_DEVICE, "bench_ggml_moe: ggml_backend_graph_compute failed");
-    ggml_threadpool_pause(s->tp);
+    if (!s->poll)
+        ggml_threadpool_pause(s->tp);
     return MT_OK;
 }
 
 /* Sets the routing and computes; *ms (if not NULL) gets the compute's wall
  * time. The pool is paused afterwards, outside the time, so its threads
  * sleep instead of polling while moetune runs (the next compute resumes
- * it). */
+ * it; a paused ggml worker wakes on a condition variable, as moetune's cpu
+ * pool's workers wake on a futex after a short spin). --poll leaves it
+ * polling, as between llama.cpp's graphs. */
 static mt_status graph_run(ggml_side *s, const int32_t *ids, double *ms, mt_err *err)
 {
     ggml_backend_tensor_set(s->ids, ids, 0, ggml_nbytes(s->ids));
     double t0 = mt_now_ms();
     enum ggml_status gs = ggml_backend_graph_compute(s->be, s->graph);
     double t1 = mt_now_ms();
-    ggml_threadpool_pause(s->tp);
+    if (!s->poll)
+        ggml_threadpool_pause(s->tp);
     if (gs != GGML_STATUS_SUCCESS)
         return mt_fail(err, MT_E_DEVICE, "bench_ggml_moe: ggml_backend_graph_compute failed (%d)",
                        (int)gs);
@@ -481,11 +486,12 @@ static int usage(const char *prog)
 {
     fprintf(stderr,
             "usage: %s [--shape glm5.2] [--m 1,16,256] [--device cpu] [--max-ms MS]\n"
-            "          [--plain] [--sweep] [--flush] [--json] [--seed S]\n"
+            "          [--plain] [--poll] [--sweep] [--flush] [--json] [--seed S]\n"
             "Times moetune's served expert GEMM stages (default configs; --sweep adds the\n"
             "cpu sweep) and ggml's mul_mat_id on the same MXFP4 weights, interleaved with\n"
             "the same fresh routing per round; --plain keeps ggml's weights in its plain\n"
-            "CPU buffer instead of CPU_REPACK.\n",
+            "CPU buffer instead of CPU_REPACK; --poll leaves ggml's threads polling between\n"
+            "its calls (by default its pool is paused after each, outside the time).\n",
             prog);
     return 2;
 }
@@ -493,7 +499,7 @@ static int usage(const char *prog)
 int main(int argc, char **argv)
 {
     const char *shape = "glm5.2", *spec = "cpu", *mlist = "1,16,256";
-    bool json = false, sweep = false, plain = false, flush = false;
+    bool json = false, sweep = false, plain = false, flush = false, poll = false;
     double max_ms = 0;
     uint64_t seed = 0;
     for (int i = 1; i < argc; i++) {
@@ -515,6 +521,8 @@ int main(int argc, char **argv)
             plain = true;
         else if (!strcmp(argv[i], "--flush"))
             flush = true;
+        else if (!strcmp(argv[i], "--poll"))
+            poll = true;
         else
             return usage(argv[0]);
     }
@@ -548,7 +556,7 @@ int main(int argc, char **argv)
         seed = mt_seed_fresh();
     fprintf(stderr, "bench_ggml_moe: seed %llu\n", (unsigned long long)seed);
     ggml_side side = {.threads = props->compute_units > 0 ? props->compute_units : 1,
-                      .plain = plain, .seed = seed, .log = stderr};
+                      .plain = plain, .poll = poll, .seed = seed, .log = stderr};
     moe_bench_peer peer = {.name = "ggml", .ctx = &side, .setup = side_setup, .run = side_run};
     moe_bench_opts o = {.shape = shape, .family = "moe_gemm", .ms = ms, .n_ms = n,
                         .sweep = sweep, .json = json, .flush = flush, .max_ms = max_ms,
