@@ -7,8 +7,8 @@
  * (docs/BENCHMARKS.md, "moetune against ggml").
  *
  *   bench_ggml_moe [--shape glm5.2] [--m 1,16,256] [--device cpu]
- *                  [--max-ms 1500] [--plain] [--poll] [--sweep] [--flush] [--json]
- *                  [--seed S]
+ *                  [--max-ms 1500] [--plain] [--poll|--cold] [--no-thp] [--sweep]
+ *                  [--flush] [--json] [--seed S]
  *
  * ggml's side: expert weights of type GGML_TYPE_MXFP4 ([K, N, E], one
  * 17-byte block per 32 weights: the E8M0 code, then 16 bytes with element j
@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include <ggml-alloc.h>
 #include <ggml-backend.h>
@@ -44,6 +45,8 @@ typedef struct ggml_side {
     int threads;
     bool plain;
     bool poll; /* leave the pool polling between calls (else paused) */
+    bool cold; /* paused pool: no warm-up before the timed compute */
+    bool no_thp; /* leave ggml's weights on the pages malloc gives */
     uint64_t seed;
     FILE *log;
     ggml_backend_t be;
@@ -209,13 +212,24 @@ static mt_status graph_build(ggml_side *s, bool up, int64_t M, mt_err *err)
 
 /* Sets the routing and computes; *ms (if not NULL) gets the compute's wall
  * time. The pool is paused afterwards, outside the time, so its threads
- * sleep instead of polling while moetune runs (the next compute resumes
- * it; a paused ggml worker wakes on a condition variable, as moetune's cpu
- * pool's workers wake on a futex after a short spin). --poll leaves it
- * polling, as between llama.cpp's graphs. */
+ * sleep instead of polling while moetune runs, and resumed WARM_MS before
+ * the timed compute, so its workers are polling when the call starts, as
+ * between the graphs of llama.cpp's steady state (ggml's first step splits
+ * the activations' quantization by thread and waits at a barrier, so a
+ * worker still waking up stalls the call; moetune's pool hands out work
+ * items dynamically and is timed from sleep). --cold leaves the pool paused
+ * until the compute itself resumes it; --poll never pauses it, and its
+ * polling then takes a core from moetune's calls. */
+enum { WARM_US = 1000 };
+
 static mt_status graph_run(ggml_side *s, const int32_t *ids, double *ms, mt_err *err)
 {
     ggml_backend_tensor_set(s->ids, ids, 0, ggml_nbytes(s->ids));
+    if (!s->poll && !s->cold) {
+        ggml_threadpool_resume(s->tp);
+        for (double w0 = mt_now_ms(); mt_now_ms() - w0 < WARM_US * 1e-3;)
+            ;
+    }
     double t0 = mt_now_ms();
     enum ggml_status gs = ggml_backend_graph_compute(s->be, s->graph);
     double t1 = mt_now_ms();
@@ -432,6 +446,19 @@ static mt_status side_setup(void *ctx, const moe_bench_peer_inputs *in, mt_err *
     if (!(s->wbuf = ggml_backend_alloc_ctx_tensors_from_buft(s->wctx, buft)))
         return mt_fail(err, MT_E_NOMEM, "bench_ggml_moe: allocating %s weights failed",
                        ggml_backend_buft_name(buft));
+    /* Transparent huge pages for the weights, as moetune's cpu device asks
+     * for its large allocations (ggml allocates with posix_memalign, which
+     * Debian's THP "madvise" mode leaves on 4 KiB pages: a TLB miss per 4 KiB
+     * of an expert's stream). Before the first touch, so the pages are huge
+     * from the start. */
+    if (!s->no_thp) {
+        uintptr_t base = (uintptr_t)ggml_backend_buffer_get_base(s->wbuf), pg = 4096;
+        uintptr_t lo = (base + pg - 1) & ~(pg - 1),
+                  hi = (base + ggml_backend_buffer_get_size(s->wbuf)) & ~(pg - 1);
+        if (hi > lo && madvise((void *)lo, hi - lo, MADV_HUGEPAGE) != 0)
+            fprintf(s->log, "bench_ggml_moe: madvise(MADV_HUGEPAGE) on ggml's weights failed; "
+                            "they stay on small pages\n");
+    }
     if ((st = load_weights(s, in, in->w13, in->s13, 2 * s->I, s->H, s->w_up, err)) != MT_OK ||
         (st = load_weights(s, in, in->w2, in->s2, s->H, s->I, s->w_down, err)) != MT_OK)
         return st;
@@ -486,12 +513,16 @@ static int usage(const char *prog)
 {
     fprintf(stderr,
             "usage: %s [--shape glm5.2] [--m 1,16,256] [--device cpu] [--max-ms MS]\n"
-            "          [--plain] [--poll] [--sweep] [--flush] [--json] [--seed S]\n"
+            "          [--plain] [--poll|--cold] [--no-thp] [--sweep] [--flush] [--json]\n"
+            "          [--seed S]\n"
             "Times moetune's served expert GEMM stages (default configs; --sweep adds the\n"
             "cpu sweep) and ggml's mul_mat_id on the same MXFP4 weights, interleaved with\n"
             "the same fresh routing per round; --plain keeps ggml's weights in its plain\n"
-            "CPU buffer instead of CPU_REPACK; --poll leaves ggml's threads polling between\n"
-            "its calls (by default its pool is paused after each, outside the time).\n",
+            "CPU buffer instead of CPU_REPACK. ggml's pool is paused after each of its calls\n"
+            "and resumed 1 ms before the next (outside the time); --cold: not resumed before\n"
+            "(its workers wake inside the timed call); --poll: never paused. ggml's weights\n"
+            "get transparent huge pages as moetune's do; --no-thp leaves them on the pages\n"
+            "posix_memalign gives.\n",
             prog);
     return 2;
 }
@@ -499,7 +530,8 @@ static int usage(const char *prog)
 int main(int argc, char **argv)
 {
     const char *shape = "glm5.2", *spec = "cpu", *mlist = "1,16,256";
-    bool json = false, sweep = false, plain = false, flush = false, poll = false;
+    bool json = false, sweep = false, plain = false, flush = false, poll = false, cold = false;
+    bool no_thp = false;
     double max_ms = 0;
     uint64_t seed = 0;
     for (int i = 1; i < argc; i++) {
@@ -523,6 +555,10 @@ int main(int argc, char **argv)
             flush = true;
         else if (!strcmp(argv[i], "--poll"))
             poll = true;
+        else if (!strcmp(argv[i], "--cold"))
+            cold = true;
+        else if (!strcmp(argv[i], "--no-thp"))
+            no_thp = true;
         else
             return usage(argv[0]);
     }
@@ -556,7 +592,7 @@ int main(int argc, char **argv)
         seed = mt_seed_fresh();
     fprintf(stderr, "bench_ggml_moe: seed %llu\n", (unsigned long long)seed);
     ggml_side side = {.threads = props->compute_units > 0 ? props->compute_units : 1,
-                      .plain = plain, .poll = poll, .seed = seed, .log = stderr};
+                      .plain = plain, .poll = poll, .cold = cold, .no_thp = no_thp, .seed = seed, .log = stderr};
     moe_bench_peer peer = {.name = "ggml", .ctx = &side, .setup = side_setup, .run = side_run};
     moe_bench_opts o = {.shape = shape, .family = "moe_gemm", .ms = ms, .n_ms = n,
                         .sweep = sweep, .json = json, .flush = flush, .max_ms = max_ms,
