@@ -75,7 +75,8 @@ static float *prefill_logits(model_runtime *rt, const int32_t *tok, int n)
     float *lg = malloc(sizeof(float) * (size_t)V * (size_t)n);
     int seq;
     model_seq_create(rt, &seq, NULL);
-    model_step_item it = {.seq = seq, .tokens = tok, .n_tokens = n, .all_logits = lg};
+    model_step_item it = {.seq = seq, .tokens = tok, .n_tokens = n, .all_logits = lg,
+                          .n_prompt = n};
     step_or_die(rt, &it);
     model_seq_free(rt, seq);
     return lg;

@@ -268,7 +268,8 @@ int cmd_generate(int argc, char **argv)
     while (done_tok < n) {
         int chunk = n - done_tok > 256 ? 256 : (int)(n - done_tok);
         model_step_item it = {.seq = seq, .tokens = ids + done_tok, .n_tokens = chunk,
-                              .logits = lg, .all_logits = all ? all + done_tok * (size_t)V : NULL};
+                              .logits = lg, .all_logits = all ? all + done_tok * (size_t)V : NULL,
+                              .n_prompt = chunk};
         if (model_step(rt, &it, 1, &err) != MT_OK) {
             cli_error("generate", "%s", err.msg);
             goto done;

@@ -13,12 +13,15 @@
  *   top-k, still in the idx buffer) -> per-query top index_topk tokens
  *   absorbed MLA: q_abs = [W_UK^T q_nope | q_rope] -> mla_decode (sparse over
  *   the top-k; every query has its own context length and page-table row)
- *   -> W_UV; except the rows of prefill chunks (items of more than one
- *   token) whose context is at most index_topk, where the indexer keeps
- *   every key: those run mla_prefill (dense, kv_b-expanded keys and values,
- *   one launch per item's run of such rows) straight into the W_UV output
- *   rows. Batch-invariant runtimes keep every row on the absorbed path (the
- *   two paths round differently, and decode must equal prefill bitwise).
+ *   -> W_UV; except prompt rows (an item's first n_prompt tokens) whose
+ *   context is at most index_topk, where the indexer keeps every key: those
+ *   run mla_prefill (dense, kv_b-expanded keys and values, one launch per
+ *   item's run of such rows) straight into the W_UV output rows. The path is
+ *   the row's (prompt or generated, and its position), never the chunk's
+ *   length: the two paths round differently, and a prompt must give the
+ *   same logits however the engine cut it into steps. Batch-invariant
+ *   runtimes keep every row on the absorbed path (decode must equal prefill
+ *   bitwise).
  *   -> o_proj -> residual add
  *   norm -> dense SwiGLU MLP, or the MoE (router, expert sort, MXFP4 expert
  *   GEMMs, shared expert) -> residual add
@@ -218,6 +221,9 @@ static mt_status check_items(model_runtime *rt, const model_step_item *items, in
         if (it->n_tokens < 1 || !it->tokens)
             return mt_fail(err, MT_E_INVALID, "item %d (sequence %d): %d tokens", i, it->seq,
                            it->n_tokens);
+        if (it->n_prompt < 0 || it->n_prompt > it->n_tokens)
+            return mt_fail(err, MT_E_INVALID, "item %d (sequence %d): n_prompt %d outside "
+                           "0..%d (its token count)", i, it->seq, it->n_prompt, it->n_tokens);
         for (int t = 0; t < it->n_tokens; t++)
             if (it->tokens[t] < 0 || it->tokens[t] >= rt->V)
                 return mt_fail(err, MT_E_INVALID, "item %d (sequence %d): token %d is id %" PRId32
@@ -273,29 +279,35 @@ static mt_status reserve(model_runtime *rt, const model_step_item *it, int64_t *
     return st;
 }
 
-/* The step's mla_prefill runs (rt->pf): per item of more than one token,
- * its rows at positions below index_topk (their context is at most
- * index_topk, so every key is kept and dense attention is exact). None on a
- * batch-invariant runtime or with absorbed_prefill. max_pages: page-table
- * entries per item. */
+/* The step's mla_prefill runs (rt->pf): per item, its prompt rows (the
+ * first n_prompt) at positions below index_topk (their context is at most
+ * index_topk, so every key is kept and dense attention is exact), however
+ * few: a one-token prompt chunk takes the path the same row takes in a long
+ * chunk. Generated rows (decode, speculative verification) stay absorbed.
+ * None on a batch-invariant runtime or with absorbed_prefill. max_pages:
+ * page-table entries per item. */
 static void plan_prefill(model_runtime *rt, const model_step_item *items, int n,
                          const int64_t *old, int64_t max_pages)
 {
     rt_prefill *pf = &rt->pf;
     pf->n_runs = 0;
     pf->table_stride = max_pages;
-    if (rt->o.batch_invariant || rt->o.absorbed_prefill || rt->TOPK <= 0)
-        return;
+    int64_t below = model_runtime_prefill_positions(rt);
     int64_t off = 0;
     for (int i = 0; i < n; i++) {
-        int64_t dense = rt->TOPK - old[i];
-        if (dense > items[i].n_tokens)
-            dense = items[i].n_tokens;
-        if (items[i].n_tokens > 1 && dense > 0)
+        int64_t dense = below - old[i];
+        if (dense > items[i].n_prompt)
+            dense = items[i].n_prompt;
+        if (dense > 0)
             pf->runs[pf->n_runs++] = (rt_prefill_run){.row0 = off, .n = dense, .p = old[i],
                                                       .item = i};
         off += items[i].n_tokens;
     }
+}
+
+int64_t model_runtime_prefill_positions(const model_runtime *rt)
+{
+    return rt->o.batch_invariant || rt->o.absorbed_prefill || rt->TOPK <= 0 ? 0 : rt->TOPK;
 }
 
 void model_runtime_attention_rows(const model_runtime *rt, int64_t *prefill_rows,

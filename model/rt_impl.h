@@ -41,7 +41,7 @@ typedef struct rt_layer_kernels {
     /* dense MLP, or the shared expert when it is bf16 */
     model_kern *gemm_gu, *silu, *gemm_down, *sh_gemm_gu, *sh_silu, *sh_gemm_down;
     model_moe_kernels moe; /* the MoE layer's (combine unused: atomic combine) */
-    model_kern *prefill;   /* mla_prefill: dense rows of prefill chunks */
+    model_kern *prefill;   /* mla_prefill: dense prompt rows (plan_prefill) */
 } rt_layer_kernels;
 
 /* Device weights of one layer (bf16 unless noted). */

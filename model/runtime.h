@@ -85,11 +85,19 @@ int64_t model_runtime_max_context(const model_runtime *rt);
 void model_runtime_selection(const model_runtime *rt, model_selection_counts *out);
 void model_runtime_report(const model_runtime *rt, FILE *f);
 /* Token rows model_step has attended since open, per attention path: dense
- * mla_prefill (rows of prefill chunks whose context is at most
- * index_topk; never on a batch-invariant runtime) and absorbed mla_decode
- * (the rest). Counted once per row, not per layer; MTP steps not counted. */
+ * mla_prefill (prompt rows whose context is at most index_topk;
+ * model_step_item.n_prompt; never on a batch-invariant runtime) and
+ * absorbed mla_decode (the rest). Counted once per row, not per layer; MTP
+ * steps not counted. */
 void model_runtime_attention_rows(const model_runtime *rt, int64_t *prefill_rows,
                                   int64_t *absorbed_rows);
+/* Positions below which prompt rows attend through mla_prefill and
+ * generated rows do not (index_topk; 0 on a batch-invariant or
+ * absorbed_prefill runtime, where every row is absorbed; see the attention
+ * paths at model_step_item). A sequence's KV at a position below it depends
+ * on which of its tokens were prompt tokens: the server's prefix cache
+ * never hands KV computed for a generated token there to a prompt. */
+int64_t model_runtime_prefill_positions(const model_runtime *rt);
 
 /* ---- sequences ------------------------------------------------------------ */
 
@@ -117,12 +125,30 @@ typedef struct model_step_item {
     int n_tokens;
     float *logits;           /* vocab floats: logits after the last token; may be NULL */
     float *all_logits;       /* [n_tokens][vocab] for every position; may be NULL */
+    int n_prompt;            /* 0..n_tokens: how many of the tokens, from the first, are
+                              * prompt tokens (given, not sampled from this sequence's
+                              * logits); the rest are generated tokens. See below */
 } model_step_item;
+
+/* Attention paths. A row attends through dense mla_prefill when it is a
+ * prompt token (within its item's first n_prompt tokens) at a position below
+ * index_topk (where the DSA indexer keeps every key), and through the
+ * absorbed mla_decode otherwise; never mla_prefill on a batch-invariant or
+ * absorbed_prefill runtime. The two paths round differently, so the path is
+ * a property of the row, not of how the prompt was cut into steps: a prompt
+ * gives the same logits in one chunk or in chunks of any size, single
+ * tokens included, and in any batch (up to the kernels' per-M configs; see
+ * docs/SERVING.md). Decode steps and speculative verification feed
+ * generated tokens (n_prompt 0): one row on mla_prefill would expand the
+ * whole context through kv_b every step. A request recomputed after
+ * preemption marks only its prompt as prompt: its generated tokens take the
+ * path they took when they were decoded. */
 
 /* Runs one batched forward step: every item's tokens are appended to its
  * sequence and logits written where asked. MT_E_NOMEM (nothing appended)
  * when the KV pool cannot hold the tokens; MT_E_INVALID for a token id out
- * of range or a sequence past the maximum context, naming the item. */
+ * of range, an n_prompt outside 0..n_tokens or a sequence past the maximum
+ * context, naming the item. */
 mt_status model_step(model_runtime *rt, model_step_item *items, int n, mt_err *err);
 
 /* ---- several ranks (opts.comm) ---------------------------------------------- */

@@ -281,7 +281,7 @@ mt_status model_spec_generate(model_runtime *rt, int seq, const int32_t *prompt,
     for (int64_t p = 0; p < n && st == MT_OK;) {
         int c = n - p > chunk_max ? chunk_max : (int)(n - p);
         model_step_item it = {.seq = seq, .tokens = prompt + p, .n_tokens = c,
-                              .logits = s.logits};
+                              .logits = s.logits, .n_prompt = c};
         if ((st = model_step(rt, &it, 1, err)) != MT_OK)
             break;
         bool last = p + c == n;
@@ -306,6 +306,8 @@ mt_status model_spec_generate(model_runtime *rt, int seq, const int32_t *prompt,
         if (s.n_draft > room)
             s.n_draft = room;
         int nt = model_spec_verify_tokens(&s, out[*produced - 1], buf);
+        /* Generated tokens (n_prompt 0): the absorbed path of a plain decode
+         * step, whatever the number of drafts (runtime.h). */
         model_step_item it = {.seq = seq, .tokens = buf, .n_tokens = nt, .all_logits = s.logits};
         if ((st = model_step(rt, &it, 1, err)) != MT_OK)
             break;

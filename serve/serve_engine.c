@@ -97,6 +97,7 @@ struct serve_engine {
     int *chunk;
     int spec_k;                /* drafts per round (0: speculative decoding off) */
     model_spec_catchup *catchup;
+    int64_t prefill_positions; /* model_runtime_prefill_positions (path_exact) */
 };
 
 static double secs(uint64_t ns) { return (double)ns * 1e-9; }
@@ -210,6 +211,18 @@ static bool evict_one(serve_engine *e)
     return true;
 }
 
+/* Of g's first n tokens, how many the prefix cache may share, either way:
+ * all of them, unless g's prompt ends below the positions where prompt and
+ * generated rows take different attention paths (runtime.h); then only its
+ * prompt, so that KV computed for a generated token there never serves as
+ * a prompt's, nor the reverse, and a token's logits do not depend on what
+ * the cache held (a chat's next turn recomputes the reply of a short first
+ * turn). */
+static int64_t path_exact(const serve_engine *e, const serve_gen *g, int64_t n)
+{
+    return g->n_prompt < e->prefill_positions && n > g->n_prompt ? g->n_prompt : n;
+}
+
 /* Gives up g's sequence: retained in the prefix cache when keep and worth
  * it, else freed. */
 static void drop_seq(serve_engine *e, serve_gen *g, bool keep)
@@ -219,8 +232,9 @@ static void drop_seq(serve_engine *e, serve_gen *g, bool keep)
     if (e->cache)
         serve_prefix_remove(e->cache, g->seq);
     bool kept = false;
-    if (keep && e->cache && e->max_cached > 0 && g->n_computed >= e->info.page_size)
-        kept = serve_prefix_add(e->cache, g->seq, g->tokens, g->n_tokens, g->n_computed, false,
+    int64_t valid = path_exact(e, g, g->n_computed);
+    if (keep && e->cache && e->max_cached > 0 && valid >= e->info.page_size)
+        kept = serve_prefix_add(e->cache, g->seq, g->tokens, g->n_tokens, valid, false,
                                 mt_now_ns(), NULL) == MT_OK;
     if (!kept)
         model_seq_free(e->rt, g->seq);
@@ -339,8 +353,8 @@ static void admit(serve_engine *e)
             src = l->seq; /* fork it exactly there: one computed token each */
             match = g->n_prompt - 1;
         } else if (e->cache) {
-            match = serve_prefix_match(e->cache, g->tokens, g->n_tokens, g->n_tokens - 1, now,
-                                       &src);
+            match = serve_prefix_match(e->cache, g->tokens, g->n_tokens,
+                                       path_exact(e, g, g->n_tokens - 1), now, &src);
         }
         int seq = -1;
         mt_err err = MT_ERR_INIT;
@@ -546,12 +560,19 @@ static void run_step(serve_engine *e)
             continue;
         serve_gen *g = e->running[i];
         bool last = g->n_computed + e->chunk[i] == g->n_tokens;
+        /* Prompt tokens lead the chunk (after a preemption it may go on into
+         * the tokens already generated, which keep their decode path); a
+         * verify step's drafts never are. runtime.h: the path is the row's. */
+        int64_t prompt_left = g->n_prompt - g->n_computed;
         if (g->sp && g->n_computed == g->n_tokens - 1) { /* verify [last, drafts] */
             int nt = model_spec_verify_tokens(g->sp, g->tokens[g->n_computed], g->verify);
-            e->items[n] = (model_step_item){g->seq, g->verify, nt, NULL, g->sp->logits};
+            e->items[n] = (model_step_item){g->seq, g->verify, nt, NULL, g->sp->logits,
+                                            prompt_left > 0 ? 1 : 0};
         } else {
+            int np = prompt_left <= 0 ? 0 : prompt_left < e->chunk[i] ? (int)prompt_left
+                                                                       : e->chunk[i];
             e->items[n] = (model_step_item){g->seq, g->tokens + g->n_computed, e->chunk[i],
-                                            last ? g->logits : NULL, NULL};
+                                            last ? g->logits : NULL, NULL, np};
         }
         e->item_gen[n++] = g;
     }
@@ -626,7 +647,7 @@ static void run_step(serve_engine *e)
                                                           row, start, e->items[k].logits != NULL};
         }
         if (e->cache)
-            serve_prefix_grow(e->cache, g->seq, g->n_computed);
+            serve_prefix_grow(e->cache, g->seq, path_exact(e, g, g->n_computed));
         if (g->n_tokens > g->n_prompt && g->n_computed == g->n_tokens - 1)
             g->t_last = now; /* it emitted this step */
         row += rows;
@@ -701,6 +722,7 @@ static mt_status load(serve_engine *e, mt_err *err)
     /* Speculative decoding needs the MTP layer; a scripted sampler (tests'
      * hook) picks tokens one at a time, so it turns speculation off. */
     e->spec_k = model_runtime_has_mtp(e->rt) && !e->hook ? e->rt_opts.speculative_steps : 0;
+    e->prefill_positions = model_runtime_prefill_positions(e->rt);
     if (!e->running || !e->items || !e->item_gen || !e->sreq || !e->chunk || !e->catchup)
         return mt_fail(err, MT_E_NOMEM, "serve engine: out of memory");
     if (e->max_cached > 0 && (st = serve_prefix_create(in->page_size, &e->cache, err)))

@@ -72,7 +72,7 @@ static float *run_seq(model_runtime *rt, const int32_t *tok, int n)
     int seq;
     mt_err err = MT_ERR_INIT;
     cr_assert_eq(model_seq_create(rt, &seq, &err), MT_OK, "%s", err.msg);
-    model_step_item it = {.seq = seq, .tokens = tok, .n_tokens = n, .all_logits = lg};
+    model_step_item it = {.seq = seq, .tokens = tok, .n_tokens = n, .all_logits = lg, .n_prompt = n};
     cr_assert_eq(model_step(rt, &it, 1, &err), MT_OK, "%s", err.msg);
     for (int s = 0; s < 3; s++) {
         const float *l = lg + (size_t)(n + s - 1) * V;

@@ -177,8 +177,9 @@ static void decode_equals_prefill(model_act_quant act)
     mt_err err = MT_ERR_INIT;
     cr_assert_eq(model_seq_create(rt, &seq, &err), MT_OK);
     float *dec = malloc(sizeof(float) * (size_t)V * n);
-    /* A chunk of 3, then one token at a time. */
-    model_step_item it = {.seq = seq, .tokens = tok, .n_tokens = 3, .all_logits = dec};
+    /* A prompt chunk of 3, then one generated token at a time. */
+    model_step_item it = {.seq = seq, .tokens = tok, .n_tokens = 3, .all_logits = dec,
+                          .n_prompt = 3};
     cr_assert_eq(model_step(rt, &it, 1, &err), MT_OK, "%s", err.msg);
     for (int t = 3; t < n; t++) {
         model_step_item one = {.seq = seq, .tokens = tok + t, .n_tokens = 1,
@@ -231,13 +232,13 @@ Test(forward_cpu, forked_sequence_continues_like_the_original)
         cr_assert_eq(model_seq_len(rt, fork), k);
         float *cont = malloc(sizeof(float) * (size_t)V * (size_t)(n - k));
         model_step_item it = {.seq = fork, .tokens = tok + k, .n_tokens = n - k,
-                              .all_logits = cont};
+                              .all_logits = cont, .n_prompt = n - k};
         cr_assert_eq(model_step(rt, &it, 1, &err), MT_OK, "%s", err.msg);
         assert_rows(cont, full + (size_t)k * V, n - k, V, "fork continuation", seed);
         /* The original is untouched by the fork's writes. */
         float *orig = malloc(sizeof(float) * (size_t)V * (size_t)(n - 30));
         model_step_item it2 = {.seq = base, .tokens = tok + 30, .n_tokens = n - 30,
-                               .all_logits = orig};
+                               .all_logits = orig, .n_prompt = n - 30};
         cr_assert_eq(model_step(rt, &it2, 1, &err), MT_OK, "%s", err.msg);
         assert_rows(orig, full + (size_t)30 * V, n - 30, V, "original after fork", seed);
         model_seq_free(rt, fork);
@@ -269,7 +270,8 @@ Test(forward_cpu, batched_step_equals_sequences_alone)
         alone[i] = fw_prefill(rt, tok[i], pre[i] + add[i], NULL);
         cr_assert_eq(model_seq_create(rt, &seq[i], &err), MT_OK);
         if (pre[i]) {
-            model_step_item it = {.seq = seq[i], .tokens = tok[i], .n_tokens = pre[i]};
+            model_step_item it = {.seq = seq[i], .tokens = tok[i], .n_tokens = pre[i],
+                                  .n_prompt = pre[i]};
             cr_assert_eq(model_step(rt, &it, 1, &err), MT_OK, "%s", err.msg);
         }
     }
@@ -278,7 +280,8 @@ Test(forward_cpu, batched_step_equals_sequences_alone)
     for (int i = 0; i < 3; i++) {
         got[i] = malloc(sizeof(float) * (size_t)V * (size_t)add[i]);
         items[i] = (model_step_item){.seq = seq[i], .tokens = tok[i] + pre[i],
-                                     .n_tokens = add[i], .all_logits = got[i]};
+                                     .n_tokens = add[i], .all_logits = got[i],
+                                     .n_prompt = add[i]};
     }
     cr_assert_eq(model_step(rt, items, 3, &err), MT_OK, "%s", err.msg);
     for (int i = 0; i < 3; i++) {
@@ -319,6 +322,12 @@ Test(forward_cpu, bad_tokens_are_refused_and_change_nothing)
     model_step_item none = {.seq = 200, .tokens = good, .n_tokens = 1};
     cr_assert_eq(model_step(rt, &none, 1, &err), MT_E_INVALID);
     cr_assert_eq(model_seq_fork(rt, a, 5, &b, &err), MT_E_INVALID);
+    /* More prompt tokens than tokens, or fewer than none. */
+    model_step_item over = {.seq = a, .tokens = good, .n_tokens = 2, .n_prompt = 3};
+    cr_assert_eq(model_step(rt, &over, 1, &err), MT_E_INVALID);
+    cr_assert(strstr(err.msg, "item 0") && strstr(err.msg, "n_prompt 3"), "%s", err.msg);
+    over.n_prompt = -1;
+    cr_assert_eq(model_step(rt, &over, 1, &err), MT_E_INVALID);
     /* Past the maximum context. */
     int64_t mc = model_runtime_max_context(rt);
     int32_t *many = calloc((size_t)mc + 1, sizeof(int32_t));

@@ -67,7 +67,8 @@ Test(forward_emu, decode_token_by_token_equals_prefill)
     int seq;
     mt_err err = MT_ERR_INIT;
     cr_assert_eq(model_seq_create(rt, &seq, &err), MT_OK, "%s", err.msg);
-    model_step_item it = {.seq = seq, .tokens = tok, .n_tokens = 2, .all_logits = dec};
+    model_step_item it = {.seq = seq, .tokens = tok, .n_tokens = 2, .all_logits = dec,
+                          .n_prompt = 2};
     cr_assert_eq(model_step(rt, &it, 1, &err), MT_OK, "%s", err.msg);
     for (int t = 2; t < n; t++) {
         model_step_item one = {.seq = seq, .tokens = tok + t, .n_tokens = 1,
@@ -94,7 +95,8 @@ static void greedy(model_runtime *rt, const int32_t *prompt, int n, int gen, int
     int seq;
     mt_err err = MT_ERR_INIT;
     cr_assert_eq(model_seq_create(rt, &seq, &err), MT_OK);
-    model_step_item it = {.seq = seq, .tokens = prompt, .n_tokens = n, .logits = lg};
+    model_step_item it = {.seq = seq, .tokens = prompt, .n_tokens = n, .logits = lg,
+                          .n_prompt = n};
     model_sampler greedy_s = {.temperature = 0, .top_p = 1, .top_k = 0};
     for (int i = 0; i < gen; i++) {
         cr_assert_eq(model_step(rt, &it, 1, &err), MT_OK, "%s", err.msg);

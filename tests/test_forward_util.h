@@ -69,7 +69,8 @@ static inline int32_t *fw_tokens(uint64_t seed, int n, int32_t vocab)
     return t;
 }
 
-/* Prefills tokens into a new sequence; returns all positions' logits. */
+/* Prefills tokens (a prompt: n_prompt = n) into a new sequence in one step;
+ * returns all positions' logits. */
 static inline float *fw_prefill(model_runtime *rt, const int32_t *tok, int n, int *seq_out)
 {
     int seq;
@@ -77,7 +78,7 @@ static inline float *fw_prefill(model_runtime *rt, const int32_t *tok, int n, in
     cr_assert_eq(model_seq_create(rt, &seq, &err), MT_OK, "%s", err.msg);
     int32_t V = model_runtime_vocab(rt);
     float *lg = malloc(sizeof(float) * (size_t)V * (size_t)n);
-    model_step_item it = {.seq = seq, .tokens = tok, .n_tokens = n, .all_logits = lg};
+    model_step_item it = {.seq = seq, .tokens = tok, .n_tokens = n, .all_logits = lg, .n_prompt = n};
     cr_assert_eq(model_step(rt, &it, 1, &err), MT_OK, "%s", err.msg);
     if (seq_out)
         *seq_out = seq;

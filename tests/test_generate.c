@@ -375,8 +375,10 @@ Test(batch_invariant, one_config_per_kernel_makes_logits_independent_of_the_batc
         cr_assert_eq(model_seq_create(rt, &s1, &err), MT_OK, "%s", err.msg);
         cr_assert_eq(model_seq_create(rt, &s2, &err), MT_OK, "%s", err.msg);
         float *bat = malloc(sizeof(float) * sz), *lg2 = malloc(sizeof(float) * (size_t)V * other);
-        model_step_item it[2] = {{.seq = s2, .tokens = tok2, .n_tokens = other, .all_logits = lg2},
-                                 {.seq = s1, .tokens = tok, .n_tokens = n, .all_logits = bat}};
+        model_step_item it[2] = {{.seq = s2, .tokens = tok2, .n_tokens = other, .all_logits = lg2,
+                                  .n_prompt = other},
+                                 {.seq = s1, .tokens = tok, .n_tokens = n, .all_logits = bat,
+                                  .n_prompt = n}};
         cr_assert_eq(model_step(rt, it, 2, &err), MT_OK, "%s", err.msg);
         size_t d_dec = bits_differ(pre, dec, sz), d_bat = bits_differ(pre, bat, sz);
         char *buf = NULL;

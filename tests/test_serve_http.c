@@ -3,8 +3,10 @@
  * streaming, agree with each other and with the tokenizer; stop strings and
  * seeds; 20 concurrent requests give the tokens of sequential greedy
  * generation on a runtime of our own; a repeated prefix reports cached
- * tokens and comes back faster; a client that leaves mid-stream frees its
- * KV pages (seen in /metrics) and the server keeps serving. */
+ * tokens and comes back faster; a chat's next turn reuses no KV of a reply
+ * below index_topk and gets a fresh prefill's tokens; a client that leaves
+ * mid-stream frees its KV pages (seen in /metrics) and the server keeps
+ * serving. */
 #include <pthread.h>
 
 #include "test_serve_util.h"
@@ -349,6 +351,68 @@ Test(serve_http, repeated_prefix_is_cached_and_faster)
     cJSON_Delete(c.usage);
     free(pj);
     free(body);
+    tsrv_stop(&t);
+}
+
+/* A greedy reply of 40 tokens to prompt[0..n), then the next turn: the
+ * prompt, that reply and 3 more tokens. Returns the next turn's cached
+ * tokens; its 4 greedy tokens go to out. */
+static double next_turn(const tsrv *t, int32_t *prompt, int n, int32_t *out)
+{
+    char body[4096];
+    tstream s;
+    for (int turn = 0; turn < 2; turn++) {
+        char *pj = ids_json(prompt, n);
+        snprintf(body, sizeof body,
+                 "{\"prompt\":%s,\"max_tokens\":%d,\"temperature\":0,\"ignore_eos\":true,"
+                 "\"return_token_ids\":true,\"stream\":true}",
+                 pj, turn ? 4 : 40);
+        free(pj);
+        memset(&s, 0, sizeof s);
+        cr_assert_eq(tstream_run(t, "/v1/completions", body, &s), 200);
+        cr_assert_eq(s.n_ids, turn ? 4 : 40);
+        if (turn)
+            break;
+        cJSON_Delete(s.usage);
+        memcpy(prompt + n, s.ids, sizeof(int32_t) * 40);
+        for (int i = 0; i < 3; i++)
+            prompt[n + 40 + i] = 16 + i;
+        n += 43;
+    }
+    memcpy(out, s.ids, sizeof(int32_t) * 4);
+    double cached = cached_of(&s);
+    cJSON_Delete(s.usage);
+    return cached;
+}
+
+/* The reply of a finished request is retained with its sequence, but its
+ * tokens were generated: below index_topk they took the absorbed attention
+ * path, where the same tokens in a prompt take mla_prefill. The next
+ * turn's prompt reuses only the first turn's prompt there (whole pages:
+ * none of a short one), and gets the tokens of a fresh prefill; past
+ * index_topk the paths agree, so a long first turn's reply is reused. */
+Test(serve_http, next_turn_reuses_no_reply_kv_below_index_topk)
+{
+    tsrv t;
+    tsrv_start(&t, NULL);
+    model_runtime *ref = reference_open(&t);
+    int topk = (int)model_runtime_config(ref)->index_topk;
+    int page = model_kv_page_size(ref);
+    cr_assert(topk > 5 && topk + 4 + 40 >= 3 * page, "index_topk %d, page %d", topk, page);
+    int32_t prompt[128], got[4], want[4];
+    for (int i = 0; i < 128; i++)
+        prompt[i] = 40 + i;
+    double cached = next_turn(&t, prompt, 5, got);
+    greedy_reference(ref, prompt, 5 + 43, 4, want);
+    cr_assert_eq(cached, 0, "a reply below index_topk was reused: %g tokens", cached);
+    cr_assert_arr_eq(got, want, sizeof got, "the next turn's tokens differ from a fresh prefill");
+    /* A first turn past index_topk: its computed pages, reply included. */
+    for (int i = 0; i < 128; i++)
+        prompt[i] = 300 + i;
+    int n = topk + 4;
+    cached = next_turn(&t, prompt, n, got);
+    cr_assert_eq(cached, (double)((n + 39) / page * page), "a long first turn's reply");
+    model_runtime_close(ref);
     tsrv_stop(&t);
 }
 

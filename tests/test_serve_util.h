@@ -263,11 +263,11 @@ __attribute__((unused)) static void greedy_reference(model_runtime *rt, const in
     float *lg = malloc(sizeof(float) * (size_t)v);
     int seq;
     cr_assert_eq(model_seq_create(rt, &seq, &err), MT_OK, "%s", err.msg);
-    model_step_item it = {seq, prompt, n, lg, NULL};
+    model_step_item it = {seq, prompt, n, lg, NULL, n};
     cr_assert_eq(model_step(rt, &it, 1, &err), MT_OK, "%s", err.msg);
     for (int k = 0; k < steps; k++) {
         out[k] = argmax(lg, v);
-        it = (model_step_item){seq, &out[k], 1, lg, NULL};
+        it = (model_step_item){seq, &out[k], 1, lg, NULL, 0};
         cr_assert_eq(model_step(rt, &it, 1, &err), MT_OK, "%s", err.msg);
     }
     model_seq_free(rt, seq);
@@ -300,11 +300,11 @@ __attribute__((unused)) static void greedy_scheduled(model_runtime *rt, const in
                 int c = mode == 0 ? 512 / n : 1 + (int)mt_rng_below(rng, (uint64_t)rest);
                 c = c < 1 ? 1 : c > rest ? rest : c;
                 it[m] = (model_step_item){seq[i], prompts[i] + fed[i], c,
-                                          c == rest ? lg + (size_t)m * (size_t)v : NULL, NULL};
+                                          c == rest ? lg + (size_t)m * (size_t)v : NULL, NULL, c};
                 fed[i] += c;
             } else {
                 it[m] = (model_step_item){seq[i], &out[i * steps + ng[i] - 1], 1,
-                                          lg + (size_t)m * (size_t)v, NULL};
+                                          lg + (size_t)m * (size_t)v, NULL, 0};
             }
             who[m++] = i;
         }

@@ -98,7 +98,8 @@ Test(spec, oracle_drafts_with_planted_errors_keep_the_greedy_output)
     int seq;
     cr_assert_eq(model_seq_create(rt, &seq, &err), MT_OK);
     cr_assert_eq(model_spec_seq_init(&sp, seq, 4, V, NULL, &r, &err), MT_OK, "%s", err.msg);
-    model_step_item it = {.seq = seq, .tokens = prompt, .n_tokens = 13, .logits = sp.logits};
+    model_step_item it = {.seq = seq, .tokens = prompt, .n_tokens = 13, .logits = sp.logits,
+                          .n_prompt = 13};
     cr_assert_eq(model_step(rt, &it, 1, &err), MT_OK, "%s", err.msg);
     int have = 1; /* ref[0] is the prompt's argmax: the greedy run above */
     int32_t buf[MODEL_SPEC_MAX_STEPS + 1];
@@ -167,7 +168,7 @@ Test(spec, rollback_into_a_shared_page_leaves_the_source_intact)
     float *la = malloc(sizeof(float) * (size_t)V), *lc = malloc(sizeof(float) * (size_t)V);
     mt_err err = MT_ERR_INIT;
     cr_assert_eq(model_seq_create(rt, &a, &err), MT_OK);
-    model_step_item it = {.seq = a, .tokens = tok, .n_tokens = 40};
+    model_step_item it = {.seq = a, .tokens = tok, .n_tokens = 40, .n_prompt = 40};
     cr_assert_eq(model_step(rt, &it, 1, &err), MT_OK, "%s", err.msg);
     cr_assert_eq(model_seq_fork(rt, a, 40, &b, &err), MT_OK, "%s", err.msg);
     int64_t free0 = model_kv_free_pages(rt);
@@ -175,12 +176,14 @@ Test(spec, rollback_into_a_shared_page_leaves_the_source_intact)
     cr_assert_eq(model_seq_len(rt, b), 20);
     cr_assert_geq(model_kv_free_pages(rt), free0, "truncation frees the fork's own pages");
     cr_assert_eq(model_seq_truncate(rt, b, 21, &err), MT_E_INVALID, "cannot grow by truncating");
-    it = (model_step_item){.seq = b, .tokens = other, .n_tokens = 30};
+    it = (model_step_item){.seq = b, .tokens = other, .n_tokens = 30, .n_prompt = 30};
     cr_assert_eq(model_step(rt, &it, 1, &err), MT_OK, "%s", err.msg);
-    it = (model_step_item){.seq = a, .tokens = tok + 40, .n_tokens = 1, .logits = la};
+    it = (model_step_item){.seq = a, .tokens = tok + 40, .n_tokens = 1, .logits = la,
+                           .n_prompt = 1};
     cr_assert_eq(model_step(rt, &it, 1, &err), MT_OK, "%s", err.msg);
     cr_assert_eq(model_seq_create(rt, &c, &err), MT_OK);
-    it = (model_step_item){.seq = c, .tokens = tok, .n_tokens = 41, .logits = lc};
+    it = (model_step_item){.seq = c, .tokens = tok, .n_tokens = 41, .logits = lc,
+                           .n_prompt = 41};
     cr_assert_eq(model_step(rt, &it, 1, &err), MT_OK, "%s", err.msg);
     for (int32_t i = 0; i < V; i++)
         cr_assert_eq(memcmp(&la[i], &lc[i], sizeof(float)), 0, "seed %" PRIu64 ": logit %d "

@@ -16,7 +16,7 @@ static mt_status pass(model_runtime *rt, const int32_t *tok, int n, int d, float
     mt_status st = model_seq_create(rt, &seq, err);
     if (st != MT_OK)
         return st;
-    model_step_item it = {.seq = seq, .tokens = tok, .n_tokens = n, .logits = lg};
+    model_step_item it = {.seq = seq, .tokens = tok, .n_tokens = n, .logits = lg, .n_prompt = n};
     double t0 = mt_now_ms();
     st = model_step(rt, &it, 1, err);
     double t1 = mt_now_ms();

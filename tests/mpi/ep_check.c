@@ -108,7 +108,7 @@ int main(int argc, char **argv)
                     (ref && model_seq_create(ref, &sq_ref[n_seq], &err) != MT_OK))
                     die("sequence", err.msg);
                 it_ep[n] = (model_step_item){.seq = sq_ep[n_seq], .tokens = tok + used,
-                                             .n_tokens = len,
+                                             .n_tokens = len, .n_prompt = len,
                                              .all_logits = lg_ep + (size_t)used * V};
                 it_ref[n] = it_ep[n];
                 it_ref[n].seq = sq_ref[n_seq];
