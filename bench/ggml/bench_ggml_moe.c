@@ -8,7 +8,7 @@
  *
  *   bench_ggml_moe [--shape glm5.2] [--m 1,16,256] [--device cpu]
  *                  [--max-ms 1500] [--plain] [--poll|--cold] [--no-thp] [--sweep]
- *                  [--flush] [--json] [--seed S]
+ *                  [--flush] [--json] [--no-limits] [--seed S]
  *
  * ggml's side: expert weights of type GGML_TYPE_MXFP4 ([K, N, E], one
  * 17-byte block per 32 weights: the E8M0 code, then 16 bytes with element j
@@ -514,7 +514,7 @@ static int usage(const char *prog)
     fprintf(stderr,
             "usage: %s [--shape glm5.2] [--m 1,16,256] [--device cpu] [--max-ms MS]\n"
             "          [--plain] [--poll|--cold] [--no-thp] [--sweep] [--flush] [--json]\n"
-            "          [--seed S]\n"
+            "          [--no-limits] [--seed S]\n"
             "Times moetune's served expert GEMM stages (default configs; --sweep adds the\n"
             "cpu sweep) and ggml's mul_mat_id on the same MXFP4 weights, interleaved with\n"
             "the same fresh routing per round; --plain keeps ggml's weights in its plain\n"
@@ -522,7 +522,8 @@ static int usage(const char *prog)
             "and resumed 1 ms before the next (outside the time); --cold: not resumed before\n"
             "(its workers wake inside the timed call); --poll: never paused. ggml's weights\n"
             "get transparent huge pages as moetune's do; --no-thp leaves them on the pages\n"
-            "posix_memalign gives.\n",
+            "posix_memalign gives. --no-limits skips the bandwidth samples between rounds\n"
+            "and the compute peaks (the fractions print 0; the ratios stay).\n",
             prog);
     return 2;
 }
@@ -531,7 +532,7 @@ int main(int argc, char **argv)
 {
     const char *shape = "glm5.2", *spec = "cpu", *mlist = "1,16,256";
     bool json = false, sweep = false, plain = false, flush = false, poll = false, cold = false;
-    bool no_thp = false;
+    bool no_thp = false, no_limits = false;
     double max_ms = 0;
     uint64_t seed = 0;
     for (int i = 1; i < argc; i++) {
@@ -559,6 +560,8 @@ int main(int argc, char **argv)
             cold = true;
         else if (!strcmp(argv[i], "--no-thp"))
             no_thp = true;
+        else if (!strcmp(argv[i], "--no-limits"))
+            no_limits = true;
         else
             return usage(argv[0]);
     }
@@ -596,7 +599,7 @@ int main(int argc, char **argv)
     moe_bench_peer peer = {.name = "ggml", .ctx = &side, .setup = side_setup, .run = side_run};
     moe_bench_opts o = {.shape = shape, .family = "moe_gemm", .ms = ms, .n_ms = n,
                         .sweep = sweep, .json = json, .flush = flush, .max_ms = max_ms,
-                        .seed = seed, .peer = &peer};
+                        .seed = seed, .peer = &peer, .no_limits = no_limits};
     mt_status st = moe_bench_run(d, &o, stdout, &err);
     if (st != MT_OK)
         fprintf(stderr, "bench_ggml_moe: %s\n", err.msg);

@@ -175,6 +175,13 @@ static int count_experts(const int32_t *ids, int64_t n, int64_t E)
     return nu;
 }
 
+/* One bandwidth sample between timed calls; 0 without limit probes. */
+static mt_status sample_limit(bench *b, double *gbps, mt_err *err)
+{
+    *gbps = 0;
+    return b->lim ? bench_limits_sample(b->lim, gbps, err) : MT_OK;
+}
+
 /* ---- the served layer -------------------------------------------------------- */
 
 typedef struct layer_result {
@@ -209,7 +216,7 @@ static mt_status time_layer(bench *b, const model_moe_kernels *k, model_moe_ws *
             (st = dev_event_elapsed_ms(b->d, b->e0, b->e1, &t[n], err)) != MT_OK ||
             (st = dev_copy_from(b->d, b->hids, model_moe_ws_ids(ws),
                                 (size_t)(M * b->topk) * 4, err)) != MT_OK ||
-            (st = bench_limits_sample(b->lim, &bwv[n], err)) != MT_OK)
+            (st = sample_limit(b, &bwv[n], err)) != MT_OK)
             return st;
         experts += count_experts(b->hids, M * b->topk, b->E);
         spent += t[n];
@@ -340,10 +347,10 @@ static void print_peer(bench *b, const gemm_bench *g, int64_t M, double *pt, dou
     if (b->o->json)
         fprintf(b->out,
                 "{\"family\":\"%s\",\"stage\":\"%s\",\"vs\":\"%s\",\"shape\":\"%s\","
-                "\"device\":\"%s\",\"M\":%lld,\"reps\":%d,\"peer_ms\":%.4f,"
-                "\"peer_ms_p10\":%.4f,\"peer_ms_p90\":%.4f,\"moetune_ms\":%.4f,"
-                "\"moetune_ms_p10\":%.4f,\"moetune_ms_p90\":%.4f,\"ratio_of_medians\":%.4f,"
-                "\"ratio_p10\":%.4f,\"ratio_median\":%.4f,\"ratio_p90\":%.4f,"
+                "\"device\":\"%s\",\"M\":%lld,\"reps\":%d,\"peer_ms\":%.6g,"
+                "\"peer_ms_p10\":%.6g,\"peer_ms_p90\":%.6g,\"moetune_ms\":%.6g,"
+                "\"moetune_ms_p10\":%.6g,\"moetune_ms_p90\":%.6g,\"ratio_of_medians\":%.6g,"
+                "\"ratio_p10\":%.6g,\"ratio_median\":%.6g,\"ratio_p90\":%.6g,"
                 "\"mem_bw_GBps\":%.3f}\n",
                 g->fam, g->up ? "up" : "down", name, b->o->shape, b->p->spec, (long long)M, n,
                 ps.median, ps.p10, ps.p90, dflt->median, dflt->p10, dflt->p90,
@@ -414,7 +421,7 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
         }
         /* The limit, sampled in the same round as the configs. */
         if (st == MT_OK)
-            st = bench_limits_sample(b->lim, &bwv[n], err);
+            st = sample_limit(b, &bwv[n], err);
         n++;
     }
     if (st != MT_OK) {
@@ -445,8 +452,8 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
     /* The compute limit: the peak of the instruction the stage's dots run
      * on (u8 x s8 dots for a4w4 / a8w4; bf16 dots for a16w4 where the CPU
      * has them, else fp32 FMA), the best of probes before and after. */
-    bench_peaks pk;
-    if ((st = bench_limits_peaks(b->lim, 3, &pk, err)) != MT_OK)
+    bench_peaks pk = {0};
+    if (b->lim && (st = bench_limits_peaks(b->lim, 3, &pk, err)) != MT_OK)
         return st;
     double peak = b->int_dot ? pk.i8 : pk.bf16 > 0 ? pk.bf16 : pk.fma;
     bench_spread bws;
@@ -562,7 +569,12 @@ mt_status moe_bench_run(dev_device *d, const moe_bench_opts *o, FILE *out, mt_er
         if (want[g] && (st = open_stage(&b, &gb[g], gb[g].up ? keys.up : keys.down, err)) != MT_OK)
             goto out;
 
-    if ((st = bench_limits_open(d, &b.lim, err)) != MT_OK)
+    if (o->no_limits && o->flush) {
+        st = mt_fail(err, MT_E_INVALID, "bench: flush streams the limit probe's buffer, so it "
+                                        "needs the limits (no_limits is set)");
+        goto out;
+    }
+    if (!o->no_limits && (st = bench_limits_open(d, &b.lim, err)) != MT_OK)
         goto out;
     if (!o->json)
         fprintf(out, "%-14s %5s %10s %10s %9s %9s %8s %10s %8s %8s  %s\n", "family", "M",
@@ -571,7 +583,7 @@ mt_status moe_bench_run(dev_device *d, const moe_bench_opts *o, FILE *out, mt_er
     /* Picks the probe's fastest read pattern, once; the ratios use samples
      * of it interleaved with the timed calls. */
     bench_spread probe;
-    if ((st = bench_limits_bandwidth(b.lim, 3, &probe, err)) != MT_OK)
+    if (b.lim && (st = bench_limits_bandwidth(b.lim, 3, &probe, err)) != MT_OK)
         goto out;
     for (int mi = 0; mi < o->n_ms; mi++) {
         int64_t M = o->ms[mi];

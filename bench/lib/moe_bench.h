@@ -75,6 +75,9 @@ typedef struct moe_bench_opts {
     FILE *log;             /* the layer's kernel selection report; NULL: stderr */
     const moe_bench_peer *peer; /* NULL: none; else printed per stage and M with the
                                    ratio of its median to the default config's */
+    bool no_limits;        /* no bandwidth samples or compute peaks (fractions print 0;
+                              refused with flush): for tests, and for runs whose figure
+                              is the peer ratio */
 } moe_bench_opts;
 
 mt_status moe_bench_run(dev_device *d, const moe_bench_opts *o, FILE *out, mt_err *err);
