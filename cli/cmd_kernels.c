@@ -39,6 +39,7 @@ static cJSON *family_json(const kern_family *f)
         cJSON_AddStringToObject(d, "name", f->dims[i].name);
         cJSON_AddStringToObject(d, "kind", f->dims[i].kind == KERN_DIM_DTYPE ? "dtype" : "int");
         cJSON_AddBoolToObject(d, "runtime", f->dims[i].runtime);
+        cJSON_AddBoolToObject(d, "optional", f->dims[i].kind == KERN_DIM_INT_OPT);
         cJSON_AddItemToArray(dims, d);
     }
     cJSON *pr = cJSON_AddObjectToObject(o, "presets");
@@ -75,7 +76,8 @@ static void print_family(const kern_family *f, bool verbose)
     }
     printf("  dims:");
     for (int i = 0; i < f->n_dims; i++)
-        printf(" %s%s%s", f->dims[i].name, f->dims[i].kind == KERN_DIM_DTYPE ? "(dtype)" : "",
+        printf(" %s%s%s%s", f->dims[i].name, f->dims[i].kind == KERN_DIM_DTYPE ? "(dtype)" : "",
+               f->dims[i].kind == KERN_DIM_INT_OPT ? "(optional)" : "",
                f->dims[i].runtime ? "(runtime)" : "");
     printf("\n  presets:\n");
     for (int i = 0; i < f->n_presets; i++)

@@ -369,6 +369,22 @@ static void model_check(const tune_cli *c, const tune_opts *o)
     model_runtime_close(def);
 }
 
+/* The backend of the device the tune runs on: the model's plan depends on
+ * it (the cpu's expert GEMMs read regrouped weights: other keys). */
+static int plan_backend(const tune_opts *o, model_plan_opts *po)
+{
+    dev_open_opts oo = {.arch = o->arch, .threads = 0};
+    dev_device *d = NULL;
+    mt_err err = MT_ERR_INIT;
+    if (dev_open(o->device ? o->device : "auto", &oo, &d, &err) != MT_OK) {
+        cli_error("tune", "%s", err.msg);
+        return CLI_FAIL;
+    }
+    po->backend = dev_get_props(d)->backend;
+    dev_close(d);
+    return 0;
+}
+
 int cmd_tune(int argc, char **argv)
 {
     tune_opts o;
@@ -385,6 +401,10 @@ int cmd_tune(int argc, char **argv)
         return CLI_FAIL;
     }
     int n_jobs = 0;
+    if (c.model && (rc = plan_backend(&o, &c.plan)) != 0) {
+        free(jobs);
+        return rc;
+    }
     rc = build_jobs(&c, jobs, &n_jobs);
     if (rc) {
         free(jobs);

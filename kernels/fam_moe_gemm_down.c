@@ -20,7 +20,7 @@
 #include "family.h"
 #include "moe_common.h"
 
-enum { D_H, D_I, D_E, D_TOPK, D_A, D_COMB, D_BM, D_SKEW, D_COUNT };
+enum { D_H, D_I, D_E, D_TOPK, D_A, D_COMB, D_WL, D_BM, D_SKEW, D_COUNT };
 
 static const kern_dim_desc dims[D_COUNT] = {
     [D_H] = {"H", KERN_DIM_INT, false, 128, 65536, "hidden size (N), a multiple of 128"},
@@ -33,6 +33,9 @@ static const kern_dim_desc dims[D_COUNT] = {
              "quantized per 32-block"},
     [D_COMB] = {"comb", KERN_DIM_INT, false, 0, 1,
                 "0: atomically accumulate into y; 1: write weighted per-pair rows"},
+    [D_WL] = {"wl", KERN_DIM_INT_OPT, false, 0, 1,
+              "weight layout: 0 Quark rows; 1 rows grouped by 16 (the cpu integer tiles' "
+              "layout, made at load time; a=mxfp4 or i8, cpu only; moe_w4_group16)"},
     [D_BM] = {"bm", KERN_DIM_INT, true, 16, 256,
               "tile height moe_align padded each expert's segment to"},
     [D_SKEW] = {"skew", KERN_DIM_INT, true, 0, 2,
@@ -79,6 +82,10 @@ static bool shape_ok(const kern_shape *s, int64_t m, char *why, size_t cap)
                  (long long)s->v[D_E]);
         return false;
     }
+    if (s->v[D_WL] == 1 && s->v[D_A] == KERN_DT_BF16) {
+        snprintf(why, cap, "wl=1 (rows grouped by 16) is the integer tiles' layout: a=mxfp4 or i8");
+        return false;
+    }
     if (s->v[D_BM] & (s->v[D_BM] - 1)) {
         snprintf(why, cap, "bm=%lld is not a power of two", (long long)s->v[D_BM]);
         return false;
@@ -108,6 +115,18 @@ static int buffers(const kern_shape *s, int64_t m, kern_buf_desc *out, int cap)
     return n;
 }
 
+/* wl=1: the weights between the generated (Quark) layout and the grouped
+ * one. The family's fill cannot fail, so running out of memory here aborts
+ * rather than letting a check compare layouts that do not match. */
+static void regroup_weights(const kern_shape *s, void *const *host, bool to_groups)
+{
+    if (s->v[D_WL] &&
+        !moe_w4_regroup_inplace(host[B_W], host[B_S], s->v[D_E] * s->v[D_H], s->v[D_I], to_groups)) {
+        fprintf(stderr, "moe_gemm_down: out of memory regrouping the weights\n");
+        abort();
+    }
+}
+
 static void fill(const kern_shape *s, int64_t m, uint64_t seed, void *const *host)
 {
     mt_rng r;
@@ -123,6 +142,7 @@ static void fill(const kern_shape *s, int64_t m, uint64_t seed, void *const *hos
     for (int64_t p = 0; p < P; p++)
         w[p] = mt_rng_uniform(&r, 0.05f, 1.0f);
     moe_gen_mxfp4(&r, host[B_W], host[B_S], E * H, I);
+    regroup_weights(s, host, true);
     if (!s->v[D_COMB]) {
         float *y = host[B_OUT];
         for (int64_t i = 0; i < m * H; i++)
@@ -133,9 +153,11 @@ static void fill(const kern_shape *s, int64_t m, uint64_t seed, void *const *hos
 static void reference(const kern_shape *s, int64_t m, void *const *host)
 {
     moe_gemm_dims d = gdims(s);
+    regroup_weights(s, host, false);
     moe_down_ref(&d, host[B_H], host[B_IDS], host[B_TOPKW], host[B_W], host[B_S], 0,
                  m * d.topk, 1, s->v[D_COMB] ? host[B_OUT] : NULL,
                  s->v[D_COMB] ? NULL : host[B_OUT]);
+    regroup_weights(s, host, true);
 }
 
 static void cost(const kern_shape *s, int64_t m, double *flops, double *bytes)
@@ -186,14 +208,14 @@ static bool cpu_valid(const kern_shape *s, int64_t m, const kern_config *cfg,
 {
     (void)m;
     (void)p;
-    return moe_cpu_valid(s->v[D_I], s->v[D_H], cfg, why, cap);
+    return moe_cpu_valid(s->v[D_I], s->v[D_H], (int)s->v[D_WL], cfg, why, cap);
 }
 
 static void cpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern_config *cfg)
 {
     (void)p;
     moe_cpu_default(s->v[D_I], s->v[D_H], m * s->v[D_TOPK], s->v[D_E], false,
-                    s->v[D_A] != KERN_DT_BF16, cfg);
+                    s->v[D_A] != KERN_DT_BF16, (int)s->v[D_WL], cfg);
 }
 
 /* comb=0 adds every pair's row into y with float atomics, in the order the
@@ -242,6 +264,10 @@ static bool gpu_valid(const kern_shape *s, int64_t m, const kern_config *cfg,
     (void)m;
     if (s->v[D_A] == KERN_DT_I8) {
         snprintf(why, cap, "a=i8 (a8w4) has a cpu kernel only");
+        return false;
+    }
+    if (s->v[D_WL]) {
+        snprintf(why, cap, "wl=1 (rows grouped by 16) is the cpu kernels' layout");
         return false;
     }
     return moe_gpu_valid(s->v[D_I], s->v[D_H], s->v[D_BM], false, (int)s->v[D_COMB], cfg, p,
@@ -353,6 +379,9 @@ static const kern_case cases[] = {
     {"H=256,I=128,E=16,topk=4,a=mxfp4,comb=1,bm=16,skew=1", 64},
     {"H=256,I=128,E=16,topk=1,a=mxfp4,comb=0,bm=16,skew=1", 33},
     {"H=384,I=256,E=8,topk=2,a=bf16,comb=1,bm=64,skew=2", 17},
+    /* weights grouped by 16 rows (cpu only) */
+    {"H=256,I=128,E=16,topk=4,a=mxfp4,comb=1,wl=1,bm=128,skew=0", 17},
+    {"H=384,I=256,E=8,topk=2,a=i8,comb=0,wl=1,bm=64,skew=2", 64},
 };
 
 const kern_family fam_moe_gemm_down = {

@@ -18,7 +18,7 @@
 #include "family.h"
 #include "moe_common.h"
 
-enum { D_H, D_I, D_E, D_TOPK, D_A, D_CAT, D_BM, D_SKEW, D_COUNT };
+enum { D_H, D_I, D_E, D_TOPK, D_A, D_CAT, D_WL, D_BM, D_SKEW, D_COUNT };
 
 static const kern_dim_desc dims[D_COUNT] = {
     [D_H] = {"H", KERN_DIM_INT, false, 128, 65536, "hidden size (K), a multiple of 128"},
@@ -31,6 +31,9 @@ static const kern_dim_desc dims[D_COUNT] = {
              "quantized per 32-block"},
     [D_CAT] = {"cat", KERN_DIM_INT, false, 0, 1,
                "1: gate and up concatenated per expert [2I, H]; 0: separate tensors"},
+    [D_WL] = {"wl", KERN_DIM_INT_OPT, false, 0, 1,
+              "weight layout: 0 Quark rows; 1 rows grouped by 16 (the cpu integer tiles' "
+              "layout, made at load time; a=mxfp4 or i8, cpu only; moe_w4_group16)"},
     [D_BM] = {"bm", KERN_DIM_INT, true, 16, 256,
               "tile height moe_align padded each expert's segment to"},
     [D_SKEW] = {"skew", KERN_DIM_INT, true, 0, 2,
@@ -91,6 +94,10 @@ static bool shape_ok(const kern_shape *s, int64_t m, char *why, size_t cap)
                  (long long)s->v[D_E]);
         return false;
     }
+    if (s->v[D_WL] == 1 && s->v[D_A] == KERN_DT_BF16) {
+        snprintf(why, cap, "wl=1 (rows grouped by 16) is the integer tiles' layout: a=mxfp4 or i8");
+        return false;
+    }
     if (s->v[D_BM] & (s->v[D_BM] - 1)) {
         snprintf(why, cap, "bm=%lld is not a power of two", (long long)s->v[D_BM]);
         return false;
@@ -121,6 +128,24 @@ static int buffers(const kern_shape *s, int64_t m, kern_buf_desc *out, int cap)
     return n;
 }
 
+/* wl=1: the weights between the generated (Quark) layout and the grouped
+ * one. The family's fill cannot fail, so running out of memory here aborts
+ * rather than letting a check compare layouts that do not match. */
+static void regroup_weights(const kern_shape *s, void *const *host, bool to_groups)
+{
+    if (!s->v[D_WL])
+        return;
+    int64_t H = s->v[D_H], I = s->v[D_I], E = s->v[D_E];
+    bool ok = s->v[D_CAT] ? moe_w4_regroup_inplace(host[B_W0], host[B_W0 + 1], E * 2 * I, H, to_groups)
+                          : moe_w4_regroup_inplace(host[B_W0], host[B_W0 + 1], E * I, H, to_groups) &&
+                                moe_w4_regroup_inplace(host[B_W0 + 2], host[B_W0 + 3], E * I, H,
+                                                       to_groups);
+    if (!ok) {
+        fprintf(stderr, "moe_gemm_up: out of memory regrouping the weights\n");
+        abort();
+    }
+}
+
 static void fill(const kern_shape *s, int64_t m, uint64_t seed, void *const *host)
 {
     mt_rng r;
@@ -137,6 +162,7 @@ static void fill(const kern_shape *s, int64_t m, uint64_t seed, void *const *hos
         moe_gen_mxfp4(&r, host[B_W0], host[B_W0 + 1], E * I, H);
         moe_gen_mxfp4(&r, host[B_W0 + 2], host[B_W0 + 3], E * I, H);
     }
+    regroup_weights(s, host, true);
 }
 
 /* Weight pointers of gate and up within the host or device buffers. */
@@ -158,8 +184,10 @@ static void reference(const kern_shape *s, int64_t m, void *const *host)
     weight_ptrs(s, host, &wg, &sg, &wu, &su);
     int64_t ws, ss, uw, us;
     strides(s, &ws, &ss, &uw, &us);
+    regroup_weights(s, host, false);
     moe_up_ref(&d, host[B_X], host[B_IDS], wg, sg, wu, su, ws, ss, 0, m * d.topk, 1,
                host[out_buf(s)]);
+    regroup_weights(s, host, true);
 }
 
 static void cost(const kern_shape *s, int64_t m, double *flops, double *bytes)
@@ -213,14 +241,14 @@ static bool cpu_valid(const kern_shape *s, int64_t m, const kern_config *cfg,
 {
     (void)m;
     (void)p;
-    return moe_cpu_valid(s->v[D_H], s->v[D_I], cfg, why, cap);
+    return moe_cpu_valid(s->v[D_H], s->v[D_I], (int)s->v[D_WL], cfg, why, cap);
 }
 
 static void cpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern_config *cfg)
 {
     (void)p;
     moe_cpu_default(s->v[D_H], s->v[D_I], m * s->v[D_TOPK], s->v[D_E], true,
-                    s->v[D_A] != KERN_DT_BF16, cfg);
+                    s->v[D_A] != KERN_DT_BF16, (int)s->v[D_WL], cfg);
 }
 
 static const kern_impl cpu_impl = {
@@ -241,6 +269,10 @@ static bool gpu_valid(const kern_shape *s, int64_t m, const kern_config *cfg,
     (void)m;
     if (s->v[D_A] == KERN_DT_I8) {
         snprintf(why, cap, "a=i8 (a8w4) has a cpu kernel only");
+        return false;
+    }
+    if (s->v[D_WL]) {
+        snprintf(why, cap, "wl=1 (rows grouped by 16) is the cpu kernels' layout");
         return false;
     }
     return moe_gpu_valid(s->v[D_H], s->v[D_I], s->v[D_BM], true, 0, cfg, p, why, cap);
@@ -342,6 +374,9 @@ static const kern_case cases[] = {
     {"H=256,I=128,E=16,topk=4,a=mxfp4,cat=1,bm=32,skew=1", 64},
     {"H=256,I=128,E=16,topk=1,a=mxfp4,cat=1,bm=16,skew=1", 33},
     {"H=384,I=256,E=8,topk=2,a=bf16,cat=0,bm=64,skew=2", 17},
+    /* weights grouped by 16 rows (cpu only) */
+    {"H=256,I=128,E=16,topk=4,a=mxfp4,cat=1,wl=1,bm=128,skew=0", 1},
+    {"H=384,I=256,E=8,topk=2,a=i8,cat=0,wl=1,bm=64,skew=2", 17},
 };
 
 const kern_family fam_moe_gemm_up = {

@@ -150,7 +150,9 @@ mt_status kern_shape_parse(const kern_family *f, const char *text, kern_shape *s
     if (st != MT_OK)
         return st;
     for (int i = 0; i < f->n_dims; i++)
-        if (!seen[i])
+        if (!seen[i] && f->dims[i].kind == KERN_DIM_INT_OPT)
+            s->v[i] = f->dims[i].min;
+        else if (!seen[i])
             return mt_fail(err, MT_E_INVALID, "%s shape '%s': dim %s missing",
                            f->name, text, f->dims[i].name);
     if (f->shape_ok) {
@@ -168,7 +170,7 @@ void kern_shape_key(const kern_family *f, const kern_shape *s, bool with_runtime
     out[0] = 0;
     for (int i = 0; i < f->n_dims && n < cap; i++) {
         const kern_dim_desc *d = &f->dims[i];
-        if (d->runtime && !with_runtime)
+        if ((d->runtime && !with_runtime) || (d->kind == KERN_DIM_INT_OPT && s->v[i] == d->min))
             continue;
         int w;
         if (d->kind == KERN_DIM_DTYPE)

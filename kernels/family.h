@@ -48,6 +48,9 @@ bool kern_dtype_parse(const char *s, kern_dtype *out);
 typedef enum kern_dim_kind {
     KERN_DIM_INT = 0,
     KERN_DIM_DTYPE = 1, /* value is a kern_dtype, printed by name */
+    KERN_DIM_INT_OPT = 2, /* an int a key may leave out: reads as min, and keys
+                             print it only when it is not min (so a dim added
+                             later leaves older keys and databases valid) */
 } kern_dim_kind;
 
 typedef struct kern_dim_desc {

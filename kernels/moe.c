@@ -11,31 +11,38 @@
 /* The kernels' activation dtype ("a=" of the GEMM keys). */
 static const char *dt(const moe_dims *d) { return d->a8 ? "i8" : d->a4 ? "mxfp4" : "bf16"; }
 
+int moe_weight_layout(dev_backend backend, bool a4, bool a8)
+{
+    return backend == DEV_BACKEND_CPU && (a4 || a8) ? 1 : 0;
+}
+
 void moe_layer_keys(const moe_dims *d, moe_keys *k)
 {
     memset(k, 0, sizeof *k);
     int bm = moe_dims_bm(d);
     long long H = d->hidden, I = d->inter, E = d->n_experts, S = d->shared_inter;
+    const char *wl = d->wl == 1 ? ",wl=1" : ""; /* the dim is left out at 0 */
     snprintf(k->route, sizeof k->route,
              "H=%lld,E=%lld,topk=%d,ngroup=%d,topkg=%d,rsf=%d,norm=%d", H, E, d->topk, d->ngroup,
              d->topkg, (int)lround(d->scale * 1000.0), d->norm ? 1 : 0);
     snprintf(k->align, sizeof k->align, "E=%lld,topk=%d,bm=%d,skew=0", E, d->topk, bm);
-    snprintf(k->up, sizeof k->up, "H=%lld,I=%lld,E=%lld,topk=%d,a=%s,cat=1,bm=%d,skew=0", H, I,
-             E, d->topk, dt(d), bm);
-    snprintf(k->down, sizeof k->down, "H=%lld,I=%lld,E=%lld,topk=%d,a=%s,comb=%d,bm=%d,skew=0",
-             H, I, E, d->topk, dt(d), d->comb ? 1 : 0, bm);
+    snprintf(k->up, sizeof k->up, "H=%lld,I=%lld,E=%lld,topk=%d,a=%s,cat=1%s,bm=%d,skew=0", H,
+             I, E, d->topk, dt(d), wl, bm);
+    snprintf(k->down, sizeof k->down,
+             "H=%lld,I=%lld,E=%lld,topk=%d,a=%s,comb=%d%s,bm=%d,skew=0", H, I, E, d->topk, dt(d),
+             d->comb ? 1 : 0, wl, bm);
     if (d->comb)
         snprintf(k->combine, sizeof k->combine, "H=%lld,topk=%d,shared=1,o=f32", H, d->topk);
     if (!S)
         return;
     snprintf(k->sh_align, sizeof k->sh_align, "E=1,topk=1,bm=%d,skew=0", bm);
-    snprintf(k->sh_up, sizeof k->sh_up, "H=%lld,I=%lld,E=1,topk=1,a=%s,cat=1,bm=%d,skew=0", H, S,
-             dt(d), bm);
+    snprintf(k->sh_up, sizeof k->sh_up, "H=%lld,I=%lld,E=1,topk=1,a=%s,cat=1%s,bm=%d,skew=0", H,
+             S, dt(d), wl, bm);
     /* With the deterministic combine the shared expert writes rows too
      * (its split-K, where a config has one, then sums in a fixed order). */
     snprintf(k->sh_down, sizeof k->sh_down,
-             "H=%lld,I=%lld,E=1,topk=1,a=%s,comb=%d,bm=%d,skew=0", H, S, dt(d),
-             d->comb ? 1 : 0, bm);
+             "H=%lld,I=%lld,E=1,topk=1,a=%s,comb=%d%s,bm=%d,skew=0", H, S, dt(d),
+             d->comb ? 1 : 0, wl, bm);
 }
 
 /* ---- reference --------------------------------------------------------- */

@@ -29,7 +29,13 @@ typedef struct moe_dims {
     int64_t shared_inter; /* shared expert intermediate size; 0 = none */
     int comb;             /* 0: down accumulates with atomics; 1: rows + moe_combine */
     int bm;               /* rows per tile of the aligned (expert-sorted) layout; 0 = 128 */
+    int wl;               /* expert weights' layout: 0 Quark rows, 1 grouped by 16 rows
+                             (moe_w4_group16; cpu integer tiles); the GEMM keys' wl */
 } moe_dims;
+
+/* The expert weight layout a layer on a device of this backend uses: 1
+ * (rows grouped by 16) for the cpu's integer tiles (a4w4, a8w4), else 0. */
+int moe_weight_layout(dev_backend backend, bool a4, bool a8);
 
 /* The tile height dims uses (bm, or 128 when 0). */
 static inline int moe_dims_bm(const moe_dims *d) { return d->bm > 0 ? d->bm : 128; }
@@ -46,7 +52,8 @@ void moe_layer_keys(const moe_dims *d, moe_keys *out);
 
 /* Device pointers owned by the caller. Routed experts: w13 [E, 2I, H/2]
  * with s13 [E, 2I, H/32] (gate rows, then up rows), w2 [E, H, I/2] with s2
- * [E, H, I/32]; the shared expert the same with E = 1 and its own width. */
+ * [E, H, I/32]; the shared expert the same with E = 1 and its own width.
+ * In the layout dims.wl says (each matrix regrouped as a whole when 1). */
 typedef struct moe_weights {
     const void *gate;  /* bf16 [E, H] router weight */
     const void *bias;  /* f32 [E] e_score_correction_bias */
@@ -54,7 +61,7 @@ typedef struct moe_weights {
     const void *sh_w13, *sh_s13, *sh_w2, *sh_s2;
 } moe_weights;
 
-/* Host weights for moe_reference, same layouts as moe_weights. */
+/* Host weights for moe_reference, in Quark layout (whatever dims.wl says). */
 typedef struct moe_host_weights {
     const uint16_t *gate;
     const float *bias;

@@ -295,23 +295,104 @@ double moe_expected_experts(int64_t n_experts, int64_t topk, int64_t m)
     return e * (1.0 - pow(1.0 - (double)topk / e, (double)m));
 }
 
+/* Where element c of row n lives in the grouped layout: its byte, and 0
+ * (low nibble) or 4 (high). */
+static int64_t group16_byte(int64_t k, int64_t n, int64_t c, int *shift)
+{
+    int64_t e = c % 32;
+    *shift = e >= 16 ? 4 : 0;
+    e %= 16;
+    return (n / 16) * 16 * (k / 2) + (c / 32) * 256 + 64 * (e / 4) + 4 * (n % 16) + e % 4;
+}
+
+static int64_t group16_scale(int64_t k, int64_t n, int64_t b)
+{
+    return (n / 16) * 16 * (k / 32) + b * 16 + n % 16;
+}
+
+static uint8_t nibble(const uint8_t *p, int64_t i, int shift) { return (uint8_t)((p[i] >> shift) & 15); }
+
+static void regroup(const uint8_t *packed, const uint8_t *scales, int64_t rows, int64_t k,
+                    uint8_t *out_packed, uint8_t *out_scales, bool to_groups)
+{
+    for (int64_t n = 0; n < rows; n++) {
+        const uint8_t *qrow = packed + n * (k / 2);
+        uint8_t *orow = out_packed + n * (k / 2);
+        for (int64_t j = 0; j < k / 2; j++) {
+            int s0, s1;
+            int64_t g0 = group16_byte(k, n, 2 * j, &s0), g1 = group16_byte(k, n, 2 * j + 1, &s1);
+            if (to_groups) {
+                /* element 2j goes to g0, 2j + 1 to g1 (each a nibble of its own byte) */
+                out_packed[g0] = (uint8_t)((out_packed[g0] & (0xf0 >> s0)) | (qrow[j] & 15) << s0);
+                out_packed[g1] = (uint8_t)((out_packed[g1] & (0xf0 >> s1)) | (qrow[j] >> 4) << s1);
+            } else {
+                orow[j] = (uint8_t)(nibble(packed, g0, s0) | nibble(packed, g1, s1) << 4);
+            }
+        }
+        for (int64_t b = 0; b < k / 32; b++) {
+            int64_t q = n * (k / 32) + b, g = group16_scale(k, n, b);
+            out_scales[to_groups ? g : q] = scales[to_groups ? q : g];
+        }
+    }
+}
+
+void moe_w4_group16(const uint8_t *packed, const uint8_t *scales, int64_t rows, int64_t k,
+                    uint8_t *out_packed, uint8_t *out_scales)
+{
+    regroup(packed, scales, rows, k, out_packed, out_scales, true);
+}
+
+void moe_w4_ungroup16(const uint8_t *packed, const uint8_t *scales, int64_t rows, int64_t k,
+                      uint8_t *out_packed, uint8_t *out_scales)
+{
+    regroup(packed, scales, rows, k, out_packed, out_scales, false);
+}
+
+bool moe_w4_regroup_inplace(uint8_t *packed, uint8_t *scales, int64_t rows, int64_t k,
+                            bool to_groups)
+{
+    size_t pb = (size_t)(rows * k / 2), sb = (size_t)(rows * k / 32);
+    uint8_t *tp = malloc(pb), *ts = malloc(sb);
+    if (!tp || !ts) {
+        free(tp);
+        free(ts);
+        return false;
+    }
+    memcpy(tp, packed, pb);
+    memcpy(ts, scales, sb);
+    regroup(tp, ts, rows, k, packed, scales, to_groups);
+    free(tp);
+    free(ts);
+    return true;
+}
+
 static const int nr_vals[] = {1, 2, 4};
-static const int mr_vals[] = {1, 2, 4, 8};
+static const int mr_vals[] = {1, 2, 4, 8, 16};
 static const int kb_vals[] = {256, 512, 1024, 2048, 65536};
 static const int nt_vals[] = {8, 16, 32, 64, 128, 256, 512, 1024};
 static const int pf_vals[] = {0, 256, 512, 1024, 2048, 4096};
 
 const kern_param_desc moe_cpu_params[MOE_CPU_NPARAMS] = {
     [MOE_CPU_NR] = {"NR", nr_vals, 3, "weight rows per register tile (x2 in stage 1: gate and up)"},
-    [MOE_CPU_MR] = {"MR", mr_vals, 4, "tokens per register tile"},
+    [MOE_CPU_MR] = {"MR", mr_vals, 5, "tokens per register tile (16: wl=1 only)"},
     [MOE_CPU_KB] = {"KB", kb_vals, 5, "K elements per block (weights stay in L1 across tokens)"},
     [MOE_CPU_NT] = {"NT", nt_vals, 8, "output rows per work item (thread partition of N)"},
     [MOE_CPU_PF] = {"PF", pf_vals, 6, "software prefetch distance in bytes (0: none)"},
 };
 
-bool moe_cpu_valid(int64_t k, int64_t n, const kern_config *cfg, char *why, size_t cap)
+bool moe_cpu_valid(int64_t k, int64_t n, int wl, const kern_config *cfg, char *why, size_t cap)
 {
     int nr = cfg->v[MOE_CPU_NR], kb = cfg->v[MOE_CPU_KB], nt = cfg->v[MOE_CPU_NT];
+    if (wl == 1 && (nr != 1 || nt % 16)) {
+        snprintf(why, cap, "wl=1 tiles are 16 rows: NR must be 1 (is %d) and NT a multiple of 16 "
+                 "(is %d)", nr, nt);
+        return false;
+    }
+    if (wl != 1 && cfg->v[MOE_CPU_MR] > 8) {
+        snprintf(why, cap, "MR=%d: at most 8 tokens per register tile of Quark rows (16 with wl=1)",
+                 cfg->v[MOE_CPU_MR]);
+        return false;
+    }
     if (n % nt) {
         snprintf(why, cap, "NT=%d does not divide N=%lld", nt, (long long)n);
         return false;
@@ -345,7 +426,7 @@ bool moe_cpu_valid(int64_t k, int64_t n, const kern_config *cfg, char *why, size
  *   246 ms against 281 for the a16w4-style tile, stage 2 156 against 185).
  * Measured on a 2-core Zen 5 (docs/BENCHMARKS.md). */
 void moe_cpu_default(int64_t k, int64_t n, int64_t npairs, int64_t n_experts, bool up,
-                     bool int_dot, kern_config *cfg)
+                     bool int_dot, int wl, kern_config *cfg)
 {
     double used = moe_expected_experts(n_experts, 1, npairs);
     double per_expert = (double)npairs / (used > 1.0 ? used : 1.0);
@@ -377,6 +458,12 @@ void moe_cpu_default(int64_t k, int64_t n, int64_t npairs, int64_t n_experts, bo
         cfg->v[MOE_CPU_KB] /= 2;
     if (cfg->v[MOE_CPU_KB] < k && k % cfg->v[MOE_CPU_KB])
         cfg->v[MOE_CPU_KB] = 65536;
+    if (wl == 1) {
+        cfg->v[MOE_CPU_NR] = 1;
+        cfg->v[MOE_CPU_MR] = per_expert >= 4 ? 8 : per_expert >= 2 ? 2 : 1;
+        if (cfg->v[MOE_CPU_NT] < 16)
+            cfg->v[MOE_CPU_NT] = 16;
+    }
 }
 
 size_t moe_cpu_act_bytes(int64_t rows, int64_t k)

@@ -111,19 +111,35 @@ void moe_layout_bufs(int64_t npairs, int64_t cap_rows, int64_t bm, kern_buf_desc
  * experts each touch (for cost models). */
 double moe_expected_experts(int64_t n_experts, int64_t topk, int64_t m);
 
+/* MXFP4 weights [rows, k] (Quark: packed [rows, k/2], low nibble first;
+ * scales [rows, k/32]) to the cpu integer tiles' grouped layout (a shape's
+ * wl=1) and back; rows a multiple of 16, k of 32. Same sizes and the same
+ * byte range per group of 16 rows: within a group, per 32-block, 256
+ * packed bytes where byte 64 v + 4 r + i holds row r's elements 4 v + i
+ * (low nibble) and 16 + 4 v + i (high), then the scales as 16 codes per
+ * block (one per row). in and out must not overlap. */
+void moe_w4_group16(const uint8_t *packed, const uint8_t *scales, int64_t rows, int64_t k,
+                    uint8_t *out_packed, uint8_t *out_scales);
+void moe_w4_ungroup16(const uint8_t *packed, const uint8_t *scales, int64_t rows, int64_t k,
+                      uint8_t *out_packed, uint8_t *out_scales);
+/* The same, in place (a temporary copy); false when out of memory. */
+bool moe_w4_regroup_inplace(uint8_t *packed, uint8_t *scales, int64_t rows, int64_t k,
+                            bool to_groups);
+
 /* The cpu GEMM parameters (moe_gemm.cpu): NR weight rows per register tile,
  * MR tokens per register tile, KB K block, NT output rows per work item,
  * PF prefetch distance in bytes. */
 enum { MOE_CPU_NR, MOE_CPU_MR, MOE_CPU_KB, MOE_CPU_NT, MOE_CPU_PF, MOE_CPU_NPARAMS };
 extern const kern_param_desc moe_cpu_params[MOE_CPU_NPARAMS];
 /* Validity of a cpu config for a GEMM with reduction length k and n output
- * rows per expert. */
-bool moe_cpu_valid(int64_t k, int64_t n, const kern_config *cfg, char *why, size_t cap);
+ * rows per expert, weights in layout wl (0 Quark rows; 1 grouped by 16:
+ * register tiles of 16 rows, so NR 1 and NT a multiple of 16; MR up to 16). */
+bool moe_cpu_valid(int64_t k, int64_t n, int wl, const kern_config *cfg, char *why, size_t cap);
 /* Default cpu config for npairs routed pairs over n_experts; stage 1 (up)
  * streams two weight rows per NR (gate and up), stage 2 one. int_dot: the
  * activations are quantized (a4w4, a8w4: integer dot tiles), else bf16. */
 void moe_cpu_default(int64_t k, int64_t n, int64_t npairs, int64_t n_experts, bool up,
-                     bool int_dot, kern_config *cfg);
+                     bool int_dot, int wl, kern_config *cfg);
 /* Scratch bytes of the prepared activations (rows of k values). */
 size_t moe_cpu_act_bytes(int64_t rows, int64_t k);
 

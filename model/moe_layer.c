@@ -15,7 +15,7 @@ struct model_moe_ws {
     void *sh_ids, *sh_w, *sh_sorted, *sh_tile, *sh_total, *sh_h, *sh_rows;
 };
 
-void model_moe_dims(const model_config *c, kern_dtype act, int64_t shared_inter,
+void model_moe_dims(const model_config *c, kern_dtype act, int wl, int64_t shared_inter,
                     moe_dims *out)
 {
     *out = (moe_dims){.hidden = c->hidden_size, .inter = c->moe_intermediate_size,
@@ -23,7 +23,7 @@ void model_moe_dims(const model_config *c, kern_dtype act, int64_t shared_inter,
                       .ngroup = (int)c->n_group, .topkg = (int)c->topk_group,
                       .scale = (float)c->routed_scaling_factor, .norm = c->norm_topk_prob,
                       .a4 = act == KERN_DT_MXFP4, .a8 = act == KERN_DT_I8,
-                      .shared_inter = shared_inter, .comb = 1, .bm = 128};
+                      .shared_inter = shared_inter, .comb = 1, .bm = 128, .wl = wl};
 }
 
 mt_status model_moe_add_kernels(model_kset *ks, const moe_dims *d, int64_t m_max,

@@ -37,7 +37,7 @@ typedef struct model_moe_kernels {
  * deterministic combine (comb 1: the down GEMM writes one row per
  * (token, expert) pair and moe_combine sums them in a fixed order, so a
  * token's output does not depend on thread timing), bm 128. */
-void model_moe_dims(const model_config *c, kern_dtype act, int64_t shared_inter,
+void model_moe_dims(const model_config *c, kern_dtype act, int wl, int64_t shared_inter,
                     moe_dims *out);
 
 /* Adds the layer's kernels (keys from moe_layer_keys) to ks, each called

@@ -211,7 +211,7 @@ static mt_status mlp_uses(builder *b, model_plan_layer *ly)
     }
     /* The served MoE layer's kernels (moe_layer.h), keys from the one list. */
     moe_dims md;
-    model_moe_dims(c, pp->act, ly->sh_inter && ly->sh_mxfp4 ? ly->sh_inter : 0, &md);
+    model_moe_dims(c, pp->act, pp->moe_wl, ly->sh_inter && ly->sh_mxfp4 ? ly->sh_inter : 0, &md);
     moe_keys mk;
     moe_layer_keys(&md, &mk);
     USE(&k[MODEL_KS_ROUTE], "moe_route", T, "router", "%s", mk.route);
@@ -342,6 +342,7 @@ static mt_status resolve_params(const model_config *c, const model_plan_opts *o,
             break;
         }
     }
+    pp->moe_wl = moe_weight_layout(o->backend, pp->act == KERN_DT_MXFP4, pp->act == KERN_DT_I8);
     pp->kv_dtype = o->kv_dtype ? o->kv_dtype : KERN_DT_BF16;
     if (pp->kv_dtype != KERN_DT_BF16 && pp->kv_dtype != KERN_DT_FP8E4M3)
         return mt_fail(err, MT_E_INVALID, "kv_dtype %s: the cache holds bf16 or fp8",

@@ -49,6 +49,10 @@ typedef struct model_plan_opts {
      * tensors as the runtime loads them, not from the Quark config; the
      * two agree for a consistent checkpoint. */
     const model_weights *weights;
+    /* The backend the plan is for (default cpu): it decides the MoE expert
+     * weights' layout (moe_weight_layout: grouped by 16 rows for the cpu's
+     * integer tiles), which is part of the expert GEMMs' keys. */
+    dev_backend backend;
 } model_plan_opts;
 
 /* The runtime's options as plan options (same defaults). */
@@ -122,6 +126,7 @@ typedef struct model_plan_params {
     int ps;            /* tokens per page */
     int64_t n_pages, max_ctx, T; /* pool pages, context limit, max_batch_tokens */
     int eps_e, eps6_e; /* rms_norm_eps as 1e-eps_e; the latent norms' 1e-6 */
+    int moe_wl;        /* expert weights' layout (moe_dims.wl) */
 } model_plan_params;
 
 typedef struct model_plan {

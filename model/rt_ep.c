@@ -29,7 +29,7 @@ static void plan_moe_dims(const model_runtime *rt, moe_dims *out)
         if (pl->moe && pl->sh_mxfp4 && pl->sh_inter > sh_max)
             sh_max = pl->sh_inter;
     }
-    model_moe_dims(rt->cfg, rt->act, sh_max, out);
+    model_moe_dims(rt->cfg, rt->act, rt->plan->p.moe_wl, sh_max, out);
 }
 
 mt_status rt_ep_open(model_runtime *rt, mt_err *err)

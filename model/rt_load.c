@@ -204,6 +204,12 @@ static mt_status upload_experts(model_runtime *rt, const char *prefix, bool shar
             }
         }
     }
+    /* The layout the expert GEMMs read (plan: moe_wl): gate, up and down
+     * each regrouped as a whole matrix of n * rows. */
+    if (st == MT_OK && rt->plan->p.moe_wl == 1 &&
+        (!moe_w4_regroup_inplace(hw13, hs13, n * 2 * inter, H, true) ||
+         !moe_w4_regroup_inplace(hw2, hs2, n * H, inter, true)))
+        st = mt_fail(err, MT_E_NOMEM, "%s: regrouping the expert weights", prefix);
     if (st == MT_OK)
         st = upload(rt, hw13, b13 * (size_t)n, w13, err);
     if (st == MT_OK)
@@ -563,7 +569,7 @@ mt_status rt_bufs_alloc(model_runtime *rt, mt_err *err)
         if (st != MT_OK)
             return mt_err_prefix(err, "activation buffers for %" PRId64 " tokens", T);
     }
-    model_moe_dims(rt->cfg, rt->act, sh_max, &rt->moe);
+    model_moe_dims(rt->cfg, rt->act, rt->plan->p.moe_wl, sh_max, &rt->moe);
     if (rt->ep) /* its own workspace: routed experts are split over the ranks */
         return rt_ep_ws_alloc(rt, err);
     bool any_moe = false;

@@ -156,6 +156,7 @@ static mt_status setup(model_runtime *rt, mt_err *err)
     model_plan_opts po;
     model_plan_opts_from_runtime(o, &po);
     po.weights = rt->w;
+    po.backend = rt->props->backend;
     if ((st = model_plan_build(c, &po, &rt->plan, err)) != MT_OK)
         return st;
     const model_plan_params *pp = &rt->plan->p;

@@ -170,11 +170,21 @@ Test(model_plan, keys_follow_the_config_and_the_options)
     int n = 0;
     model_plan_entry *e = plan_of(dir, NULL, &n);
     char key[KERN_KEY_MAX];
-    /* The tiny checkpoint's Quark config asks w4a4 for the routed experts. */
+    /* The tiny checkpoint's Quark config asks w4a4 for the routed experts;
+     * the plan's default device is the cpu, whose integer tiles read the
+     * experts grouped by 16 rows (wl=1), unlike a GPU's. */
     snprintf(key, sizeof key, "H=%" PRId64 ",I=%" PRId64 ",E=%" PRId64 ",topk=%" PRId64
-             ",a=mxfp4,cat=1", c->hidden_size, c->moe_intermediate_size, c->n_routed_experts,
-             c->num_experts_per_tok);
+             ",a=mxfp4,cat=1,wl=1", c->hidden_size, c->moe_intermediate_size,
+             c->n_routed_experts, c->num_experts_per_tok);
     cr_assert_not_null(find(e, n, "moe_gemm_up", key), "no moe_gemm_up %s", key);
+    {
+        model_plan_opts hip = {.backend = DEV_BACKEND_HIP};
+        int ng = 0;
+        model_plan_entry *eg = plan_of(dir, &hip, &ng);
+        key[strlen(key) - strlen(",wl=1")] = 0;
+        cr_assert_not_null(find(eg, ng, "moe_gemm_up", key), "no moe_gemm_up %s on hip", key);
+        free(eg);
+    }
     snprintf(key, sizeof key, "N=%" PRId64 ",K=%" PRId64, 2 * c->intermediate_size,
              c->hidden_size);
     cr_assert_not_null(find(e, n, "gemm", key), "no dense gate/up gemm %s", key);

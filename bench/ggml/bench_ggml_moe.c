@@ -110,6 +110,10 @@ static mt_status load_weights(ggml_side *s, const moe_bench_peer_inputs *in, con
             (st = dev_copy_from(in->d, scl, (const uint8_t *)sc + e * n * k / 32,
                                 (size_t)(n * k / 32), err)) != MT_OK)
             break;
+        if (in->wl && !moe_w4_regroup_inplace(pk, scl, n, k, false)) {
+            st = mt_fail(err, MT_E_NOMEM, "bench_ggml_moe: out of memory ungrouping the weights");
+            break;
+        }
         for (int64_t r = 0; r < n; r++)
             row_to_ggml(pk + r * k / 2, scl + r * k / 32, k, stage + (size_t)(e * n + r) * row_g);
         if (e > 0)
@@ -287,6 +291,9 @@ static mt_status copy_used(const moe_bench_peer_inputs *in, const void *w, const
             st = dev_copy_from(in->d, *scales + u * n * k / 32,
                                (const uint8_t *)sc + used[u] * n * k / 32, (size_t)(n * k / 32),
                                err);
+    /* The references read Quark rows. */
+    if (st == MT_OK && in->wl && !moe_w4_regroup_inplace(*packed, *scales, nu * n, k, false))
+        st = mt_fail(err, MT_E_NOMEM, "bench_ggml_moe: out of memory ungrouping the weights");
     return st;
 }
 

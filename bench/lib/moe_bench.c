@@ -281,6 +281,10 @@ static const int cpu_sweep[][MOE_CPU_NPARAMS] = {
     /* prefill: register tiles, K blocked for L1 */
     {2, 4, 1024, 64, 0}, {4, 4, 1024, 64, 0}, {4, 4, 2048, 128, 0}, {2, 8, 1024, 64, 0},
     {4, 4, 1024, 64, 1024}, {1, 8, 2048, 64, 0}, {4, 4, 512, 64, 0},
+    /* weights grouped by 16 rows (wl=1: NR 1, tokens up to 16 per tile) */
+    {1, 1, 65536, 1024, 2048}, {1, 1, 65536, 256, 4096}, {1, 2, 65536, 256, 2048},
+    {1, 4, 65536, 256, 2048}, {1, 8, 65536, 256, 2048}, {1, 16, 65536, 256, 2048},
+    {1, 8, 2048, 128, 0}, {1, 16, 2048, 128, 2048},
 };
 
 static mt_status open_stage(bench *b, gemm_bench *g, const char *key, mt_err *err)
@@ -495,6 +499,19 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
 /* The layer's dims: the GEMM shape's, the routing of moe_route's preset of
  * the same name (GLM-5.2's when the shape is a key), one MXFP4 shared
  * expert of the routed experts' width. */
+/* The expert weights' layout timed: forced by the options, else the
+ * shape's wl=1, else the one the runtime uses on this device. Weights are
+ * random either way; only the kernels (keys) differ. */
+static int bench_wl(const bench *b, const kern_family *fu, const kern_shape *s)
+{
+    kern_dtype a = (kern_dtype)kern_shape_get(fu, s, "a");
+    if (b->o->wl_set)
+        return b->o->wl;
+    if (kern_shape_get(fu, s, "wl") == 1)
+        return 1;
+    return moe_weight_layout(b->p->backend, a == KERN_DT_MXFP4, a == KERN_DT_I8);
+}
+
 static mt_status layer_dims(bench *b, const kern_family *fu, const kern_shape *s, mt_err *err)
 {
     const kern_family *fr = kern_family_find("moe_route");
@@ -510,7 +527,7 @@ static mt_status layer_dims(bench *b, const kern_family *fu, const kern_shape *s
         .norm = kern_shape_get(fr, &rs, "norm") != 0,
         .a4 = kern_shape_get(fu, s, "a") == KERN_DT_MXFP4,
         .a8 = kern_shape_get(fu, s, "a") == KERN_DT_I8, .shared_inter = b->S, .comb = 1,
-        .bm = BM};
+        .bm = BM, .wl = bench_wl(b, fu, s)};
     return MT_OK;
 }
 
@@ -544,7 +561,8 @@ mt_status moe_bench_run(dev_device *d, const moe_bench_opts *o, FILE *out, mt_er
     if (o->peer) {
         moe_bench_peer_inputs pin = {.d = d, .H = b.H, .I = b.I, .E = b.E, .topk = b.topk,
                                      .maxm = b.maxm, .w13 = b.w13, .s13 = b.s13, .w2 = b.w2,
-                                     .s2 = b.s2, .x = b.x, .h = b.h};
+                                     .s2 = b.s2, .x = b.x, .h = b.h,
+                                     .wl = bench_wl(&b, fu, &s)};
         if ((st = o->peer->setup(o->peer->ctx, &pin, err)) != MT_OK)
             goto out;
     }
@@ -561,7 +579,8 @@ mt_status moe_bench_run(dev_device *d, const moe_bench_opts *o, FILE *out, mt_er
      * layer writes per-pair rows: comb = 1). */
     moe_dims gd = {.hidden = b.H, .inter = b.I, .n_experts = b.E, .topk = (int)b.topk,
                    .a4 = kern_shape_get(fu, &s, "a") == KERN_DT_MXFP4,
-                   .a8 = kern_shape_get(fu, &s, "a") == KERN_DT_I8, .comb = 1, .bm = BM};
+                   .a8 = kern_shape_get(fu, &s, "a") == KERN_DT_I8, .comb = 1, .bm = BM,
+                   .wl = bench_wl(&b, fu, &s)};
     moe_keys keys;
     moe_layer_keys(&gd, &keys);
     b.int_dot = gd.a4 || gd.a8;

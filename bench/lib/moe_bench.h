@@ -40,8 +40,11 @@ typedef struct moe_bench_peer_inputs {
     int64_t H, I, E, topk, maxm;
     /* On d, in moe_gemm_up / moe_gemm_down's cat=1 layout (kernels/mxfp4.h):
      * w13 packed [E, 2I, H/2] (I gate rows, then I up rows), s13 E8M0
-     * [E, 2I, H/32]; w2 packed [E, H, I/2], s2 [E, H, I/32]. */
+     * [E, 2I, H/32]; w2 packed [E, H, I/2], s2 [E, H, I/32]; with wl 1 each
+     * expert's matrices grouped by 16 rows (moe_w4_group16: undo it with
+     * moe_w4_ungroup16 to read Quark rows). */
     const void *w13, *s13, *w2, *s2;
+    int wl;
     const void *x; /* bf16 [maxm, H]: stage 1's tokens */
     const void *h; /* bf16 [maxm * topk, I]: stage 2's input, row p for pair p */
 } moe_bench_peer_inputs;
@@ -69,6 +72,9 @@ typedef struct moe_bench_opts {
     bool json;             /* one JSON object per line instead of a table */
     bool flush;            /* evict caches (stream 1 GiB) before every timed call */
     bool all;              /* print every config's spread to log (not only the best) */
+    bool wl_set;           /* expert weights' layout: false, the one the runtime uses on
+                              this device (moe_weight_layout) unless the shape says wl=1 */
+    int wl;                /* with wl_set: 0 Quark rows, 1 grouped by 16 (cpu integer tiles) */
     double max_ms;         /* timing budget per (config, M); default 1500 */
     uint64_t seed;         /* 0: a fresh seed */
     db_t *db;              /* the layer's configs; NULL: family defaults */
