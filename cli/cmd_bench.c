@@ -23,7 +23,7 @@ static void usage(FILE *f)
             "stage alone: the default config and the best of a small sweep (cpu). Reported:\n"
             "achieved weight bandwidth, GFLOP/s and the fraction of this machine's memory\n"
             "bandwidth: the best of four read patterns, sampled between the timed calls (the\n"
-            "limit is the samples' p90: noise only lowers a probe). --all prints every\n"
+            "limit is the best sample: noise only lowers a probe). --all prints every\n"
             "config's p10/median/p90 to stderr. --flush streams 1 GiB\n"
             "before every timed call, so nothing a call read stays cached. --arch on cpu caps\n"
             "the compiled code at an x86-64 level (x86-64-v3: the AVX2 paths). --wl times\n"

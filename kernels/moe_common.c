@@ -383,9 +383,9 @@ const kern_param_desc moe_cpu_params[MOE_CPU_NPARAMS] = {
 bool moe_cpu_valid(int64_t k, int64_t n, int wl, const kern_config *cfg, char *why, size_t cap)
 {
     int nr = cfg->v[MOE_CPU_NR], kb = cfg->v[MOE_CPU_KB], nt = cfg->v[MOE_CPU_NT];
-    if (wl == 1 && (nr != 1 || nt % 16)) {
-        snprintf(why, cap, "wl=1 tiles are 16 rows: NR must be 1 (is %d) and NT a multiple of 16 "
-                 "(is %d)", nr, nt);
+    if (wl == 1 && ((nt / nr) % 16 || nr * cfg->v[MOE_CPU_MR] > 16)) {
+        snprintf(why, cap, "wl=1: NR groups of 16 rows per tile, so NT/NR (%d/%d) a multiple of 16, "
+                 "and NR x MR (%d x %d) at most 16 accumulators", nt, nr, nr, cfg->v[MOE_CPU_MR]);
         return false;
     }
     if (wl != 1 && cfg->v[MOE_CPU_MR] > 8) {
@@ -424,6 +424,10 @@ bool moe_cpu_valid(int64_t k, int64_t n, int wl, const kern_config *cfg, char *w
  *   panel that stays in L1 across the tiles); a4w4 / a8w4: 2 tokens, all
  *   of K, 256 rows per item with prefetch (at M = 256 on Zen 5: stage 1
  *   246 ms against 281 for the a16w4-style tile, stage 2 156 against 185).
+ * Weights grouped by 16 rows (wl=1): one group per tile (NR 1; two or four
+ * groups as concurrent streams read slower at M = 1 on the Zen 5 VM), one
+ * token (decode), 2 (2 to 4 per expert) or 8 (prefill: 16 accumulators in
+ * stage 1), all of K.
  * Measured on a 2-core Zen 5 (docs/BENCHMARKS.md). */
 void moe_cpu_default(int64_t k, int64_t n, int64_t npairs, int64_t n_experts, bool up,
                      bool int_dot, int wl, kern_config *cfg)

@@ -133,7 +133,8 @@ enum { MOE_CPU_NR, MOE_CPU_MR, MOE_CPU_KB, MOE_CPU_NT, MOE_CPU_PF, MOE_CPU_NPARA
 extern const kern_param_desc moe_cpu_params[MOE_CPU_NPARAMS];
 /* Validity of a cpu config for a GEMM with reduction length k and n output
  * rows per expert, weights in layout wl (0 Quark rows; 1 grouped by 16:
- * register tiles of 16 rows, so NR 1 and NT a multiple of 16; MR up to 16). */
+ * a tile is NR groups of 16 rows (NR streams; x2 in stage 1) and MR tokens,
+ * NR x MR <= 16, NT/NR a multiple of 16). */
 bool moe_cpu_valid(int64_t k, int64_t n, int wl, const kern_config *cfg, char *why, size_t cap);
 /* Default cpu config for npairs routed pairs over n_experts; stage 1 (up)
  * streams two weight rows per NR (gate and up), stage 2 one. int_dot: the

@@ -162,7 +162,7 @@ void bench_spread_of(double *v, int n, bench_spread *out)
         int lo = (int)pos, hi = lo + 1 < n ? lo + 1 : lo;
         r[i] = v[lo] + (v[hi] - v[lo]) * (pos - lo);
     }
-    *out = (bench_spread){r[0], r[1], r[2], n};
+    *out = (bench_spread){r[0], r[1], r[2], n, v[n - 1]};
 }
 
 mt_status bench_limits_open(dev_device *d, bench_limits **out, mt_err *err)

@@ -32,6 +32,7 @@
 typedef struct bench_spread {
     double p10, median, p90;
     int reps;
+    double max; /* the largest sample */
 } bench_spread;
 
 typedef struct bench_limits bench_limits;
@@ -62,7 +63,7 @@ mt_status bench_limits_peaks(bench_limits *l, int launches, bench_peaks *out, mt
 /* Streams the probe buffer once, so nothing a kernel read stays in cache. */
 mt_status bench_limits_flush(bench_limits *l, mt_err *err);
 
-/* p10, median and p90 of v[0:n] (sorted in place). */
+/* p10, median, p90 and max of v[0:n] (sorted in place). */
 void bench_spread_of(double *v, int n, bench_spread *out);
 
 #endif

@@ -236,7 +236,8 @@ static void print_layer(bench *b, int64_t M, const layer_result *lr, const model
     double wbytes = lr->experts * 3.0 * I * H * per + 3.0 * S * H * per + E * H * 2;
     double flops = 2.0 * (double)(M * b->topk) * 3.0 * I * H + 2.0 * (double)M * 3.0 * S * H +
                    2.0 * (double)M * E * H;
-    double ms = lr->t.median, bw = bws->p90; /* noise only lowers a probe: its p90 is the limit */
+    /* Noise only lowers a probe: the limit is its best sample. */
+    double ms = lr->t.median, bw = bws->max;
     double gbs = wbytes / (ms * 1e6), gfl = flops / (ms * 1e6);
     model_selection_counts c;
     model_kset_counts(ks, &c);
@@ -462,7 +463,7 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
     double peak = b->int_dot ? pk.i8 : pk.bf16 > 0 ? pk.bf16 : pk.fma;
     bench_spread bws;
     bench_spread_of(bwv, n, &bws);
-    double bw = bws.p90; /* noise only lowers a probe: its p90 is the limit */
+    double bw = bws.max; /* noise only lowers a probe: the limit is its best sample */
     double experts = experts_sum / (double)(calls ? calls : 1);
     double wbytes = experts * (double)N * (double)K * (0.5 + 1.0 / 32);
     double flops = 2.0 * (double)P * (double)N * (double)K;
