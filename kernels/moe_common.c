@@ -295,45 +295,42 @@ double moe_expected_experts(int64_t n_experts, int64_t topk, int64_t m)
     return e * (1.0 - pow(1.0 - (double)topk / e, (double)m));
 }
 
-/* Where element c of row n lives in the grouped layout: its byte, and 0
- * (low nibble) or 4 (high). */
-static int64_t group16_byte(int64_t k, int64_t n, int64_t c, int *shift)
-{
-    int64_t e = c % 32;
-    *shift = e >= 16 ? 4 : 0;
-    e %= 16;
-    return (n / 16) * 16 * (k / 2) + (c / 32) * 256 + 64 * (e / 4) + 4 * (n % 16) + e % 4;
-}
-
-static int64_t group16_scale(int64_t k, int64_t n, int64_t b)
-{
-    return (n / 16) * 16 * (k / 32) + b * 16 + n % 16;
-}
-
-static uint8_t nibble(const uint8_t *p, int64_t i, int shift) { return (uint8_t)((p[i] >> shift) & 15); }
-
+/* Row r of group g, block b: its 16 Quark bytes and its 256-byte grouped
+ * block (where byte 64 v + 4 r + i holds elements 4 v + i and 16 + 4 v + i
+ * in its low and high nibble). */
 static void regroup(const uint8_t *packed, const uint8_t *scales, int64_t rows, int64_t k,
                     uint8_t *out_packed, uint8_t *out_scales, bool to_groups)
 {
-    for (int64_t n = 0; n < rows; n++) {
-        const uint8_t *qrow = packed + n * (k / 2);
-        uint8_t *orow = out_packed + n * (k / 2);
-        for (int64_t j = 0; j < k / 2; j++) {
-            int s0, s1;
-            int64_t g0 = group16_byte(k, n, 2 * j, &s0), g1 = group16_byte(k, n, 2 * j + 1, &s1);
-            if (to_groups) {
-                /* element 2j goes to g0, 2j + 1 to g1 (each a nibble of its own byte) */
-                out_packed[g0] = (uint8_t)((out_packed[g0] & (0xf0 >> s0)) | (qrow[j] & 15) << s0);
-                out_packed[g1] = (uint8_t)((out_packed[g1] & (0xf0 >> s1)) | (qrow[j] >> 4) << s1);
-            } else {
-                orow[j] = (uint8_t)(nibble(packed, g0, s0) | nibble(packed, g1, s1) << 4);
+    const int64_t rb = k / 2, nb = k / 32;
+    for (int64_t g = 0; g < rows / 16; g++)
+        for (int64_t b = 0; b < nb; b++) {
+            const int64_t gbase = g * 16 * rb + b * 256;
+            for (int r = 0; r < 16; r++) {
+                const int64_t qbase = (16 * g + r) * rb + b * 16;
+                uint8_t e[32]; /* the block's nibbles in K order */
+                if (to_groups) {
+                    for (int j = 0; j < 16; j++) {
+                        e[2 * j] = packed[qbase + j] & 15;
+                        e[2 * j + 1] = packed[qbase + j] >> 4;
+                    }
+                    for (int v = 0; v < 4; v++)
+                        for (int i = 0; i < 4; i++)
+                            out_packed[gbase + 64 * v + 4 * r + i] =
+                                (uint8_t)(e[4 * v + i] | e[16 + 4 * v + i] << 4);
+                } else {
+                    for (int v = 0; v < 4; v++)
+                        for (int i = 0; i < 4; i++) {
+                            uint8_t byte = packed[gbase + 64 * v + 4 * r + i];
+                            e[4 * v + i] = byte & 15;
+                            e[16 + 4 * v + i] = byte >> 4;
+                        }
+                    for (int j = 0; j < 16; j++)
+                        out_packed[qbase + j] = (uint8_t)(e[2 * j] | e[2 * j + 1] << 4);
+                }
+                int64_t qs = (16 * g + r) * nb + b, gs = g * 16 * nb + b * 16 + r;
+                out_scales[to_groups ? gs : qs] = scales[to_groups ? qs : gs];
             }
         }
-        for (int64_t b = 0; b < k / 32; b++) {
-            int64_t q = n * (k / 32) + b, g = group16_scale(k, n, b);
-            out_scales[to_groups ? g : q] = scales[to_groups ? q : g];
-        }
-    }
 }
 
 void moe_w4_group16(const uint8_t *packed, const uint8_t *scales, int64_t rows, int64_t k,
