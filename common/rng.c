@@ -2,6 +2,7 @@
 #include "rng.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -60,6 +61,13 @@ float mt_rng_normal(mt_rng *r)
 
 uint64_t mt_seed_fresh(void)
 {
+    const char *fixed = getenv("MOETUNE_SEED");
+    if (fixed && *fixed) {
+        char *end;
+        unsigned long long v = strtoull(fixed, &end, 0);
+        if (!*end)
+            return (uint64_t)v;
+    }
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     uint64_t x = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;

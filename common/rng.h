@@ -18,7 +18,8 @@ float mt_rng_uniform(mt_rng *r, float lo, float hi);
 /* Standard normal (Box-Muller). */
 float mt_rng_normal(mt_rng *r);
 /* A fresh seed from the clock and the process id, for tests that must not
- * reuse one input forever; print it so a failure can be replayed. */
+ * reuse one input forever; print it so a failure can be replayed: with
+ * MOETUNE_SEED set (decimal or 0x hex), every call returns that seed. */
 uint64_t mt_seed_fresh(void);
 
 #endif
