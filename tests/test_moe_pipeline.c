@@ -3,7 +3,9 @@
  * shared expert, each a kernel of a kernel set with the configs it selects)
  * against moe_reference on the tiny dims
  * (H=256, I=128, E=16, top-4, shared expert 128 wide) on cpu and on the
- * emulator, with both combine paths, a4w4 and a16w4, M in {1, 3, 17, 64}.
+ * emulator, with both combine paths, a4w4 and a16w4, M in {1, 3, 17, 64};
+ * on cpu also a4w4 and a8w4 on weights grouped by 16 rows (wl=1, what the
+ * runtime loads there), against the reference on the Quark rows.
  * Near-tied routing can legitimately pick another expert (float vs double
  * logits): a token's row may differ from the reference only when two of
  * its biased scores lie within 1e-5 around its top-k. */
@@ -13,6 +15,7 @@
 
 #include "common/numeric.h"
 #include "device/device.h"
+#include "kernels/moe_common.h"
 #include "model/moe_layer.h"
 #include "moe_glm_util.h"
 
@@ -25,11 +28,31 @@ static void *upload(dev_device *d, const void *src, size_t n)
     return p;
 }
 
-static void run_layer(const char *spec, bool a4, int comb)
+/* rows x k MXFP4 weights uploaded in layout wl (1: grouped by 16 rows). */
+static void *upload_w4(dev_device *d, const uint8_t *w, const uint8_t *s, int64_t rows, int64_t k,
+                       int wl, void **scales)
+{
+    size_t pb = (size_t)(rows * k / 2), sb = (size_t)(rows * k / 32);
+    if (!wl) {
+        *scales = upload(d, s, sb);
+        return upload(d, w, pb);
+    }
+    uint8_t *gw = malloc(pb), *gs = malloc(sb);
+    cr_assert(gw && gs);
+    moe_w4_group16(w, s, rows, k, gw, gs);
+    void *p = upload(d, gw, pb);
+    *scales = upload(d, gs, sb);
+    free(gw);
+    free(gs);
+    return p;
+}
+
+/* act: KERN_DT_BF16 (a16w4), KERN_DT_MXFP4 (a4w4) or KERN_DT_I8 (a8w4). */
+static void run_layer(const char *spec, kern_dtype act, int comb, int wl)
 {
     moe_dims dm = {.hidden = 256, .inter = 128, .n_experts = 16, .topk = 4, .ngroup = 1,
-                   .topkg = 1, .scale = 2.5f, .norm = true, .a4 = a4, .shared_inter = 128,
-                   .comb = comb};
+                   .topkg = 1, .scale = 2.5f, .norm = true, .a4 = act == KERN_DT_MXFP4, .a8 = act == KERN_DT_I8,
+                   .shared_inter = 128, .comb = comb, .wl = wl};
     uint64_t seed = mt_seed_fresh();
     layer_host l;
     layer_host_make(&dm, seed, &l);
@@ -37,13 +60,14 @@ static void run_layer(const char *spec, bool a4, int comb)
     mt_err err = MT_ERR_INIT;
     cr_assert_eq(dev_open(spec, NULL, &d, &err), MT_OK, "%s", err.msg);
     int64_t H = dm.hidden, I = dm.inter, E = dm.n_experts, S = dm.shared_inter;
-    moe_weights w = {
-        upload(d, l.gate, (size_t)(E * H) * 2), upload(d, l.bias, (size_t)E * 4),
-        upload(d, l.w13, (size_t)(E * I * H)), upload(d, l.s13, (size_t)(E * I * H / 16)),
-        upload(d, l.w2, (size_t)(E * H * I / 2)), upload(d, l.s2, (size_t)(E * H * I / 32)),
-        upload(d, l.sh_w13, (size_t)(S * H)), upload(d, l.sh_s13, (size_t)(S * H / 16)),
-        upload(d, l.sh_w2, (size_t)(H * S / 2)), upload(d, l.sh_s2, (size_t)(H * S / 32)),
-    };
+    moe_weights w = {.gate = upload(d, l.gate, (size_t)(E * H) * 2),
+                     .bias = upload(d, l.bias, (size_t)E * 4)};
+    void *s13, *s2, *sh_s13, *sh_s2;
+    w.w13 = upload_w4(d, l.w13, l.s13, E * 2 * I, H, wl, &s13);
+    w.w2 = upload_w4(d, l.w2, l.s2, E * H, I, wl, &s2);
+    w.sh_w13 = upload_w4(d, l.sh_w13, l.sh_s13, 2 * S, H, wl, &sh_s13);
+    w.sh_w2 = upload_w4(d, l.sh_w2, l.sh_s2, H, S, wl, &sh_s2);
+    w.s13 = s13, w.s2 = s2, w.sh_s13 = sh_s13, w.sh_s2 = sh_s2;
     model_kset *ks = NULL;
     model_moe_kernels mk;
     model_moe_ws *ws = NULL;
@@ -91,8 +115,8 @@ static void run_layer(const char *spec, bool a4, int comb)
             for (int e = 0; e < E; e++)
                 for (int j = 0; j < dm.topk; j++)
                     tie |= e != tid[j] && fabs(choice[e] - choice[tid[j]]) < 1e-5;
-            cr_expect(tie, "%s a4=%d comb=%d M=%lld token %lld col %d: got %g want %g (seed %llu)",
-                      spec, a4, comb, (long long)M, (long long)t, bad, got[t * H + bad],
+            cr_expect(tie, "%s a=%s comb=%d wl=%d M=%lld token %lld col %d: got %g want %g "
+                      "(seed %llu)", spec, kern_dtype_name(act), comb, wl, (long long)M, (long long)t, bad, got[t * H + bad],
                       want[t * H + bad], (unsigned long long)seed);
         }
         dev_free(d, dx);
@@ -111,8 +135,10 @@ static void run_layer(const char *spec, bool a4, int comb)
     layer_host_free(&l);
 }
 
-Test(moe_pipeline, cpu_a4w4_atomic_combine) { run_layer("cpu", true, 0); }
-Test(moe_pipeline, cpu_a4w4_rows_and_combine) { run_layer("cpu", true, 1); }
-Test(moe_pipeline, cpu_a16w4_atomic_combine) { run_layer("cpu", false, 0); }
-Test(moe_pipeline, emu_a4w4_atomic_combine) { run_layer("emu", true, 0); }
-Test(moe_pipeline, emu_a16w4_rows_and_combine) { run_layer("emu:wave32", false, 1); }
+Test(moe_pipeline, cpu_a4w4_atomic_combine) { run_layer("cpu", KERN_DT_MXFP4, 0, 0); }
+Test(moe_pipeline, cpu_a4w4_rows_and_combine) { run_layer("cpu", KERN_DT_MXFP4, 1, 0); }
+Test(moe_pipeline, cpu_a16w4_atomic_combine) { run_layer("cpu", KERN_DT_BF16, 0, 0); }
+Test(moe_pipeline, cpu_a4w4_grouped_rows_and_combine) { run_layer("cpu", KERN_DT_MXFP4, 1, 1); }
+Test(moe_pipeline, cpu_a8w4_grouped_rows_and_combine) { run_layer("cpu", KERN_DT_I8, 1, 1); }
+Test(moe_pipeline, emu_a4w4_atomic_combine) { run_layer("emu", KERN_DT_MXFP4, 0, 0); }
+Test(moe_pipeline, emu_a16w4_rows_and_combine) { run_layer("emu:wave32", KERN_DT_BF16, 1, 0); }
