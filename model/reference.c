@@ -37,6 +37,8 @@ struct model_ref {
     double rope_af, sm_scale; /* cos/sin factor and softmax scale (YaRN or not) */
     float *embed, *norm, *lm_head;
     ref_layer *layers;
+    double *margin; /* [n_margin] the last forward's router margins */
+    int64_t n_margin;
 };
 
 static float bf(const model_ref *r, float x) { return r->o.mimic ? mt_bf16_round(x) : x; }
@@ -218,6 +220,7 @@ void model_ref_close(model_ref *r)
         free_layer(r, &r->layers[i]);
     free(r->layers);
     free(r->inv_freq);
+    free(r->margin);
     free(r->embed);
     free(r->norm);
     free(r->lm_head);
@@ -353,6 +356,7 @@ static int by_score(const void *a, const void *b, void *ctx)
 typedef struct ref_scratch {
     float *xn, *a, *qn, *q, *iq, *kv, *ik, *iw, *qabs, *o, *v, *y, *g, *u, *h, *act;
     double *score, *p;
+    double margin; /* this position's least router selection margin so far */
     int32_t *sel, *order;
     int64_t nsel;
     bool prompt;       /* a forward of more than one token (the runtime's prefill chunk) */
@@ -595,6 +599,9 @@ static void mlp(model_ref *r, ref_layer *ly, float *resid, ref_scratch *s, doubl
             ids[k] = (int32_t)best;
             wsum += score[best];
         }
+        for (int64_t e = 0; e < E; e++)
+            if (!taken[e] && choice[ids[K - 1]] - choice[e] < s->margin)
+                s->margin = choice[ids[K - 1]] - choice[e];
         double rsf = r->c->routed_scaling_factor;
         for (int64_t k = 0; k < K; k++) {
             double wk = r->c->norm_topk_prob ? score[ids[k]] / (wsum + 1e-20) * rsf
@@ -640,15 +647,22 @@ mt_status model_ref_forward(model_ref *r, const int32_t *tokens, int64_t n, floa
     s.order = malloc(sizeof(int32_t) * (size_t)big);
     float *resid = malloc(sizeof(float) * (size_t)H);
     double *y = malloc(sizeof(double) * (size_t)H);
+    double *margin = realloc(r->margin, sizeof(double) * (size_t)(n ? n : 1));
+    if (margin)
+        r->margin = margin;
+    r->n_margin = 0;
     mt_status st = MT_OK;
-    if (!ok || !s.score || !s.p || !s.sel || !s.order || !resid || !y)
+    if (!ok || !s.score || !s.p || !s.sel || !s.order || !resid || !y || !margin)
         st = mt_fail(err, MT_E_NOMEM, "reference: scratch");
     for (int64_t t = 0; st == MT_OK && t < n; t++) {
         memcpy(resid, r->embed + (int64_t)tokens[t] * H, sizeof(float) * (size_t)H);
+        s.margin = INFINITY;
         for (int64_t l = 0; l < r->n_layers; l++) {
             attention(r, &r->layers[l], t, resid, &s);
             mlp(r, &r->layers[l], resid, &s, y);
         }
+        r->margin[t] = s.margin;
+        r->n_margin = t + 1;
         rmsnorm(r, resid, r->norm, H, r->eps, s.xn);
         matvec(r->lm_head, s.xn, r->V, H, logits + t * r->V);
     }
@@ -661,4 +675,9 @@ mt_status model_ref_forward(model_ref *r, const int32_t *tokens, int64_t n, floa
     free(resid);
     free(y);
     return st;
+}
+
+double model_ref_router_margin(const model_ref *r, int64_t t)
+{
+    return t >= 0 && t < r->n_margin ? r->margin[t] : INFINITY;
 }

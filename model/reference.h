@@ -59,4 +59,11 @@ int64_t model_ref_vocab(const model_ref *r);
 mt_status model_ref_forward(model_ref *r, const int32_t *tokens, int64_t n, float *logits,
                             mt_err *err);
 
+/* Position t's router margin in the last model_ref_forward: over its MoE
+ * layers, the least gap between the k-th chosen expert's selection score
+ * (score + correction bias) and the best expert not chosen. A kernel path
+ * whose rounding moves the scores by more than that can choose another
+ * expert there. INFINITY without MoE layers or outside the last run. */
+double model_ref_router_margin(const model_ref *r, int64_t t);
+
 #endif
