@@ -61,7 +61,7 @@ Test(forward_emu, decode_token_by_token_equals_prefill)
     int32_t V = model_runtime_vocab(rt);
     uint64_t seed = mt_seed_fresh();
     const int n = 6;
-    int32_t *tok = fw_tokens(seed, n, V);
+    int32_t *tok = fw_tokens_clear(dir, seed, n, V, FW_CROSS_PATH_MARGIN);
     float *pre = fw_prefill(rt, tok, n, NULL);
     float *dec = malloc(sizeof(float) * (size_t)V * n);
     int seq;
