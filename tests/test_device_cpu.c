@@ -215,7 +215,7 @@ Test(device_cpu, every_argument_type_reaches_the_kernel)
     dev_close(d);
 }
 
-/* More arguments than the x86-64 registers hold: the libffi path. */
+/* More float arguments than the x86-64 SSE registers hold: the libffi path. */
 static const char many_src[] =
     "MT_CPU_KERNEL void many(double *o, int a, int b, int c, int d, int e, int f,\n"
     "                        long g, float h, float i, float j, float k, float l,\n"
@@ -258,6 +258,56 @@ Test(device_cpu, kernels_with_more_arguments_than_registers_get_every_value)
                                fv[6] - 4.0f * fv[7]) + q * ru;
     for (int i = 0; i < 7; i++)
         cr_assert_float_eq(out[i], want, 1e-6 * (fabs(want) + 1), "seed %" PRIu64
+                           ": item %d got %.17g want %.17g", seed, i, out[i], want);
+    dev_module_unload(m);
+    dev_close(d);
+}
+
+/* Integer-class arguments past the six registers (on the stack, as the
+ * MoE GEMMs' 13) with floats between them: the direct-call path. Each
+ * value has its own weight, so a swapped or shifted argument shows. */
+static const char stack_src[] =
+    "MT_CPU_KERNEL void stack(double *o, int a, unsigned b, long c, int d, float e, int f,\n"
+    "                         long g, int h, double i, unsigned j, int k, long l, int m,\n"
+    "                         float n, int p, long q)\n"
+    "{\n"
+    "    o[itemIdx.x] = a + 3.0 * b + 5.0 * c + 7.0 * d + 11.0 * e + 13.0 * f + 17.0 * g\n"
+    "        + 19.0 * h + 23.0 * i + 29.0 * j + 31.0 * k + 37.0 * l + 41.0 * m + 43.0 * n\n"
+    "        + 47.0 * p + 53.0 * q;\n"
+    "}\n";
+
+Test(device_cpu, integer_arguments_past_the_registers_reach_the_kernel)
+{
+    uint64_t seed = mt_seed_fresh();
+    mt_rng r;
+    mt_rng_seed(&r, seed);
+    dev_device *d = td_open("cpu:2", NULL);
+    dev_module *m = td_build(d, "stack.c", stack_src, NULL, 0, true);
+    dev_kernel *k = td_kernel(m, "stack", "piulifiliduilifil");
+    int iv[8];
+    unsigned uv[2];
+    long lv[4];
+    float fv[2];
+    for (int i = 0; i < 8; i++)
+        iv[i] = (int)mt_rng_below(&r, 2000000) - 1000000;
+    for (int i = 0; i < 2; i++)
+        uv[i] = 4000000000u - (unsigned)mt_rng_below(&r, 1000);
+    for (int i = 0; i < 4; i++)
+        lv[i] = ((long)mt_rng_below(&r, 1u << 20) - (1l << 19)) << 20;
+    for (int i = 0; i < 2; i++)
+        fv[i] = (float)((int)mt_rng_below(&r, 200) - 100) / 4.0f;
+    double dv = (double)mt_rng_below(&r, 1000) / 8.0;
+    double out[5];
+    void *o = out;
+    void *args[] = {&o,     &iv[0], &uv[0], &lv[0], &iv[1], &fv[0], &iv[2], &lv[1], &iv[3],
+                    &dv,    &uv[1], &iv[4], &lv[2], &iv[5], &fv[1], &iv[6], &lv[3]};
+    launch(d, k, (dev_dim3){5, 1, 1}, args);
+    double want = iv[0] + 3.0 * uv[0] + 5.0 * lv[0] + 7.0 * iv[1] + 11.0 * fv[0] +
+                  13.0 * iv[2] + 17.0 * lv[1] + 19.0 * iv[3] + 23.0 * dv + 29.0 * uv[1] +
+                  31.0 * iv[4] + 37.0 * lv[2] + 41.0 * iv[5] + 43.0 * fv[1] + 47.0 * iv[6] +
+                  53.0 * lv[3];
+    for (int i = 0; i < 5; i++)
+        cr_assert_float_eq(out[i], want, 1e-12 * fabs(want) + 1e-9, "seed %" PRIu64
                            ": item %d got %.17g want %.17g", seed, i, out[i], want);
     dev_module_unload(m);
     dev_close(d);
