@@ -421,10 +421,13 @@ bool moe_cpu_valid(int64_t k, int64_t n, int wl, const kern_config *cfg, char *w
  *   panel that stays in L1 across the tiles); a4w4 / a8w4: 2 tokens, all
  *   of K, 256 rows per item with prefetch (at M = 256 on Zen 5: stage 1
  *   246 ms against 281 for the a16w4-style tile, stage 2 156 against 185).
- * Weights grouped by 16 rows (wl=1): one group per tile (NR 1; two or four
- * groups as concurrent streams read slower at M = 1 on the Zen 5 VM), one
- * token (decode), 2 (2 to 4 per expert) or 8 (prefill: 16 accumulators in
- * stage 1), all of K.
+ * Weights grouped by 16 rows (wl=1): two groups in flight below 4 pairs
+ * per expert, so two weight streams and two chains of dots per block:
+ * stage 1 one gate and one up group (NR 1), stage 2 two groups (NR 2; at
+ * M = 1 on the Zen 5 VM 1.16-1.21 ms against 1.37-1.44 with one group,
+ * whose dot chains wait on each other; four streams read slower in stage
+ * 1); prefill one group (NR 1). One token (decode), 2 (2 to 4 per expert)
+ * or 8 (prefill: 16 accumulators in stage 1), all of K.
  * Measured on a 2-core Zen 5 (docs/BENCHMARKS.md). */
 void moe_cpu_default(int64_t k, int64_t n, int64_t npairs, int64_t n_experts, bool up,
                      bool int_dot, int wl, kern_config *cfg)
@@ -460,7 +463,7 @@ void moe_cpu_default(int64_t k, int64_t n, int64_t npairs, int64_t n_experts, bo
     if (cfg->v[MOE_CPU_KB] < k && k % cfg->v[MOE_CPU_KB])
         cfg->v[MOE_CPU_KB] = 65536;
     if (wl == 1) {
-        cfg->v[MOE_CPU_NR] = 1;
+        cfg->v[MOE_CPU_NR] = !up && per_expert < 4 && cfg->v[MOE_CPU_NT] % 32 == 0 ? 2 : 1;
         cfg->v[MOE_CPU_MR] = per_expert >= 4 ? 8 : per_expert >= 2 ? 2 : 1;
         if (cfg->v[MOE_CPU_NT] < 16)
             cfg->v[MOE_CPU_NT] = 16;
