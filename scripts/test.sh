@@ -64,12 +64,15 @@ if [ $quick -eq 0 ]; then
   # TLS (the kernels' __thread scratch and shared memory, no heap pointers
   # that outlive a launch). test_lsan_reports checks that
   # leaks are still reported with these options.
-  # Not under the sanitizers: the ISA-capped variants (test_*_cpu_v2/v3/v4).
-  # Their host code is the base test's; only the kernels the host compiler
-  # builds differ, and those are never instrumented, so they would re-run
-  # the same instrumented code (the first pass runs them).
+  # Not under the sanitizers: the checks of cpu kernels against their
+  # references (test_moe_check_cpu, test_attn_check_cpu_*, test_moe_glm).
+  # The cpu kernels are never instrumented, and the host code those tests
+  # run (the runner, the kernel set, the cpu backend) runs instrumented in
+  # the emu variants, test_moe_pipeline and the model tests; under ASan
+  # they spent about a minute on uninstrumented kernels and on references
+  # (the first pass runs them).
   ASAN_OPTIONS=detect_leaks=1:intercept_tls_get_addr=0:abort_on_error=1 \
   UBSAN_OPTIONS=print_stacktrace=1 \
     ctest_clean_tmp --test-dir build-asan -j"$jobs" --output-on-failure \
-      -E '^test_(attn|moe)_check_cpu_v[234]$'
+      -E '^test_((attn|moe)_check_cpu(_v[234]|_base)?|moe_glm)$'
 fi
