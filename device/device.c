@@ -5,7 +5,9 @@
 #include "device_impl.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <sys/file.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -297,6 +299,65 @@ static bool cache_disabled(void)
     return v && *v && strcmp(v, "0") != 0;
 }
 
+/* The cached code object for c->info.key into c (bytes, resources, text):
+ * false when there is none. */
+static bool cache_load(dev_device *d, dev_code *c)
+{
+    if (cache_get(d, c->info.key, &c->bytes, &c->len) != MT_OK)
+        return false;
+    c->info.cache_hit = true;
+    if (!d->ops->inspect || d->ops->inspect(d->ctx, c->bytes, c->len, &c->info, NULL) != MT_OK ||
+        c->info.n_kernels == 0)
+        cache_get_info(d, c->info.key, &c->info);
+    if (d->ops->text_ext) {
+        char tpath[4200];
+        size_t tlen = 0;
+        cache_text_path(d, c->info.key, tpath, sizeof tpath);
+        if (mt_file_read(tpath, &c->text, &tlen, NULL) != MT_OK)
+            c->text = NULL; /* a cache entry from before texts were kept */
+    }
+    return true;
+}
+
+/* Compiles of one key wait for each other, across threads and processes
+ * sharing the cache (ctest -j, expert-parallel ranks, tuner shards): the
+ * second finds the first's result in the cache instead of compiling it
+ * again. An exclusive flock on one of 4096 lock files (<cache>/<backend>/
+ * locks/, by the key's first three hex digits): two different keys share
+ * one about once in 4096. -1 when no lock could be taken (an unwritable
+ * cache): compile without. */
+static int compile_lock(dev_device *d, const char *key)
+{
+    char path[4096];
+    mt_cache_dir(path, sizeof path);
+    size_t n = strlen(path);
+    if (snprintf(path + n, sizeof path - n, "/%s/locks", d->ops->name) >= (int)(sizeof path - n) ||
+        mt_mkdirs(path, NULL) != MT_OK)
+        return -1;
+    n = strlen(path);
+    if (snprintf(path + n, sizeof path - n, "/%.3s", key) >= (int)(sizeof path - n))
+        return -1;
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return -1;
+    while (flock(fd, LOCK_EX) != 0)
+        if (errno != EINTR) {
+            close(fd);
+            return -1;
+        }
+    return fd;
+}
+
+/* LOCK_UN first: a child forked meanwhile shares the open file, and close
+ * alone would leave the lock held until it exits. */
+static void compile_unlock(int fd)
+{
+    if (fd < 0)
+        return;
+    flock(fd, LOCK_UN);
+    close(fd);
+}
+
 mt_status dev_compile(dev_device *d, const dev_compile_req *req, dev_code **out,
                       mt_err *err)
 {
@@ -309,19 +370,13 @@ mt_status dev_compile(dev_device *d, const dev_compile_req *req, dev_code **out,
         return mt_fail(err, MT_E_NOMEM, "compile of '%s'", req->name);
     cache_key(d, req, c->info.key);
     bool use_cache = !req->no_cache && !cache_disabled();
-    if (use_cache && cache_get(d, c->info.key, &c->bytes, &c->len) == MT_OK) {
-        c->info.cache_hit = true;
-        if (!d->ops->inspect ||
-            d->ops->inspect(d->ctx, c->bytes, c->len, &c->info, NULL) != MT_OK ||
-            c->info.n_kernels == 0)
-            cache_get_info(d, c->info.key, &c->info);
-        if (d->ops->text_ext) {
-            char tpath[4200];
-            size_t tlen = 0;
-            cache_text_path(d, c->info.key, tpath, sizeof tpath);
-            if (mt_file_read(tpath, &c->text, &tlen, NULL) != MT_OK)
-                c->text = NULL; /* a cache entry from before texts were kept */
-        }
+    if (use_cache && cache_load(d, c)) {
+        *out = c;
+        return MT_OK;
+    }
+    int lock = use_cache ? compile_lock(d, c->info.key) : -1;
+    if (lock >= 0 && cache_load(d, c)) { /* compiled while this one waited */
+        compile_unlock(lock);
         *out = c;
         return MT_OK;
     }
@@ -333,11 +388,13 @@ mt_status dev_compile(dev_device *d, const dev_compile_req *req, dev_code **out,
                                          &c->log, &c->info, err);
     c->info.compile_ms = (double)(mt_now_ns() - t0) * 1e-6;
     if (st != MT_OK) {
+        compile_unlock(lock);
         dev_code_free(c);
         return st;
     }
     if (use_cache)
         cache_put(d, c->info.key, c->bytes, c->len, &c->info, c->text);
+    compile_unlock(lock);
     *out = c;
     return MT_OK;
 }

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -355,6 +356,59 @@ Test(device_cpu, compile_error_returns_the_compiler_log_naming_the_source)
     cr_assert(strstr(err.msg, "undefined_thing"), "log lacks the compiler's text: %s",
               err.msg);
     dev_close(d);
+}
+
+/* Two compiles of one new text at the same moment, each on its own device
+ * handle (as two processes would): one compiles, the other waits for it and
+ * reads the cache. */
+typedef struct racer {
+    pthread_barrier_t *start;
+    const char *src;
+    bool hit;
+    mt_status st;
+    mt_err err;
+} racer;
+
+static void *race_compile(void *arg)
+{
+    racer *r = arg;
+    dev_device *d = NULL;
+    mt_err *err = &r->err;
+    r->st = dev_open("cpu", NULL, &d, err);
+    pthread_barrier_wait(r->start);
+    dev_code *c = NULL;
+    if (r->st == MT_OK) {
+        dev_compile_req req = {.name = "race.c", .source = r->src};
+        r->st = dev_compile(d, &req, &c, err);
+    }
+    r->hit = c && dev_code_get_info(c)->cache_hit;
+    dev_code_free(c);
+    dev_close(d);
+    return NULL;
+}
+
+Test(device_cpu, simultaneous_compiles_of_one_text_compile_once)
+{
+    tmp_cache_make_writable();
+    for (int round = 0; round < 3; round++) {
+        char src[256];
+        snprintf(src, sizeof src, "/* %016" PRIx64 " */\nMT_CPU_KERNEL void z(float *x) "
+                 "{ x[itemIdx.x] = 1.5f; }\n", mt_seed_fresh());
+        pthread_barrier_t start;
+        pthread_barrier_init(&start, NULL, 2);
+        racer r[2] = {{.start = &start, .src = src, .err = MT_ERR_INIT},
+                      {.start = &start, .src = src, .err = MT_ERR_INIT}};
+        pthread_t th[2];
+        for (int i = 0; i < 2; i++)
+            cr_assert_eq(pthread_create(&th[i], NULL, race_compile, &r[i]), 0);
+        for (int i = 0; i < 2; i++)
+            pthread_join(th[i], NULL);
+        pthread_barrier_destroy(&start);
+        for (int i = 0; i < 2; i++)
+            cr_assert_eq(r[i].st, MT_OK, "compile %d: %s", i, r[i].err.msg);
+        cr_assert_eq(r[0].hit + r[1].hit, 1, "round %d: %d of 2 compiles were cache hits "
+                     "(one should wait for the other)", round, r[0].hit + r[1].hit);
+    }
 }
 
 Test(device_cpu, second_compile_of_the_same_text_is_a_cache_hit)
