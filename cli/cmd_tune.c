@@ -44,6 +44,10 @@ static void usage(void)
         "                      the runtime\n"
         "  --kv-dtype T        with --model: bf16 (default) or fp8 KV cache\n"
         "  --max-batch-tokens N  with --model: the runtime's largest step (default 512)\n"
+        "  --ep N              with --model: also each rank's expert sort and expert\n"
+        "                      GEMMs under expert parallelism over N ranks (serve\n"
+        "                      --ranks N): their local expert counts, M up to every\n"
+        "                      pair of a step\n"
         "  --m LIST            token counts, e.g. 1,16,128 (default 1,2,4,...,4096)\n"
         "  --device D          cpu, emu, emu:wave32, hip, hip:N, cuda (default auto)\n"
         "  --arch A            GPU arch; with no such GPU: compile-only\n"
@@ -124,6 +128,15 @@ static int parse(int argc, char **argv, tune_opts *o, tune_cli *c)
                 cli_error("tune", "--kv-dtype '%s': bf16 or fp8", v);
                 return CLI_USAGE;
             }
+        } else if ((v = cli_opt(argc, argv, &i, "--ep", &bad))) {
+            c->plan_opts_given = true;
+            char *end = NULL;
+            long n = strtol(v, &end, 10);
+            if (!*v || *end || n < 1 || n > 4096) {
+                cli_error("tune", "--ep '%s': a number of ranks, 1 to 4096", v);
+                return CLI_USAGE;
+            }
+            c->plan.ep_ranks = (int)n;
         } else if ((v = cli_opt(argc, argv, &i, "--max-batch-tokens", &bad))) {
             c->plan_opts_given = true;
             c->plan.max_batch_tokens = atoi(v);
@@ -213,7 +226,7 @@ static int parse(int argc, char **argv, tune_opts *o, tune_cli *c)
         return CLI_USAGE;
     }
     if (!c->model && c->plan_opts_given) {
-        cli_error("tune", "--act-quant, --kv-dtype and --max-batch-tokens go with --model");
+        cli_error("tune", "--act-quant, --kv-dtype, --max-batch-tokens and --ep go with --model");
         return CLI_USAGE;
     }
     return 0;

@@ -16,6 +16,7 @@
 
 #include "plan.h"
 
+#include "ep_moe.h"
 #include "moe_layer.h"
 
 #define PAGE_TOKENS_DEFAULT 16
@@ -220,6 +221,28 @@ static mt_status mlp_uses(builder *b, model_plan_layer *ly)
     USE(&k[MODEL_KS_DOWN], "moe_gemm_down", T, "experts down", "%s", mk.down);
     if (md.comb)
         USE(&k[MODEL_KS_COMBINE], "moe_combine", T, "combine", "%s", mk.combine);
+    /* Expert parallelism: each rank's kernels at its own expert count (the
+     * counts differ by one at most: one set per distinct count). */
+    for (int r = 0; r < pp->ep_ranks; r++) {
+        int64_t first, count, prev_first, prev_count = -1;
+        model_ep_range(md.n_experts, pp->ep_ranks, r, &first, &count);
+        if (r > 0)
+            model_ep_range(md.n_experts, pp->ep_ranks, r - 1, &prev_first, &prev_count);
+        if (count == prev_count)
+            continue;
+        moe_dims local;
+        model_ep_local_dims(&md, count, &local);
+        moe_keys lk;
+        moe_layer_keys(&local, &lk);
+        char why[64];
+        int unused;
+        snprintf(why, sizeof why, "expert sort (EP rank, %" PRId64 " experts)", count);
+        USE(&unused, "moe_align", T * md.topk, why, "%s", lk.align);
+        snprintf(why, sizeof why, "experts up (EP rank, %" PRId64 " experts)", count);
+        USE(&unused, "moe_gemm_up", T * md.topk, why, "%s", lk.up);
+        snprintf(why, sizeof why, "experts down (EP rank, %" PRId64 " experts)", count);
+        USE(&unused, "moe_gemm_down", T * md.topk, why, "%s", lk.down);
+    }
     if (!ly->sh_inter)
         return MT_OK;
     if (ly->sh_mxfp4) {
@@ -360,6 +383,12 @@ static mt_status resolve_params(const model_config *c, const model_plan_opts *o,
     if (o->max_batch_tokens < 0)
         return mt_fail(err, MT_E_INVALID, "max_batch_tokens %d", o->max_batch_tokens);
     pp->T = o->max_batch_tokens > 0 ? o->max_batch_tokens : BATCH_TOKENS_DEFAULT;
+    if (o->ep_ranks < 0 || o->ep_ranks > 4096)
+        return mt_fail(err, MT_E_INVALID, "ep_ranks %d: 0 (none) to 4096", o->ep_ranks);
+    if (o->ep_ranks > 1 && c->n_routed_experts < o->ep_ranks)
+        return mt_fail(err, MT_E_INVALID, "expert parallelism over %d ranks: config.json has "
+                       "%" PRId64 " routed experts", o->ep_ranks, c->n_routed_experts);
+    pp->ep_ranks = o->ep_ranks;
     return MT_OK;
 }
 

@@ -53,6 +53,13 @@ typedef struct model_plan_opts {
      * weights' layout (moe_weight_layout: grouped by 16 rows for the cpu's
      * integer tiles), which is part of the expert GEMMs' keys. */
     dev_backend backend;
+    /* Expert parallelism over this many ranks (0: none): the plan
+     * also lists each rank's expert sort and expert GEMMs at its local
+     * shape (model_ep_local_dims: its experts, one pair per row, M up to
+     * every pair of a step), the keys an expert-parallel runtime looks up.
+     * The runtime itself does not set it (ep_moe.c registers those kernels
+     * beside the plan's); `tune --model --ep N` does. */
+    int ep_ranks;
 } model_plan_opts;
 
 /* The runtime's options as plan options (same defaults). */
@@ -127,6 +134,7 @@ typedef struct model_plan_params {
     int64_t n_pages, max_ctx, T; /* pool pages, context limit, max_batch_tokens */
     int eps_e, eps6_e; /* rms_norm_eps as 1e-eps_e; the latent norms' 1e-6 */
     int moe_wl;        /* expert weights' layout (moe_dims.wl) */
+    int ep_ranks;      /* model_plan_opts.ep_ranks (0: none) */
 } model_plan_params;
 
 typedef struct model_plan {

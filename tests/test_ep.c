@@ -27,6 +27,7 @@
 
 #include "comm/comm.h"
 #include "model/ep_moe.h"
+#include "model/plan.h"
 #include "serve/serve_client.h"
 #include "test_forward_util.h"
 
@@ -115,6 +116,99 @@ Test(ep, one_rank_expert_parallel_path_is_bitwise_the_plain_runtime, .timeout = 
     model_runtime_close(ep);
     model_runtime_close(plain);
     mt_comm_close(c);
+    fw_rm_dir(dir);
+}
+
+/* `tune --model --ep N` tunes what the ranks look up: the expert-parallel
+ * kernels the one-rank runtime registers (its report's "this rank's
+ * experts" lines) are exactly the plan's EP entries for one rank; at 3
+ * ranks the plan has the 6- and 5-expert shapes (16 experts), one pair per
+ * row, M up to every pair of a step. */
+Test(ep, plan_lists_the_expert_parallel_kernels_the_ranks_look_up, .timeout = 300)
+{
+    char *dir = fw_tiny_dir();
+    mt_comm *c = NULL;
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(mt_comm_open("self", &c, &err), MT_OK, "%s", err.msg);
+    model_runtime *rt = open_comm(dir, c, 0, &err);
+    cr_assert_not_null(rt, "%s", err.msg);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    model_runtime_report(rt, f);
+    fclose(f);
+    const model_config *cfg = model_runtime_config(rt);
+    int64_t topk = cfg->num_experts_per_tok, experts = cfg->n_routed_experts;
+    model_runtime_close(rt);
+    mt_comm_close(c);
+
+    model_plan_opts po = {.kv_pages = 64, .max_batch_tokens = 64, .ep_ranks = 1};
+    model_plan_entry *plan = NULL;
+    int n = 0;
+    cr_assert_eq(model_kernel_plan(dir, &po, &plan, &n, &err), MT_OK, "%s", err.msg);
+    int in_report = 0, in_plan = 0;
+    bool *seen = calloc((size_t)n, sizeof *seen);
+    char *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        char fam[64], key[KERN_KEY_MAX];
+        if (!strstr(line, "this rank's experts") || sscanf(line, "%63s %511s", fam, key) != 2)
+            continue;
+        int found = -1;
+        for (int i = 0; i < n && found < 0; i++)
+            if (!strcmp(plan[i].fam->name, fam) && !strcmp(plan[i].key, key) &&
+                strstr(plan[i].purpose, "EP rank"))
+                found = i;
+        cr_assert(found >= 0, "the runtime looks up %s %s; the plan with --ep 1 does not list "
+                  "it", fam, key);
+        in_report += !seen[found]; /* a line per M bucket */
+        seen[found] = true;
+    }
+    free(seen);
+    for (int i = 0; i < n; i++)
+        in_plan += strstr(plan[i].purpose, "EP rank") != NULL;
+    cr_assert_eq(in_report, 3, "the report's expert-parallel kernels (align, up, down): %d",
+                 in_report);
+    cr_assert_eq(in_plan, in_report, "the plan lists %d EP kernels, the runtime %d", in_plan,
+                 in_report);
+    free(plan);
+
+    po.ep_ranks = 3;
+    cr_assert_eq(model_kernel_plan(dir, &po, &plan, &n, &err), MT_OK, "%s", err.msg);
+    int ups = 0;
+    for (int i = 0; i < n; i++) {
+        if (!strstr(plan[i].purpose, "EP rank") || strcmp(plan[i].fam->name, "moe_gemm_up"))
+            continue;
+        int64_t local = experts / 3 + (ups == 0);
+        kern_shape s;
+        cr_assert_eq(kern_shape_parse(plan[i].fam, plan[i].key, &s, NULL, &err), MT_OK, "%s",
+                     err.msg);
+        cr_assert_eq(kern_shape_get(plan[i].fam, &s, "E"), local, "%s", plan[i].key);
+        cr_assert_eq(kern_shape_get(plan[i].fam, &s, "topk"), 1, "%s", plan[i].key);
+        cr_assert_eq(plan[i].m_max, 64 * topk, "%s: largest M %" PRId64, plan[i].key,
+                     plan[i].m_max);
+        ups++;
+    }
+    cr_assert_eq(ups, 2, "16 experts over 3 ranks: a 6- and a 5-expert up GEMM, %d listed", ups);
+    free(plan);
+    po.ep_ranks = (int)experts + 1;
+    cr_assert_eq(model_kernel_plan(dir, &po, &plan, &n, &err), MT_E_INVALID);
+    cr_assert(strstr(err.msg, "routed experts"), "%s", err.msg);
+    /* The command line: --ep takes a rank count and goes with --model. */
+    const char *bad[][2] = {{"--ep 0 --model", "a number of ranks"},
+                            {"--ep 3x --model", "a number of ranks"},
+                            {"--ep 2 --family moe_gemm_up --shape", "go with --model"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char cmd[2048], out[4096] = "";
+        snprintf(cmd, sizeof cmd, "%s tune %s %s 2>&1", MOETUNE_BIN, bad[i][0], dir);
+        FILE *p = popen(cmd, "r");
+        cr_assert_not_null(p);
+        size_t got = fread(out, 1, sizeof out - 1, p);
+        out[got] = 0;
+        int rc = pclose(p);
+        cr_assert(WIFEXITED(rc) && WEXITSTATUS(rc) == 2, "%s: exit %d: %s", cmd, rc, out);
+        cr_assert(strstr(out, bad[i][1]), "%s: %s", cmd, out);
+    }
+    free(text);
     fw_rm_dir(dir);
 }
 
