@@ -44,6 +44,8 @@ static void usage(void)
         "                      the runtime\n"
         "  --kv-dtype T        with --model: bf16 (default) or fp8 KV cache\n"
         "  --max-batch-tokens N  with --model: the runtime's largest step (default 512)\n"
+        "  --mtp               with --model: also the MTP layer's kernels (serve\n"
+        "                      --speculative-steps K runs them)\n"
         "  --ep N              with --model: also each rank's expert sort and expert\n"
         "                      GEMMs under expert parallelism over N ranks (serve\n"
         "                      --ranks N): their local expert counts, M up to every\n"
@@ -128,6 +130,9 @@ static int parse(int argc, char **argv, tune_opts *o, tune_cli *c)
                 cli_error("tune", "--kv-dtype '%s': bf16 or fp8", v);
                 return CLI_USAGE;
             }
+        } else if (cli_flag(argv[i], "--mtp")) {
+            c->plan_opts_given = true;
+            c->plan.mtp = true;
         } else if ((v = cli_opt(argc, argv, &i, "--ep", &bad))) {
             c->plan_opts_given = true;
             char *end = NULL;
@@ -226,7 +231,8 @@ static int parse(int argc, char **argv, tune_opts *o, tune_cli *c)
         return CLI_USAGE;
     }
     if (!c->model && c->plan_opts_given) {
-        cli_error("tune", "--act-quant, --kv-dtype, --max-batch-tokens and --ep go with --model");
+        cli_error("tune", "--act-quant, --kv-dtype, --max-batch-tokens, --mtp and --ep go "
+                  "with --model");
         return CLI_USAGE;
     }
     return 0;

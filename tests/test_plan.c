@@ -84,7 +84,8 @@ static void check_runtime_registers_plan(const char *dir, const model_plan_opts 
     model_runtime_opts ro = {.model_dir = dir, .device = "cpu", .threads = 2,
                              .act_quant = po->act_quant, .act_quant_set = po->act_quant_set,
                              .kv_dtype = po->kv_dtype, .kv_pages = po->kv_pages,
-                             .max_batch_tokens = po->max_batch_tokens, .log = quiet};
+                             .max_batch_tokens = po->max_batch_tokens, .log = quiet,
+                             .speculative_steps = po->mtp ? 2 : 0};
     model_runtime *rt = NULL;
     mt_err err = MT_ERR_INIT;
     cr_assert_eq(model_runtime_open(&ro, &rt, &err), MT_OK, "%s", err.msg);
@@ -156,6 +157,23 @@ Test(model_plan, runtime_registers_exactly_the_plan_with_overrides)
     char *dir = tiny_dir();
     model_plan_opts po = {.act_quant = MODEL_ACT_NONE, .act_quant_set = true,
                           .kv_dtype = KERN_DT_FP8E4M3, .kv_pages = 40, .max_batch_tokens = 24};
+    check_runtime_registers_plan(dir, &po);
+    rm_dir(dir);
+}
+
+/* Speculative decoding runs the MTP layer: `tune --model --mtp` lists its
+ * kernels, so the runtime with --speculative-steps finds them tuned. */
+Test(model_plan, runtime_with_speculation_registers_exactly_the_plan_with_mtp)
+{
+    char *dir = tiny_dir();
+    model_plan_opts po = {.kv_pages = 64, .max_batch_tokens = 32, .mtp = true};
+    int n_mtp = 0, n_plain = 0;
+    free(plan_of(dir, &po, &n_mtp));
+    po.mtp = false;
+    free(plan_of(dir, &po, &n_plain));
+    cr_assert_gt(n_mtp, n_plain, "the MTP layer adds kernels (eh_proj, its concat): %d vs %d",
+                 n_mtp, n_plain);
+    po.mtp = true;
     check_runtime_registers_plan(dir, &po);
     rm_dir(dir);
 }
