@@ -103,8 +103,11 @@ static void add_layer(ctx *x, int64_t i)
     add_lin(x, MEM_ATTENTION, 1, a, "kv_a_proj_with_mqa", c->kv_lora_rank + c->qk_rope_head_dim,
             H);
     p->part[MEM_ATTENTION] += 2.0 * c->kv_lora_rank;
-    add_lin(x, MEM_ATTENTION, tp, a, "kv_b_proj", heads * (c->qk_nope_head_dim + c->v_head_dim),
-            c->kv_lora_rank);
+    /* kv_b twice, in bf16 whatever the checkpoint stores (rt_load.c
+     * upload_kv_b): split per head (W_UK^T | W_UV) for the absorbed decode
+     * path, and whole for mla_prefill's expansion. */
+    p->part[MEM_ATTENTION] +=
+        2.0 * heads * (c->qk_nope_head_dim + c->v_head_dim) * c->kv_lora_rank * 2 / tp;
     add_lin(x, MEM_ATTENTION, tp, a, "o_proj", H, heads * c->v_head_dim);
 
     if (indexer_full(c, i)) {

@@ -14,7 +14,9 @@
  *   - embedding and lm_head: vocabulary parallel over all ranks.
  * Each linear's bytes follow the Quark config as the loader reads it
  * (quark.h): MXFP4 = out*in/2 + out*in/32 (E8M0 scales), fp8 = out*in + a
- * float per row, anything else bf16. Norm vectors are bf16.
+ * float per row, anything else bf16. Norm vectors are bf16. kv_b_proj
+ * counts twice in bf16: the runtime keeps it split per head for the
+ * absorbed decode path and whole for mla_prefill.
  *
  * KV cache per token and layer: (kv_lora_rank + qk_rope_head_dim) values,
  * plus index_head_dim for layers that run their own indexer, in the cache

@@ -14,7 +14,9 @@
  *   router: 76 MoE layers x (256 x 6144 x 2 + 256 x 4) = 239,153,152;
  *   attention, bf16, per layer: norms 24,576, q_a 25,165,824, q_a norm
  *     4,096, q_b 67,108,864, kv_a 7,077,888, kv_a norm 1,024, kv_b
- *     29,360,128, o_proj 201,326,592 = 330,068,992; x 79 = 26,075,450,368;
+ *     29,360,128 twice (split per head for the absorbed path, whole for
+ *     mla_prefill), o_proj 201,326,592 = 359,429,120; x 79 =
+ *     28,394,900,480;
  *   indexer: full layers 0, 1, 2, 6, 10, ..., 74 (21) + MTP = 22, each
  *     wq_b 16,777,216 + wk 1,572,864 + weights_proj 393,216 + k_norm 512
  *     = 18,743,808; x 22 = 412,363,776;
@@ -22,14 +24,15 @@
  *   embedding and lm_head, 154880 / 8 = 19360 rows each in bf16, plus the
  *     final norm: 2 x 237,895,680 + 12,288 = 475,803,648;
  *   MTP extra: eh_proj 6144 x 12288 x 2 + 3 norms = 151,031,808;
- *   total 80,837,863,424.
+ *   total 83,157,313,536.
  * KV per token: 79 x 576 x 2 + 22 x 128 x 2 = 96,640 bytes.
  * Workspace, 512 tokens: 512 x 4 x (8 H + 2 x 8 x 4096 + 64 x 512 + 19360)
  *   = 341,639,168.
- * H200: 141e9 x 0.9 - weights - workspace = 45,720,497,408 bytes of KV,
- *   473,101 tokens per rank, 3,784,808 across 8 data-parallel ranks.
- * Tensor-parallel attention over 8: q_b, kv_b, o_proj / 8 = 37,224,448 plus
- *   the replicated 32,273,408 = 69,497,856 per layer, x 79 = 5,490,330,624;
+ * H200: 141e9 x 0.9 - weights - workspace = 43,401,047,296 bytes of KV,
+ *   449,100 tokens per rank, 3,592,800 across 8 data-parallel ranks.
+ * Tensor-parallel attention over 8: q_b, both kv_b, o_proj / 8 = 40,894,464
+ *   plus the replicated 32,273,408 = 73,167,872 per layer, x 79 =
+ *   5,780,261,888;
  *   dense MLP / 8 = 169,869,312. */
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>
@@ -68,17 +71,17 @@ Test(mem_plan, glm52_on_8_ranks_matches_the_hand_computation)
     cr_assert_eq(part(&p, MEM_SHARED_EXPERTS), 1579548672.0, "%.0f",
                  part(&p, MEM_SHARED_EXPERTS));
     cr_assert_eq(part(&p, MEM_ROUTER), 239153152.0, "%.0f", part(&p, MEM_ROUTER));
-    cr_assert_eq(part(&p, MEM_ATTENTION), 26075450368.0, "%.0f", part(&p, MEM_ATTENTION));
+    cr_assert_eq(part(&p, MEM_ATTENTION), 28394900480.0, "%.0f", part(&p, MEM_ATTENTION));
     cr_assert_eq(part(&p, MEM_INDEXER), 412363776.0, "%.0f", part(&p, MEM_INDEXER));
     cr_assert_eq(part(&p, MEM_DENSE_MLP), 1358954496.0, "%.0f", part(&p, MEM_DENSE_MLP));
     cr_assert_eq(part(&p, MEM_EMBED_HEAD), 475803648.0, "%.0f", part(&p, MEM_EMBED_HEAD));
     cr_assert_eq(part(&p, MEM_MTP_EXTRA), 151031808.0, "%.0f", part(&p, MEM_MTP_EXTRA));
-    cr_assert_eq(p.weights, 80837863424.0, "%.0f", p.weights);
+    cr_assert_eq(p.weights, 83157313536.0, "%.0f", p.weights);
     cr_assert_eq(p.kv_per_token, 96640.0, "%.0f", p.kv_per_token);
     cr_assert_eq(p.workspace, 341639168.0, "%.0f", p.workspace);
     mem_fit h200 = mem_plan_fit(&p, "H200", 141e9);
-    cr_assert_eq(h200.kv_tokens, 473101);
-    cr_assert_eq(h200.kv_tokens_total, 3784808);
+    cr_assert_eq(h200.kv_tokens, 449100);
+    cr_assert_eq(h200.kv_tokens_total, 3592800);
     model_config_destroy(c);
 }
 
@@ -89,7 +92,7 @@ Test(mem_plan, tensor_parallel_attention_splits_heads_and_shares_the_cache)
     mt_err err = {0};
     mem_plan_opts o = {.ranks = 8, .tp = 8};
     cr_assert_eq(mem_plan_compute(c, &o, &p, &err), MT_OK, "%s", err.msg);
-    cr_assert_eq(part(&p, MEM_ATTENTION), 5490330624.0, "%.0f", part(&p, MEM_ATTENTION));
+    cr_assert_eq(part(&p, MEM_ATTENTION), 5780261888.0, "%.0f", part(&p, MEM_ATTENTION));
     cr_assert_eq(part(&p, MEM_DENSE_MLP), 169869312.0, "%.0f", part(&p, MEM_DENSE_MLP));
     cr_assert_eq(part(&p, MEM_ROUTED_EXPERTS), 50545557504.0);
     mem_fit f = mem_plan_fit(&p, "H200", 141e9);
@@ -174,7 +177,7 @@ Test(mem_plan, cli_prints_the_same_plan_as_json)
     cJSON *j = cJSON_Parse(out);
     cr_assert_not_null(j, "%s", out);
     cJSON *w = cJSON_GetObjectItem(j, "weights_bytes");
-    cr_assert_eq(cJSON_GetObjectItem(w, "total")->valuedouble, 80837863424.0);
+    cr_assert_eq(cJSON_GetObjectItem(w, "total")->valuedouble, 83157313536.0);
     cJSON *devs = cJSON_GetObjectItem(j, "devices");
     bool saw = false;
     for (int i = 0; i < cJSON_GetArraySize(devs); i++) {
@@ -182,7 +185,7 @@ Test(mem_plan, cli_prints_the_same_plan_as_json)
         if (strcmp(cJSON_GetObjectItem(d, "device")->valuestring, "H200"))
             continue;
         saw = true;
-        cr_assert_eq(cJSON_GetObjectItem(d, "kv_tokens_per_rank")->valuedouble, 473101.0);
+        cr_assert_eq(cJSON_GetObjectItem(d, "kv_tokens_per_rank")->valuedouble, 449100.0);
     }
     cr_assert(saw, "no H200 row: %s", out);
     cJSON_Delete(j);
