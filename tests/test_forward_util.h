@@ -69,9 +69,10 @@ static inline int32_t *fw_tokens(uint64_t seed, int n, int32_t vocab)
     return t;
 }
 
-/* The least router margin of the mimic reference over a prompt's positions
- * (model_ref_router_margin). */
-static inline double fw_least_margin(const char *dir, const int32_t *tok, int n, int32_t V)
+/* The mimic reference's logits of a prompt, [n][V]; *least_margin (may be
+ * NULL): its least router margin over the positions (model_ref_router_margin). */
+static inline float *fw_ref_logits(const char *dir, const int32_t *tok, int n, int32_t V,
+                                   double *least_margin)
 {
     model_ref_opts ro = {.mimic = true};
     model_ref *ref = NULL;
@@ -80,16 +81,14 @@ static inline double fw_least_margin(const char *dir, const int32_t *tok, int n,
     float *lg = malloc(sizeof(float) * (size_t)V * (size_t)n);
     cr_assert_eq(model_ref_forward(ref, tok, n, lg, &err), MT_OK, "%s", err.msg);
     cr_assert(isinf(model_ref_router_margin(ref, n)), "no margin past the last position");
-    double least = INFINITY;
-    for (int t = 0; t < n; t++) {
+    for (int t = 0; least_margin && t < n; t++) {
         double m = model_ref_router_margin(ref, t);
         cr_assert(m >= 0 && isfinite(m), "position %d: router margin %g (the tiny model has "
                   "MoE layers)", t, m);
-        least = m < least ? m : least;
+        *least_margin = t == 0 || m < *least_margin ? m : *least_margin;
     }
-    free(lg);
     model_ref_close(ref);
-    return least;
+    return lg;
 }
 
 /* For fw_tokens_clear where two runtime paths are compared: flips were
@@ -108,7 +107,8 @@ static inline int32_t *fw_tokens_clear(const char *dir, uint64_t seed, int n, in
 {
     for (int draw = 0; draw < 200; draw++) {
         int32_t *tok = fw_tokens(seed + (uint64_t)draw, n, V);
-        double m = fw_least_margin(dir, tok, n, V);
+        double m = INFINITY;
+        free(fw_ref_logits(dir, tok, n, V, &m));
         if (m >= min_margin) {
             cr_log_info("seed %" PRIu64 ", draw %d: least router margin %.3g", seed, draw, m);
             return tok;

@@ -49,18 +49,6 @@ static float *run_runtime(const char *dir, const char *device, int max_batch, co
     return lg;
 }
 
-static float *run_reference(const char *dir, const int32_t *tok, int n, int32_t V)
-{
-    model_ref_opts ro = {.mimic = true};
-    model_ref *ref = NULL;
-    mt_err err = MT_ERR_INIT;
-    cr_assert_eq(model_ref_open(dir, &ro, &ref, &err), MT_OK, "%s", err.msg);
-    float *want = malloc(sizeof(float) * (size_t)V * (size_t)n);
-    cr_assert_eq(model_ref_forward(ref, tok, n, want, &err), MT_OK, "%s", err.msg);
-    model_ref_close(ref);
-    return want;
-}
-
 /* Mean and worst relative L2 error of n rows. */
 static double rows_err(const float *got, const float *want, int n, int32_t V, double *worst)
 {
@@ -107,10 +95,10 @@ static void check_yarn(const char *device, int n, int max_batch, double min_move
     int32_t *tok = min_margin > 0 ? fw_tokens_clear(dir, seed, n, V, min_margin)
                                   : fw_tokens(seed, n, V);
     float *got = run_runtime(dir, device, max_batch, tok, n);
-    float *want = run_reference(dir, tok, n, V);
+    float *want = fw_ref_logits(dir, tok, n, V, NULL);
     set_rope(dir, plain);
     float *got_plain = run_runtime(dir, device, max_batch, tok, n);
-    float *want_plain = run_reference(dir, tok, n, V);
+    float *want_plain = fw_ref_logits(dir, tok, n, V, NULL);
 
     /* Expert choices near a tie flip between the two (a whole position
      * then moves by ~0.2, and later positions read its cache), more often
