@@ -294,7 +294,7 @@ Test(device_cpu, integer_arguments_past_the_registers_reach_the_kernel)
     for (int i = 0; i < 2; i++)
         uv[i] = 4000000000u - (unsigned)mt_rng_below(&r, 1000);
     for (int i = 0; i < 4; i++)
-        lv[i] = ((long)mt_rng_below(&r, 1u << 20) - (1l << 19)) << 20;
+        lv[i] = ((long)mt_rng_below(&r, 1u << 20) - (1l << 19)) * (1l << 20);
     for (int i = 0; i < 2; i++)
         fv[i] = (float)((int)mt_rng_below(&r, 200) - 100) / 4.0f;
     double dv = (double)mt_rng_below(&r, 1000) / 8.0;
