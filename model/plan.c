@@ -223,13 +223,13 @@ static mt_status mlp_uses(builder *b, model_plan_layer *ly)
         USE(&k[MODEL_KS_COMBINE], "moe_combine", T, "combine", "%s", mk.combine);
     /* Expert parallelism: each rank's kernels at its own expert count (the
      * counts differ by one at most: one set per distinct count). */
+    int64_t prev_count = -1;
     for (int r = 0; r < pp->ep_ranks; r++) {
-        int64_t first, count, prev_first, prev_count = -1;
+        int64_t first, count;
         model_ep_range(md.n_experts, pp->ep_ranks, r, &first, &count);
-        if (r > 0)
-            model_ep_range(md.n_experts, pp->ep_ranks, r - 1, &prev_first, &prev_count);
         if (count == prev_count)
             continue;
+        prev_count = count;
         moe_dims local;
         model_ep_local_dims(&md, count, &local);
         moe_keys lk;
