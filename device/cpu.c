@@ -236,7 +236,7 @@ static mt_status cpu_module_load(void *ctx, const void *bytes, size_t len, void 
     dlerror();
     m->set_item = (set_item_fn)(uintptr_t)dlsym(m->dl, "mt__set_item");
     if (!m->set_item) {
-        dlclose(m->dl);
+        dev_host_dlclose(m->dl);
         free(m);
         return mt_fail(err, MT_E_FORMAT,
                        "cpu module has no mt__set_item: it was not compiled with "
@@ -256,7 +256,7 @@ static void cpu_module_unload(void *ctx, void *mod)
         next = k->next;
         free(k);
     }
-    dlclose(m->dl);
+    dev_host_dlclose(m->dl);
     free(m);
 }
 

@@ -118,8 +118,11 @@ int dev_run_tool(const char *const *argv, const char *log_path);
 mt_status dev_host_check_sig(void *dl, const char *name, const char *sig, mt_err *err);
 /* Identity of the host compiler ("cc (Debian 12.2.0-14) 12.2.0"), cached. */
 const char *dev_host_cc_id(void);
-/* Writes bytes to a private temporary file and dlopen()s it. */
+/* dlopen()s the shared object in bytes: from an anonymous memory file, or
+ * where that is not available a private temporary file (removed at once). */
 mt_status dev_host_dlopen(const void *bytes, size_t len, void **handle, mt_err *err);
+/* dlclose for a dev_host_dlopen handle (and its memory file); NULL: no-op. */
+void dev_host_dlclose(void *handle);
 
 /* Embedded text of a prelude in device/preludes ("prelude_gpu.h"), or NULL. */
 const char *dev_prelude_get(const char *name);

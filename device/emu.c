@@ -394,14 +394,14 @@ static mt_status emu_module_load(void *ctx, const void *bytes, size_t len, void 
         (int (*)(const struct mt_emu_rt *))dlsym(m->dl, "mt__emu_bind");
     m->anchor = (void *(*)(void))dlsym(m->dl, "mt__emu_tls_anchor");
     if (!bind || !m->anchor) {
-        dlclose(m->dl);
+        dev_host_dlclose(m->dl);
         free(m);
         return mt_fail(err, MT_E_FORMAT, "emu: the code object was not built by the emu "
                        "backend (no mt__emu_bind)");
     }
     int abi = bind(emu_exec_rt());
     if (abi != MT_EMU_ABI) {
-        dlclose(m->dl);
+        dev_host_dlclose(m->dl);
         free(m);
         return mt_fail(err, MT_E_FORMAT, "emu: code object has runtime ABI %d, this "
                        "build has %d (recompile it)", abi, MT_EMU_ABI);
@@ -422,7 +422,7 @@ static void emu_module_unload(void *ctx, void *mod)
         free(k->name);
         free(k);
     }
-    dlclose(m->dl);
+    dev_host_dlclose(m->dl);
     free(m);
 }
 

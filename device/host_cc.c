@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -355,9 +356,91 @@ mt_status dev_host_check_sig(void *dl, const char *name, const char *sig, mt_err
     return MT_OK;
 }
 
+static bool write_all(int fd, const void *bytes, size_t len)
+{
+    const char *p = bytes;
+    while (len) {
+        ssize_t w = write(fd, p, len);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return false;
+        p += w;
+        len -= (size_t)w;
+    }
+    return true;
+}
+
+/* Objects are loaded from anonymous memory files (memfd_create): nothing
+ * on disk that a process killed while loading could leave behind (killed
+ * tuner workers and ranks left $TMPDIR/moetune-so-* files). The memory
+ * file stays open while its object is loaded: glibc's dlopen returns an
+ * already loaded object of the same path, and /proc/self/fd/N must not
+ * name a second object while the first is loaded. memfds: handle -> fd. */
+typedef struct memfd_entry {
+    struct memfd_entry *next;
+    void *handle;
+    int fd;
+} memfd_entry;
+static pthread_mutex_t memfd_lock = PTHREAD_MUTEX_INITIALIZER;
+static memfd_entry *memfds;
+
+/* NULL when memfd is not available or the load failed: then a file. */
+static void *dlopen_memfd(const void *bytes, size_t len)
+{
+    memfd_entry *e = malloc(sizeof *e);
+    int fd = e ? memfd_create("moetune-kernel", MFD_CLOEXEC) : -1;
+    void *h = NULL;
+    if (fd >= 0 && write_all(fd, bytes, len)) {
+        char path[64];
+        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+        /* RTLD_LOCAL: each module keeps its own symbols (two configs of
+         * one kernel define the same names). */
+        h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    }
+    if (!h) {
+        if (fd >= 0)
+            close(fd);
+        free(e);
+        return NULL;
+    }
+    e->handle = h;
+    e->fd = fd;
+    pthread_mutex_lock(&memfd_lock);
+    e->next = memfds;
+    memfds = e;
+    pthread_mutex_unlock(&memfd_lock);
+    return h;
+}
+
+void dev_host_dlclose(void *handle)
+{
+    if (!handle)
+        return;
+    dlclose(handle);
+    pthread_mutex_lock(&memfd_lock);
+    memfd_entry *found = NULL;
+    for (memfd_entry **p = &memfds; *p; p = &(*p)->next)
+        if ((*p)->handle == handle) {
+            found = *p;
+            *p = found->next;
+            break;
+        }
+    pthread_mutex_unlock(&memfd_lock);
+    if (found) {
+        close(found->fd);
+        free(found);
+    }
+}
+
 mt_status dev_host_dlopen(const void *bytes, size_t len, void **handle, mt_err *err)
 {
     *handle = NULL;
+    void *h = dlopen_memfd(bytes, len);
+    if (h) {
+        *handle = h;
+        return MT_OK;
+    }
     char path[512];
     if (!mt_tmp_path(path, sizeof path, "moetune-so-XXXXXX"))
         return mt_fail(err, MT_E_IO, "%s: $TMPDIR is too long", path);
@@ -365,24 +448,13 @@ mt_status dev_host_dlopen(const void *bytes, size_t len, void **handle, mt_err *
     if (fd < 0)
         return mt_fail(err, MT_E_IO, "cannot create a temporary file %s: %s", path,
                        strerror(errno));
-    const char *p = bytes;
-    size_t left = len;
-    while (left) {
-        ssize_t w = write(fd, p, left);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            close(fd);
-            unlink(path);
-            return mt_fail(err, MT_E_IO, "%s: write failed", path);
-        }
-        p += w;
-        left -= (size_t)w;
-    }
+    bool ok = write_all(fd, bytes, len);
     close(fd);
-    /* RTLD_LOCAL: each module keeps its own symbols (two configs of one
-     * kernel define the same names). */
-    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!ok) {
+        unlink(path);
+        return mt_fail(err, MT_E_IO, "%s: write failed", path);
+    }
+    h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     unlink(path); /* the mapping stays valid */
     if (!h)
         return mt_fail(err, MT_E_DEVICE, "dlopen of compiled kernel failed: %s",
