@@ -99,7 +99,11 @@ static void check(serve_gen *g, const prompt_set *ps, int p, uint64_t seed, cons
         cr_assert_eq(v.tokens[i], ps->want[p][i], "seed %" PRIu64 " %s prompt %d (%d tokens): "
                      "token %d is %d with speculation, %d plain", seed, how, p, ps->len[p], i,
                      v.tokens[i], ps->want[p][i]);
-    cr_assert_gt(v.spec_rounds, 0, "%s prompt %d: no verify rounds", how, p);
+    /* A first token that ends the request (an end-of-sequence id) leaves
+     * nothing to draft: a verify round needs a second token. */
+    if (ps->n_want[p] > 1)
+        cr_assert_gt(v.spec_rounds, 0, "seed %" PRIu64 " %s prompt %d: %d tokens, no verify "
+                     "rounds", seed, how, p, ps->n_want[p]);
     serve_gen_release(g);
 }
 
