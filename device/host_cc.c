@@ -385,15 +385,19 @@ typedef struct memfd_entry {
 static pthread_mutex_t memfd_lock = PTHREAD_MUTEX_INITIALIZER;
 static memfd_entry *memfds;
 
-/* NULL when memfd is not available or the load failed: then a file. */
-static void *dlopen_memfd(const void *bytes, size_t len)
+/* The handle, or NULL: *tried says whether a memory file was written (the
+ * object itself then failed to load: dlerror() says why); when not, memfd
+ * is not available and the caller uses a file. */
+static void *dlopen_memfd(const void *bytes, size_t len, bool *tried)
 {
     memfd_entry *e = malloc(sizeof *e);
     int fd = e ? memfd_create("moetune-kernel", MFD_CLOEXEC) : -1;
     void *h = NULL;
+    *tried = false;
     if (fd >= 0 && write_all(fd, bytes, len)) {
         char path[64];
         snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+        *tried = true;
         /* RTLD_LOCAL: each module keeps its own symbols (two configs of
          * one kernel define the same names). */
         h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
@@ -436,11 +440,14 @@ void dev_host_dlclose(void *handle)
 mt_status dev_host_dlopen(const void *bytes, size_t len, void **handle, mt_err *err)
 {
     *handle = NULL;
-    void *h = dlopen_memfd(bytes, len);
+    bool tried;
+    void *h = dlopen_memfd(bytes, len, &tried);
     if (h) {
         *handle = h;
         return MT_OK;
     }
+    if (tried) /* a bad object: loading it from a file would fail again */
+        return mt_fail(err, MT_E_DEVICE, "dlopen of compiled kernel failed: %s", dlerror());
     char path[512];
     if (!mt_tmp_path(path, sizeof path, "moetune-so-XXXXXX"))
         return mt_fail(err, MT_E_IO, "%s: $TMPDIR is too long", path);
