@@ -24,7 +24,7 @@ static void usage(FILE *f)
             "                        [--act-quant none|mxfp4|int8] [--kv-dtype bf16|fp8]\n"
             "                        [--logits FILE] [--step-logits FILE] [--report]\n"
             "                        [--batch-invariant]\n"
-            "                        [--speculative-steps K] [--comm self|mpi]\n"
+            "                        [--speculative-steps K] [--comm self|mpi [--tp]]\n"
             "Runs the GLM-5 checkpoint in DIR on the device (default auto) with kernels from\n"
             "the tuning database FILE (every kernel runs its default config without one),\n"
             "prints the generated text (with a tokenizer) and the token ids. Sampling:\n"
@@ -43,7 +43,10 @@ static void usage(FILE *f)
             "above temperature 0); the acceptance rate goes to stderr.\n"
             "--comm mpi runs across the ranks of `mpirun -np N moetune generate ...`\n"
             "(every rank with the same options): each rank holds 1/N of the routed experts\n"
-            "(expert parallelism); rank 0 runs the prompt, prints and writes --logits.\n");
+            "(expert parallelism); rank 0 runs the prompt, prints and writes --logits.\n"
+            "--tp adds tensor parallelism: each rank also holds 1/N of the attention heads,\n"
+            "of o_proj's rows and of the vocabulary (embedding, lm_head), and every rank\n"
+            "runs every token; the MoE layers split the tokens over the ranks.\n");
 }
 
 static bool parse_num(const char *v, double *out)
@@ -101,6 +104,8 @@ int cmd_generate(int argc, char **argv)
             report = true;
         } else if (cli_flag(argv[i], "--batch-invariant")) {
             o.batch_invariant = true;
+        } else if (cli_flag(argv[i], "--tp")) {
+            o.tp = true;
         } else if ((v = cli_opt(argc, argv, &i, "--model", &bad))) {
             model = v;
         } else if ((v = cli_opt(argc, argv, &i, "--db", &bad))) {
@@ -175,6 +180,10 @@ int cmd_generate(int argc, char **argv)
     model_runtime *rt = NULL;
     mt_comm *comm = NULL;
     FILE *quiet = NULL;
+    if (o.tp && !comm_name) {
+        cli_error("generate", "--tp splits the model over the ranks of --comm mpi");
+        return CLI_USAGE;
+    }
     if (comm_name) {
         if (mt_comm_open(comm_name, &comm, &err) != MT_OK) {
             cli_error("generate", "--comm: %s", err.msg);

@@ -17,7 +17,7 @@ static void usage(FILE *f)
             "                     [--max-batch-tokens N] [--threads N] [--max-cached N]\n"
             "                     [--served-model-name NAME] [--max-body BYTES]\n"
             "                     [--batch-invariant] [--speculative-steps K]\n"
-            "                     [--act-quant none|mxfp4|int8] [--ranks N]\n"
+            "                     [--act-quant none|mxfp4|int8] [--ranks N [--tp]]\n"
             "Serves the checkpoint in DIR over HTTP with OpenAI's API: POST /v1/completions,\n"
             "POST /v1/chat/completions (streaming or not), GET /v1/models, GET /health,\n"
             "GET /metrics (Prometheus), POST /tokenize, POST /detokenize. Kernels come from\n"
@@ -37,7 +37,10 @@ static void usage(FILE *f)
             "with the same options): each rank holds 1/N of the routed experts (expert\n"
             "parallelism over MPI); rank 0 serves HTTP and schedules, and announces each\n"
             "step to the other ranks, which serve their experts to it. A rank that dies\n"
-            "ends the whole job (mpirun's abort), server included.\n"
+            "ends the whole job (mpirun's abort), server included. --tp adds tensor\n"
+            "parallelism: each rank also holds 1/N of the attention heads, of o_proj's\n"
+            "rows and of the vocabulary, runs every step with rank 0 and mirrors its\n"
+            "sequences.\n"
             "Runs until SIGINT or SIGTERM.\n");
 }
 
@@ -99,6 +102,8 @@ int cmd_serve(int argc, char **argv)
             return CLI_OK;
         } else if (cli_flag(argv[i], "--batch-invariant")) {
             o.engine.rt.batch_invariant = true;
+        } else if (cli_flag(argv[i], "--tp")) {
+            o.engine.rt.tp = true;
         } else if ((v = cli_opt(argc, argv, &i, "--model", &bad))) {
             o.engine.rt.model_dir = v;
         } else if ((v = cli_opt(argc, argv, &i, "--db", &bad))) {
@@ -157,6 +162,10 @@ int cmd_serve(int argc, char **argv)
         o.engine.max_cached = -1;
     mt_comm *comm = NULL;
     mt_err err = MT_ERR_INIT;
+    if (o.engine.rt.tp && !ranks) {
+        cli_error("serve", "--tp splits the model over the --ranks N of mpirun");
+        return CLI_USAGE;
+    }
     if (ranks) {
         if (mt_comm_open("mpi", &comm, &err) != MT_OK) {
             cli_error("serve", "--ranks: %s", err.msg);

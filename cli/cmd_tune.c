@@ -50,6 +50,10 @@ static void usage(void)
         "                      GEMMs under expert parallelism over N ranks (serve\n"
         "                      --ranks N): their local expert counts, M up to every\n"
         "                      pair of a step\n"
+        "  --tp N              with --model: also each rank's attention, embedding and\n"
+        "                      lm_head kernels under tensor parallelism over N ranks\n"
+        "                      (serve --ranks N --tp): their local head, o_proj row\n"
+        "                      and vocabulary counts\n"
         "  --m LIST            token counts, e.g. 1,16,128 (default 1,2,4,...,4096)\n"
         "  --device D          cpu, emu, emu:wave32, hip, hip:N, cuda (default auto)\n"
         "  --arch A            GPU arch; with no such GPU: compile-only\n"
@@ -142,6 +146,16 @@ static int parse(int argc, char **argv, tune_opts *o, tune_cli *c)
                 return CLI_USAGE;
             }
             c->plan.ep_ranks = (int)n;
+        } else if ((v = cli_opt(argc, argv, &i, "--tp", &bad))) {
+            c->plan_opts_given = true;
+            char *end = NULL;
+            long n = strtol(v, &end, 10);
+            if (!*v || *end || n < 1 || n > 4096) {
+                cli_error("tune", "--tp '%s': a number of ranks, 1 to 4096", v);
+                return CLI_USAGE;
+            }
+            c->plan.tp_ranks = (int)n;
+            c->plan.tp_rank = -1; /* every rank's kernels */
         } else if ((v = cli_opt(argc, argv, &i, "--max-batch-tokens", &bad))) {
             c->plan_opts_given = true;
             c->plan.max_batch_tokens = atoi(v);
@@ -231,8 +245,8 @@ static int parse(int argc, char **argv, tune_opts *o, tune_cli *c)
         return CLI_USAGE;
     }
     if (!c->model && c->plan_opts_given) {
-        cli_error("tune", "--act-quant, --kv-dtype, --max-batch-tokens, --mtp and --ep go "
-                  "with --model");
+        cli_error("tune", "--act-quant, --kv-dtype, --max-batch-tokens, --mtp, --ep and "
+                  "--tp go with --model");
         return CLI_USAGE;
     }
     return 0;

@@ -16,6 +16,7 @@
 
 #include "plan.h"
 
+#include "../comm/comm.h"
 #include "ep_moe.h"
 #include "moe_layer.h"
 
@@ -40,6 +41,10 @@ void model_plan_opts_from_runtime(const model_runtime_opts *ro, model_plan_opts 
                              .kv_dtype = ro->kv_dtype, .kv_page_size = ro->kv_page_size,
                              .kv_pages = ro->kv_pages, .max_batch_tokens = ro->max_batch_tokens,
                              .mtp = ro->speculative_steps > 0};
+    if (ro->tp && ro->comm && mt_comm_size(ro->comm) > 1) {
+        out->tp_ranks = mt_comm_size(ro->comm);
+        out->tp_rank = mt_comm_rank(ro->comm);
+    }
 }
 
 /* ---- building ------------------------------------------------------------ */
@@ -48,6 +53,7 @@ typedef struct builder {
     model_plan *p;
     const model_config *c;
     int cap;
+    bool all_ranks;   /* tune plan: every tensor-parallel rank's kernels */
     mt_err *err;
 } builder;
 
@@ -124,12 +130,16 @@ static mt_status use(builder *b, int *slot, const char *family, int64_t m, const
         "SW=%" PRId64 ",SO=%" PRId64 ",N=%" PRId64 ",DW=%" PRId64 ",DO=%" PRId64 ",s=%s,d=%s",  \
         (int64_t)(sw), (int64_t)(so), (int64_t)(n), (int64_t)(dw), (int64_t)(doff), s, d)
 
-static mt_status attention_uses(builder *b, model_plan_layer *ly)
+/* The attention of layer ly on a rank holding tp's share, slots into k
+ * (ly->k for the slots' rank, scratch for the other ranks of a tune plan). */
+static mt_status attention_uses(builder *b, const model_plan_layer *ly, const model_tp_dims *tp,
+                                int *k)
 {
     const model_config *c = b->c;
     const model_plan_params *pp = &b->p->p;
-    int *k = ly->k;
-    int64_t T = pp->T, H = c->hidden_size, NH = c->num_attention_heads, QL = c->q_lora_rank;
+    /* NH: this rank's heads; the o_proj input is every head's (gathered). */
+    int64_t T = pp->T, H = c->hidden_size, NH = tp->heads, QL = c->q_lora_rank;
+    int64_t NH_all = c->num_attention_heads;
     int64_t L = c->kv_lora_rank, R = c->qk_rope_head_dim, D = c->qk_nope_head_dim;
     int64_t IH = c->index_n_heads, ID = c->index_head_dim, VD = c->v_head_dim;
     int64_t theta = (int64_t)llround(c->rope_theta), P = pp->max_ctx;
@@ -157,13 +167,14 @@ static mt_status attention_uses(builder *b, model_plan_layer *ly)
             "W1=%" PRId64 ",W2=0,kv=%s,P=%" PRId64, ID, kv, pool_rows);
         COPY(&k[MODEL_KS_COPY_IW], T, "index w", ly->n_a, o + ID, IH, IH, 0, "f32", "f32");
     }
-    USE(&k[MODEL_KS_GEMM_B], "gemm", T, "attn B", "N=%" PRId64 ",K=%" PRId64, ly->n_b, QL);
-    COPY(&k[MODEL_KS_COPY_Q], T, "q", ly->n_b, 0, NH * (D + R), NH * (D + R), 0, "f32", "bf16");
+    int64_t n_b = NH * (D + R) + (ly->full ? IH * ID : 0);
+    USE(&k[MODEL_KS_GEMM_B], "gemm", T, "attn B", "N=%" PRId64 ",K=%" PRId64, n_b, QL);
+    COPY(&k[MODEL_KS_COPY_Q], T, "q", n_b, 0, NH * (D + R), NH * (D + R), 0, "f32", "bf16");
     USE(&k[MODEL_KS_ROPE_Q], "rope", T, "q rope",
         "H=%" PRId64 ",HD=%" PRId64 ",ROFF=%" PRId64 ",R=%" PRId64 ",ln=0,theta=%" PRId64
         ",P=%" PRId64, NH, D + R, D, R, theta, P);
     if (ly->full) {
-        COPY(&k[MODEL_KS_COPY_IQ], T, "index q", ly->n_b, NH * (D + R), IH * ID, IH * ID, 0,
+        COPY(&k[MODEL_KS_COPY_IQ], T, "index q", n_b, NH * (D + R), IH * ID, IH * ID, 0,
              "f32", "bf16");
         USE(&k[MODEL_KS_ROPE_IQ], "rope", T, "index q",
             "H=%" PRId64 ",HD=%" PRId64 ",ROFF=0,R=%" PRId64 ",ln=0,theta=%" PRId64
@@ -190,9 +201,26 @@ static mt_status attention_uses(builder *b, model_plan_layer *ly)
     USE(&k[MODEL_KS_VOUT], "ops_head_gemm", T, "v absorb",
         "H=%" PRId64 ",K=%" PRId64 ",KA=%" PRId64 ",N=%" PRId64 ",NO=%" PRId64, NH, L, L, VD,
         VD);
-    USE(&k[MODEL_KS_GEMM_O], "gemm", T, "o_proj", "N=%" PRId64 ",K=%" PRId64, H, NH * VD);
+    USE(&k[MODEL_KS_GEMM_O], "gemm", T, "o_proj", "N=%" PRId64 ",K=%" PRId64, tp->o_rows,
+        NH_all * VD);
     USE(&k[MODEL_KS_RESID], "ops_residual", T, "residual", "N=%" PRId64, H);
     return MT_OK;
+}
+
+/* The layer's attention at the slots' rank's share, then (tune plans)
+ * every other tensor-parallel rank's. */
+static mt_status attention_all(builder *b, model_plan_layer *ly)
+{
+    const model_plan_params *pp = &b->p->p;
+    mt_status st = attention_uses(b, ly, &pp->tp, ly->k);
+    for (int r = 1; st == MT_OK && b->all_ranks && r < pp->tp_ranks; r++) {
+        model_tp_dims d;
+        int scratch[MODEL_KS_COUNT];
+        st = model_tp_local(b->c, pp->tp_ranks, r, &d, b->err);
+        if (st == MT_OK)
+            st = attention_uses(b, ly, &d, scratch);
+    }
+    return st;
 }
 
 static mt_status mlp_uses(builder *b, model_plan_layer *ly)
@@ -263,14 +291,27 @@ static mt_status mlp_uses(builder *b, model_plan_layer *ly)
 static mt_status global_uses(builder *b)
 {
     const model_config *c = b->c;
-    int64_t T = b->p->p.T, H = c->hidden_size, V = c->vocab_size;
+    const model_plan_params *pp = &b->p->p;
+    int64_t T = pp->T, H = c->hidden_size;
     int *g = b->p->g;
-    USE(&g[MODEL_GS_EMBED], "ops_embed", T, "embedding", "N=%" PRId64 ",V=%" PRId64, H, V);
-    USE(&g[MODEL_GS_NORM_FINAL], "rmsnorm", T, "norm", "N=%" PRId64 ",eps_e=%d", H,
-        b->p->p.eps_e);
+    /* Tensor parallelism: the rank's vocabulary rows, plus a zero row the
+     * other ranks' tokens read (rt_tp.c). */
+    bool tp = pp->tp_ranks > 1;
+    USE(&g[MODEL_GS_EMBED], "ops_embed", T, "embedding", "N=%" PRId64 ",V=%" PRId64, H,
+        pp->tp.vocab + tp);
+    USE(&g[MODEL_GS_NORM_FINAL], "rmsnorm", T, "norm", "N=%" PRId64 ",eps_e=%d", H, pp->eps_e);
     /* The rows whose logits are wanted, gathered from the M rows of the batch. */
     USE(&g[MODEL_GS_GATHER], "ops_embed", T, "logit rows", "N=%" PRId64 ",V=%" PRId64, H, T);
-    USE(&g[MODEL_GS_LM_HEAD], "gemm", T, "lm_head", "N=%" PRId64 ",K=%" PRId64, V, H);
+    USE(&g[MODEL_GS_LM_HEAD], "gemm", T, "lm_head", "N=%" PRId64 ",K=%" PRId64, pp->tp.vocab, H);
+    for (int r = 1; b->all_ranks && r < pp->tp_ranks; r++) {
+        model_tp_dims d;
+        int unused;
+        if (model_tp_local(c, pp->tp_ranks, r, &d, b->err) != MT_OK)
+            return MT_E_INVALID;
+        USE(&unused, "ops_embed", T, "embedding (TP rank)", "N=%" PRId64 ",V=%" PRId64, H,
+            d.vocab + 1);
+        USE(&unused, "gemm", T, "lm_head (TP rank)", "N=%" PRId64 ",K=%" PRId64, d.vocab, H);
+    }
     return MT_OK;
 }
 
@@ -389,22 +430,48 @@ static mt_status resolve_params(const model_config *c, const model_plan_opts *o,
         return mt_fail(err, MT_E_INVALID, "expert parallelism over %d ranks: config.json has "
                        "%" PRId64 " routed experts", o->ep_ranks, c->n_routed_experts);
     pp->ep_ranks = o->ep_ranks;
+    if (o->tp_ranks < 0 || o->tp_ranks > 4096 || o->tp_rank >= (o->tp_ranks > 1 ? o->tp_ranks : 1)
+        || o->tp_rank < -1)
+        return mt_fail(err, MT_E_INVALID, "tensor parallelism: rank %d of %d ranks",
+                       o->tp_rank, o->tp_ranks);
+    pp->tp_ranks = o->tp_ranks > 1 ? o->tp_ranks : 0;
+    return model_tp_local(c, pp->tp_ranks, o->tp_rank > 0 ? o->tp_rank : 0, &pp->tp, err);
+}
+
+mt_status model_tp_local(const model_config *c, int ranks, int rank, model_tp_dims *out,
+                         mt_err *err)
+{
+    int64_t NH = c->num_attention_heads, H = c->hidden_size, V = c->vocab_size;
+    if (ranks <= 1) {
+        *out = (model_tp_dims){.heads = NH, .o_rows = H, .vocab = V};
+        return MT_OK;
+    }
+    const char *what = NH < ranks ? "num_attention_heads" : H < ranks ? "hidden_size"
+                     : V < ranks ? "vocab_size" : NULL;
+    if (what)
+        return mt_fail(err, MT_E_INVALID, "tensor parallelism over %d ranks: config.json has %s "
+                       "%" PRId64 ", fewer than the ranks", ranks, what,
+                       NH < ranks ? NH : H < ranks ? H : V);
+    model_ep_range(NH, ranks, rank, &out->head0, &out->heads);
+    model_ep_range(H, ranks, rank, &out->o_row0, &out->o_rows);
+    model_ep_range(V, ranks, rank, &out->vocab0, &out->vocab);
     return MT_OK;
 }
 
-static mt_status layer_facts(const model_config *c, const model_plan_opts *o, int64_t i,
-                             model_plan_layer *ly, mt_err *err)
+static mt_status layer_facts(const model_config *c, const model_plan_opts *o,
+                             const model_tp_dims *tp, int64_t i, model_plan_layer *ly,
+                             mt_err *err)
 {
     int64_t QL = c->q_lora_rank, L = c->kv_lora_rank, R = c->qk_rope_head_dim;
     int64_t IH = c->index_n_heads, ID = c->index_head_dim;
-    int64_t NH = c->num_attention_heads, D = c->qk_nope_head_dim;
+    int64_t D = c->qk_nope_head_dim;
     for (int s = 0; s < MODEL_KS_COUNT; s++)
         ly->k[s] = -1;
     ly->moe = c->layer_moe[i];
     ly->full = o->weights ? model_weights_layer_indexer_full(o->weights, i)
                           : c->layer_indexer_full[i];
     ly->n_a = QL + L + R + (ly->full ? ID + IH : 0);
-    ly->n_b = NH * (D + R) + (ly->full ? IH * ID : 0);
+    ly->n_b = tp->heads * (D + R) + (ly->full ? IH * ID : 0);
     ly->inter = ly->moe ? 0 : c->intermediate_size;
     ly->sh_inter = ly->moe ? c->n_shared_experts * c->moe_intermediate_size : 0;
     ly->sh_mxfp4 = false;
@@ -428,12 +495,12 @@ static mt_status mtp_layer_uses(builder *b, const model_plan_opts *o)
         return mt_fail(b->err, MT_E_UNSUPPORTED, "config.json: num_nextn_predict_layers 0: the "
                        "checkpoint has no MTP layer to draft with");
     model_plan_layer *ly = &p->layers[p->n_layers];
-    mt_status st = layer_facts(c, o, p->n_layers, ly, b->err);
+    mt_status st = layer_facts(c, o, &p->p.tp, p->n_layers, ly, b->err);
     if (st == MT_OK && !ly->full)
         st = mt_fail(b->err, MT_E_UNSUPPORTED, "MTP layer %" PRId64 " has no DSA indexer of its "
                      "own (index_share_for_mtp_iteration): drafting needs one", p->n_layers);
     if (st == MT_OK)
-        st = attention_uses(b, ly);
+        st = attention_all(b, ly);
     if (st == MT_OK)
         st = mlp_uses(b, ly);
     if (st == MT_OK)
@@ -472,13 +539,13 @@ mt_status model_plan_build(const model_config *c, const model_plan_opts *o, mode
         model_plan_free(p);
         return mt_fail(err, MT_E_NOMEM, "kernel plan: layers");
     }
-    builder b = {.p = p, .c = c, .err = err};
+    builder b = {.p = p, .c = c, .all_ranks = o->tp_ranks > 1 && o->tp_rank < 0, .err = err};
     st = resolve_params(c, o, &p->p, err);
     for (int64_t i = 0; st == MT_OK && i < p->n_layers; i++) {
         model_plan_layer *ly = &p->layers[i];
-        st = layer_facts(c, o, i, ly, err);
+        st = layer_facts(c, o, &p->p.tp, i, ly, err);
         if (st == MT_OK)
-            st = attention_uses(&b, ly);
+            st = attention_all(&b, ly);
         if (st == MT_OK)
             st = mlp_uses(&b, ly);
         if (st != MT_OK)

@@ -60,7 +60,30 @@ typedef struct model_plan_opts {
      * The runtime itself does not set it (ep_moe.c registers those kernels
      * beside the plan's); `tune --model --ep N` does. */
     int ep_ranks;
+    /* Tensor parallelism over this many ranks (0 or 1: none): attention
+     * heads, o_proj output rows and the vocabulary split over the ranks
+     * (model_tp_local). The layer slots are rank tp_rank's kernels; with
+     * tp_rank -1 (`tune --model --tp N`) the plan also lists every other
+     * rank's, at its local shapes, and the slots are rank 0's. The runtime
+     * sets both from its communicator (model_runtime_opts.tp). */
+    int tp_ranks, tp_rank;
 } model_plan_opts;
+
+/* What one rank of a tensor-parallel deployment holds: heads
+ * [head0, head0 + heads) of the attention (q_b and kv_b rows of those
+ * heads), rows [o_row0, o_row0 + o_rows) of o_proj (output features of
+ * the hidden state) and vocabulary rows [vocab0, vocab0 + vocab) of the
+ * embedding and lm_head. Contiguous ranges, sizes differing by at most
+ * one between ranks (model_ep_range's split). One rank holds everything. */
+typedef struct model_tp_dims {
+    int64_t head0, heads, o_row0, o_rows, vocab0, vocab;
+} model_tp_dims;
+
+/* Rank `rank` of `ranks` (ranks <= 1: the whole model). MT_E_INVALID
+ * naming the dimension when there are fewer heads, hidden features or
+ * vocabulary rows than ranks. */
+mt_status model_tp_local(const model_config *c, int ranks, int rank, model_tp_dims *out,
+                         mt_err *err);
 
 /* The runtime's options as plan options (same defaults). */
 void model_plan_opts_from_runtime(const model_runtime_opts *ro, model_plan_opts *out);
@@ -135,6 +158,8 @@ typedef struct model_plan_params {
     int eps_e, eps6_e; /* rms_norm_eps as 1e-eps_e; the latent norms' 1e-6 */
     int moe_wl;        /* expert weights' layout (moe_dims.wl) */
     int ep_ranks;      /* model_plan_opts.ep_ranks (0: none) */
+    int tp_ranks;      /* model_plan_opts.tp_ranks (0 or 1: none) */
+    model_tp_dims tp;  /* the slots' rank's share (everything without tensor parallelism) */
 } model_plan_params;
 
 typedef struct model_plan {

@@ -37,6 +37,10 @@ mt_status rt_ep_open(model_runtime *rt, mt_err *err)
     mt_comm *c = rt->o.comm;
     if (!c)
         return MT_OK;
+    if (mt_comm_device_buffers(c))
+        return mt_fail(err, MT_E_UNSUPPORTED, "communicator '%s': the runtime exchanges host "
+                       "buffers between ranks; the GPU communicators (nccl, rccl) are not wired "
+                       "into it yet: use 'mpi'", mt_comm_backend(c));
     if (rt->plan->mtp)
         return mt_fail(err, MT_E_UNSUPPORTED, "speculative decoding (the MTP layer) does not run "
                        "across ranks yet: run without speculative_steps under --comm");
@@ -123,7 +127,7 @@ static mt_status empty_forward(model_runtime *rt, mt_err *err)
 mt_status rt_ep_step_begin(model_runtime *rt, int64_t M, mt_err *err)
 {
     rt->ep_joined = true;
-    if (!leads(rt))
+    if (!leads(rt) || rt->tp.on) /* tensor parallelism announced the whole step */
         return MT_OK;
     int32_t m = (int32_t)M;
     return mt_comm_broadcast(rt->o.comm, &m, 1, MT_COMM_I32, 0, err);
@@ -135,6 +139,14 @@ mt_status rt_ep_step(model_runtime *rt, model_step_item *items, int n, mt_err *e
         return mt_fail(err, MT_E_INVALID, "rank %d follows rank 0's steps "
                        "(model_runtime_follow): it runs no steps of its own",
                        mt_comm_rank(rt->o.comm));
+    if (rt->tp.on) {
+        /* Every rank runs every step: nothing to join without one. */
+        if (n == 0)
+            return MT_OK;
+        if (rt->tp.lead)
+            MT_CHECK(rt_tp_announce(rt, items, n, err));
+        return rt_step(rt, items, n, err);
+    }
     if (n == 0)
         return rt->o.comm_lead ? MT_OK : empty_forward(rt, err);
     rt->ep_joined = false;
@@ -156,6 +168,8 @@ mt_status model_runtime_follow(model_runtime *rt, int64_t *steps, mt_err *err)
     if (!rt->o.comm || !rt->o.comm_lead || mt_comm_rank(rt->o.comm) == 0)
         return mt_fail(err, MT_E_INVALID, "model_runtime_follow: only ranks other than 0 of a "
                        "runtime opened with comm_lead follow");
+    if (rt->tp.on)
+        return rt_tp_follow(rt, steps, err);
     for (;;) {
         int32_t m = 0;
         MT_CHECK(mt_comm_broadcast(rt->o.comm, &m, 1, MT_COMM_I32, 0, err));

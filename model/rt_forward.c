@@ -53,11 +53,12 @@ static mt_status absorbed(model_runtime *rt, rt_layer *ly, int64_t r0, int64_t n
 {
     rt_bufs *b = &rt->b;
     rt_layer_kernels *k = &ly->k;
-    int64_t NH = rt->NH, topk = rt->TOPK > 0 ? rt->TOPK : 1;
+    /* This rank's heads (all of them without tensor parallelism). */
+    int64_t NH = rt->tp.me.heads, topk = rt->TOPK > 0 ? rt->TOPK : 1;
     void *q = row_at(b->q, r0, NH * (rt->D + rt->R), 2);
     void *qabs = row_at(b->qabs, r0, NH * (rt->L + rt->R), 2);
     void *o = row_at(b->o, r0, NH * rt->L, 4), *ob = row_at(b->ob, r0, NH * rt->L, 2);
-    void *v = row_at(b->v, r0, NH * rt->VD, 2);
+    void *v = row_at(rt->tp.v_l, r0, NH * rt->VD, 2);
     RUN(k->absorb, n, NULL, q, ly->w_ukt, qabs);
     RUN(k->copy_qrope, n * NH, NULL, q, qabs);
     kern_shape s = k->decode->shape;
@@ -79,10 +80,11 @@ static mt_status prefill(model_runtime *rt, rt_layer *ly, const rt_prefill *pf,
     kern_shape s = kp->shape;
     model_kern_shape_set(kp, &s, "P", r->p);
     model_kern_shape_set(kp, &s, "sm", rt->sm_bits);
-    RUN(kp, r->n, &s, row_at(b->q, r->row0, rt->NH * (rt->D + rt->R), 2),
+    int64_t NH = rt->tp.me.heads;
+    RUN(kp, r->n, &s, row_at(b->q, r->row0, NH * (rt->D + rt->R), 2),
         kvc_latent_pool(ly->kv), kvc_latent_scale(ly->kv),
         row_at(b->table, r->item, pf->table_stride, 4), ly->w_kvb,
-        row_at(b->v, r->row0, rt->NH * rt->VD, 2));
+        row_at(rt->tp.v_l, r->row0, NH * rt->VD, 2));
     return MT_OK;
 }
 
@@ -136,7 +138,13 @@ static mt_status attention(model_runtime *rt, rt_layer *ly, int64_t M, int64_t c
         st = absorbed(rt, ly, r, M - r, cmax, err);
     if (st != MT_OK)
         return st;
-    RUN(k->gemm_o, M, NULL, b->v, ly->w_o, b->delta);
+    /* Tensor parallelism: every rank's heads into v, this rank's rows of
+     * o_proj over all of them, every rank's rows into delta. */
+    if (rt->tp.on)
+        MT_CHECK(rt_tp_gather(rt, RT_TP_HEADS, rt->VD, rt->tp.v_l, b->v, M, 2, err));
+    RUN(k->gemm_o, M, NULL, b->v, ly->w_o, rt->tp.d_l);
+    if (rt->tp.on)
+        MT_CHECK(rt_tp_gather(rt, RT_TP_O_ROWS, 1, rt->tp.d_l, b->delta, M, 4, err));
     RUN(k->resid, M, NULL, b->resid, b->delta, b->xb);
     return MT_OK;
 }
@@ -160,8 +168,9 @@ static mt_status mlp(model_runtime *rt, rt_layer *ly, int64_t M, mt_err *err)
     moe_weights w = {.gate = ly->gate, .bias = ly->bias, .w13 = ly->w13, .s13 = ly->s13,
                      .w2 = ly->w2, .s2 = ly->s2, .sh_w13 = ly->sh_w13, .sh_s13 = ly->sh_s13,
                      .sh_w2 = ly->sh_w2, .sh_s2 = ly->sh_s2};
-    mt_status st = rt->ep ? rt_ep_moe(rt, ly, b->xn, M, b->delta, err)
-                          : model_moe_run(&k->moe, rt->moe_ws, &d, &w, b->xn, M, b->delta, err);
+    mt_status st = rt->tp.on ? rt_tp_moe(rt, ly, M, err)
+                   : rt->ep  ? rt_ep_moe(rt, ly, b->xn, M, b->delta, err)
+                             : model_moe_run(&k->moe, rt->moe_ws, &d, &w, b->xn, M, b->delta, err);
     if (st != MT_OK)
         return st;
     RUN(k->resid, M, NULL, b->resid, b->delta, b->xb);
@@ -185,6 +194,8 @@ static mt_status forward(model_runtime *rt, int64_t M, int64_t cmax, int64_t nl,
 {
     rt_bufs *b = &rt->b;
     RUN(rt->k_embed, M, NULL, rt->embed, b->tok, b->resid, b->xb);
+    if (rt->tp.on) /* each rank embedded its vocabulary's tokens, zeros for the others */
+        MT_CHECK(rt_tp_embed_sum(rt, M, err));
     for (int64_t l = 0; l < rt->n_layers; l++) {
         mt_status st = attention(rt, &rt->layers[l], M, cmax, &rt->pf, err);
         if (st == MT_OK)
@@ -198,7 +209,9 @@ static mt_status forward(model_runtime *rt, int64_t M, int64_t cmax, int64_t nl,
     kern_shape s = rt->k_gather->shape;
     model_kern_shape_set(rt->k_gather, &s, "V", M);
     RUN(rt->k_gather, nl, &s, b->xn, b->lrows, b->xgf, b->xg);
-    RUN(rt->k_lm_head, nl, NULL, b->xg, rt->lm_head, b->logits);
+    RUN(rt->k_lm_head, nl, NULL, b->xg, rt->lm_head, rt->tp.lg_l);
+    if (rt->tp.on) /* every rank's vocabulary */
+        MT_CHECK(rt_tp_gather(rt, RT_TP_VOCAB, 1, rt->tp.lg_l, b->logits, nl, 4, err));
     return dev_synchronize(rt->dev, err);
 }
 
@@ -381,6 +394,8 @@ mt_status rt_step(model_runtime *rt, model_step_item *items, int n, mt_err *err)
     int64_t max_pages = (cmax + rt->ps - 1) / rt->ps;
     plan_prefill(rt, items, n, old, max_pages);
     rt_bufs *b = &rt->b;
+    if (rt->tp.on)
+        rt_tp_local_tokens(rt, tok, M);
     void *dst[] = {b->tok, b->pos, b->rows, b->qseq, b->ctx};
     for (int j = 0; j < 5 && st == MT_OK; j++)
         st = dev_copy_to(rt->dev, dst[j], rt->h_i32 + j * M, sizeof(int32_t) * (size_t)M, err);

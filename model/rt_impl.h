@@ -120,6 +120,26 @@ typedef struct rt_bufs {
     int64_t table_entries;       /* int32 entries the table buffer holds */
 } rt_bufs;
 
+/* Tensor parallelism over the ranks of o.comm (rt_tp.c; o.tp with 2+
+ * ranks). Off: `me` is the whole model and the local buffers are the
+ * whole ones (v_l is b.v, d_l b.delta, lg_l b.logits). */
+typedef struct rt_tp {
+    bool on;
+    int rank, size;
+    model_tp_dims me;            /* this rank's heads, o_proj rows, vocabulary rows */
+    model_tp_dims *all;          /* [size]: every rank's */
+    void *v_l, *d_l, *lg_l;      /* device: this rank's heads' attention output [T][heads*VD]
+                                  * bf16, o_proj rows [T][o_rows] f32, logits [T][vocab] f32 */
+    void *h_send, *h_recv, *h_full; /* host staging, h_cap bytes each */
+    size_t h_cap;
+    size_t *cnt;                 /* [4 * size]: all-to-all-v counts and displacements */
+    int64_t *w;                  /* [size]: an exchange's columns per rank */
+    int32_t *msg;                /* the leader's step message (journal, then items) */
+    int64_t n_msg, msg_cap;      /* int32 entries; the journal is msg[2 .. 2 + 4 * n_ops) */
+    int n_ops;
+    bool lead;                   /* rank 0 of a comm_lead runtime: journals and announces */
+} rt_tp;
+
 struct model_runtime {
     model_runtime_opts o;
     FILE *log;
@@ -155,6 +175,7 @@ struct model_runtime {
     bool ep_joined;              /* this step reached its forward (rt_ep.c) */
     bool ep_ended;               /* the leader told the other ranks to stop */
 
+    rt_tp tp;
     rt_bufs b;
     rt_prefill pf;
     rt_mtp mtp;
@@ -205,5 +226,33 @@ mt_status rt_ep_moe(model_runtime *rt, rt_layer *ly, const void *x, int64_t M, f
  * before the forward (the leader announces it). */
 mt_status rt_ep_step(model_runtime *rt, model_step_item *items, int n, mt_err *err);
 mt_status rt_ep_step_begin(model_runtime *rt, int64_t M, mt_err *err);
+
+/* ---- rt_tp.c: tensor parallelism (o.tp) ---- */
+
+/* After the plan: the ranks' shares (off without o.tp or with one rank);
+ * MT_E_INVALID for tp without a communicator. */
+mt_status rt_tp_open(model_runtime *rt, mt_err *err);
+/* After rt_bufs_alloc: the local buffers and the host staging. */
+mt_status rt_tp_bufs_alloc(model_runtime *rt, mt_err *err);
+void rt_tp_close(model_runtime *rt);
+/* full [rows][sum of w] on every rank from each rank's local [rows][w_q]
+ * columns (w_q = heads * VD, o_rows or vocab by `what`), es bytes each. */
+typedef enum rt_tp_split { RT_TP_HEADS, RT_TP_O_ROWS, RT_TP_VOCAB } rt_tp_split;
+mt_status rt_tp_gather(model_runtime *rt, rt_tp_split what, int64_t per, const void *local,
+                       void *full, int64_t rows, size_t es, mt_err *err);
+/* Tokens as this rank's embedding rows (the zero row for other ranks'). */
+void rt_tp_local_tokens(const model_runtime *rt, int32_t *tok, int64_t M);
+/* After the embedding: every rank's rows summed into resid and xb. */
+mt_status rt_tp_embed_sum(model_runtime *rt, int64_t M, mt_err *err);
+/* The MoE MLP of layer ly on the batch's M rows (xn in, delta out): this
+ * rank's share of the rows expert-parallel, then every rank's rows. */
+mt_status rt_tp_moe(model_runtime *rt, rt_layer *ly, int64_t M, mt_err *err);
+/* Sequence operations the leader's followers replay (RT_TP_OP_*). */
+enum { RT_TP_OP_CREATE = 1, RT_TP_OP_FORK, RT_TP_OP_FREE, RT_TP_OP_TRUNCATE };
+void rt_tp_note(model_runtime *rt, int op, int seq, int64_t a, int64_t b);
+/* The leader's step: the journal and the items to the followers. */
+mt_status rt_tp_announce(model_runtime *rt, const model_step_item *items, int n, mt_err *err);
+/* model_runtime_follow under tensor parallelism. */
+mt_status rt_tp_follow(model_runtime *rt, int64_t *steps, mt_err *err);
 
 #endif

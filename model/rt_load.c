@@ -46,9 +46,20 @@ static mt_status find_vec(model_runtime *rt, int64_t n, const char *name, const 
     return model_weights_tensor(rt->w, name, MODEL_DTYPES_FLOAT, 1, &n, out, err);
 }
 
+/* Rows [r0, r0 + n) of a linear [out][in] as bf16 into dst (caller-sized,
+ * n * in); only those rows of the mapping are read. */
+static mt_status linear_rows_bf16(model_runtime *rt, const char *module, int64_t out, int64_t in,
+                                  int64_t r0, int64_t n, uint16_t *dst, mt_err *err);
+
 /* Rows [out][in] of a linear as bf16 into dst (caller-sized). */
 static mt_status linear_bf16(model_runtime *rt, const char *module, int64_t out, int64_t in,
                              uint16_t *dst, mt_err *err)
+{
+    return linear_rows_bf16(rt, module, out, in, 0, out, dst, err);
+}
+
+static mt_status linear_rows_bf16(model_runtime *rt, const char *module, int64_t out, int64_t in,
+                                  int64_t r0, int64_t n, uint16_t *dst, mt_err *err)
 {
     const model_linear *l;
     mt_status st = model_weights_linear(rt->w, module, &l, err);
@@ -57,9 +68,11 @@ static mt_status linear_bf16(model_runtime *rt, const char *module, int64_t out,
     if (l->out != out || l->in != in)
         return mt_fail(err, MT_E_FORMAT, "%s: [%" PRId64 ", %" PRId64 "], expected [%" PRId64
                        ", %" PRId64 "]", module, l->out, l->in, out, in);
-    size_t n = (size_t)(out * in);
+    if (r0 < 0 || n < 0 || r0 + n > out)
+        return mt_fail(err, MT_E_INVALID, "%s: rows %" PRId64 "..%" PRId64 " of %" PRId64, module,
+                       r0, r0 + n, out);
     if (l->fmt == MODEL_WFMT_BF16) {
-        memcpy(dst, l->weight->data, n * 2);
+        memcpy(dst, (const uint16_t *)l->weight->data + r0 * in, (size_t)(n * in) * 2);
         return MT_OK;
     }
     if (l->fmt == MODEL_WFMT_MXFP4) {
@@ -67,20 +80,20 @@ static mt_status linear_bf16(model_runtime *rt, const char *module, int64_t out,
         if (!row)
             return mt_fail(err, MT_E_NOMEM, "%s: conversion buffer", module);
         const uint8_t *q = l->weight->data, *s = l->scale->data;
-        for (int64_t r = 0; r < out; r++) {
+        for (int64_t r = r0; r < r0 + n; r++) {
             mxfp4_dequantize_row(q + r * (in / 2), s + r * (in / 32), in, row);
             for (int64_t i = 0; i < in; i++)
-                dst[r * in + i] = mt_f32_to_bf16(row[i]);
+                dst[(r - r0) * in + i] = mt_f32_to_bf16(row[i]);
         }
         free(row);
         return MT_OK;
     }
-    for (int64_t r = 0; r < out; r++) {
+    for (int64_t r = r0; r < r0 + n; r++) {
         float sc = 1.0f;
         if (l->fmt == MODEL_WFMT_FP8_E4M3)
             sc = elem_f32(l->scale, model_tensor_numel(l->scale) == 1 ? 0 : (size_t)r);
         for (int64_t i = 0; i < in; i++)
-            dst[r * in + i] = mt_f32_to_bf16(elem_f32(l->weight, (size_t)(r * in + i)) * sc);
+            dst[(r - r0) * in + i] = mt_f32_to_bf16(elem_f32(l->weight, (size_t)(r * in + i)) * sc);
     }
     return MT_OK;
 }
@@ -117,26 +130,37 @@ static mt_status upload_vec(model_runtime *rt, const char *name, int64_t n, bool
     return st;
 }
 
-/* Several linears with the same input, rows concatenated, as bf16. */
-static mt_status upload_fused(model_runtime *rt, const char *const *modules, const int64_t *outs,
-                              int n, int64_t in, void **dev, mt_err *err)
+/* Several linears with the same input, rows concatenated, as bf16: of
+ * linear i (outs[i] rows) the rows firsts[i] .. + counts[i] (firsts and
+ * counts NULL: every row). */
+static mt_status upload_fused_rows(model_runtime *rt, const char *const *modules,
+                                   const int64_t *outs, const int64_t *firsts,
+                                   const int64_t *counts, int n, int64_t in, void **dev,
+                                   mt_err *err)
 {
     int64_t rows = 0;
     for (int i = 0; i < n; i++)
-        rows += outs[i];
+        rows += counts ? counts[i] : outs[i];
     uint16_t *h = malloc((size_t)(rows * in) * 2);
     if (!h)
         return mt_fail(err, MT_E_NOMEM, "%s: fused weights", modules[0]);
     mt_status st = MT_OK;
     int64_t r = 0;
     for (int i = 0; i < n && st == MT_OK; i++) {
-        st = linear_bf16(rt, modules[i], outs[i], in, h + r * in, err);
-        r += outs[i];
+        int64_t r0 = firsts ? firsts[i] : 0, cnt = counts ? counts[i] : outs[i];
+        st = linear_rows_bf16(rt, modules[i], outs[i], in, r0, cnt, h + r * in, err);
+        r += cnt;
     }
     if (st == MT_OK)
         st = upload(rt, h, (size_t)(rows * in) * 2, dev, err);
     free(h);
     return st;
+}
+
+static mt_status upload_fused(model_runtime *rt, const char *const *modules, const int64_t *outs,
+                              int n, int64_t in, void **dev, mt_err *err)
+{
+    return upload_fused_rows(rt, modules, outs, NULL, NULL, n, in, dev, err);
 }
 
 /* A float linear [out][in] quantized to MXFP4 (Quark layout, the scale rule
@@ -232,14 +256,16 @@ static mt_status upload_experts(model_runtime *rt, const char *prefix, bool shar
  * per layer, 29 MB at GLM-5.2). */
 static mt_status upload_kv_b(model_runtime *rt, const char *module, rt_layer *ly, mt_err *err)
 {
-    int64_t NH = rt->NH, D = rt->D, VD = rt->VD, L = rt->L;
+    /* This rank's heads (all of them without tensor parallelism). */
+    int64_t NH = rt->tp.me.heads, h0 = rt->tp.me.head0, D = rt->D, VD = rt->VD, L = rt->L;
     uint16_t *kvb = malloc((size_t)(NH * (D + VD) * L) * 2);
     uint16_t *ukt = malloc((size_t)(NH * L * D) * 2), *uv = malloc((size_t)(NH * VD * L) * 2);
     mt_status st = MT_OK;
     if (!kvb || !ukt || !uv)
         st = mt_fail(err, MT_E_NOMEM, "%s", module);
     if (st == MT_OK)
-        st = linear_bf16(rt, module, NH * (D + VD), L, kvb, err);
+        st = linear_rows_bf16(rt, module, rt->NH * (D + VD), L, h0 * (D + VD), NH * (D + VD), kvb,
+                              err);
     if (st == MT_OK) {
         for (int64_t h = 0; h < NH; h++) {
             const uint16_t *base = kvb + h * (D + VD) * L;
@@ -346,9 +372,13 @@ static mt_status load_layer(model_runtime *rt, int64_t i, rt_layer *ly, mt_err *
     snprintf(n1, sizeof n1, "%sq_b_proj", a);
     snprintf(n2, sizeof n2, "%sindexer.wq_b", a);
     const char *bmods[2] = {n1, n2};
-    int64_t bouts[2] = {NH * (D + R), IH * ID};
+    /* q_b: this rank's heads' rows (tensor parallelism); the indexer's whole. */
+    const model_tp_dims *tp = &rt->tp.me;
+    int64_t bouts[2] = {NH * (D + R), IH * ID}, bfirst[2] = {tp->head0 * (D + R), 0};
+    int64_t bcount[2] = {tp->heads * (D + R), IH * ID};
     ly->n_b = pl->n_b;
-    MT_CHECK(upload_fused(rt, bmods, bouts, ly->full ? 2 : 1, QL, &ly->w_b, err));
+    MT_CHECK(upload_fused_rows(rt, bmods, bouts, bfirst, bcount, ly->full ? 2 : 1, QL, &ly->w_b,
+                               err));
     if (ly->full) {
         snprintf(n1, sizeof n1, "%sindexer.k_norm.weight", a);
         MT_CHECK(upload_vec(rt, n1, ID, true, &ly->k_norm_w, err));
@@ -359,8 +389,8 @@ static mt_status load_layer(model_runtime *rt, int64_t i, rt_layer *ly, mt_err *
     MT_CHECK(upload_kv_b(rt, n1, ly, err));
     snprintf(n1, sizeof n1, "%so_proj", a);
     const char *omods[1] = {n1};
-    int64_t oouts[1] = {H};
-    MT_CHECK(upload_fused(rt, omods, oouts, 1, NH * VD, &ly->w_o, err));
+    int64_t oouts[1] = {H}, ofirst[1] = {tp->o_row0}, ocount[1] = {tp->o_rows};
+    MT_CHECK(upload_fused_rows(rt, omods, oouts, ofirst, ocount, 1, NH * VD, &ly->w_o, err));
 
     if (!ly->moe) {
         ly->inter = pl->inter;
@@ -436,6 +466,7 @@ mt_status rt_load(model_runtime *rt, mt_err *err)
 {
     int64_t H = rt->H, V = rt->V;
     MT_CHECK(rt_ep_open(rt, err));
+    MT_CHECK(rt_tp_open(rt, err));
     mt_status st = upload_vec(rt, "model.norm.weight", H, false, &rt->final_norm, err);
     const model_tensor_info *emb;
     int64_t es[2] = {V, H};
@@ -444,23 +475,26 @@ mt_status rt_load(model_runtime *rt, mt_err *err)
                                   &emb, err);
     if (st != MT_OK)
         return st;
-    uint16_t *h = malloc((size_t)(V * H) * 2);
+    /* This rank's vocabulary rows (all without tensor parallelism), and
+     * under it a zero row that other ranks' tokens read (rt_tp.c). */
+    int64_t v0 = rt->tp.me.vocab0, nv = rt->tp.me.vocab, zero = rt->tp.on ? 1 : 0;
+    uint16_t *h = calloc((size_t)((nv + zero) * H), 2);
     if (!h)
         return mt_fail(err, MT_E_NOMEM, "embedding");
     if (emb->dtype == MODEL_DTYPE_BF16)
-        memcpy(h, emb->data, (size_t)(V * H) * 2);
+        memcpy(h, (const uint16_t *)emb->data + v0 * H, (size_t)(nv * H) * 2);
     else
-        for (int64_t i = 0; i < V * H; i++)
-            h[i] = mt_f32_to_bf16(elem_f32(emb, (size_t)i));
-    st = upload(rt, h, (size_t)(V * H) * 2, &rt->embed, err);
+        for (int64_t i = 0; i < nv * H; i++)
+            h[i] = mt_f32_to_bf16(elem_f32(emb, (size_t)(v0 * H + i)));
+    st = upload(rt, h, (size_t)((nv + zero) * H) * 2, &rt->embed, err);
     if (st == MT_OK) {
         const model_linear *l;
         if (model_weights_linear(rt->w, "lm_head", &l, NULL) == MT_OK) {
             const char *m[1] = {"lm_head"};
-            int64_t o[1] = {V};
-            st = upload_fused(rt, m, o, 1, H, &rt->lm_head, err);
+            int64_t o[1] = {V}, f[1] = {v0}, c[1] = {nv};
+            st = upload_fused_rows(rt, m, o, f, c, 1, H, &rt->lm_head, err);
         } else {
-            st = upload(rt, h, (size_t)(V * H) * 2, &rt->lm_head, err); /* tied */
+            st = upload(rt, h, (size_t)(nv * H) * 2, &rt->lm_head, err); /* tied */
         }
     }
     free(h);

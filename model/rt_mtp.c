@@ -50,6 +50,7 @@ mt_status model_seq_truncate(model_runtime *rt, int seq, int64_t len, mt_err *er
     if (len < 0 || len > have)
         return mt_fail(err, MT_E_INVALID, "truncate: sequence %d to %" PRId64 " of its %" PRId64
                        " tokens", seq, len, have);
+    rt_tp_note(rt, RT_TP_OP_TRUNCATE, seq, len, 0);
     rt_seq *s = &rt->seqs[seq];
     /* Only the sequence's own page references go: a page shared with a
      * fork (the prefix cache) keeps its contents and its other owners. */

@@ -197,7 +197,8 @@ static mt_status setup(model_runtime *rt, mt_err *err)
     if ((st = check_expert_act(rt, err)) != MT_OK)
         return st;
     if ((st = rt_load(rt, err)) != MT_OK || (st = model_kset_select(rt->ks, err)) != MT_OK ||
-        (st = rt_bufs_alloc(rt, err)) != MT_OK || (st = rt_mtp_load(rt, err)) != MT_OK)
+        (st = rt_bufs_alloc(rt, err)) != MT_OK || (st = rt_tp_bufs_alloc(rt, err)) != MT_OK ||
+        (st = rt_mtp_load(rt, err)) != MT_OK)
         return st;
     size_t stage = (size_t)rt->T * (size_t)(rt->TOPK > 8 ? rt->TOPK : 8) +
                    (size_t)(rt->b.table_entries);
@@ -230,6 +231,7 @@ void model_runtime_close(model_runtime *rt)
         return;
     for (int i = 0; i < RT_MAX_SEQS; i++)
         model_seq_free(rt, i);
+    rt_tp_close(rt);
     rt_bufs_free(rt);
     rt_mtp_unload(rt);
     rt_unload(rt);
@@ -303,6 +305,7 @@ mt_status model_seq_create(model_runtime *rt, int *seq, mt_err *err)
         return st;
     }
     *seq = s;
+    rt_tp_note(rt, RT_TP_OP_CREATE, s, 0, 0);
     return MT_OK;
 }
 
@@ -337,6 +340,7 @@ mt_status model_seq_fork(model_runtime *rt, int src, int64_t n, int *seq, mt_err
     }
     rt->seqs[s].shared = rt->seqs[src].shared = true;
     *seq = s;
+    rt_tp_note(rt, RT_TP_OP_FORK, s, src, n);
     return MT_OK;
 }
 
@@ -344,6 +348,7 @@ void model_seq_free(model_runtime *rt, int seq)
 {
     if (!rt || !seq_ok(rt, seq))
         return;
+    rt_tp_note(rt, RT_TP_OP_FREE, seq, 0, 0);
     rt_seq *s = &rt->seqs[seq];
     for (int64_t l = 0; l < rt->n_layers; l++)
         if (s->kv[l])

@@ -66,6 +66,14 @@ typedef struct model_runtime_opts {
                               * The caller's: it must outlive the runtime */
     bool comm_lead;          /* with comm: rank 0 drives every step, the other ranks run
                               * model_runtime_follow; false: each rank runs its own steps */
+    bool tp;                 /* with comm of 2+ ranks: tensor parallelism (rt_tp.c). Attention
+                              * heads, o_proj's output rows, the embedding's and lm_head's
+                              * vocabulary rows are split over the ranks (model_tp_local);
+                              * every rank runs every token of every step and holds the whole
+                              * latent cache; each MoE layer splits the step's tokens over the
+                              * ranks, expert-parallel. With comm_lead the followers mirror
+                              * rank 0's sequences and steps; without it every rank must make
+                              * the same calls with the same arguments */
 } model_runtime_opts;
 
 typedef struct model_runtime model_runtime;

@@ -25,6 +25,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "comm/comm.h"
 #include "model/ep_moe.h"
 #include "model/plan.h"
@@ -196,7 +198,9 @@ Test(ep, plan_lists_the_expert_parallel_kernels_the_ranks_look_up, .timeout = 30
     /* The command line: --ep takes a rank count and goes with --model. */
     const char *bad[][2] = {{"--ep 0 --model", "a number of ranks"},
                             {"--ep 3x --model", "a number of ranks"},
-                            {"--ep 2 --family moe_gemm_up --shape", "go with --model"}};
+                            {"--ep 2 --family moe_gemm_up --shape", "go with --model"},
+                            {"--tp 0 --model", "a number of ranks"},
+                            {"--tp 2 --family moe_gemm_up --shape", "go with --model"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char cmd[2048], out[4096] = "";
         snprintf(cmd, sizeof cmd, "%s tune %s %s 2>&1", MOETUNE_BIN, bad[i][0], dir);
@@ -221,6 +225,92 @@ Test(ep, speculative_decoding_across_ranks_is_refused_by_name, .timeout = 300)
     cr_assert_null(open_comm(dir, c, 2, &err));
     cr_assert(strstr(err.msg, "speculative"), "%s", err.msg);
     mt_comm_close(c);
+    fw_rm_dir(dir);
+}
+
+/* Whether plan p lists e's kernel (family and key). */
+static bool plan_has(const model_plan_entry *p, int n, const model_plan_entry *e)
+{
+    for (int i = 0; i < n; i++)
+        if (p[i].fam == e->fam && !strcmp(p[i].key, e->key))
+            return true;
+    return false;
+}
+
+/* Tensor parallelism over 3 ranks of the tiny model (4 heads, hidden 256,
+ * vocabulary 512): each rank's share tiles the model; a rank's plan has its
+ * local shapes; the tune plan (tp_rank -1) lists every rank's kernels. */
+Test(ep, tensor_parallel_shares_and_plans, .timeout = 300)
+{
+    char *dir = fw_tiny_dir();
+    char path[600];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    model_config *cfg = NULL;
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(model_config_load(path, &cfg, &err), MT_OK, "%s", err.msg);
+    int64_t NH = cfg->num_attention_heads, H = cfg->hidden_size, V = cfg->vocab_size;
+    int64_t VD = cfg->v_head_dim;
+    for (int ranks = 1; ranks <= NH; ranks++) {
+        int64_t nh = 0, no = 0, nv = 0;
+        for (int r = 0; r < ranks; r++) {
+            model_tp_dims d;
+            cr_assert_eq(model_tp_local(cfg, ranks, r, &d, &err), MT_OK, "%s", err.msg);
+            cr_assert_eq(d.head0, nh, "%d ranks, rank %d", ranks, r);
+            cr_assert_eq(d.o_row0, no);
+            cr_assert_eq(d.vocab0, nv);
+            cr_assert(d.heads >= NH / ranks && d.heads <= NH / ranks + 1);
+            nh += d.heads, no += d.o_rows, nv += d.vocab;
+        }
+        cr_assert(nh == NH && no == H && nv == V, "%d ranks: %" PRId64 " heads, %" PRId64
+                  " rows, %" PRId64 " tokens", ranks, nh, no, nv);
+    }
+    model_tp_dims d;
+    cr_assert_eq(model_tp_local(cfg, (int)NH + 1, 0, &d, &err), MT_E_INVALID);
+    cr_assert(strstr(err.msg, "num_attention_heads"), "%s", err.msg);
+
+    model_plan_opts po = {.kv_pages = 64, .max_batch_tokens = 64, .tp_ranks = 3};
+    model_plan_entry *all = NULL, *one = NULL;
+    int n_all = 0, n_one = 0;
+    po.tp_rank = -1;
+    cr_assert_eq(model_kernel_plan(dir, &po, &all, &n_all, &err), MT_OK, "%s", err.msg);
+    int decode_heads = 0;
+    for (int r = 0; r < 3; r++) {
+        model_tp_dims me;
+        cr_assert_eq(model_tp_local(cfg, 3, r, &me, &err), MT_OK);
+        po.tp_rank = r;
+        cr_assert_eq(model_kernel_plan(dir, &po, &one, &n_one, &err), MT_OK, "%s", err.msg);
+        bool decode = false, o = false, head = false, embed = false;
+        for (int i = 0; i < n_one; i++) {
+            const model_plan_entry *e = &one[i];
+            cr_assert(plan_has(all, n_all, e), "rank %d looks up %s %s; the tune plan does not "
+                      "list it", r, e->fam->name, e->key);
+            kern_shape s;
+            cr_assert_eq(kern_shape_parse(e->fam, e->key, &s, NULL, &err), MT_OK, "%s", err.msg);
+            if (!strcmp(e->fam->name, "mla_decode")) {
+                cr_assert_eq(kern_shape_get(e->fam, &s, "H"), me.heads, "%s", e->key);
+                decode = true;
+            } else if (!strcmp(e->purpose, "o_proj")) {
+                cr_assert_eq(kern_shape_get(e->fam, &s, "N"), me.o_rows, "%s", e->key);
+                cr_assert_eq(kern_shape_get(e->fam, &s, "K"), NH * VD, "%s", e->key);
+                o = true;
+            } else if (!strcmp(e->purpose, "lm_head")) {
+                cr_assert_eq(kern_shape_get(e->fam, &s, "N"), me.vocab, "%s", e->key);
+                head = true;
+            } else if (!strcmp(e->purpose, "embedding")) {
+                embed = true;
+            }
+        }
+        cr_assert(decode && o && head && embed, "rank %d: a slot is missing", r);
+        free(one);
+    }
+    for (int i = 0; i < n_all; i++)
+        decode_heads += !strcmp(all[i].fam->name, "mla_decode");
+    cr_assert_eq(decode_heads, 2, "4 heads over 3 ranks: a 2- and a 1-head mla_decode, %d "
+                 "listed", decode_heads);
+    free(all);
+    po.tp_rank = 3;
+    cr_assert_eq(model_kernel_plan(dir, &po, &all, &n_all, &err), MT_E_INVALID);
+    model_config_destroy(cfg);
     fw_rm_dir(dir);
 }
 
@@ -268,7 +358,7 @@ static void ids_of(const char *out, char *ids, size_t cap)
 /* generate on one device, then under mpirun -np N (--comm mpi) for each N
  * of nps: the same ids, and logits bitwise (batch-invariant) or within 1e-2
  * relative L2 per prompt position. */
-static void generate_matches(const int *nps, int n_nps, bool invariant)
+static void generate_matches(const int *nps, int n_nps, bool invariant, const char *extra)
 {
     char *dir = fw_tiny_dir();
     uint64_t seed = mt_seed_fresh();
@@ -294,12 +384,15 @@ static void generate_matches(const int *nps, int n_nps, bool invariant)
     for (int k = 0; k < n_nps; k++) {
         int np = nps[k];
         remove(p2);
-        snprintf(cmd, sizeof cmd, "%s --oversubscribe -np %d %s %s --comm mpi --logits %s",
-                 MPIEXEC, np, MOETUNE_BIN, args, p2);
+        snprintf(cmd, sizeof cmd, "%s --oversubscribe -np %d %s %s --comm mpi %s --logits %s",
+                 MPIEXEC, np, MOETUNE_BIN, args, extra, p2);
         rc = run(cmd, out, sizeof out);
         cr_assert_eq(rc, 0, "mpirun -np %d: exit %d\n%s", np, rc, out);
         cr_assert(strstr(out, "holds routed experts 0-"), "rank 0 did not report its experts:\n%s",
                   out);
+        if (strstr(extra, "--tp"))
+            cr_assert(strstr(out, "tensor parallelism: rank 0 of"), "rank 0 did not report its "
+                      "tensor-parallel share:\n%s", out);
         ids_of(out, many, sizeof many);
         cr_assert_str_eq(many, one, "seed %" PRIu64 ": -np %d greedy tokens differ", seed, np);
         float *b = read_logits(p2, &n2);
@@ -322,7 +415,58 @@ static void generate_matches(const int *nps, int n_nps, bool invariant)
 Test(ep_mpi, two_and_four_ranks_generate_the_single_device_logits, .timeout = 600)
 {
     const int nps[] = {2, 4};
-    generate_matches(nps, 2, true);
+    generate_matches(nps, 2, true, "");
+}
+
+/* Tensor parallelism: heads, o_proj rows and vocabulary split too. Every
+ * collective is a copy or a sum with one non-zero term and each rank's
+ * kernels compute whole dot products, so even here the logits are bitwise
+ * one device's. */
+Test(ep_mpi, tensor_parallel_ranks_generate_the_single_device_logits, .timeout = 600)
+{
+    const int nps[] = {2, 4};
+    generate_matches(nps, 2, true, "--tp");
+}
+
+/* Without the batch-invariant mode (each rank's MoE share picks configs
+ * for its own row count), on 3 ranks: 4 heads split 2, 1, 1. */
+Test(ep_mpi, tensor_parallel_uneven_split_within_tolerance, .timeout = 600)
+{
+    const int nps[] = {3};
+    generate_matches(nps, 1, false, "--tp");
+}
+
+static void tp_check(int np, const char *mode)
+{
+    char *dir = fw_tiny_dir();
+    char cmd[2048];
+    static char out[1 << 16];
+    unsigned long long seed = (unsigned long long)mt_seed_fresh();
+    snprintf(cmd, sizeof cmd, "%s --oversubscribe -np %d %s %s %llu %s", MPIEXEC, np,
+             MT_TP_CHECK, dir, seed, mode);
+    int rc = run(cmd, out, sizeof out);
+    cr_assert_eq(rc, 0, "mpirun -np %d mt_tp_check %s (seed %llu): exit %d\n%s", np, mode, seed,
+                 rc, out);
+    for (int r = 0; r < np; r++) {
+        char want[64];
+        snprintf(want, sizeof want, "tp_check rank %d/%d ok", r, np);
+        cr_assert(strstr(out, want), "no '%s' in:\n%s", want, out);
+    }
+    fw_rm_dir(dir);
+}
+
+/* Every rank runs the same script (creates, two prefills in a step, a
+ * fork, a truncation, a refused step, a free) with no leader. */
+Test(ep_mpi, tensor_parallel_ranks_without_a_leader_match_one_device_bitwise, .timeout = 600)
+{
+    tp_check(2, "spmd");
+}
+
+/* Rank 0 runs the script; the others replay its sequence operations and
+ * steps from its announcements. */
+Test(ep_mpi, tensor_parallel_followers_mirror_the_leaders_sequences, .timeout = 600)
+{
+    tp_check(3, "lead");
 }
 
 static void ep_check(int np, const char *mode, char *out, size_t cap, int *rc)
@@ -405,23 +549,25 @@ static bool alive(int pid)
  * generate tests' business: the server steps the same runtime); then rank
  * 1 is killed and the whole job, server included, goes down instead of
  * hanging. */
-Test(ep_mpi, serve_across_two_ranks_answers_and_goes_down_with_a_dead_rank, .timeout = 600)
+/* Starts `mpirun -np 2 moetune serve ... --ranks 2 flags` on dir's tiny
+ * model in the background; returns its port once ready, *mp the mpirun pid. */
+static int start_serve(const char *dir, const char *flags, int *mp)
 {
-    char *dir = fw_tiny_dir();
     char log[600], pidf[600], cmd[4096];
     snprintf(log, sizeof log, "%s/serve.log", dir);
     snprintf(pidf, sizeof pidf, "%s/mpirun.pid", dir);
     snprintf(cmd, sizeof cmd,
              "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
              "ASAN_OPTIONS=detect_leaks=0:intercept_tls_get_addr=0 %s --oversubscribe -np 2 %s "
-             "serve --model %s --device cpu --port 0 --ranks 2 --batch-invariant > %s 2>&1 & "
-             "echo $! > %s", MPIEXEC, MOETUNE_BIN, dir, log, pidf);
+             "serve --model %s --device cpu --port 0 --ranks 2 --batch-invariant %s > %s 2>&1 & "
+             "echo $! > %s", MPIEXEC, MOETUNE_BIN, dir, flags, log, pidf);
     cr_assert_eq(system(cmd), 0);
     FILE *f = fopen(pidf, "r");
-    int mp = 0, port = 0;
-    cr_assert(f && fscanf(f, "%d", &mp) == 1, "no mpirun pid");
+    int port = 0;
+    cr_assert(f && fscanf(f, "%d", mp) == 1, "no mpirun pid");
     fclose(f);
     static char out[1 << 21]; /* the server logs its whole kernel selection */
+    out[0] = 0;
     for (int i = 0; i < 2400 && !strstr(out, "ready:"); i++) {
         usleep(100000);
         out[0] = 0;
@@ -434,8 +580,15 @@ Test(ep_mpi, serve_across_two_ranks_answers_and_goes_down_with_a_dead_rank, .tim
             port = atoi(u + strlen("http://127.0.0.1:"));
     }
     if (!strstr(out, "ready:") || port <= 0)
-        kill(mp, SIGTERM);
+        kill(*mp, SIGTERM);
     cr_assert(strstr(out, "ready:") && port > 0, "server not ready:\n%s", out);
+    return port;
+}
+
+Test(ep_mpi, serve_across_two_ranks_answers_and_goes_down_with_a_dead_rank, .timeout = 600)
+{
+    char *dir = fw_tiny_dir();
+    int mp = 0, port = start_serve(dir, "", &mp);
     /* One request through both ranks. */
     uint64_t seed = mt_seed_fresh();
     int32_t *tok = fw_tokens(seed, 7, 512);
@@ -477,6 +630,94 @@ Test(ep_mpi, serve_across_two_ranks_answers_and_goes_down_with_a_dead_rank, .tim
     cr_assert_neq(serve_client_request(&url, "GET", "/health", NULL, 0, 5, NULL, NULL, &r2, &err),
                   MT_OK, "the server still answers after the job ended");
     serve_client_resp_release(&r2);
+    free(tok);
+    fw_rm_dir(dir);
+}
+/* The token ids of every choice in a completion response, each as "a,b,c". */
+static int choice_ids(const char *body, char ids[][256], int cap)
+{
+    cJSON *j = cJSON_Parse(body);
+    cr_assert_not_null(j, "not JSON: %s", body);
+    cJSON *ch = cJSON_GetObjectItem(j, "choices"), *c;
+    int n = 0;
+    cJSON_ArrayForEach(c, ch)
+    {
+        cr_assert_lt(n, cap);
+        cJSON *t, *ti = cJSON_GetObjectItem(c, "token_ids");
+        cr_assert(cJSON_IsArray(ti), "no token_ids in %s", body);
+        ids[n][0] = 0;
+        cJSON_ArrayForEach(t, ti)
+        {
+            size_t l = strlen(ids[n]);
+            snprintf(ids[n] + l, 256 - l, "%s%d", l ? "," : "", t->valueint);
+        }
+        n++;
+    }
+    cJSON_Delete(j);
+    return n;
+}
+
+/* serve --ranks 2 --tp: followers mirror the leader's sequences (forks for
+ * n > 1 and the prefix cache, frees), and every choice is what one device
+ * generates greedily; SIGTERM to mpirun stops the job cleanly. */
+Test(ep_mpi, tensor_parallel_serve_answers_what_one_device_generates, .timeout = 600)
+{
+    char *dir = fw_tiny_dir();
+    uint64_t seed = mt_seed_fresh();
+    int n = 4 + (int)(seed % 12);
+    int32_t *tok = fw_tokens(seed, n, 512);
+    char toks[256] = "", cmd[4096], body[512];
+    for (int i = 0; i < n; i++)
+        snprintf(toks + strlen(toks), sizeof toks - strlen(toks), "%s%" PRId32, i ? "," : "",
+                 tok[i]);
+    static char out[1 << 16];
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --device cpu --tokens %s --max-tokens 6 "
+             "--batch-invariant", MOETUNE_BIN, dir, toks);
+    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    char one[600];
+    ids_of(out, one, sizeof one); /* "ids: a,b,..." */
+    const char *want = one + strlen("ids: ");
+    int mp = 0, port = start_serve(dir, "--tp", &mp);
+    serve_url url = {0};
+    mt_err err = MT_ERR_INIT;
+    char base[64];
+    snprintf(base, sizeof base, "http://127.0.0.1:%d", port);
+    cr_assert_eq(serve_url_parse(base, &url, &err), MT_OK, "%s", err.msg);
+    snprintf(body, sizeof body, "{\"prompt\":[%s],\"max_tokens\":6,\"temperature\":0,"
+             "\"ignore_eos\":true,\"n\":3,\"return_token_ids\":true}", toks);
+    /* Twice: the second prompt is read from the prefix cache (a fork). */
+    for (int round = 0; round < 2; round++) {
+        serve_client_resp resp = SERVE_CLIENT_RESP_INIT;
+        mt_status st = serve_client_request(&url, "POST", "/v1/completions", body, strlen(body),
+                                            120, NULL, NULL, &resp, &err);
+        if (st != MT_OK || resp.status != 200)
+            kill(mp, SIGTERM);
+        cr_assert(st == MT_OK && resp.status == 200, "%s %d %.*s", err.msg, resp.status,
+                  (int)resp.body.len, resp.body.data ? resp.body.data : "");
+        char ids[3][256];
+        int got = choice_ids(resp.body.data, ids, 3);
+        serve_client_resp_release(&resp);
+        if (got != 3)
+            kill(mp, SIGTERM);
+        cr_assert_eq(got, 3);
+        for (int c = 0; c < 3; c++) {
+            /* generate stops at an end-of-sequence token; the server ignores it. */
+            if (strncmp(ids[c], want, strlen(want)))
+                kill(mp, SIGTERM);
+            cr_assert(!strncmp(ids[c], want, strlen(want)), "seed %" PRIu64 ", round %d, "
+                      "choice %d: %s, one device %s", seed, round, c, ids[c], want);
+        }
+    }
+    kill(mp, SIGTERM);
+    bool gone = false;
+    int status = 0;
+    for (int i = 0; i < 600 && !gone; i++) {
+        usleep(100000);
+        gone = waitpid(mp, &status, WNOHANG) == mp || !alive(mp);
+    }
+    if (!gone)
+        kill(mp, SIGKILL);
+    cr_assert(gone, "mpirun still runs 60 s after SIGTERM");
     free(tok);
     fw_rm_dir(dir);
 }
