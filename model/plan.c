@@ -54,6 +54,7 @@ typedef struct builder {
     const model_config *c;
     int cap;
     bool all_ranks;   /* tune plan: every tensor-parallel rank's kernels */
+    int tp_rank;      /* the rank whose kernels fill the slots */
     mt_err *err;
 } builder;
 
@@ -223,6 +224,41 @@ static mt_status attention_all(builder *b, model_plan_layer *ly)
     return st;
 }
 
+/* A bf16 SwiGLU MLP of intermediate I (a dense layer's, or a bf16 shared
+ * expert's: sh selects the slots). Under tensor parallelism a rank runs
+ * its share of the intermediate (gate and up rows) and its o_proj-like
+ * share of the down rows over the whole gathered intermediate (rt_tp.c);
+ * a tune plan lists every rank's shapes. */
+static mt_status swiglu_uses(builder *b, model_plan_layer *ly, int64_t I, bool sh)
+{
+    const model_plan_params *pp = &b->p->p;
+    int64_t T = pp->T, H = b->c->hidden_size;
+    int ranks = pp->tp_ranks > 1 ? pp->tp_ranks : 1;
+    if (I < ranks)
+        return mt_fail(b->err, MT_E_INVALID, "tensor parallelism over %d ranks: a %s of "
+                       "intermediate %" PRId64 ", fewer than the ranks", ranks,
+                       sh ? "shared expert" : "dense MLP", I);
+    for (int r = 0; r < ranks; r++) {
+        if (r != b->tp_rank && !b->all_ranks)
+            continue;
+        int64_t i0, ni, o0, no;
+        model_ep_range(I, ranks, r, &i0, &ni);
+        model_ep_range(H, ranks, r, &o0, &no);
+        int scratch[3];
+        int *gu = &scratch[0], *act = &scratch[1], *down = &scratch[2];
+        if (r == b->tp_rank) {
+            gu = &ly->k[sh ? MODEL_KS_SH_GEMM_GU : MODEL_KS_GEMM_GU];
+            act = &ly->k[sh ? MODEL_KS_SH_SILU : MODEL_KS_SILU];
+            down = &ly->k[sh ? MODEL_KS_SH_GEMM_DOWN : MODEL_KS_GEMM_DOWN];
+        }
+        USE(gu, "gemm", T, sh ? "shared gate/up" : "mlp gate/up", "N=%" PRId64 ",K=%" PRId64,
+            2 * ni, H);
+        USE(act, "ops_silu_mul", T, sh ? "shared act" : "mlp act", "I=%" PRId64, ni);
+        USE(down, "gemm", T, sh ? "shared down" : "mlp down", "N=%" PRId64 ",K=%" PRId64, no, I);
+    }
+    return MT_OK;
+}
+
 static mt_status mlp_uses(builder *b, model_plan_layer *ly)
 {
     const model_config *c = b->c;
@@ -230,14 +266,8 @@ static mt_status mlp_uses(builder *b, model_plan_layer *ly)
     int *k = ly->k;
     int64_t T = pp->T, H = c->hidden_size;
     USE(&k[MODEL_KS_NORM_POST], "rmsnorm", T, "norm", "N=%" PRId64 ",eps_e=%d", H, pp->eps_e);
-    if (!ly->moe) {
-        USE(&k[MODEL_KS_GEMM_GU], "gemm", T, "mlp gate/up", "N=%" PRId64 ",K=%" PRId64,
-            2 * ly->inter, H);
-        USE(&k[MODEL_KS_SILU], "ops_silu_mul", T, "mlp act", "I=%" PRId64, ly->inter);
-        USE(&k[MODEL_KS_GEMM_DOWN], "gemm", T, "mlp down", "N=%" PRId64 ",K=%" PRId64, H,
-            ly->inter);
-        return MT_OK;
-    }
+    if (!ly->moe)
+        return swiglu_uses(b, ly, ly->inter, false);
     /* The served MoE layer's kernels (moe_layer.h), keys from the one list. */
     moe_dims md;
     model_moe_dims(c, pp->act, pp->moe_wl, ly->sh_inter && ly->sh_mxfp4 ? ly->sh_inter : 0, &md);
@@ -279,11 +309,7 @@ static mt_status mlp_uses(builder *b, model_plan_layer *ly)
         USE(&k[MODEL_KS_SH_UP], "moe_gemm_up", T, "shared up", "%s", mk.sh_up);
         USE(&k[MODEL_KS_SH_DOWN], "moe_gemm_down", T, "shared down", "%s", mk.sh_down);
     } else {
-        USE(&k[MODEL_KS_SH_GEMM_GU], "gemm", T, "shared gate/up", "N=%" PRId64 ",K=%" PRId64,
-            2 * ly->sh_inter, H);
-        USE(&k[MODEL_KS_SH_SILU], "ops_silu_mul", T, "shared act", "I=%" PRId64, ly->sh_inter);
-        USE(&k[MODEL_KS_SH_GEMM_DOWN], "gemm", T, "shared down", "N=%" PRId64 ",K=%" PRId64, H,
-            ly->sh_inter);
+        return swiglu_uses(b, ly, ly->sh_inter, true);
     }
     return MT_OK;
 }
@@ -539,7 +565,8 @@ mt_status model_plan_build(const model_config *c, const model_plan_opts *o, mode
         model_plan_free(p);
         return mt_fail(err, MT_E_NOMEM, "kernel plan: layers");
     }
-    builder b = {.p = p, .c = c, .all_ranks = o->tp_ranks > 1 && o->tp_rank < 0, .err = err};
+    builder b = {.p = p, .c = c, .all_ranks = o->tp_ranks > 1 && o->tp_rank < 0,
+                 .tp_rank = o->tp_rank > 0 ? o->tp_rank : 0, .err = err};
     st = resolve_params(c, o, &p->p, err);
     for (int64_t i = 0; st == MT_OK && i < p->n_layers; i++) {
         model_plan_layer *ly = &p->layers[i];

@@ -141,11 +141,31 @@ static mt_status attention(model_runtime *rt, rt_layer *ly, int64_t M, int64_t c
     /* Tensor parallelism: every rank's heads into v, this rank's rows of
      * o_proj over all of them, every rank's rows into delta. */
     if (rt->tp.on)
-        MT_CHECK(rt_tp_gather(rt, RT_TP_HEADS, rt->VD, rt->tp.v_l, b->v, M, 2, err));
+        MT_CHECK(rt_tp_gather(rt, rt->NH, rt->VD, rt->tp.v_l, b->v, M, 2, err));
     RUN(k->gemm_o, M, NULL, b->v, ly->w_o, rt->tp.d_l);
     if (rt->tp.on)
-        MT_CHECK(rt_tp_gather(rt, RT_TP_O_ROWS, 1, rt->tp.d_l, b->delta, M, 4, err));
+        MT_CHECK(rt_tp_gather(rt, rt->H, 1, rt->tp.d_l, b->delta, M, 4, err));
     RUN(k->resid, M, NULL, b->resid, b->delta, b->xb);
+    return MT_OK;
+}
+
+/* A bf16 SwiGLU MLP of intermediate I on xn into delta, then the residual.
+ * Tensor parallelism: this rank's share of the intermediate, every rank's
+ * gathered, this rank's rows of down over all of it, every rank's rows
+ * gathered (rt_tp.c). */
+static mt_status swiglu(model_runtime *rt, rt_layer *ly, model_kern *gu, model_kern *act,
+                        model_kern *down, void *w_gu, void *w_down, int64_t I, int64_t M,
+                        mt_err *err)
+{
+    rt_bufs *b = &rt->b;
+    RUN(gu, M, NULL, b->xn, w_gu, b->gu);
+    RUN(act, M, NULL, b->gu, rt->tp.h_l);
+    if (rt->tp.on)
+        MT_CHECK(rt_tp_gather(rt, I, 1, rt->tp.h_l, b->h, M, 2, err));
+    RUN(down, M, NULL, b->h, w_down, rt->tp.d_l);
+    if (rt->tp.on)
+        MT_CHECK(rt_tp_gather(rt, rt->H, 1, rt->tp.d_l, b->delta, M, 4, err));
+    RUN(ly->k.resid, M, NULL, b->resid, b->delta, b->xb);
     return MT_OK;
 }
 
@@ -154,13 +174,9 @@ static mt_status mlp(model_runtime *rt, rt_layer *ly, int64_t M, mt_err *err)
     rt_bufs *b = &rt->b;
     rt_layer_kernels *k = &ly->k;
     RUN(k->norm_post, M, NULL, b->xb, ly->post_norm, b->xn);
-    if (!ly->moe) {
-        RUN(k->gemm_gu, M, NULL, b->xn, ly->w_gu, b->gu);
-        RUN(k->silu, M, NULL, b->gu, b->h);
-        RUN(k->gemm_down, M, NULL, b->h, ly->w_down, b->delta);
-        RUN(k->resid, M, NULL, b->resid, b->delta, b->xb);
-        return MT_OK;
-    }
+    if (!ly->moe)
+        return swiglu(rt, ly, k->gemm_gu, k->silu, k->gemm_down, ly->w_gu, ly->w_down, ly->inter,
+                      M, err);
     /* The served MoE layer: routed experts plus the MXFP4 shared expert,
      * into delta. */
     moe_dims d = rt->moe;
@@ -174,12 +190,9 @@ static mt_status mlp(model_runtime *rt, rt_layer *ly, int64_t M, mt_err *err)
     if (st != MT_OK)
         return st;
     RUN(k->resid, M, NULL, b->resid, b->delta, b->xb);
-    if (ly->sh_inter && !ly->sh_mxfp4) {
-        RUN(k->sh_gemm_gu, M, NULL, b->xn, ly->sh_gu, b->gu);
-        RUN(k->sh_silu, M, NULL, b->gu, b->h);
-        RUN(k->sh_gemm_down, M, NULL, b->h, ly->sh_down, b->delta);
-        RUN(k->resid, M, NULL, b->resid, b->delta, b->xb);
-    }
+    if (ly->sh_inter && !ly->sh_mxfp4)
+        return swiglu(rt, ly, k->sh_gemm_gu, k->sh_silu, k->sh_gemm_down, ly->sh_gu, ly->sh_down,
+                      ly->sh_inter, M, err);
     return MT_OK;
 }
 
@@ -211,7 +224,7 @@ static mt_status forward(model_runtime *rt, int64_t M, int64_t cmax, int64_t nl,
     RUN(rt->k_gather, nl, &s, b->xn, b->lrows, b->xgf, b->xg);
     RUN(rt->k_lm_head, nl, NULL, b->xg, rt->lm_head, rt->tp.lg_l);
     if (rt->tp.on) /* every rank's vocabulary */
-        MT_CHECK(rt_tp_gather(rt, RT_TP_VOCAB, 1, rt->tp.lg_l, b->logits, nl, 4, err));
+        MT_CHECK(rt_tp_gather(rt, rt->V, 1, rt->tp.lg_l, b->logits, nl, 4, err));
     return dev_synchronize(rt->dev, err);
 }
 

@@ -127,9 +127,10 @@ typedef struct rt_tp {
     bool on;
     int rank, size;
     model_tp_dims me;            /* this rank's heads, o_proj rows, vocabulary rows */
-    model_tp_dims *all;          /* [size]: every rank's */
-    void *v_l, *d_l, *lg_l;      /* device: this rank's heads' attention output [T][heads*VD]
-                                  * bf16, o_proj rows [T][o_rows] f32, logits [T][vocab] f32 */
+    void *v_l, *d_l, *lg_l, *h_l; /* device: this rank's heads' attention output
+                                  * [T][heads*VD] bf16, o_proj / MLP down rows [T][o_rows]
+                                  * f32, logits [T][vocab] f32, bf16 MLP activations
+                                  * [T][its share of the intermediate] */
     void *h_send, *h_recv, *h_full; /* host staging, h_cap bytes each */
     size_t h_cap;
     size_t *cnt;                 /* [4 * size]: all-to-all-v counts and displacements */
@@ -235,10 +236,11 @@ mt_status rt_tp_open(model_runtime *rt, mt_err *err);
 /* After rt_bufs_alloc: the local buffers and the host staging. */
 mt_status rt_tp_bufs_alloc(model_runtime *rt, mt_err *err);
 void rt_tp_close(model_runtime *rt);
-/* full [rows][sum of w] on every rank from each rank's local [rows][w_q]
- * columns (w_q = heads * VD, o_rows or vocab by `what`), es bytes each. */
-typedef enum rt_tp_split { RT_TP_HEADS, RT_TP_O_ROWS, RT_TP_VOCAB } rt_tp_split;
-mt_status rt_tp_gather(model_runtime *rt, rt_tp_split what, int64_t per, const void *local,
+/* full [rows][per * total] on every rank from each rank's local
+ * [rows][per * n_q] columns, where n_q is rank q's share of `total`
+ * (model_ep_range: heads, o_proj rows, vocabulary, MLP intermediate);
+ * es bytes per element. */
+mt_status rt_tp_gather(model_runtime *rt, int64_t total, int64_t per, const void *local,
                        void *full, int64_t rows, size_t es, mt_err *err);
 /* Tokens as this rank's embedding rows (the zero row for other ranks'). */
 void rt_tp_local_tokens(const model_runtime *rt, int32_t *tok, int64_t M);

@@ -163,6 +163,22 @@ static mt_status upload_fused(model_runtime *rt, const char *const *modules, con
     return upload_fused_rows(rt, modules, outs, NULL, NULL, n, in, dev, err);
 }
 
+/* A bf16 SwiGLU MLP of intermediate I: gate | up rows fused into gu,
+ * down [H][I]. Under tensor parallelism this rank's share of the
+ * intermediate (gate and up rows) and of down's output rows (rt_tp.c). */
+static mt_status upload_swiglu(model_runtime *rt, const char *gate, const char *up,
+                               const char *down, int64_t I, void **gu, void **dn, mt_err *err)
+{
+    int64_t H = rt->H, i0 = 0, ni = I;
+    if (rt->tp.on)
+        model_ep_range(I, rt->tp.size, rt->tp.rank, &i0, &ni);
+    const char *gm[2] = {gate, up}, *dm[1] = {down};
+    int64_t go[2] = {I, I}, gf[2] = {i0, i0}, gc[2] = {ni, ni};
+    int64_t dout[1] = {H}, df[1] = {rt->tp.me.o_row0}, dc[1] = {rt->tp.me.o_rows};
+    MT_CHECK(upload_fused_rows(rt, gm, go, gf, gc, 2, H, gu, err));
+    return upload_fused_rows(rt, dm, dout, df, dc, 1, I, dn, err);
+}
+
 /* A float linear [out][in] quantized to MXFP4 (Quark layout, the scale rule
  * of mxfp4.h) into packed[out * in / 2] and scales[out * in / 32]. */
 static mt_status quantize_linear(model_runtime *rt, const char *module, int64_t out, int64_t in,
@@ -397,12 +413,7 @@ static mt_status load_layer(model_runtime *rt, int64_t i, rt_layer *ly, mt_err *
         snprintf(n1, sizeof n1, "%smlp.gate_proj", p);
         snprintf(n2, sizeof n2, "%smlp.up_proj", p);
         snprintf(n3, sizeof n3, "%smlp.down_proj", p);
-        const char *gu[2] = {n1, n2};
-        int64_t guo[2] = {ly->inter, ly->inter};
-        MT_CHECK(upload_fused(rt, gu, guo, 2, H, &ly->w_gu, err));
-        const char *dn[1] = {n3};
-        int64_t dno[1] = {H};
-        MT_CHECK(upload_fused(rt, dn, dno, 1, ly->inter, &ly->w_down, err));
+        MT_CHECK(upload_swiglu(rt, n1, n2, n3, ly->inter, &ly->w_gu, &ly->w_down, err));
     } else {
         const model_tensor_info *t;
         int64_t gs[2] = {rt->E, H};
@@ -435,12 +446,8 @@ static mt_status load_layer(model_runtime *rt, int64_t i, rt_layer *ly, mt_err *
                 snprintf(n1, sizeof n1, "%smlp.shared_experts.gate_proj", p);
                 snprintf(n2, sizeof n2, "%smlp.shared_experts.up_proj", p);
                 snprintf(n3, sizeof n3, "%smlp.shared_experts.down_proj", p);
-                const char *gu[2] = {n1, n2};
-                int64_t guo[2] = {ly->sh_inter, ly->sh_inter};
-                MT_CHECK(upload_fused(rt, gu, guo, 2, H, &ly->sh_gu, err));
-                const char *dn[1] = {n3};
-                int64_t dno[1] = {H};
-                MT_CHECK(upload_fused(rt, dn, dno, 1, ly->sh_inter, &ly->sh_down, err));
+                MT_CHECK(upload_swiglu(rt, n1, n2, n3, ly->sh_inter, &ly->sh_gu, &ly->sh_down,
+                                       err));
             }
         }
     }

@@ -15,7 +15,10 @@
  *              other ranks' tokens read; the ranks' rows are summed (one
  *              of the summands is the row, the others are zeros: exact);
  *   lm_head    each rank computes its vocabulary's logits; all-gathered.
- * Dense MLP layers and a bf16 shared expert run whole on every rank.
+ *   MLP        a dense layer's (and a bf16 shared expert's) SwiGLU: each
+ *              rank runs its share of the intermediate (gate and up rows),
+ *              the activations are all-gathered, and each rank runs its
+ *              rows of down over all of them, as o_proj.
  * Every collective is a copy or a sum with one non-zero term, so no result
  * depends on a library's reduction order.
  *
@@ -47,13 +50,10 @@ mt_status rt_tp_open(model_runtime *rt, mt_err *err)
         return MT_OK;
     t->on = true;
     t->lead = rt->o.comm_lead && t->rank == 0;
-    t->all = calloc((size_t)t->size, sizeof *t->all);
     t->cnt = calloc((size_t)t->size * 4, sizeof *t->cnt);
     t->w = calloc((size_t)t->size, sizeof *t->w);
-    if (!t->all || !t->cnt || !t->w)
+    if (!t->cnt || !t->w)
         return mt_fail(err, MT_E_NOMEM, "tensor parallelism");
-    for (int r = 0; r < t->size; r++)
-        MT_CHECK(model_tp_local(rt->cfg, t->size, r, &t->all[r], err));
     fprintf(rt->log, "tensor parallelism: rank %d of %d (%s) holds attention heads %" PRId64
             "-%" PRId64 ", o_proj rows %" PRId64 "-%" PRId64 ", vocabulary %" PRId64 "-%" PRId64
             "\n", t->rank, t->size, mt_comm_backend(rt->o.comm), t->me.head0,
@@ -70,18 +70,30 @@ mt_status rt_tp_bufs_alloc(model_runtime *rt, mt_err *err)
         t->v_l = b->v;
         t->d_l = b->delta;
         t->lg_l = b->logits;
+        t->h_l = b->h;
         return MT_OK;
     }
-    int64_t T = rt->T;
+    /* The largest bf16 MLP (dense or shared expert) and this rank's share. */
+    int64_t T = rt->T, inter = 0;
+    for (int64_t i = 0; i < rt->n_layers; i++) {
+        const rt_layer *ly = &rt->layers[i];
+        int64_t in = ly->moe ? (ly->sh_mxfp4 ? 0 : ly->sh_inter) : ly->inter;
+        inter = in > inter ? in : inter;
+    }
+    int64_t inter_l = inter / t->size + 1;
     MT_CHECK(dev_alloc(rt->dev, (size_t)(T * t->me.heads * rt->VD) * 2, &t->v_l, err));
     MT_CHECK(dev_alloc(rt->dev, (size_t)(T * t->me.o_rows) * 4, &t->d_l, err));
     MT_CHECK(dev_alloc(rt->dev, (size_t)(T * t->me.vocab) * 4, &t->lg_l, err));
-    /* The largest exchange: a step's logits, its rows of o_proj's or the
-     * MoE's f32 output, or its gathered attention heads. */
+    MT_CHECK(dev_alloc(rt->dev, (size_t)(T * inter_l) * 2, &t->h_l, err));
+    /* The largest exchange: a step's logits, its rows of o_proj's, the
+     * MLPs' or the MoE's f32 output, its gathered attention heads or MLP
+     * activations. */
     size_t cap = (size_t)(T * rt->V) * 4;
     size_t alt = (size_t)(T * rt->H) * 4;
     cap = alt > cap ? alt : cap;
     alt = (size_t)(T * rt->NH * rt->VD) * 2;
+    cap = alt > cap ? alt : cap;
+    alt = (size_t)(T * inter) * 2;
     t->h_cap = alt > cap ? alt : cap;
     t->h_send = malloc(t->h_cap);
     t->h_recv = malloc(t->h_cap);
@@ -98,11 +110,11 @@ void rt_tp_close(model_runtime *rt)
         dev_free(rt->dev, t->v_l);
         dev_free(rt->dev, t->d_l);
         dev_free(rt->dev, t->lg_l);
+        dev_free(rt->dev, t->h_l);
     }
     free(t->h_send);
     free(t->h_recv);
     free(t->h_full);
-    free(t->all);
     free(t->cnt);
     free(t->w);
     free(t->msg);
@@ -149,16 +161,16 @@ static mt_status gather_cols(model_runtime *rt, const int64_t *w, const void *lo
     return rows ? dev_copy_to(rt->dev, full, t->h_full, (size_t)rows * row_b, err) : MT_OK;
 }
 
-mt_status rt_tp_gather(model_runtime *rt, rt_tp_split what, int64_t per, const void *local,
+mt_status rt_tp_gather(model_runtime *rt, int64_t total, int64_t per, const void *local,
                        void *full, int64_t rows, size_t es, mt_err *err)
 {
     rt_tp *t = &rt->tp;
-    int64_t *w = t->w;
     for (int q = 0; q < t->size; q++) {
-        const model_tp_dims *d = &t->all[q];
-        w[q] = per * (what == RT_TP_HEADS ? d->heads : what == RT_TP_O_ROWS ? d->o_rows : d->vocab);
+        int64_t q0, qn;
+        model_ep_range(total, t->size, q, &q0, &qn);
+        t->w[q] = per * qn;
     }
-    return gather_cols(rt, w, local, full, rows, es, err);
+    return gather_cols(rt, t->w, local, full, rows, es, err);
 }
 
 void rt_tp_local_tokens(const model_runtime *rt, int32_t *tok, int64_t M)
@@ -190,13 +202,7 @@ mt_status rt_tp_moe(model_runtime *rt, rt_layer *ly, int64_t M, mt_err *err)
     float *y = (float *)rt->b.delta + r0 * H;
     MT_CHECK(rt_ep_moe(rt, ly, (const uint16_t *)rt->b.xn + r0 * H, cnt, y, err));
     /* Each rank's rows, as one row of cnt * H columns. */
-    int64_t *w = t->w;
-    for (int q = 0; q < t->size; q++) {
-        int64_t q0, qn;
-        model_ep_range(M, t->size, q, &q0, &qn);
-        w[q] = qn * H;
-    }
-    return gather_cols(rt, w, y, rt->b.delta, 1, 4, err);
+    return rt_tp_gather(rt, M, H, y, rt->b.delta, 1, 4, err);
 }
 
 /* ---- the leader's journal and steps ----------------------------------------- */

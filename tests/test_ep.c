@@ -279,7 +279,7 @@ Test(ep, tensor_parallel_shares_and_plans, .timeout = 300)
         cr_assert_eq(model_tp_local(cfg, 3, r, &me, &err), MT_OK);
         po.tp_rank = r;
         cr_assert_eq(model_kernel_plan(dir, &po, &one, &n_one, &err), MT_OK, "%s", err.msg);
-        bool decode = false, o = false, head = false, embed = false;
+        bool decode = false, o = false, head = false, embed = false, gu = false, down = false;
         for (int i = 0; i < n_one; i++) {
             const model_plan_entry *e = &one[i];
             cr_assert(plan_has(all, n_all, e), "rank %d looks up %s %s; the tune plan does not "
@@ -298,9 +298,19 @@ Test(ep, tensor_parallel_shares_and_plans, .timeout = 300)
                 head = true;
             } else if (!strcmp(e->purpose, "embedding")) {
                 embed = true;
+            } else if (!strcmp(e->purpose, "mlp gate/up")) {
+                int64_t i0, ni;
+                model_ep_range(cfg->intermediate_size, 3, r, &i0, &ni);
+                cr_assert_eq(kern_shape_get(e->fam, &s, "N"), 2 * ni, "%s", e->key);
+                gu = true;
+            } else if (!strcmp(e->purpose, "mlp down")) {
+                cr_assert_eq(kern_shape_get(e->fam, &s, "N"), me.o_rows, "%s", e->key);
+                cr_assert_eq(kern_shape_get(e->fam, &s, "K"), cfg->intermediate_size, "%s",
+                             e->key);
+                down = true;
             }
         }
-        cr_assert(decode && o && head && embed, "rank %d: a slot is missing", r);
+        cr_assert(decode && o && head && embed && gu && down, "rank %d: a slot is missing", r);
         free(one);
     }
     for (int i = 0; i < n_all; i++)
