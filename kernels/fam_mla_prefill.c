@@ -161,8 +161,21 @@ static size_t scratch_bytes(const kern_shape *s, int64_t m, const kern_config *c
     return (size_t)n_tok(s, m) * (size_t)s->v[D_H] * (size_t)(s->v[D_D] + s->v[D_V]) * 2;
 }
 
-/* Expansion tile of the GPU kernel: ET tokens x EN rows, EK-deep steps. */
-enum { ET = 16, EN = 64, EK = 32 };
+/* Expansion tile of the GPU kernel: ET tokens x EN rows, EK-deep steps.
+ * On matrix fragments (MMA) it grows with the block: 32 x 64 under 4
+ * waves, 64 x 128 from 4 (whole fragments of every shape, 16x16, 16x8 and
+ * 32x32, split over the waves with at most 64 accumulator registers per
+ * lane); K steps of 64. */
+typedef struct etile {
+    int et, en, ek;
+} etile;
+
+static etile expand_tile(bool mma, int waves)
+{
+    if (!mma)
+        return (etile){16, 64, 32};
+    return waves >= 4 ? (etile){64, 128, 64} : (etile){32, 64, 64};
+}
 
 static size_t attn_shared(const kern_shape *s, int bm, int bn, int stages)
 {
@@ -173,7 +186,15 @@ static size_t attn_shared(const kern_shape *s, int bm, int bn, int stages)
            (size_t)stages * (size_t)bn * (size_t)(s->v[D_D] + s->v[D_V]) * 2; /* k, v */
 }
 
-static size_t expand_shared(void) { return (size_t)(ET + EN) * EK * 4; }
+/* The expansion's shared memory: f32 tiles, or padded bf16 tiles on the
+ * MMA path (pad as the attention's: 4 bf16 on wave64, 8 on wave32). */
+static size_t expand_shared(bool mma, int waves, int ws)
+{
+    etile e = expand_tile(mma, waves);
+    if (mma)
+        return (size_t)(e.et + e.en) * (size_t)(e.ek + (ws == 64 ? 4 : 8)) * 2;
+    return (size_t)(e.et + e.en) * (size_t)e.ek * 4;
+}
 
 /* Dynamic shared memory of the MMA path, as mla_prefill.hip carves it:
  * bf16 q [BM][DQ + pad], k [BN][DQ + pad], v [BN][V + pad], P [BM][BN +
@@ -208,11 +229,14 @@ static mt_status run(const kern_ctx *c, mt_err *err)
     void *eargs[] = {(void *)&c->bufs[B_CACHE], (void *)&c->bufs[B_KSCALE],
                      (void *)&c->bufs[B_TABLE], (void *)&c->bufs[B_WKV], &kn, &vv, &t};
     dev_dim3 egrid;
+    bool mma = gpu && param(c, "MMA");
+    etile et = expand_tile(mma, gpu ? param(c, "WAVES") : 1);
     if (gpu)
-        egrid = (dev_dim3){kern_cdiv(t, ET), kern_cdiv((int64_t)h * hr, EN), 1};
+        egrid = (dev_dim3){kern_cdiv(t, et.et), kern_cdiv((int64_t)h * hr, et.en), 1};
     else
         egrid = (dev_dim3){kern_cdiv(t, param(c, "ET")), (unsigned)h, 1};
-    st = dev_launch(c->dev, ke, egrid, block, gpu ? expand_shared() : 0, eargs, err);
+    size_t eshm = gpu ? expand_shared(mma, param(c, "WAVES"), c->props->warp_size) : 0;
+    st = dev_launch(c->dev, ke, egrid, block, eshm, eargs, err);
     if (st != MT_OK)
         return st;
 
@@ -228,6 +252,9 @@ static mt_status run(const kern_ctx *c, mt_err *err)
         shm = attn_shared(s, bm, param(c, "BN"), param(c, "STAGES"));
     return dev_launch(c->dev, ka, agrid, block, shm, aargs, err);
 }
+
+/* GPU parameters. Order matters: BM, BN, WAVES first (defines). */
+enum { GP_BM, GP_BN, GP_WAVES, GP_STAGES, GP_MMA, GP_COUNT };
 
 static int defines(const kern_shape *s, const kern_config *cfg, const dev_props *p,
                    dev_define *out, char (*buf)[64], int cap, bool gpu)
@@ -248,13 +275,14 @@ static int defines(const kern_shape *s, const kern_config *cfg, const dev_props 
     out[n] = (dev_define){"NACC", buf[n]};
     n++;
     if (gpu) {
-        snprintf(buf[n], 64, "%d", ET);
+        etile e = expand_tile(cfg->n > GP_MMA && cfg->v[GP_MMA], cfg->v[GP_WAVES]);
+        snprintf(buf[n], 64, "%d", e.et);
         out[n] = (dev_define){"ET", buf[n]};
         n++;
-        snprintf(buf[n], 64, "%d", EN);
+        snprintf(buf[n], 64, "%d", e.en);
         out[n] = (dev_define){"EN", buf[n]};
         n++;
-        snprintf(buf[n], 64, "%d", EK);
+        snprintf(buf[n], 64, "%d", e.ek);
         out[n] = (dev_define){"EK", buf[n]};
         n++;
     }
@@ -269,14 +297,12 @@ static const int waves_v[] = {1, 2, 4, 8};
 static const int stages_v[] = {1, 2, 3};
 static const int mma_v[] = {0, 1, 2};
 
-/* Order matters: BM, BN, WAVES first (defines). */
-enum { GP_BM, GP_BN, GP_WAVES, GP_STAGES, GP_MMA, GP_COUNT };
 static const kern_param_desc gpu_params[GP_COUNT] = {
     [GP_BM] = {"BM", bm_v, 4, "query tile (rows per block)"},
     [GP_BN] = {"BN", bn_v, 4, "key tile"},
     [GP_WAVES] = {"WAVES", waves_v, 4, "waves per block"},
     [GP_STAGES] = {"STAGES", stages_v, 3, "key/value tiles in flight (shared-memory buffers)"},
-    [GP_MMA] = {"MMA", mma_v, 3, "0 scalar FP32; 1, 2 matrix instructions for QK^T and PV, "
+    [GP_MMA] = {"MMA", mma_v, 3, "0 scalar FP32; 1, 2 matrix instructions for the expansion, QK^T and PV, "
                 "the platform's small (16-row) or large (32x32x8, AMD) tile"},
 };
 
@@ -339,7 +365,7 @@ static bool gpu_valid(const kern_shape *s, int64_t m, const kern_config *c,
         snprintf(why, cap, "BM=%d needs at least BM and 64 threads, has %d", bm, nt);
         return false;
     }
-    size_t eshm = expand_shared();
+    size_t eshm = expand_shared(c->n > GP_MMA && c->v[GP_MMA], c->v[GP_WAVES], p->warp_size);
     if (eshm > p->shared_mem_per_block) {
         snprintf(why, cap, "the expansion needs %zu bytes of shared memory, the device has "
                  "%zu", eshm, p->shared_mem_per_block);

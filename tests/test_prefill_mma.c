@@ -4,8 +4,8 @@
  * chunks that are not a multiple of BM, contexts that are not a multiple of
  * BN, a prefix of zero and GLM-5.2 widths, on fresh seeds; the validity
  * rules, each naming the parameter at fault; and, without a GPU, that
- * hipRTC (gfx90a) and clang-19 (gfx942) build the attention at BM = 64 with
- * matrix instructions and no scratch, and NVRTC (sm_90) builds it (each
+ * hipRTC (gfx90a) and clang-19 (gfx942) build the attention at BM = 64 and
+ * the expansion with matrix instructions and no scratch, and NVRTC (sm_90) builds it (each
  * skipped when its compiler is absent). */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
@@ -28,11 +28,15 @@ static const kern_family *fam(void)
 }
 
 /* Small (emu is slow): a chunk past a prefix (21 queries: not a multiple
- * of BM; 34 keys: not of BN), a chunk with no prefix on an fp8 cache, and
- * GLM-5.2 widths (D 192, R 64, V 256) with one head. */
+ * of BM; 34 keys: not of BN), a chunk with no prefix on an fp8 cache (160
+ * kv_b rows: the expansion's second row tile is partial), a latent whose
+ * width is no multiple of 4, and GLM-5.2 widths (D 192, R 64, V 256) with
+ * one head. */
 static const mma_case cases[] = {
     {"H=2,L=32,R=16,D=32,V=32,ps=5,kv=bf16,P=13", 21},
     {"H=2,L=48,R=32,D=16,V=64,ps=7,kv=fp8,P=0", 19},
+    /* a latent of 30 (no multiple of 4: the expansion's element loads) */
+    {"H=1,L=30,R=16,D=16,V=32,ps=4,kv=bf16,P=6", 9},
 };
 static const mma_case glm_cases[] = {
     {"H=1,L=512,R=64,D=192,V=256,ps=64,kv=fp8,P=9", 5},
@@ -58,13 +62,13 @@ static const char *const wave32_cfgs[] = {
 
 Test(prefill_mma, mla_prefill_matches_the_reference_on_wave64, .timeout = 900)
 {
-    mma_check_on(fam(), "emu:wave64", wave64_cfgs, 4, cases, 2);
+    mma_check_on(fam(), "emu:wave64", wave64_cfgs, 4, cases, 3);
     mma_check_on(fam(), "emu:wave64", wave64_glm, 2, glm_cases, 1);
 }
 
 Test(prefill_mma, mla_prefill_matches_the_reference_on_wave32, .timeout = 900)
 {
-    mma_check_on(fam(), "emu:wave32", wave32_cfgs, 3, cases, 2);
+    mma_check_on(fam(), "emu:wave32", wave32_cfgs, 3, cases, 3);
     mma_check_on(fam(), "emu:wave32", wave32_cfgs + 2, 1, glm_cases, 1);
 }
 
@@ -147,6 +151,7 @@ static void compile_amd(const char *arch, const char *shape, const char *cfg_tex
                         const char *mfma)
 {
     mma_compile_amd(fam(), "mla_prefill_attn", arch, shape, 256, cfg_text, mfma);
+    mma_compile_amd(fam(), "mla_prefill_expand", arch, shape, 256, cfg_text, mfma);
 }
 
 /* BM = 64: the tile whose scalar accumulators spilled; 32x32 fragments

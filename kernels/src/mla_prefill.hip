@@ -3,14 +3,15 @@
  *
  * mla_prefill_expand: block (token tile of ET, row tile of EN) multiplies
  * the context's latent rows by kv_b through shared-memory tiles (EK deep)
- * into bf16 k_nope [T][H][D] and v [T][H][V].
+ * into bf16 k_nope [T][H][D] and v [T][H][V]; scalar FP32, or on matrix
+ * fragments with MMA (below).
  * mla_prefill_attn: block (query tile of BM, head) runs flash attention
  * over key tiles of BN: S = q k^T in shared memory, an online softmax per
  * row, o += p v in registers. Key/value tiles are loaded STAGES - 1 tiles
  * ahead into a ring of shared-memory buffers, so loads overlap the math of
  * the current tile with one barrier per tile.
  *
- * MMA=1 or 2 runs the attention on the prelude's matrix fragments
+ * MMA=1 or 2 runs the expansion and the attention on the prelude's matrix fragments
  * (MT_MMA_SHAPE 16 or 32), see "MMA path" below; MMA=0 is the scalar path.
  *
  * Params: BM, BN, WAVES, STAGES, MMA; NT, NACC, KV_FP8, ET, EN, EK from the
@@ -34,6 +35,7 @@ typedef mt_bf16 kv_t;
 #define NEG_BIG (-1.0e30f)
 #define EACC ((ET * EN + NT - 1) / NT)
 
+#if !MMA
 MT_KERNEL __launch_bounds__(NT) void mla_prefill_expand(
     const kv_t *__restrict__ pool, const float *kscale, const int *table,
     const mt_bf16 *__restrict__ wkv, mt_bf16 *kn, mt_bf16 *vv, int n_tok)
@@ -91,7 +93,6 @@ MT_KERNEL __launch_bounds__(NT) void mla_prefill_expand(
     }
 }
 
-#if !MMA
 /* Copies key tile kt (keys kt*BN .. +BN-1 below kend) into ring slot b. */
 MT_DEVICE void load_tile(int kt, int b, int kend, int h, const mt_bf16 *kn,
                          const mt_bf16 *vv, const kv_t *pool, const int *table, float ks,
@@ -291,6 +292,122 @@ MT_DEVICE mt_bf16 p_kv_bf16(kv_t x)
 #else
     return x;
 #endif
+}
+
+/* ---- the expansion on fragments --------------------------------------------
+ * Block (ET tokens, EN kv_b rows): A = the tokens' latent rows as stored
+ * (bf16; fp8 decodes to bf16 exactly), B^T = kv_b's rows, both through
+ * padded bf16 tiles EK deep. The waves split the ET x EN output as the
+ * attention's O: across the rows of kv_b first (X_WN waves), then the
+ * tokens (X_WM); each owns X_TM x X_TN fragments and, per K step, loads
+ * X_TM A and X_TN B fragments for X_TM * X_TN products. The cache scale
+ * multiplies the f32 sums, which go out as bf16. */
+#define X_LD (EK + P_PAD)
+#define X_FI (ET / MT_MMA_M)
+#define X_FJ (EN / MT_MMA_N)
+#define X_WN (WAVES < X_FJ ? WAVES : X_FJ)
+#define X_WM (WAVES / X_WN)
+#define X_TM (X_FI / X_WM)
+#define X_TN (X_FJ / X_WN)
+#if ET % MT_MMA_M || EN % MT_MMA_N || EK % MT_MMA_K || EK % 4 || X_FJ % X_WN || X_FI % X_WM || \
+    X_TM < 1
+#error "MMA expansion: the ET x EN x EK tile must split into whole fragments per wave"
+#endif
+/* 4 bf16 of a row from k (all four inside the row), 8 bytes at once where
+ * rows are a multiple of 4 long (their starts then stay aligned). */
+#if S_L % 4 == 0 && W % 4 == 0 && !KV_FP8
+#define X_LAT4(src) (*(const unsigned long long *)(src))
+#else
+#define X_LAT4(src)                                                                        \
+    ((unsigned long long)p_kv_bf16((src)[0]) | (unsigned long long)p_kv_bf16((src)[1]) << 16 | \
+     (unsigned long long)p_kv_bf16((src)[2]) << 32 |                                       \
+     (unsigned long long)p_kv_bf16((src)[3]) << 48)
+#endif
+#if S_L % 4 == 0
+#define X_W4(src) (*(const unsigned long long *)(src))
+#else
+#define X_W4(src)                                                                          \
+    ((unsigned long long)(src)[0] | (unsigned long long)(src)[1] << 16 |                    \
+     (unsigned long long)(src)[2] << 32 | (unsigned long long)(src)[3] << 48)
+#endif
+
+MT_KERNEL __launch_bounds__(NT) void mla_prefill_expand(
+    const kv_t *__restrict__ pool, const float *kscale, const int *table,
+    const mt_bf16 *__restrict__ wkv, mt_bf16 *kn, mt_bf16 *vv, int n_tok)
+{
+    MT_DYN_SHARED(float, smem);
+    mt_bf16 *sA = (mt_bf16 *)smem;  /* [ET][X_LD] latent rows */
+    mt_bf16 *sB = sA + ET * X_LD;   /* [EN][X_LD] kv_b rows */
+    const int tid = threadIdx.x, wave = tid / MT_MMA_WAVE;
+    const int wm = wave / X_WN, wn = wave % X_WN;
+    const int t0 = blockIdx.x * ET, r0 = blockIdx.y * EN;
+    const float ks = kscale[0];
+    mt_mma_acc acc[X_TM][X_TN];
+    MT_UNROLL
+    for (int i = 0; i < X_TM; i++)
+        MT_UNROLL
+        for (int j = 0; j < X_TN; j++)
+            acc[i][j] = mt_mma_acc_zero();
+    for (int k0 = 0; k0 < S_L; k0 += EK) {
+        for (int e = tid; e < ET * (EK / 4); e += NT) {
+            int j = e / (EK / 4), k = k0 + 4 * (e - j * (EK / 4)), t = t0 + j;
+            unsigned long long v = 0ull;
+            if (t < n_tok && k < S_L) {
+                const kv_t *src = pool + ((long)table[t / S_ps] * S_ps + t % S_ps) * W + k;
+                if (k + 3 < S_L)
+                    v = X_LAT4(src);
+                else /* the last, partial four of a row */
+                    for (int i = 0; k + i < S_L; i++)
+                        v |= (unsigned long long)p_kv_bf16(src[i]) << (16 * i);
+            }
+            *(unsigned long long *)(sA + j * X_LD + (k - k0)) = v;
+        }
+        for (int e = tid; e < EN * (EK / 4); e += NT) {
+            int j = e / (EK / 4), k = k0 + 4 * (e - j * (EK / 4)), r = r0 + j;
+            unsigned long long v = 0ull;
+            if (r < S_H * HR && k < S_L) {
+                const mt_bf16 *src = wkv + (long)r * S_L + k;
+                if (k + 3 < S_L)
+                    v = X_W4(src);
+                else
+                    for (int i = 0; k + i < S_L; i++)
+                        v |= (unsigned long long)src[i] << (16 * i);
+            }
+            *(unsigned long long *)(sB + j * X_LD + (k - k0)) = v;
+        }
+        __syncthreads();
+        MT_UNROLL
+        for (int kk = 0; kk < EK; kk += MT_MMA_K) {
+            mt_mma_a fa[X_TM];
+            MT_UNROLL
+            for (int i = 0; i < X_TM; i++)
+                fa[i] = mt_mma_load_a(sA + ((wm * X_TM + i) * MT_MMA_M) * X_LD + kk, X_LD);
+            MT_UNROLL
+            for (int j = 0; j < X_TN; j++) {
+                mt_mma_b fb = mt_mma_load_bt(sB + ((wn * X_TN + j) * MT_MMA_N) * X_LD + kk, X_LD);
+                MT_UNROLL
+                for (int i = 0; i < X_TM; i++)
+                    acc[i][j] = mt_mma_bf16(fa[i], fb, acc[i][j]);
+            }
+        }
+        __syncthreads();
+    }
+    MT_UNROLL
+    for (int i = 0; i < X_TM; i++)
+        MT_UNROLL
+        for (int j = 0; j < X_TN; j++)
+            for (int rg = 0; rg < MT_MMA_ACC_REGS; rg++) {
+                int t = t0 + (wm * X_TM + i) * MT_MMA_M + mt_mma_acc_row(rg);
+                int r = r0 + (wn * X_TN + j) * MT_MMA_N + mt_mma_acc_col(rg);
+                if (t < n_tok && r < S_H * HR) {
+                    int h = r / HR, rr = r - h * HR;
+                    mt_bf16 o = mt_f32_to_bf16(acc[i][j].x[rg] * ks);
+                    if (rr < S_D)
+                        kn[((long)t * S_H + h) * S_D + rr] = o;
+                    else
+                        vv[((long)t * S_H + h) * S_V + rr - S_D] = o;
+                }
+            }
 }
 
 /* p[row * ld + col] = bf16(a) for the fragment's rows below `rows`. */
