@@ -40,7 +40,7 @@ void model_plan_opts_from_runtime(const model_runtime_opts *ro, model_plan_opts 
     *out = (model_plan_opts){.act_quant = ro->act_quant, .act_quant_set = ro->act_quant_set,
                              .kv_dtype = ro->kv_dtype, .kv_page_size = ro->kv_page_size,
                              .kv_pages = ro->kv_pages, .max_batch_tokens = ro->max_batch_tokens,
-                             .mtp = ro->speculative_steps > 0};
+                             .mtp = ro->speculative_steps > 0, .ep_runtime = ro->comm != NULL};
     if (ro->tp && ro->comm && mt_comm_size(ro->comm) > 1) {
         out->tp_ranks = mt_comm_size(ro->comm);
         out->tp_rank = mt_comm_rank(ro->comm);
@@ -55,6 +55,7 @@ typedef struct builder {
     int cap;
     bool all_ranks;   /* tune plan: every tensor-parallel rank's kernels */
     int tp_rank;      /* the rank whose kernels fill the slots */
+    bool ep_runtime;  /* an expert-parallel runtime: no whole-layer expert kernels */
     mt_err *err;
 } builder;
 
@@ -274,9 +275,14 @@ static mt_status mlp_uses(builder *b, model_plan_layer *ly)
     moe_keys mk;
     moe_layer_keys(&md, &mk);
     USE(&k[MODEL_KS_ROUTE], "moe_route", T, "router", "%s", mk.route);
-    USE(&k[MODEL_KS_ALIGN], "moe_align", T, "expert sort", "%s", mk.align);
-    USE(&k[MODEL_KS_UP], "moe_gemm_up", T, "experts up", "%s", mk.up);
-    USE(&k[MODEL_KS_DOWN], "moe_gemm_down", T, "experts down", "%s", mk.down);
+    /* Every expert on one device; an expert-parallel deployment runs the
+     * ranks' local expert kernels instead (below, or ep_moe.c's in the
+     * runtime), never these. */
+    if (!pp->ep_ranks && !b->ep_runtime) {
+        USE(&k[MODEL_KS_ALIGN], "moe_align", T, "expert sort", "%s", mk.align);
+        USE(&k[MODEL_KS_UP], "moe_gemm_up", T, "experts up", "%s", mk.up);
+        USE(&k[MODEL_KS_DOWN], "moe_gemm_down", T, "experts down", "%s", mk.down);
+    }
     if (md.comb)
         USE(&k[MODEL_KS_COMBINE], "moe_combine", T, "combine", "%s", mk.combine);
     /* Expert parallelism: each rank's kernels at its own expert count (the
@@ -566,7 +572,8 @@ mt_status model_plan_build(const model_config *c, const model_plan_opts *o, mode
         return mt_fail(err, MT_E_NOMEM, "kernel plan: layers");
     }
     builder b = {.p = p, .c = c, .all_ranks = o->tp_ranks > 1 && o->tp_rank < 0,
-                 .tp_rank = o->tp_rank > 0 ? o->tp_rank : 0, .err = err};
+                 .tp_rank = o->tp_rank > 0 ? o->tp_rank : 0, .ep_runtime = o->ep_runtime,
+                 .err = err};
     st = resolve_params(c, o, &p->p, err);
     for (int64_t i = 0; st == MT_OK && i < p->n_layers; i++) {
         model_plan_layer *ly = &p->layers[i];

@@ -58,8 +58,14 @@ typedef struct model_plan_opts {
      * shape (model_ep_local_dims: its experts, one pair per row, M up to
      * every pair of a step), the keys an expert-parallel runtime looks up.
      * The runtime itself does not set it (ep_moe.c registers those kernels
-     * beside the plan's); `tune --model --ep N` does. */
+     * beside the plan's); `tune --model --ep N` does. With it the plan
+     * leaves out the whole-layer expert sort and GEMMs (every expert on one
+     * device), which no expert-parallel rank runs. */
     int ep_ranks;
+    /* Set by model_plan_opts_from_runtime for a runtime with a communicator:
+     * its MoE layers are expert-parallel (ep_moe.c registers the local
+     * kernels), so the whole-layer expert sort and GEMMs are left out. */
+    bool ep_runtime;
     /* Tensor parallelism over this many ranks (0 or 1: none): attention
      * heads, o_proj output rows and the vocabulary split over the ranks
      * (model_tp_local). The layer slots are rank tp_rank's kernels; with

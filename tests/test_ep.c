@@ -139,6 +139,7 @@ Test(ep, plan_lists_the_expert_parallel_kernels_the_ranks_look_up, .timeout = 30
     FILE *f = open_memstream(&text, &len);
     model_runtime_report(rt, f);
     fclose(f);
+    char *text_copy = strdup(text); /* strtok_r cuts text up below */
     const model_config *cfg = model_runtime_config(rt);
     int64_t topk = cfg->num_experts_per_tok, experts = cfg->n_routed_experts;
     model_runtime_close(rt);
@@ -166,8 +167,23 @@ Test(ep, plan_lists_the_expert_parallel_kernels_the_ranks_look_up, .timeout = 30
         seen[found] = true;
     }
     free(seen);
-    for (int i = 0; i < n; i++)
+    /* Neither the runtime nor the plan has the whole-layer expert GEMMs
+     * (every expert, top-k choices per row): no rank runs them. */
+    char whole[64];
+    snprintf(whole, sizeof whole, "E=%" PRId64 ",topk=%" PRId64 ",", experts, topk);
+    for (const char *l = text_copy; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        size_t len = strcspn(l, "\n");
+        bool expert_kernel = !strncmp(l, "moe_gemm", 8) || !strncmp(l, "moe_align", 9);
+        char line[512];
+        snprintf(line, sizeof line, "%.*s", (int)(len < 511 ? len : 511), l);
+        cr_assert(!expert_kernel || !strstr(line, whole), "the expert-parallel runtime registers "
+                  "a whole-layer expert kernel: %s", line);
+    }
+    for (int i = 0; i < n; i++) {
         in_plan += strstr(plan[i].purpose, "EP rank") != NULL;
+        cr_assert(!strstr(plan[i].fam->name, "moe_gemm") || !strstr(plan[i].key, whole),
+                  "the --ep plan lists %s %s", plan[i].fam->name, plan[i].key);
+    }
     cr_assert_eq(in_report, 3, "the report's expert-parallel kernels (align, up, down): %d",
                  in_report);
     cr_assert_eq(in_plan, in_report, "the plan lists %d EP kernels, the runtime %d", in_plan,
@@ -213,6 +229,7 @@ Test(ep, plan_lists_the_expert_parallel_kernels_the_ranks_look_up, .timeout = 30
         cr_assert(strstr(out, bad[i][1]), "%s: %s", cmd, out);
     }
     free(text);
+    free(text_copy);
     fw_rm_dir(dir);
 }
 
