@@ -84,6 +84,20 @@ typedef struct tune_cli {
     int check_rounds;      /* --model-check */
 } tune_cli;
 
+
+/* A rank count of --ep / --tp (1 to 4096) into *out; false after saying why. */
+static bool ranks_opt(const char *opt, const char *v, int *out)
+{
+    char *end = NULL;
+    long n = strtol(v, &end, 10);
+    if (!*v || *end || n < 1 || n > 4096) {
+        cli_error("tune", "%s '%s': a number of ranks, 1 to 4096", opt, v);
+        return false;
+    }
+    *out = (int)n;
+    return true;
+}
+
 static int parse(int argc, char **argv, tune_opts *o, tune_cli *c)
 {
     bool bad = false;
@@ -139,22 +153,12 @@ static int parse(int argc, char **argv, tune_opts *o, tune_cli *c)
             c->plan.mtp = true;
         } else if ((v = cli_opt(argc, argv, &i, "--ep", &bad))) {
             c->plan_opts_given = true;
-            char *end = NULL;
-            long n = strtol(v, &end, 10);
-            if (!*v || *end || n < 1 || n > 4096) {
-                cli_error("tune", "--ep '%s': a number of ranks, 1 to 4096", v);
+            if (!ranks_opt("--ep", v, &c->plan.ep_ranks))
                 return CLI_USAGE;
-            }
-            c->plan.ep_ranks = (int)n;
         } else if ((v = cli_opt(argc, argv, &i, "--tp", &bad))) {
             c->plan_opts_given = true;
-            char *end = NULL;
-            long n = strtol(v, &end, 10);
-            if (!*v || *end || n < 1 || n > 4096) {
-                cli_error("tune", "--tp '%s': a number of ranks, 1 to 4096", v);
+            if (!ranks_opt("--tp", v, &c->plan.tp_ranks))
                 return CLI_USAGE;
-            }
-            c->plan.tp_ranks = (int)n;
             c->plan.tp_rank = -1; /* every rank's kernels */
         } else if ((v = cli_opt(argc, argv, &i, "--max-batch-tokens", &bad))) {
             c->plan_opts_given = true;

@@ -21,17 +21,7 @@
 #include "comm/comm.h"
 #include "common/rng.h"
 #include "model/runtime.h"
-
-static int rank, size;
-static uint64_t seed;
-
-static void die(const char *what, const char *msg)
-{
-    fprintf(stderr, "ep_check rank %d/%d (seed %" PRIu64 "): %s: %s\n", rank, size, seed, what,
-            msg);
-    fflush(NULL);
-    _exit(1); /* no MPI_Finalize at exit: the other ranks may be inside a collective */
-}
+#include "mpi_check.h"
 
 static model_runtime *open_rt(const char *dir, mt_comm *c, FILE *quiet)
 {
@@ -50,6 +40,7 @@ static model_runtime *open_rt(const char *dir, mt_comm *c, FILE *quiet)
 
 int main(int argc, char **argv)
 {
+    check_name = "ep_check";
     if (argc < 3) {
         fprintf(stderr, "usage: mt_ep_check MODEL_DIR SEED\n");
         return 2;

@@ -24,17 +24,7 @@
 #include "comm/comm.h"
 #include "common/rng.h"
 #include "model/runtime.h"
-
-static int rank, size;
-static uint64_t seed;
-
-static void die(const char *what, const char *msg)
-{
-    fprintf(stderr, "tp_check rank %d/%d (seed %" PRIu64 "): %s: %s\n", rank, size, seed, what,
-            msg);
-    fflush(NULL);
-    _exit(1); /* no MPI_Finalize at exit: the other ranks may be inside a collective */
-}
+#include "mpi_check.h"
 
 static model_runtime *open_rt(const char *dir, mt_comm *c, bool lead, FILE *quiet)
 {
@@ -133,6 +123,7 @@ static void script(pair *p)
 
 int main(int argc, char **argv)
 {
+    check_name = "tp_check";
     if (argc < 4 || (strcmp(argv[3], "spmd") && strcmp(argv[3], "lead"))) {
         fprintf(stderr, "usage: mt_tp_check MODEL_DIR SEED spmd|lead\n");
         return 2;
