@@ -15,7 +15,7 @@ static const char *check_name = "check";
 static int rank, size;
 static uint64_t seed;
 
-static void die(const char *what, const char *msg)
+__attribute__((noreturn)) static void die(const char *what, const char *msg)
 {
     fprintf(stderr, "%s rank %d/%d (seed %" PRIu64 "): %s: %s\n", check_name, rank, size, seed,
             what, msg);

@@ -49,7 +49,7 @@ typedef struct pair {
 
 static int create(pair *p)
 {
-    int a, b;
+    int a = -1, b = -1;
     mt_err err = MT_ERR_INIT;
     if (model_seq_create(p->tp, &a, &err) != MT_OK || model_seq_create(p->ref, &b, &err) != MT_OK)
         die("create", err.msg);
