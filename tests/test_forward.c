@@ -19,6 +19,9 @@
  * while a wrong rotation, layout, norm or mask gives errors near 1:
  *   a16w4 / fp8: mean <= 3e-2, every position <= 0.4, half of the positions
  *   within 1e-2; a4w4: mean <= 0.15, every position <= 0.6.
+ * Prompts against the reference are drawn until the reference routes every
+ * position with a margin of at least FW_CROSS_PATH_MARGIN, so a router tie
+ * cannot tip (one did: mean 0.031 on an fp8 cache).
  * Contexts are longer than index_topk (16), so the DSA selection is sparse
  * at the later positions. The properties on one kernel path (decode vs
  * prefill, fork, batching) are held to a relative L2 error of 1e-5. */
@@ -35,14 +38,34 @@ static void check_reference(fw_open_args a, bool kv_fp8, int n)
     model_runtime *rt = fw_open(dir, a);
     int32_t V = model_runtime_vocab(rt);
     uint64_t seed = mt_seed_fresh();
-    int32_t *tok = fw_tokens(seed, n, V);
-    float *got = fw_prefill(rt, tok, n, NULL);
     model_ref_opts ro = {.mimic = true, .act_mxfp4 = a.act == MODEL_ACT_MXFP4, .kv_fp8 = kv_fp8};
     model_ref *ref = NULL;
     mt_err err = MT_ERR_INIT;
     cr_assert_eq(model_ref_open(dir, &ro, &ref, &err), MT_OK, "%s", err.msg);
     float *want = malloc(sizeof(float) * (size_t)V * (size_t)n);
-    cr_assert_eq(model_ref_forward(ref, tok, n, want, &err), MT_OK, "%s", err.msg);
+    /* A prompt the reference routes with a clear margin everywhere: at a
+     * near tie a one-ulp difference upstream sends a position to another
+     * expert, which the statistics below do not absorb (seed
+     * 8696053198429827145, fp8 cache: mean 0.031). */
+    int32_t *tok = NULL;
+    for (int draw = 0; !tok; draw++) {
+        cr_assert_lt(draw, 200, "seed %" PRIu64 ": no prompt of 200 routes with margins of at "
+                     "least %g", seed, FW_CROSS_PATH_MARGIN);
+        tok = fw_tokens(seed + (uint64_t)draw, n, V);
+        cr_assert_eq(model_ref_forward(ref, tok, n, want, &err), MT_OK, "%s", err.msg);
+        double least = INFINITY;
+        for (int t = 0; t < n; t++) {
+            double m = model_ref_router_margin(ref, t);
+            least = m < least ? m : least;
+        }
+        if (least < FW_CROSS_PATH_MARGIN) {
+            free(tok);
+            tok = NULL;
+        } else {
+            cr_log_info("seed %" PRIu64 ", draw %d: least router margin %.3g", seed, draw, least);
+        }
+    }
+    float *got = fw_prefill(rt, tok, n, NULL);
     int close = 0;
     double worst = 0, mean = 0;
     bool a4 = a.act == MODEL_ACT_MXFP4;
