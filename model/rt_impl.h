@@ -131,13 +131,12 @@ typedef struct rt_tp {
                                   * [T][heads*VD] bf16, o_proj / MLP down rows [T][o_rows]
                                   * f32, logits [T][vocab] f32, bf16 MLP activations
                                   * [T][its share of the intermediate] */
-    void *h_send, *h_recv, *h_full; /* host staging, h_cap bytes each */
-    size_t h_cap;
+    void *h_send, *h_recv, *h_full; /* host staging: h_send_cap bytes, h_cap, h_cap */
+    size_t h_cap, h_send_cap;
     size_t *cnt;                 /* [4 * size]: all-to-all-v counts and displacements */
     int64_t *w;                  /* [size]: an exchange's columns per rank */
     int32_t *msg;                /* the leader's step message (journal, then items) */
-    int64_t n_msg, msg_cap;      /* int32 entries; the journal is msg[2 .. 2 + 4 * n_ops) */
-    int n_ops;
+    int64_t n_msg, msg_cap;      /* int32 entries; the journal is msg[2 .. 2 + 4 * msg[0]) */
     bool lead;                   /* rank 0 of a comm_lead runtime: journals and announces */
 } rt_tp;
 

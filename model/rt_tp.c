@@ -95,11 +95,20 @@ mt_status rt_tp_bufs_alloc(model_runtime *rt, mt_err *err)
     cap = alt > cap ? alt : cap;
     alt = (size_t)(T * inter) * 2;
     t->h_cap = alt > cap ? alt : cap;
-    t->h_send = malloc(t->h_cap);
+    /* What this rank sends: its share of those, or the embedding's f32
+     * rows it sums (rt_tp_embed_sum), the largest. */
+    size_t send = (size_t)(T * rt->H) * 4;
+    size_t mine[] = {(size_t)(T * t->me.vocab) * 4, (size_t)(T * t->me.heads * rt->VD) * 2,
+                     (size_t)(T * inter_l) * 2};
+    for (size_t i = 0; i < sizeof mine / sizeof mine[0]; i++)
+        send = mine[i] > send ? mine[i] : send;
+    t->h_send_cap = send;
+    t->h_send = malloc(send);
     t->h_recv = malloc(t->h_cap);
     t->h_full = malloc(t->h_cap);
     if (!t->h_send || !t->h_recv || !t->h_full)
-        return mt_fail(err, MT_E_NOMEM, "tensor parallelism: host staging of %zu bytes", t->h_cap);
+        return mt_fail(err, MT_E_NOMEM, "tensor parallelism: host staging of 2 x %zu + %zu bytes",
+                       t->h_cap, send);
     return MT_OK;
 }
 
@@ -134,7 +143,7 @@ static mt_status gather_cols(model_runtime *rt, const int64_t *w, const void *lo
     for (int q = 0; q < n; q++)
         W += w[q];
     size_t row_b = (size_t)W * es, mine = (size_t)(rows * w[t->rank]) * es;
-    if ((size_t)rows * row_b > t->h_cap)
+    if ((size_t)rows * row_b > t->h_cap || mine > t->h_send_cap)
         return mt_fail(err, MT_E_INVALID, "tensor parallelism: an exchange of %" PRId64 " x %zu "
                        "bytes exceeds the staging's %zu", rows, row_b, t->h_cap);
     if (mine)
@@ -224,38 +233,41 @@ static bool msg_room(rt_tp *t, int64_t more)
     return true;
 }
 
+/* Room for more entries after the message's header ([n_ops, n_items],
+ * written when the message is empty). */
+static bool msg_reserve(rt_tp *t, int64_t more)
+{
+    if (!msg_room(t, (t->n_msg < 2 ? 2 : 0) + more))
+        return false;
+    if (t->n_msg < 2) {
+        t->msg[0] = t->msg[1] = 0;
+        t->n_msg = 2;
+    }
+    return true;
+}
+
 void rt_tp_note(model_runtime *rt, int op, int seq, int64_t a, int64_t b)
 {
     rt_tp *t = &rt->tp;
     if (!t->on || !t->lead)
         return;
-    if (t->n_msg < 2) {
-        if (!msg_room(t, 2))
-            abort(); /* a few bytes: the followers could not be kept in step */
-        t->msg[0] = t->msg[1] = 0;
-        t->n_msg = 2;
-    }
-    if (!msg_room(t, 4))
-        abort();
+    if (!msg_reserve(t, 4))
+        abort(); /* a few bytes: the followers could not be kept in step */
     int32_t *e = t->msg + t->n_msg;
     e[0] = op, e[1] = seq, e[2] = (int32_t)a, e[3] = (int32_t)b;
     t->n_msg += 4;
-    t->msg[0] = ++t->n_ops;
+    t->msg[0]++;
 }
 
 mt_status rt_tp_announce(model_runtime *rt, const model_step_item *items, int n, mt_err *err)
 {
     rt_tp *t = &rt->tp;
-    if (t->n_msg < 2) {
-        if (!msg_room(t, 2))
-            return mt_fail(err, MT_E_NOMEM, "tensor parallelism: step message");
-        t->msg[0] = t->msg[1] = 0;
-        t->n_msg = 2;
-    }
+    if (!msg_reserve(t, 0))
+        return mt_fail(err, MT_E_NOMEM, "tensor parallelism: step message");
     for (int i = 0; i < n; i++) {
         const model_step_item *it = &items[i];
         int nt = it->n_tokens > 0 && it->tokens ? it->n_tokens : 0;
-        if (!msg_room(t, 4 + nt))
+        if (!msg_reserve(t, 4 + nt))
             return mt_fail(err, MT_E_NOMEM, "tensor parallelism: step message");
         int32_t *e = t->msg + t->n_msg;
         e[0] = it->seq, e[1] = nt, e[2] = it->n_prompt;
@@ -270,7 +282,6 @@ mt_status rt_tp_announce(model_runtime *rt, const model_step_item *items, int n,
     if (st == MT_OK)
         st = mt_comm_broadcast(rt->o.comm, t->msg, (size_t)len, MT_COMM_I32, 0, err);
     t->n_msg = 0;
-    t->n_ops = 0;
     return st;
 }
 
