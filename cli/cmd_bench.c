@@ -27,8 +27,8 @@ static void usage(FILE *f)
             "config's p10/median/p90 to stderr. --flush streams 1 GiB\n"
             "before every timed call, so nothing a call read stays cached. --arch on cpu caps\n"
             "the compiled code at an x86-64 level (x86-64-v3: the AVX2 paths). --wl times\n"
-            "the expert weights in Quark rows (0) or grouped by 16 rows (1, the cpu integer\n"
-            "tiles' layout); default: the layout the runtime uses on the device.\n");
+            "the expert weights in Quark rows (0) or grouped by 16 rows (1, the cpu tiles'\n"
+            "layout); default: the layout the runtime uses on the device.\n");
 }
 
 int cmd_bench(int argc, char **argv)

@@ -32,8 +32,8 @@ static const kern_dim_desc dims[D_COUNT] = {
     [D_CAT] = {"cat", KERN_DIM_INT, false, 0, 1,
                "1: gate and up concatenated per expert [2I, H]; 0: separate tensors"},
     [D_WL] = {"wl", KERN_DIM_INT_OPT, false, 0, 1,
-              "weight layout: 0 Quark rows; 1 rows grouped by 16 (the cpu integer tiles' "
-              "layout, made at load time; a=mxfp4 or i8, cpu only; moe_w4_group16)"},
+              "weight layout: 0 Quark rows; 1 rows grouped by 16 (the cpu tiles' layout, "
+              "made at load time; cpu only; moe_w4_group16)"},
     [D_BM] = {"bm", KERN_DIM_INT, true, 16, 256,
               "tile height moe_align padded each expert's segment to"},
     [D_SKEW] = {"skew", KERN_DIM_INT, true, 0, 2,
@@ -92,10 +92,6 @@ static bool shape_ok(const kern_shape *s, int64_t m, char *why, size_t cap)
     if (s->v[D_TOPK] > s->v[D_E]) {
         snprintf(why, cap, "topk=%lld exceeds E=%lld", (long long)s->v[D_TOPK],
                  (long long)s->v[D_E]);
-        return false;
-    }
-    if (s->v[D_WL] == 1 && s->v[D_A] == KERN_DT_BF16) {
-        snprintf(why, cap, "wl=1 (rows grouped by 16) is the integer tiles' layout: a=mxfp4 or i8");
         return false;
     }
     if (s->v[D_BM] & (s->v[D_BM] - 1)) {
@@ -377,6 +373,9 @@ static const kern_case cases[] = {
     /* weights grouped by 16 rows (cpu only) */
     {"H=256,I=128,E=16,topk=4,a=mxfp4,cat=1,wl=1,bm=128,skew=0", 1},
     {"H=384,I=256,E=8,topk=2,a=i8,cat=0,wl=1,bm=64,skew=2", 17},
+    {"H=256,I=128,E=16,topk=4,a=bf16,cat=1,wl=1,bm=128,skew=0", 1},
+    {"H=384,I=256,E=8,topk=2,a=bf16,cat=0,wl=1,bm=64,skew=2", 17},
+    {"H=256,I=128,E=4,topk=2,a=bf16,cat=1,wl=1,bm=128,skew=0", 67},
 };
 
 const kern_family fam_moe_gemm_up = {

@@ -11,9 +11,9 @@
 /* The kernels' activation dtype ("a=" of the GEMM keys). */
 static const char *dt(const moe_dims *d) { return d->a8 ? "i8" : d->a4 ? "mxfp4" : "bf16"; }
 
-int moe_weight_layout(dev_backend backend, bool a4, bool a8)
+int moe_weight_layout(dev_backend backend)
 {
-    return backend == DEV_BACKEND_CPU && (a4 || a8) ? 1 : 0;
+    return backend == DEV_BACKEND_CPU ? 1 : 0;
 }
 
 void moe_layer_keys(const moe_dims *d, moe_keys *k)

@@ -30,12 +30,13 @@ typedef struct moe_dims {
     int comb;             /* 0: down accumulates with atomics; 1: rows + moe_combine */
     int bm;               /* rows per tile of the aligned (expert-sorted) layout; 0 = 128 */
     int wl;               /* expert weights' layout: 0 Quark rows, 1 grouped by 16 rows
-                             (moe_w4_group16; cpu integer tiles); the GEMM keys' wl */
+                             (moe_w4_group16; the cpu tiles); the GEMM keys' wl */
 } moe_dims;
 
 /* The expert weight layout a layer on a device of this backend uses: 1
- * (rows grouped by 16) for the cpu's integer tiles (a4w4, a8w4), else 0. */
-int moe_weight_layout(dev_backend backend, bool a4, bool a8);
+ * (rows grouped by 16) on cpu, whatever the activations, else 0 (the GPU
+ * kernels read Quark rows). */
+int moe_weight_layout(dev_backend backend);
 
 /* The tile height dims uses (bm, or 128 when 0). */
 static inline int moe_dims_bm(const moe_dims *d) { return d->bm > 0 ? d->bm : 128; }

@@ -438,7 +438,7 @@ static mt_status resolve_params(const model_config *c, const model_plan_opts *o,
             break;
         }
     }
-    pp->moe_wl = moe_weight_layout(o->backend, pp->act == KERN_DT_MXFP4, pp->act == KERN_DT_I8);
+    pp->moe_wl = moe_weight_layout(o->backend);
     pp->kv_dtype = o->kv_dtype ? o->kv_dtype : KERN_DT_BF16;
     if (pp->kv_dtype != KERN_DT_BF16 && pp->kv_dtype != KERN_DT_FP8E4M3)
         return mt_fail(err, MT_E_INVALID, "kv_dtype %s: the cache holds bf16 or fp8",

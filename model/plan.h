@@ -50,8 +50,7 @@ typedef struct model_plan_opts {
      * two agree for a consistent checkpoint. */
     const model_weights *weights;
     /* The backend the plan is for (default cpu): it decides the MoE expert
-     * weights' layout (moe_weight_layout: grouped by 16 rows for the cpu's
-     * integer tiles), which is part of the expert GEMMs' keys. */
+     * weights' layout (moe_weight_layout: grouped by 16 rows on the cpu), which is part of the expert GEMMs' keys. */
     dev_backend backend;
     /* Expert parallelism over this many ranks (0: none): the plan
      * also lists each rank's expert sort and expert GEMMs at its local

@@ -1,9 +1,9 @@
 /* test_moe_group16.c: the expert weights grouped by 16 rows (wl=1, the cpu
- * integer tiles' layout): moe_w4_group16 places every nibble and scale
+ * tiles' layout): moe_w4_group16 places every nibble and scale
  * where the layout's definition (kernels/moe_common.h) says, ungrouping
  * restores the Quark bytes, the families take wl as an optional key dim
  * (left out at 0, so older keys and databases stay valid) that GPU kernels
- * and bf16 activations refuse, and the layout follows the device (the
+ * refuse, and the layout follows the device (the
  * served layer on grouped weights: test_moe_pipeline). */
 #include <criterion/criterion.h>
 #include <stdint.h>
@@ -105,23 +105,13 @@ Test(moe_group16, optional_key_dim)
             if (g)
                 cr_assert(!ok && strstr(why, "wl=1"), "%s: gpu with wl=1: %s", fams[f], why);
         }
-        /* bf16 activations have no grouped tiles. */
-        char bad[160];
-        snprintf(bad, sizeof bad, "%s", keys[f][1]);
-        memcpy(strstr(bad, "a=mxfp4"), "a=bf16,", 7);
-        memmove(strstr(bad, "a=bf16,") + 7, strstr(bad, "a=bf16,") + 8, strlen(strstr(bad, "a=bf16,") + 8) + 1);
-        kern_shape s;
-        mt_err err = MT_ERR_INIT;
-        cr_assert_eq(kern_shape_parse(fam, bad, &s, NULL, &err), MT_E_INVALID, "%s", bad);
-        cr_assert(strstr(err.msg, "wl=1"), "%s", err.msg);
     }
 }
 
 Test(moe_group16, the_layout_follows_the_device)
 {
-    cr_assert_eq(moe_weight_layout(DEV_BACKEND_CPU, true, false), 1);
-    cr_assert_eq(moe_weight_layout(DEV_BACKEND_CPU, false, true), 1);
-    cr_assert_eq(moe_weight_layout(DEV_BACKEND_CPU, false, false), 0);
-    cr_assert_eq(moe_weight_layout(DEV_BACKEND_HIP, true, false), 0);
-    cr_assert_eq(moe_weight_layout(DEV_BACKEND_EMU, true, false), 0);
+    cr_assert_eq(moe_weight_layout(DEV_BACKEND_CPU), 1);
+    cr_assert_eq(moe_weight_layout(DEV_BACKEND_HIP), 0);
+    cr_assert_eq(moe_weight_layout(DEV_BACKEND_CUDA), 0);
+    cr_assert_eq(moe_weight_layout(DEV_BACKEND_EMU), 0);
 }

@@ -254,7 +254,7 @@ Test(model_plan, keys_follow_the_config_and_the_options)
     }
     cr_assert(fp8 >= 3, "kv store, indexer and decode keys name the fp8 cache (%d)", fp8);
     snprintf(key, sizeof key, "H=%" PRId64 ",I=%" PRId64 ",E=%" PRId64 ",topk=%" PRId64
-             ",a=bf16,comb=1", c->hidden_size, c->moe_intermediate_size, c->n_routed_experts,
+             ",a=bf16,comb=1,wl=1", c->hidden_size, c->moe_intermediate_size, c->n_routed_experts,
              c->num_experts_per_tok);
     cr_assert_not_null(find(e, n, "moe_gemm_down", key), "no moe_gemm_down %s", key);
     free(e);

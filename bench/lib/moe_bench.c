@@ -286,6 +286,8 @@ static const int cpu_sweep[][MOE_CPU_NPARAMS] = {
     {1, 1, 65536, 1024, 2048}, {1, 1, 65536, 256, 4096}, {1, 2, 65536, 256, 2048},
     {1, 4, 65536, 256, 2048}, {1, 8, 65536, 256, 2048}, {1, 16, 65536, 256, 2048},
     {1, 8, 2048, 128, 0}, {1, 16, 2048, 128, 2048},
+    /* a16w4 grouped: paired groups, tokens in balanced groups of 4 */
+    {1, 4, 1024, 64, 0}, {2, 4, 65536, 64, 0}, {2, 4, 1024, 128, 1024},
 };
 
 static mt_status open_stage(bench *b, gemm_bench *g, const char *key, mt_err *err)
@@ -505,12 +507,11 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
  * random either way; only the kernels (keys) differ. */
 static int bench_wl(const bench *b, const kern_family *fu, const kern_shape *s)
 {
-    kern_dtype a = (kern_dtype)kern_shape_get(fu, s, "a");
     if (b->o->wl_set)
         return b->o->wl;
     if (kern_shape_get(fu, s, "wl") == 1)
         return 1;
-    return moe_weight_layout(b->p->backend, a == KERN_DT_MXFP4, a == KERN_DT_I8);
+    return moe_weight_layout(b->p->backend);
 }
 
 static mt_status layer_dims(bench *b, const kern_family *fu, const kern_shape *s, mt_err *err)

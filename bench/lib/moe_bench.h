@@ -74,7 +74,7 @@ typedef struct moe_bench_opts {
     bool all;              /* print every config's spread to log (not only the best) */
     bool wl_set;           /* expert weights' layout: false, the one the runtime uses on
                               this device (moe_weight_layout) unless the shape says wl=1 */
-    int wl;                /* with wl_set: 0 Quark rows, 1 grouped by 16 (cpu integer tiles) */
+    int wl;                /* with wl_set: 0 Quark rows, 1 grouped by 16 (the cpu tiles) */
     double max_ms;         /* timing budget per (config, M); default 1500 */
     uint64_t seed;         /* 0: a fresh seed */
     db_t *db;              /* the layer's configs; NULL: family defaults */
