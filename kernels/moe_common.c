@@ -429,10 +429,13 @@ bool moe_cpu_valid(int64_t k, int64_t n, int wl, const kern_config *cfg, char *w
  * 1); prefill one group (NR 1). One token (decode), 2 (2 to 4 per expert)
  * or 8 (prefill: 16 accumulators in stage 1), all of K. a16w4 grouped
  * (bf16 or float dots) at prefill: two groups share each broadcast
- * activation pair (stage 1 gate with up, stage 2 NR 2) and tokens go in
- * balanced groups of at most 4 (the tile's passes hold 8 / groups tokens;
- * 9 tokens as 3 + 3 + 3, not 8 + 1): single thread in L2, stage 1 at 4 to
- * 16 tokens ran at 330-350 GFLOP/s, about 0.8 of the bf16 dot peak.
+ * activation pair and tokens go in balanced groups of at most 4 (the
+ * tile's passes hold 8 / groups tokens; 9 tokens as 3 + 3 + 3, not 8 + 1):
+ * single thread in L2, stage 1 at 4 to 16 tokens ran at 330-350 GFLOP/s,
+ * about 0.8 of the bf16 dot peak. In the full run the weight streams
+ * decide: NR 2 (four streams in stage 1), 256 rows per item, prefetch 2
+ * KiB ahead, all of K: at glm5.2 M = 256 stage 1 182 ms against 234 for
+ * NR 1, NT 64, KB 1024 without prefetch, stage 2 95 against 127.
  * Measured on a 2-core Zen 5 (docs/BENCHMARKS.md). */
 void moe_cpu_default(int64_t k, int64_t n, int64_t npairs, int64_t n_experts, bool up,
                      bool int_dot, int wl, kern_config *cfg)
@@ -467,10 +470,19 @@ void moe_cpu_default(int64_t k, int64_t n, int64_t npairs, int64_t n_experts, bo
         cfg->v[MOE_CPU_KB] /= 2;
     if (cfg->v[MOE_CPU_KB] < k && k % cfg->v[MOE_CPU_KB])
         cfg->v[MOE_CPU_KB] = 65536;
-    if (wl == 1) {
-        cfg->v[MOE_CPU_NR] =
-            !up && (per_expert < 4 || !int_dot) && cfg->v[MOE_CPU_NT] % 32 == 0 ? 2 : 1;
-        cfg->v[MOE_CPU_MR] = per_expert >= 4 ? (int_dot ? 8 : 4) : per_expert >= 2 ? 2 : 1;
+    if (wl == 1 && !int_dot && per_expert >= 4) {
+        cfg->v[MOE_CPU_NR] = 2;
+        cfg->v[MOE_CPU_MR] = 4;
+        cfg->v[MOE_CPU_KB] = 65536;
+        cfg->v[MOE_CPU_NT] = 256;
+        cfg->v[MOE_CPU_PF] = 2048;
+        while (cfg->v[MOE_CPU_NT] > 16 && n % cfg->v[MOE_CPU_NT])
+            cfg->v[MOE_CPU_NT] /= 2;
+        if (cfg->v[MOE_CPU_NT] % 32)
+            cfg->v[MOE_CPU_NR] = 1;
+    } else if (wl == 1) {
+        cfg->v[MOE_CPU_NR] = !up && per_expert < 4 && cfg->v[MOE_CPU_NT] % 32 == 0 ? 2 : 1;
+        cfg->v[MOE_CPU_MR] = per_expert >= 4 ? 8 : per_expert >= 2 ? 2 : 1;
         if (cfg->v[MOE_CPU_NT] < 16)
             cfg->v[MOE_CPU_NT] = 16;
     }

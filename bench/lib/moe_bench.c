@@ -272,8 +272,9 @@ typedef struct gemm_bench {
     int n_cfg;
 } gemm_bench;
 
-/* The cpu sweep: register tile, K blocking, thread partition, prefetch. */
-static const int cpu_sweep[][MOE_CPU_NPARAMS] = {
+/* The cpu sweeps (NR, MR, KB, NT, PF): register tile, K blocking, thread
+ * partition, prefetch; one per weight layout (at most MAX_CFG - 1 each). */
+static const int cpu_sweep_rows[][MOE_CPU_NPARAMS] = {
     /* decode: long prefetched streams */
     {2, 1, 65536, 512, 2048}, {4, 1, 65536, 512, 2048}, {2, 1, 65536, 1024, 2048},
     {4, 1, 65536, 1024, 4096}, {2, 1, 65536, 256, 2048}, {1, 1, 65536, 512, 2048},
@@ -282,12 +283,18 @@ static const int cpu_sweep[][MOE_CPU_NPARAMS] = {
     /* prefill: register tiles, K blocked for L1 */
     {2, 4, 1024, 64, 0}, {4, 4, 1024, 64, 0}, {4, 4, 2048, 128, 0}, {2, 8, 1024, 64, 0},
     {4, 4, 1024, 64, 1024}, {1, 8, 2048, 64, 0}, {4, 4, 512, 64, 0},
-    /* weights grouped by 16 rows (wl=1: NR 1, tokens up to 16 per tile) */
-    {1, 1, 65536, 1024, 2048}, {1, 1, 65536, 256, 4096}, {1, 2, 65536, 256, 2048},
-    {1, 4, 65536, 256, 2048}, {1, 8, 65536, 256, 2048}, {1, 16, 65536, 256, 2048},
-    {1, 8, 2048, 128, 0}, {1, 16, 2048, 128, 2048},
-    /* a16w4 grouped: paired groups, tokens in balanced groups of 4 */
+};
+/* wl=1: groups of 16 rows, NR x MR at most 16 */
+static const int cpu_sweep_grouped[][MOE_CPU_NPARAMS] = {
+    /* decode */
+    {1, 1, 65536, 512, 2048}, {2, 1, 65536, 512, 2048}, {1, 1, 65536, 1024, 2048},
+    {2, 1, 65536, 1024, 4096}, {1, 1, 65536, 256, 4096},
+    /* a few tokens per expert */
+    {1, 2, 65536, 256, 2048}, {2, 2, 65536, 256, 2048},
+    /* prefill: integer tiles up to 16 tokens; a16w4 paired groups of 4 */
+    {1, 8, 65536, 256, 2048}, {1, 16, 65536, 256, 2048}, {1, 4, 65536, 256, 2048},
     {1, 4, 1024, 64, 0}, {2, 4, 65536, 64, 0}, {2, 4, 1024, 128, 1024},
+    {2, 4, 65536, 256, 2048}, {1, 4, 1024, 256, 2048},
 };
 
 static mt_status open_stage(bench *b, gemm_bench *g, const char *key, mt_err *err)
@@ -297,12 +304,14 @@ static mt_status open_stage(bench *b, gemm_bench *g, const char *key, mt_err *er
     if (st != MT_OK)
         return st;
     g->n_cfg = 1; /* ex[0] is opened per M */
-    int n_sweep = b->o->sweep && b->p->backend == DEV_BACKEND_CPU
-                      ? (int)(sizeof cpu_sweep / sizeof cpu_sweep[0])
-                      : 0;
+    bool grouped = kern_shape_get(f, &g->shape, "wl") == 1;
+    const int(*sweep)[MOE_CPU_NPARAMS] = grouped ? cpu_sweep_grouped : cpu_sweep_rows;
+    int n_sweep = !b->o->sweep || b->p->backend != DEV_BACKEND_CPU ? 0
+                  : grouped ? (int)(sizeof cpu_sweep_grouped / sizeof cpu_sweep_grouped[0])
+                            : (int)(sizeof cpu_sweep_rows / sizeof cpu_sweep_rows[0]);
     for (int c = 0; c < n_sweep && g->n_cfg < MAX_CFG; c++) {
         kern_config cfg = {.n = MOE_CPU_NPARAMS};
-        memcpy(cfg.v, cpu_sweep[c], sizeof cpu_sweep[c]);
+        memcpy(cfg.v, sweep[c], sizeof sweep[c]);
         if (kern_exec_open(b->d, f, &g->shape, 1, &cfg, &g->ex[g->n_cfg], NULL) == MT_OK)
             g->n_cfg++;
     }
