@@ -373,8 +373,6 @@ static const kern_case cases[] = {
     /* weights grouped by 16 rows (cpu only) */
     {"H=256,I=128,E=16,topk=4,a=mxfp4,cat=1,wl=1,bm=128,skew=0", 1},
     {"H=384,I=256,E=8,topk=2,a=i8,cat=0,wl=1,bm=64,skew=2", 17},
-    {"H=256,I=128,E=16,topk=4,a=bf16,cat=1,wl=1,bm=128,skew=0", 1},
-    {"H=384,I=256,E=8,topk=2,a=bf16,cat=0,wl=1,bm=64,skew=2", 17},
     {"H=256,I=128,E=4,topk=2,a=bf16,cat=1,wl=1,bm=128,skew=0", 67},
 };
 
