@@ -292,43 +292,65 @@ Test(generate_cli, prompt_text_is_encoded_and_decoded)
 
 /* ---- batch-invariant selection --------------------------------------------------- */
 
+/* A database at dir/tune.db being planted with winners for this cpu, and
+ * the tiny model's plan under act (plant_open / plant_close). */
+typedef struct planting {
+    char *path; /* returned by plant_close, for the caller to free */
+    dev_device *d;
+    db_device me;
+    db_t *db;
+    model_plan_entry *e;
+    int n;
+} planting;
+
+static void plant_open(const char *dir, model_act_quant act, planting *pl)
+{
+    mt_err err = MT_ERR_INIT;
+    pl->path = malloc(320);
+    snprintf(pl->path, 320, "%s/tune.db", dir);
+    cr_assert_eq(dev_open("cpu", NULL, &pl->d, &err), MT_OK, "%s", err.msg);
+    kern_db_device(dev_get_props(pl->d), &pl->me);
+    model_runtime_opts ro = {.act_quant = act, .act_quant_set = true, .kv_pages = 64,
+                             .max_batch_tokens = 64};
+    model_plan_opts po;
+    model_plan_opts_from_runtime(&ro, &po);
+    pl->e = NULL;
+    pl->n = 0;
+    cr_assert_eq(model_kernel_plan(dir, &po, &pl->e, &pl->n, &err), MT_OK, "%s", err.msg);
+    pl->db = NULL;
+    cr_assert_eq(db_open(pl->path, DB_OPEN_DEFAULT, &pl->db, &err), MT_OK, "%s", err.msg);
+}
+
+static char *plant_close(planting *pl)
+{
+    free(pl->e);
+    db_close(pl->db);
+    dev_close(pl->d);
+    return pl->path;
+}
+
 /* Plants gemm winners that sum K in different blocks at M=1 (KB=64) and at
  * M=64 (KB=256), so that without batch-invariant mode a token's logits
  * depend on how many tokens run with it. */
 static char *plant_split_gemm_db(const char *dir)
 {
-    char *path = malloc(320);
-    snprintf(path, 320, "%s/tune.db", dir);
-    mt_err err = MT_ERR_INIT;
-    dev_device *d = NULL;
-    cr_assert_eq(dev_open("cpu", NULL, &d, &err), MT_OK, "%s", err.msg);
-    db_device me;
-    kern_db_device(dev_get_props(d), &me);
+    planting pl;
+    plant_open(dir, MODEL_ACT_MXFP4, &pl);
     char hash[65];
     kern_source_hash(kern_family_find("gemm"), DEV_BACKEND_CPU, hash);
-    model_runtime_opts ro = {.act_quant = MODEL_ACT_MXFP4, .act_quant_set = true, .kv_pages = 64,
-                             .max_batch_tokens = 64};
-    model_plan_opts po;
-    model_plan_opts_from_runtime(&ro, &po);
-    model_plan_entry *e = NULL;
-    int n = 0, gemms = 0;
-    cr_assert_eq(model_kernel_plan(dir, &po, &e, &n, &err), MT_OK, "%s", err.msg);
-    db_t *db = NULL;
-    cr_assert_eq(db_open(path, DB_OPEN_DEFAULT, &db, &err), MT_OK, "%s", err.msg);
-    for (int i = 0; i < n; i++) {
-        if (strcmp(e[i].fam->name, "gemm") || kern_shape_get(e[i].fam, &e[i].shape, "K") <= 64)
+    int gemms = 0;
+    for (int i = 0; i < pl.n; i++) {
+        const model_plan_entry *e = &pl.e[i];
+        if (strcmp(e->fam->name, "gemm") || kern_shape_get(e->fam, &e->shape, "K") <= 64)
             continue;
-        put_winner(db, &me, "gemm", hash, e[i].key, 1, "BM=1,BN=32,KB=64",
+        put_winner(pl.db, &pl.me, "gemm", hash, e->key, 1, "BM=1,BN=32,KB=64",
                    "{\"BM\":1,\"BN\":32,\"KB\":64}");
-        put_winner(db, &me, "gemm", hash, e[i].key, 64, "BM=4,BN=32,KB=256",
+        put_winner(pl.db, &pl.me, "gemm", hash, e->key, 64, "BM=4,BN=32,KB=256",
                    "{\"BM\":4,\"BN\":32,\"KB\":256}");
         gemms++;
     }
     cr_assert_geq(gemms, 3, "the tiny plan has %d gemms with K > 64", gemms);
-    free(e);
-    db_close(db);
-    dev_close(d);
-    return path;
+    return plant_close(&pl);
 }
 
 /* Logits of n tokens of a fresh sequence, token by token (decode, M=1). */
@@ -393,36 +415,21 @@ static void batch_diffs(model_runtime *rt, uint64_t seed, size_t *d_dec, size_t 
  * at M=1 for the a16w4 plan, so that the pinned config groups tokens. */
 static char *plant_grouping_moe_db(const char *dir)
 {
-    char *path = malloc(320);
-    snprintf(path, 320, "%s/tune.db", dir);
-    mt_err err = MT_ERR_INIT;
-    dev_device *d = NULL;
-    cr_assert_eq(dev_open("cpu", NULL, &d, &err), MT_OK, "%s", err.msg);
-    db_device me;
-    kern_db_device(dev_get_props(d), &me);
-    model_runtime_opts ro = {.act_quant = MODEL_ACT_NONE, .act_quant_set = true, .kv_pages = 64,
-                             .max_batch_tokens = 64};
-    model_plan_opts po;
-    model_plan_opts_from_runtime(&ro, &po);
-    model_plan_entry *e = NULL;
-    int n = 0, planted = 0;
-    cr_assert_eq(model_kernel_plan(dir, &po, &e, &n, &err), MT_OK, "%s", err.msg);
-    db_t *db = NULL;
-    cr_assert_eq(db_open(path, DB_OPEN_DEFAULT, &db, &err), MT_OK, "%s", err.msg);
-    for (int i = 0; i < n; i++) {
-        if (strcmp(e[i].fam->name, "moe_gemm_up") && strcmp(e[i].fam->name, "moe_gemm_down"))
+    planting pl;
+    plant_open(dir, MODEL_ACT_NONE, &pl);
+    int planted = 0;
+    for (int i = 0; i < pl.n; i++) {
+        const model_plan_entry *e = &pl.e[i];
+        if (strcmp(e->fam->name, "moe_gemm_up") && strcmp(e->fam->name, "moe_gemm_down"))
             continue;
         char hash[65];
-        kern_source_hash(e[i].fam, DEV_BACKEND_CPU, hash);
-        put_winner(db, &me, e[i].fam->name, hash, e[i].key, 1, "NR=1,MR=4,KB=256,NT=64,PF=0",
+        kern_source_hash(e->fam, DEV_BACKEND_CPU, hash);
+        put_winner(pl.db, &pl.me, e->fam->name, hash, e->key, 1, "NR=1,MR=4,KB=256,NT=64,PF=0",
                    "{\"NR\":1,\"MR\":4,\"KB\":256,\"NT\":64,\"PF\":0}");
         planted++;
     }
     cr_assert_geq(planted, 2, "the tiny a16w4 plan has %d expert GEMMs", planted);
-    free(e);
-    db_close(db);
-    dev_close(d);
-    return path;
+    return plant_close(&pl);
 }
 
 /* a16w4 (bf16 activations into the expert GEMMs, whose cpu tiles sum in
