@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "common/rng.h"
+#include "cpu_arch_util.h"
 #include "device/device.h"
 #include "kernels/exec.h"
 #include "kernels/family.h"
@@ -102,15 +103,9 @@ static void check_family(dev_device *dv, const char *arch, const char *fam, cons
 
 static void check_arch(const char *arch)
 {
-    dev_device *dv = NULL;
-    mt_err err = MT_ERR_INIT;
-    dev_open_opts oo = {.arch = arch};
-    mt_status st = dev_open("cpu", arch ? &oo : NULL, &dv, &err);
-    if (st == MT_E_UNSUPPORTED) {
-        cr_log_info("cpu --arch %s: %s (skipped)", arch, err.msg);
+    dev_device *dv = open_cpu_arch(arch);
+    if (!dv)
         return;
-    }
-    cr_assert_eq(st, MT_OK, "open cpu --arch %s: %s", arch ? arch : "native", err.msg);
     check_family(dv, arch, "moe_gemm_up", "H=256,I=128,E=4,topk=1,a=bf16,cat=1,wl=1,bm=64,skew=1",
                  "x", NULL, "h");
     check_family(dv, arch, "moe_gemm_down",

@@ -13,6 +13,7 @@
 
 #include "common/numeric.h"
 #include "common/rng.h"
+#include "cpu_arch_util.h"
 #include "device/device.h"
 #include "kernels/family.h"
 #include "kernels/moe_common.h"
@@ -123,15 +124,11 @@ static void check_arch(const char *arch, int c0, int c1)
         {"moe_gemm_down", "H=256,I=128,E=16,topk=4,a=i8,comb=0,bm=16,skew=1", 33},
         {"moe_gemm_up", "tiny-a8", 1},
     };
-    dev_device *dv = NULL;
-    mt_err err = MT_ERR_INIT;
-    dev_open_opts oo = {.arch = arch};
-    mt_status st = dev_open("cpu", arch ? &oo : NULL, &dv, &err);
-    if (st == MT_E_UNSUPPORTED) {
-        cr_log_info("cpu --arch %s: %s (skipped)", arch, err.msg);
+    dev_device *dv = open_cpu_arch(arch);
+    if (!dv)
         return;
-    }
-    cr_assert_eq(st, MT_OK, "open cpu --arch %s: %s", arch ? arch : "native", err.msg);
+    mt_err err = MT_ERR_INIT;
+    mt_status st;
     uint64_t seed = mt_seed_fresh();
     for (int c = c0; c < c1; c++) {
         const kern_family *f = kern_family_find(cases[c].fam);
