@@ -91,6 +91,17 @@ Test(sample, same_seed_same_draws)
 
 /* ---- kernel selection ------------------------------------------------------------ */
 
+/* model_runtime_report's text (the caller frees it). */
+static char *report_text(model_runtime *rt)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    model_runtime_report(rt, f);
+    fclose(f);
+    return buf;
+}
+
 Test(selection, without_a_database_every_kernel_is_the_default)
 {
     char *dir = fw_tiny_dir();
@@ -99,11 +110,7 @@ Test(selection, without_a_database_every_kernel_is_the_default)
     model_runtime_selection(rt, &n);
     cr_assert_gt(n.defaults, 40);
     cr_assert_eq(n.tuned + n.nearest + n.other_device + n.stale, 0);
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    model_runtime_report(rt, f);
-    fclose(f);
+    char *buf = report_text(rt);
     cr_assert(strstr(buf, "no database") && strstr(buf, "moe_gemm_up") &&
               strstr(buf, "mla_decode") && strstr(buf, "dsa_indexer"), "%s", buf);
     free(buf);
@@ -175,11 +182,7 @@ Test(selection, database_hits_nearest_other_device_stale_and_misses)
     cr_assert_eq(n.nearest, 8);
     cr_assert_eq(n.other_device, 9);
     cr_assert_eq(n.stale, 9);
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    model_runtime_report(rt, f);
-    fclose(f);
+    char *buf = report_text(rt);
     cr_assert(strstr(buf, "nearest (tuned at M=4)"), "%s", buf);
     cr_assert(strstr(buf, "another cpu model"), "%s", buf);
     cr_assert(strstr(buf, "stale: entries for source 0123456789ab"), "%s", buf);
@@ -444,11 +447,7 @@ Test(batch_invariant, a16w4_expert_sums_do_not_depend_on_the_batch)
     uint64_t seed = mt_seed_fresh();
     model_runtime *rt = fw_open(dir, (fw_open_args){.act = MODEL_ACT_NONE, .db = db,
                                                     .batch_invariant = 1});
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    model_runtime_report(rt, f);
-    fclose(f);
+    char *buf = report_text(rt);
     cr_assert(strstr(buf, "MR=4"), "the planted configs run:\n%s", buf);
     free(buf);
     size_t d_dec, d_bat;
@@ -470,11 +469,7 @@ Test(batch_invariant, one_config_per_kernel_makes_logits_independent_of_the_batc
                                                         .batch_invariant = inv});
         size_t d_dec, d_bat;
         batch_diffs(rt, seed, &d_dec, &d_bat);
-        char *buf = NULL;
-        size_t len = 0;
-        FILE *f = open_memstream(&buf, &len);
-        model_runtime_report(rt, f);
-        fclose(f);
+        char *buf = report_text(rt);
         if (inv) {
             cr_assert_eq(d_dec, 0, "seed %" PRIu64 ": %zu logits differ, decode vs prefill",
                          seed, d_dec);
