@@ -501,12 +501,22 @@ static const kern_param_desc cpu_params[] = {
     {"TK_WAVES", cpu_one_v, 1, "unused on cpu"},
 };
 
+/* The longest token tile that still gives every thread two work items:
+ * each item transposes its query and starts its key stream cold, so fewer,
+ * longer items are faster (8192 keys, one query, 2 threads: BT 1024 took
+ * 0.12 ms, 256 0.13-0.15, 64 0.19). */
 static void cpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern_config *c)
 {
-    (void)p;
     c->n = 4;
-    c->v[0] = s->v[D_C] >= 4096 ? 256 : 64;
     c->v[1] = m >= 8 ? 8 : m >= 4 ? 4 : 1;
+    int64_t qtiles = (m + c->v[1] - 1) / c->v[1];
+    int64_t want = 2 * (p->compute_units > 0 ? p->compute_units : 1);
+    c->v[0] = 64;
+    for (int i = 3; i >= 2; i--)
+        if ((s->v[D_C] + cpu_bt_v[i] - 1) / cpu_bt_v[i] * qtiles >= want) {
+            c->v[0] = cpu_bt_v[i];
+            break;
+        }
     c->v[2] = 1;
     c->v[3] = 1;
 }
@@ -535,6 +545,8 @@ static const kern_case cases[] = {
     {"IH=2,ID=32,topk=5,ps=3,kv=fp8,C=300", 2},
     {"IH=4,ID=16,topk=40,ps=16,kv=bf16,C=203", 5},
     {"IH=32,ID=128,topk=64,ps=64,kv=fp8,C=150", 1}, /* glm5.2 widths */
+    {"IH=32,ID=128,topk=64,ps=64,kv=bf16,C=150", 2}, /* keys read in place (cpu) */
+    {"IH=16,ID=32,topk=24,ps=8,kv=bf16,C=77", 3},    /* in place, one head vector */
 };
 
 const kern_family fam_dsa_indexer = {
