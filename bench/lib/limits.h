@@ -60,7 +60,8 @@ typedef struct bench_peaks {
 /* Runs each peak probe launches times (a launch takes a few ms) and gives
  * the best of every probe since open. */
 mt_status bench_limits_peaks(bench_limits *l, int launches, bench_peaks *out, mt_err *err);
-/* Streams the probe buffer once, so nothing a kernel read stays in cache. */
+/* Streams the probe buffer once, so nothing a kernel read stays in cache,
+ * and leaves the pool's threads awake (cpu). */
 mt_status bench_limits_flush(bench_limits *l, mt_err *err);
 
 /* p10, median, p90 and max of v[0:n] (sorted in place). */
