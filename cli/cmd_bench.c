@@ -16,7 +16,7 @@ static void usage(FILE *f)
             "usage: moetune bench --family moe|moe_gemm_up|moe_gemm_down [--shape glm5.2]\n"
             "                     [--m 1,4,16,64,256] [--device cpu] [--arch A] [--db tuned.db]\n"
             "                     [--json]\n"
-            "                     [--no-sweep] [--all] [--flush] [--wl 0|1]\n"
+            "                     [--no-sweep] [--all] [--flush] [--breakdown] [--wl 0|1]\n"
             "Per M, with fresh routing every call: --family moe times the MoE layer the\n"
             "server runs (router, expert sort, expert GEMMs, shared expert), each kernel with\n"
             "the config --db gives for that M (defaults without it); then each expert GEMM\n"
@@ -28,7 +28,9 @@ static void usage(FILE *f)
             "before every timed call, so nothing a call read stays cached. --arch on cpu caps\n"
             "the compiled code at an x86-64 level (x86-64-v3: the AVX2 paths). --wl times\n"
             "the expert weights in Quark rows (0) or grouped by 16 rows (1, the cpu tiles'\n"
-            "layout); default: the layout the runtime uses on the device.\n");
+            "layout); default: the layout the runtime uses on the device. --breakdown\n"
+            "(--family moe) then times the layer once more per M with every kernel\n"
+            "synchronized and prints each kernel's share.\n");
 }
 
 int cmd_bench(int argc, char **argv)
@@ -36,6 +38,7 @@ int cmd_bench(int argc, char **argv)
     const char *family = NULL, *shape = "glm5.2", *spec = "cpu", *mlist = "1,4,16,64,256";
     const char *db_path = NULL, *arch = NULL;
     bool json = false, sweep = true, flush = false, all = false, bad = false, wl_set = false;
+    bool breakdown = false;
     int wl = 0;
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -60,6 +63,8 @@ int cmd_bench(int argc, char **argv)
             flush = true;
         } else if (cli_flag(argv[i], "--all")) {
             all = true;
+        } else if (cli_flag(argv[i], "--breakdown")) {
+            breakdown = true;
         } else if ((v = cli_opt(argc, argv, &i, "--wl", &bad))) {
             if (strcmp(v, "0") && strcmp(v, "1")) {
                 cli_error("bench", "--wl '%s': 0 (Quark rows) or 1 (grouped by 16)", v);
@@ -115,8 +120,8 @@ int cmd_bench(int argc, char **argv)
         return CLI_FAIL;
     }
     moe_bench_opts o = {.shape = shape, .family = family, .ms = ms, .n_ms = n, .sweep = sweep,
-                        .json = json, .flush = flush, .all = all, .wl_set = wl_set, .wl = wl,
-                        .db = db, .log = stderr};
+                        .json = json, .flush = flush, .all = all, .breakdown = breakdown,
+                        .wl_set = wl_set, .wl = wl, .db = db, .log = stderr};
     mt_status st = moe_bench_run(d, &o, stdout, &err);
     if (st != MT_OK)
         cli_error("bench", "%s", err.msg);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "../kernels/moe_common.h"
+#include "common/clock.h"
 
 struct model_moe_ws {
     dev_device *dev;
@@ -13,7 +14,17 @@ struct model_moe_ws {
     int64_t max_m;
     void *ids, *tw, *sorted, *tile, *total, *h, *rows;
     void *sh_ids, *sh_w, *sh_sorted, *sh_tile, *sh_total, *sh_h, *sh_rows;
+    double *kernel_ms; /* model_moe_ws_time_kernels; NULL: not timed */
 };
+
+const char *const model_moe_kernel_names[MODEL_MOE_NK] = {
+    [MODEL_MOE_SH_ALIGN] = "shared sort", [MODEL_MOE_SH_UP] = "shared gate/up",
+    [MODEL_MOE_SH_DOWN] = "shared down",  [MODEL_MOE_ROUTE] = "router",
+    [MODEL_MOE_ALIGN] = "expert sort",    [MODEL_MOE_UP] = "expert gate/up",
+    [MODEL_MOE_DOWN] = "expert down",     [MODEL_MOE_COMBINE] = "combine",
+};
+
+void model_moe_ws_time_kernels(model_moe_ws *ws, double *ms) { ws->kernel_ms = ms; }
 
 void model_moe_dims(const model_config *c, kern_dtype act, int wl, int64_t shared_inter,
                     moe_dims *out)
@@ -137,10 +148,18 @@ static mt_status fits(const model_moe_ws *ws, const moe_dims *d, int64_t M, mt_e
     return MT_OK;
 }
 
-#define RUN(k, ...)                                                                              \
+/* One kernel of the layer; timed into ws->kernel_ms[slot] when asked. */
+#define RUN(slot, k, ...)                                                                        \
     do {                                                                                         \
         void *bufs_[] = {__VA_ARGS__};                                                           \
-        mt_status s_ = model_kern_run((k), M, NULL, bufs_, err);                                 \
+        double t0_ = 0;                                                                          \
+        mt_status s_ = ws->kernel_ms ? dev_synchronize(ws->dev, err) : MT_OK;                    \
+        if (s_ == MT_OK) {                                                                       \
+            t0_ = mt_now_ms();                                                                   \
+            s_ = model_kern_run((k), M, NULL, bufs_, err);                                       \
+        }                                                                                        \
+        if (s_ == MT_OK && ws->kernel_ms && (s_ = dev_synchronize(ws->dev, err)) == MT_OK)       \
+            ws->kernel_ms[slot] += mt_now_ms() - t0_;                                            \
         if (s_ != MT_OK)                                                                         \
             return mt_err_prefix(err, "moe layer");                                              \
     } while (0)
@@ -160,20 +179,21 @@ mt_status model_moe_run(const model_moe_kernels *k, model_moe_ws *ws, const moe_
     if (st != MT_OK)
         return st;
     if (d->shared_inter) {
-        RUN(k->sh_align, ws->sh_ids, ws->sh_sorted, ws->sh_tile, ws->sh_total);
-        RUN(k->sh_up, xv, ws->sh_ids, ws->sh_sorted, ws->sh_tile, ws->sh_total,
+        RUN(MODEL_MOE_SH_ALIGN, k->sh_align, ws->sh_ids, ws->sh_sorted, ws->sh_tile,
+            ws->sh_total);
+        RUN(MODEL_MOE_SH_UP, k->sh_up, xv, ws->sh_ids, ws->sh_sorted, ws->sh_tile, ws->sh_total,
             (void *)w->sh_w13, (void *)w->sh_s13, ws->sh_h);
-        RUN(k->sh_down, ws->sh_h, ws->sh_ids, ws->sh_sorted, ws->sh_tile, ws->sh_total, ws->sh_w,
-            (void *)w->sh_w2, (void *)w->sh_s2, shared);
+        RUN(MODEL_MOE_SH_DOWN, k->sh_down, ws->sh_h, ws->sh_ids, ws->sh_sorted, ws->sh_tile,
+            ws->sh_total, ws->sh_w, (void *)w->sh_w2, (void *)w->sh_s2, shared);
     }
-    RUN(k->route, xv, (void *)w->gate, (void *)w->bias, ws->ids, ws->tw);
-    RUN(k->align, ws->ids, ws->sorted, ws->tile, ws->total);
-    RUN(k->up, xv, ws->ids, ws->sorted, ws->tile, ws->total, (void *)w->w13, (void *)w->s13,
-        ws->h);
-    RUN(k->down, ws->h, ws->ids, ws->sorted, ws->tile, ws->total, ws->tw, (void *)w->w2,
-        (void *)w->s2, d->comb ? ws->rows : yv);
+    RUN(MODEL_MOE_ROUTE, k->route, xv, (void *)w->gate, (void *)w->bias, ws->ids, ws->tw);
+    RUN(MODEL_MOE_ALIGN, k->align, ws->ids, ws->sorted, ws->tile, ws->total);
+    RUN(MODEL_MOE_UP, k->up, xv, ws->ids, ws->sorted, ws->tile, ws->total, (void *)w->w13,
+        (void *)w->s13, ws->h);
+    RUN(MODEL_MOE_DOWN, k->down, ws->h, ws->ids, ws->sorted, ws->tile, ws->total, ws->tw,
+        (void *)w->w2, (void *)w->s2, d->comb ? ws->rows : yv);
     if (d->comb)
-        RUN(k->combine, ws->rows, shared, yv);
+        RUN(MODEL_MOE_COMBINE, k->combine, ws->rows, shared, yv);
     return MT_OK;
 }
 

@@ -55,6 +55,20 @@ void model_moe_ws_destroy(model_moe_ws *ws);
 /* Device int32 [M, topk]: the experts the last run routed each token to. */
 const void *model_moe_ws_ids(const model_moe_ws *ws);
 
+/* The layer's kernels in launch order, for per-kernel timing. */
+enum {
+    MODEL_MOE_SH_ALIGN, MODEL_MOE_SH_UP, MODEL_MOE_SH_DOWN, MODEL_MOE_ROUTE, MODEL_MOE_ALIGN,
+    MODEL_MOE_UP, MODEL_MOE_DOWN, MODEL_MOE_COMBINE, MODEL_MOE_NK
+};
+/* "shared sort", "shared gate/up", ..., indexed by the enum above. */
+extern const char *const model_moe_kernel_names[MODEL_MOE_NK];
+
+/* With ms (MODEL_MOE_NK doubles, owned by the caller) every later
+ * model_moe_run on ws synchronizes around each kernel and adds its wall
+ * time in ms to ms[kernel]; NULL turns that off. For breakdowns only: the
+ * synchronizations add to the layer's time. */
+void model_moe_ws_time_kernels(model_moe_ws *ws, double *ms);
+
 /* y (device, f32 [M, H]; overwritten) = the layer of dims d on x (device,
  * bf16 [M, H]). d must fit the workspace's dims (same E, topk, bm; inter and
  * shared_inter at most its), M at most its max_m. Asynchronous. */

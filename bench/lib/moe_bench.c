@@ -262,6 +262,53 @@ static void print_layer(bench *b, int64_t M, const layer_result *lr, const model
     fflush(b->out);
 }
 
+/* The layer's time per kernel at M: reps calls with a fresh x each (as
+ * time_layer), every kernel synchronized and timed; the mean per call.
+ * The synchronizations make the sum a little more than the layer's time. */
+static mt_status breakdown_layer(bench *b, const model_moe_kernels *k, model_moe_ws *ws,
+                                 int64_t M, int reps, mt_err *err)
+{
+    moe_weights w = {.gate = b->gate, .bias = b->bias, .w13 = b->w13, .s13 = b->s13,
+                     .w2 = b->w2, .s2 = b->s2, .sh_w13 = b->sh_w13, .sh_s13 = b->sh_s13,
+                     .sh_w2 = b->sh_w2, .sh_s2 = b->sh_s2};
+    double ms[MODEL_MOE_NK] = {0};
+    mt_status st = MT_OK;
+    model_moe_ws_time_kernels(ws, ms);
+    for (int r = 0; r < reps && st == MT_OK; r++)
+        if ((st = fresh_x(b, M, err)) == MT_OK &&
+            (!b->o->flush || (st = bench_limits_flush(b->lim, err)) == MT_OK) &&
+            (st = model_moe_run(k, ws, &b->dims, &w, b->x, M, b->y, err)) == MT_OK)
+            st = dev_synchronize(b->d, err);
+    model_moe_ws_time_kernels(ws, NULL);
+    if (st != MT_OK)
+        return st;
+    double sum = 0;
+    for (int i = 0; i < MODEL_MOE_NK; i++)
+        sum += ms[i] / reps;
+    if (b->o->json) {
+        fprintf(b->out, "{\"family\":\"moe\",\"stage\":\"layer_kernels\",\"shape\":\"%s\","
+                "\"device\":\"%s\",\"M\":%lld,\"reps\":%d,\"ms\":{", b->o->shape, b->p->spec,
+                (long long)M, reps);
+        for (int i = 0, first = 1; i < MODEL_MOE_NK; i++)
+            if (ms[i] > 0) {
+                fprintf(b->out, "%s\"%s\":%.4f", first ? "" : ",", model_moe_kernel_names[i],
+                        ms[i] / reps);
+                first = 0;
+            }
+        fprintf(b->out, "}}\n");
+    } else {
+        fprintf(b->out, "  layer kernels at M=%lld, mean of %d calls, each synchronized:",
+                (long long)M, reps);
+        for (int i = 0; i < MODEL_MOE_NK; i++)
+            if (ms[i] > 0)
+                fprintf(b->out, " %s %.3f ms (%.0f%%),", model_moe_kernel_names[i], ms[i] / reps,
+                        100.0 * ms[i] / reps / sum);
+        fprintf(b->out, " sum %.3f ms\n", sum);
+    }
+    fflush(b->out);
+    return MT_OK;
+}
+
 /* ---- the GEMM stages alone ---------------------------------------------------- */
 
 typedef struct gemm_bench {
@@ -622,6 +669,8 @@ mt_status moe_bench_run(dev_device *d, const moe_bench_opts *o, FILE *out, mt_er
             if ((st = time_layer(&b, &mk, ws, M, &lr, err)) != MT_OK)
                 goto out;
             print_layer(&b, M, &lr, ks);
+            if (o->breakdown && (st = breakdown_layer(&b, &mk, ws, M, lr.t.reps, err)) != MT_OK)
+                goto out;
         }
         for (int g = 0; g < 2; g++)
             if (want[g] && (st = time_stage(&b, &gb[g], M, err)) != MT_OK)

@@ -72,6 +72,8 @@ typedef struct moe_bench_opts {
     bool json;             /* one JSON object per line instead of a table */
     bool flush;            /* evict caches (stream 1 GiB) before every timed call */
     bool all;              /* print every config's spread to log (not only the best) */
+    bool breakdown;        /* family moe: then the layer's time per kernel (each timed
+                              call synchronized around every kernel) */
     bool wl_set;           /* expert weights' layout: false, the one the runtime uses on
                               this device (moe_weight_layout) unless the shape says wl=1 */
     int wl;                /* with wl_set: 0 Quark rows, 1 grouped by 16 (the cpu tiles) */
