@@ -231,9 +231,16 @@ static void cpu_default(const kern_shape *s, int64_t m, const dev_props *p,
 {
     (void)s;
     (void)p;
+    /* BM: as many rows as there are tokens, up to 8 (each b block read
+     * serves BM rows). BN 8: one register tile of columns per item at
+     * decode, and the most items to spread over the threads. KB 256: a
+     * block of b (8 rows x 512 B) stays in L1 while the item's row tiles
+     * take it. On the glm5.2 q_a replay table (bench/data, a quiet 2-core
+     * Zen 5) BN 8 was the fastest at M = 16 with every BM and KB, and
+     * within the machine's noise of the fastest at M = 1. */
     c->n = 3;
-    c->v[0] = m >= 8 ? 4 : 1;
-    c->v[1] = 32;
+    c->v[0] = m >= 8 ? 8 : m >= 4 ? 4 : m >= 2 ? 2 : 1;
+    c->v[1] = 8;
     c->v[2] = 256;
 }
 

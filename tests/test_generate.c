@@ -332,27 +332,29 @@ static char *plant_close(planting *pl)
     return pl->path;
 }
 
-/* Plants gemm winners that sum K in different blocks at M=1 (KB=64) and at
- * M=64 (KB=256), so that without batch-invariant mode a token's logits
- * depend on how many tokens run with it. */
-static char *plant_split_gemm_db(const char *dir)
+/* Plants router winners that sum each gate dot in a different order at
+ * M=1 (EB=4: one vector accumulator, or 4 scalar lanes) and at M=64 (EB=16:
+ * two, or 16 lanes), so that without batch-invariant mode a token's logits
+ * depend on how many tokens run with it. (gemm's cpu sum order depends on
+ * no config, so it cannot serve here.) */
+static char *plant_split_route_db(const char *dir)
 {
     planting pl;
     plant_open(dir, MODEL_ACT_MXFP4, &pl);
     char hash[65];
-    kern_source_hash(kern_family_find("gemm"), DEV_BACKEND_CPU, hash);
-    int gemms = 0;
+    kern_source_hash(kern_family_find("moe_route"), DEV_BACKEND_CPU, hash);
+    int routes = 0;
     for (int i = 0; i < pl.n; i++) {
         const model_plan_entry *e = &pl.e[i];
-        if (strcmp(e->fam->name, "gemm") || kern_shape_get(e->fam, &e->shape, "K") <= 64)
+        if (strcmp(e->fam->name, "moe_route"))
             continue;
-        put_winner(pl.db, &pl.me, "gemm", hash, e->key, 1, "BM=1,BN=32,KB=64",
-                   "{\"BM\":1,\"BN\":32,\"KB\":64}");
-        put_winner(pl.db, &pl.me, "gemm", hash, e->key, 64, "BM=4,BN=32,KB=256",
-                   "{\"BM\":4,\"BN\":32,\"KB\":256}");
-        gemms++;
+        put_winner(pl.db, &pl.me, "moe_route", hash, e->key, 1, "TB=1,EB=4",
+                   "{\"TB\":1,\"EB\":4}");
+        put_winner(pl.db, &pl.me, "moe_route", hash, e->key, 64, "TB=4,EB=16",
+                   "{\"TB\":4,\"EB\":16}");
+        routes++;
     }
-    cr_assert_geq(gemms, 3, "the tiny plan has %d gemms with K > 64", gemms);
+    cr_assert_geq(routes, 1, "the tiny plan has %d routers", routes);
     return plant_close(&pl);
 }
 
@@ -462,7 +464,7 @@ Test(batch_invariant, a16w4_expert_sums_do_not_depend_on_the_batch)
 Test(batch_invariant, one_config_per_kernel_makes_logits_independent_of_the_batch)
 {
     char *dir = fw_tiny_dir();
-    char *db = plant_split_gemm_db(dir);
+    char *db = plant_split_route_db(dir);
     uint64_t seed = mt_seed_fresh();
     for (int inv = 0; inv < 2; inv++) {
         model_runtime *rt = fw_open(dir, (fw_open_args){.act = MODEL_ACT_MXFP4, .db = db,
@@ -480,7 +482,7 @@ Test(batch_invariant, one_config_per_kernel_makes_logits_independent_of_the_batc
         } else {
             /* The planted configs do change the sums: the test can fail. */
             cr_assert_gt(d_dec, 0, "seed %" PRIu64 ": decode and prefill agree bitwise even "
-                         "with KB=64 at M=1 and KB=256 at M=64\n%s", seed, buf);
+                         "with EB=4 at M=1 and EB=16 at M=64 in the router\n%s", seed, buf);
             cr_assert(!strstr(buf, "batch-invariant"), "%s", buf);
         }
         free(buf);
