@@ -111,6 +111,8 @@ static double load1(void)
     return l;
 }
 
+#define SWEEP_MAX_PASSES 32
+
 /* One (M, config) of the table, combined over the passes. */
 typedef struct sweep_cell {
     int64_t m;
@@ -119,6 +121,7 @@ typedef struct sweep_cell {
     double lo, hi;          /* lowest and highest minimum over the passes that
                                gave a time (ok or skipped) */
     int passes;             /* passes that gave a median */
+    double mins[SWEEP_MAX_PASSES]; /* each such pass's minimum */
 } sweep_cell;
 
 typedef struct sweep_acc {
@@ -165,12 +168,28 @@ static int acc_cb(void *arg, const db_trial_row *row)
     bool timed = (t->status == DB_TRIAL_OK || t->status == DB_TRIAL_SKIPPED) && v > 0;
     if (c->status != DB_TRIAL_OK)
         c->status = t->status;
-    if (timed) {
+    if (timed && c->passes < SWEEP_MAX_PASSES) {
         c->lo = v < c->lo ? v : c->lo;
         c->hi = v > c->hi ? v : c->hi;
-        c->passes++;
+        c->mins[c->passes++] = v;
     }
     return 0;
+}
+
+static int cmp_ms(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The median of the passes' minimum times: the table's time. */
+static double cell_time(sweep_cell *c)
+{
+    if (!c->passes)
+        return NAN;
+    qsort(c->mins, (size_t)c->passes, sizeof c->mins[0], cmp_ms);
+    int h = c->passes / 2;
+    return c->passes % 2 ? c->mins[h] : 0.5 * (c->mins[h - 1] + c->mins[h]);
 }
 
 static void put_ms(FILE *f, double v)
@@ -294,11 +313,11 @@ static int sweep(int argc, char **argv)
                         : !strncmp(device, "hip", 3) ? DEV_BACKEND_HIP
                                                      : DEV_BACKEND_CPU,
                      hash);
-    fprintf(fo, "# moetune replay table 2\n# family: %s\n# version: %d\n# source_hash: %s\n"
+    fprintf(fo, "# moetune replay table 3\n# family: %s\n# version: %d\n# source_hash: %s\n"
                 "# shape: %s\n# device: %s\n# device_name: %s\n# cpu: %s\n# isa: %s\n"
                 "# cores: %ld\n# date: %s\n# sweep: %d passes over the space, each in its own "
-                "random order; time_ms = the lowest of the passes' minimum times (min-of-N: "
-                "robust to preemption on a shared machine), max_ms = the highest; "
+                "random order; time_ms = the median of the passes' minimum times, min_ms and "
+                "max_ms the lowest and highest; "
                 "%ld s, load "
                 "average %.2f before, %.2f after\n",
             f->name, f->version, hash, key, device, device_name, model, isa,
@@ -307,10 +326,11 @@ static int sweep(int argc, char **argv)
         fprintf(fo, "# note: %s\n", note);
     if (o.shard_count > 1)
         fprintf(fo, "# shard: %d/%d\n", o.shard_index, o.shard_count);
-    fprintf(fo, "m,status,time_ms,max_ms,passes,config\n");
+    fprintf(fo, "m,status,time_ms,min_ms,max_ms,passes,config\n");
     for (int i = 0; i < acc.n; i++) {
-        const sweep_cell *c = &acc.cells[i];
+        sweep_cell *c = &acc.cells[i];
         fprintf(fo, "%lld,%s,", (long long)c->m, db_trial_status_str(c->status));
+        put_ms(fo, cell_time(c));
         put_ms(fo, c->passes ? c->lo : NAN);
         put_ms(fo, c->passes ? c->hi : NAN);
         fprintf(fo, "%d,%s\n", c->passes, c->config);
@@ -340,11 +360,9 @@ static void replay_file(const char *path, const tune_strategy *sts, int n_st, in
         exit(1);
     }
     const kern_impl *im = kern_family_impl(f, backend);
-    dev_device *d = NULL;
-    if (dev_open(t.device, &(dev_open_opts){0}, &d, &err) != MT_OK)
+    dev_props props;
+    if (replay_table_props(&t, &props, &err) != MT_OK)
         die("open device", &err);
-    dev_props props = *dev_get_props(d);
-    dev_close(d);
     printf("== %s: %s %s on %s\n   %s\n", path, t.family, t.shape, t.device, t.machine);
     int64_t ms[64];
     int n_m = replay_table_ms(&t, ms, 64);

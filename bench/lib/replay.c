@@ -34,6 +34,8 @@ static void header(replay_table *t, const char *line)
     else if (klen == 6 && !strncmp(line, "device", 6))
         snprintf(t->device, sizeof t->device, "%s", v);
     else {
+        if (klen == 5 && !strncmp(line, "cores", 5))
+            t->cores = atoi(v); /* kept in machine too: it describes the table */
         size_t used = strlen(t->machine);
         snprintf(t->machine + used, sizeof t->machine - used, "%s%s", used ? "; " : "", line);
     }
@@ -56,18 +58,20 @@ mt_status replay_table_read(const char *path, replay_table *t, mt_err *err)
         if (!line[0])
             continue;
         if (line[0] == '#') {
-            if (lineno == 1 && !strcmp(line, "# moetune replay table 2"))
+            if (lineno == 1 && !strcmp(line, "# moetune replay table 3"))
+                version = 3, fields = 4;
+            else if (lineno == 1 && !strcmp(line, "# moetune replay table 2"))
                 version = 2, fields = 3;
             else if (lineno == 1 && strcmp(line, "# moetune replay table 1"))
-                st = mt_fail(err, MT_E_FORMAT, "%s:1: not a replay table (version 1 or 2)",
+                st = mt_fail(err, MT_E_FORMAT, "%s:1: not a replay table (version 1 to 3)",
                              path);
             header(t, line + 1 + (line[1] == ' '));
             continue;
         }
         if (!columns) {
-            const char *want = version == 1
-                                   ? "m,status,median_ms,min_ms,p10_ms,p90_ms,reps,config"
-                                   : "m,status,time_ms,max_ms,passes,config";
+            const char *want = version == 1   ? "m,status,median_ms,min_ms,p10_ms,p90_ms,reps,config"
+                               : version == 2 ? "m,status,time_ms,max_ms,passes,config"
+                                              : "m,status,time_ms,min_ms,max_ms,passes,config";
             if (strcmp(line, want))
                 st = mt_fail(err, MT_E_FORMAT, "%s:%d: expected the column line \"%s\"", path,
                              lineno, want);
@@ -95,7 +99,8 @@ mt_status replay_table_read(const char *path, replay_table *t, mt_err *err)
         r->m = m;
         const char *p = line + used;
         /* version 1: median,min,p10,p90,reps; version 2: time,max,passes;
-         * the first is the table's time; empty fields are NAN */
+         * version 3: time,min,max,passes; the first is the table's time;
+         * empty fields are NAN */
         for (int k = 0; k < fields; k++) {
             const char *comma = strchr(p, ',');
             if (!comma) {
@@ -273,4 +278,20 @@ void replay_score_transfer(const kern_family *f, const kern_impl *im, const kern
     out->median = seeds % 2 ? q[seeds / 2] : (q[seeds / 2 - 1] + q[seeds / 2]) / 2;
     out->p10 = q[seeds / 10];
     free(q);
+}
+
+mt_status replay_table_props(const replay_table *t, dev_props *out, mt_err *err)
+{
+    char spec[64];
+    if (!strcmp(t->device, "cpu") && t->cores > 0)
+        snprintf(spec, sizeof spec, "cpu:%d", t->cores);
+    else
+        snprintf(spec, sizeof spec, "%s", t->device);
+    dev_device *d = NULL;
+    mt_status st = dev_open(spec, &(dev_open_opts){0}, &d, err);
+    if (st != MT_OK)
+        return st;
+    *out = *dev_get_props(d);
+    dev_close(d);
+    return MT_OK;
 }

@@ -6,20 +6,24 @@
  * table's optimum. bench_replay writes and replays the tables; the tuner
  * tests replay a committed one.
  *
- * File format (text, one table per file), version 2:
- *   # moetune replay table 2
+ * File format (text, one table per file), version 3:
+ *   # moetune replay table 3
  *   # family: gemm                        (then version, source_hash)
  *   # shape: N=256,K=512,...              (the canonical shape key)
  *   # shard: 1/6                          (optional: only that shard's configs)
  *   # device: cpu                         (backend; then cpu, isa, cores,
  *   # ...                                  date, load: free text)
- *   m,status,time_ms,max_ms,passes,config
- *   32,ok,0.0120,0.0131,3,NR=1,MR=2,...
+ *   m,status,time_ms,min_ms,max_ms,passes,config
+ *   32,ok,0.0122,0.0120,0.0131,3,NR=1,MR=2,...
  * Each config was timed in several passes over the space (bench_replay
- * sweep): time_ms is the lowest of the passes' minimum times, max_ms the
- * highest, passes how many gave a time. Version 1 (one pass) has the
- * columns m,status,median_ms,min_ms,p10_ms,p90_ms,reps,config and its
- * median is the time. The config key is the last field and contains
+ * sweep): time_ms is the median of the passes' minimum times, min_ms and
+ * max_ms the lowest and highest, passes how many gave a time. The median
+ * over passes, not the lowest: on a VM whose memory speed moves by the
+ * minute, the lowest of a few passes crowns whichever config was timed in
+ * the fastest minute (docs/BENCHMARKS.md). Version 2 has the columns
+ * m,status,time_ms,max_ms,passes,config with the lowest as its time;
+ * version 1 (one pass) m,status,median_ms,min_ms,p10_ms,p90_ms,reps,config
+ * with the median as its time. The config key is the last field and contains
  * commas; status is a trial status name (docs/TUNING.md), ok when any pass
  * was. Skipped rows carry their partial median (abandoned at over 2x the
  * best so far). */
@@ -46,6 +50,7 @@ typedef struct replay_table {
     char device[32];  /* backend name: cpu, emu, hip */
     int shard_index, shard_count; /* "# shard: I/N": the table is that shard
                                      of the space (tune_shard_of); 0: all */
+    int cores;         /* "# cores: N" (0: not given) */
     char machine[512]; /* the other header lines, joined by "; " */
     int n;
     replay_row *rows; /* malloc'd */
@@ -55,6 +60,12 @@ typedef struct replay_table {
  * replay_table_free (also after a failure). */
 mt_status replay_table_read(const char *path, replay_table *t, mt_err *err);
 void replay_table_free(replay_table *t);
+
+/* The device properties a replay of t must use: the table's backend, and
+ * on cpu as many worker threads as the machine that swept it had cores, so
+ * that defaults and validity that depend on the core count (split sizes,
+ * items per thread) are the sweep's and not this machine's. */
+mt_status replay_table_props(const replay_table *t, dev_props *out, mt_err *err);
 
 /* The distinct M of a table, ascending (up to cap); returns the count. */
 int replay_table_ms(const replay_table *t, int64_t *ms, int cap);
