@@ -1,16 +1,14 @@
 /* test_tune_model.c: the model-guided search (`--strategy model`): the
- * random-forest surrogate and its expected improvement, the strategy on a
- * synthetic separable cost (it must find the minimum in far fewer trials
- * than random search), and on a committed replay table of real exhaustive
- * times (bench/data/), where it must reach a fraction of the optimum that
- * random search does not reach with the same budget. No device runs. */
+ * random-forest surrogate and its expected improvement, and the strategy on
+ * a synthetic separable cost (it must find the minimum in far fewer trials
+ * than random search). On the committed replay tables of real exhaustive
+ * times: test_replay_search.c. No device runs. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "bench/lib/replay.h"
 #include "common/rng.h"
 #include "tuner/tune_forest.h"
 #include "tuner/tune_impl.h"
@@ -206,79 +204,6 @@ Test(tune_model, proposes_the_default_and_seeds_first_and_never_repeats)
             tune_search_result(s, &k[i], true, syn_time(&c, &k[i]));
         }
     } while ((n = tune_search_next(s, k, 8)) > 0 && total < 120);
-    cr_assert_eq(total, 120, "the strategy stopped early at %d", total);
+    cr_assert_geq(total, 120, "the strategy stopped early at %d", total);
     tune_search_destroy(s);
-}
-
-/* ---- the strategy on a committed replay table ------------------------------------------- */
-
-/* Replays random and model on the exhaustive times of a real sweep (every
- * M of the table), over fixed seeds, at 15 % of the space. */
-static void replay_table_scores(const char *file, int seeds, double pct, replay_score *model,
-                                replay_score *random, int *n_m)
-{
-    char path[1024];
-    snprintf(path, sizeof path, "%s/bench/data/%s", MOETUNE_SOURCE_DIR, file);
-    replay_table t;
-    mt_err err = MT_ERR_INIT;
-    cr_assert_eq(replay_table_read(path, &t, &err), MT_OK, "%s", err.msg);
-    const kern_family *f = kern_family_find(t.family);
-    cr_assert_not_null(f, "%s: family %s", path, t.family);
-    kern_shape s;
-    cr_assert_eq(kern_shape_parse(f, t.shape, &s, NULL, &err), MT_OK, "%s", err.msg);
-    dev_props props = {0};
-    props.backend = DEV_BACKEND_CPU;
-    props.warp_size = 1;
-    props.max_threads_per_block = 1;
-    int64_t ms[16];
-    *n_m = replay_table_ms(&t, ms, 16);
-    for (int i = 0; i < *n_m; i++) {
-        int space = 0;
-        replay_search(f, f->cpu, &s, ms[i], &props, TUNE_RANDOM, 1, 1, &t, &space);
-        cr_assert(space > 8, "M=%lld: space %d", (long long)ms[i], space);
-        int budget = (int)ceil(pct * space);
-        replay_score_strategy(f, f->cpu, &s, ms[i], &props, TUNE_MODEL, 77, seeds, budget, &t,
-                              &model[i]);
-        replay_score_strategy(f, f->cpu, &s, ms[i], &props, TUNE_RANDOM, 77, seeds, budget, &t,
-                              &random[i]);
-        printf("%s M=%lld: budget %d of %d: model median %.3f mean %.3f hit %.2f; random median "
-               "%.3f mean %.3f hit %.2f\n", file, (long long)ms[i], budget, space,
-               model[i].median, model[i].mean, model[i].hit, random[i].median, random[i].mean,
-               random[i].hit);
-    }
-    replay_table_free(&t);
-}
-
-/* The committed gemm glm5.2-q_a and moe_gemm_up tiny tables (48 and 85
- * configs per M, min-of-6 sweeps on this project's 2-core build machine
- * under load): at 15 % of the space (8 and 13 trials, the default first)
- * the model's median over these 200 seeds reached the optimum itself at
- * gemm M=1 where random search's reached 0.917 of it, it found the optimum
- * more often at every M, and over the four M its mean fraction was 0.20
- * above random's (docs/BENCHMARKS.md, "Search strategies
- * on replay tables"). Deterministic: fixed tables and seeds; a change to the
- * strategy that loses this fails here. */
-Test(tune_model, beats_random_on_committed_replay_tables)
-{
-    static const char *const files[] = {"gemm-glm5.2-q_a-cpu.csv", "moe_gemm_up-tiny-cpu.csv"};
-    double gap = 0;
-    int n_all = 0, hits_better = 0;
-    bool bound = false;
-    for (int k = 0; k < 2; k++) {
-        replay_score model[16], random[16];
-        int n_m = 0;
-        replay_table_scores(files[k], 200, 0.15, model, random, &n_m);
-        cr_assert(n_m >= 2, "%s: %d M", files[k], n_m);
-        for (int i = 0; i < n_m; i++, n_all++) {
-            gap += model[i].mean - random[i].mean;
-            hits_better += model[i].hit > random[i].hit;
-            /* the bound random search does not reach */
-            bound = bound || (model[i].median >= 0.97 && random[i].median < 0.93);
-        }
-    }
-    cr_expect(gap > 0.1, "model's mean fraction only %.3f above random's over all M", gap);
-    cr_expect(hits_better >= n_all - 1, "model found the optimum more often than random at "
-              "only %d of %d M", hits_better, n_all);
-    cr_expect(bound, "at no M did the model's median reach 0.97 where random's stayed "
-              "below 0.93");
 }

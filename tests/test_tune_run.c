@@ -1,6 +1,8 @@
 /* test_tune_run.c: end-to-end tuning of small real shapes on the cpu
  * into a fresh database: every trial stored with its status, a winner per
  * M, the default timed, and a second run measuring nothing new. */
+#include <math.h>
+
 #include "test_tune_e2e.h"
 #include "test_tune_families.h"
 
@@ -101,4 +103,31 @@ Test(tune_run, compile_only_trials_are_compiled_and_a_timing_run_measures_them, 
     cr_expect_eq(ws->n, 1);
     free(ts);
     free(ws);
+}
+
+/* --budget 15%: each M measures that share of its own valid space, rounded
+ * up, with the default strategy (model). */
+Test(tune_run, space_share_budget_measures_that_share_of_each_m, .timeout = 120)
+{
+    char db[256];
+    tt_db_path(db, sizeof db, "share.db");
+    tune_job job;
+    static const int64_t ms[] = {1, 5};
+    cr_assert_eq(tune_job_make(kern_family_find("gemm"), "tiny", ms, 2, &job, NULL), MT_OK);
+    tune_opts o;
+    tt_opts(&o, "cpu", db);
+    cr_assert_eq(o.strategy, TUNE_MODEL, "the default strategy");
+    cr_assert_eq(tune_budget_parse("15%", &o.budget, NULL), MT_OK);
+    tune_report *rep = NULL;
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(tune_run(&job, 1, &o, &rep, &err), MT_OK, "%s", err.msg);
+    for (int i = 0; i < 2; i++) {
+        const tune_m_report *mr = &rep->jobs[0].m[i];
+        int want = (int)ceil(0.15 * mr->space);
+        cr_assert(mr->space > 20, "M=%lld: space %d", (long long)mr->m, mr->space);
+        cr_assert_eq(mr->measured, want, "M=%lld: %d measured of a space of %d, want %d",
+                     (long long)mr->m, mr->measured, mr->space, want);
+        cr_assert(mr->has_default && mr->has_winner, "M=%lld", (long long)mr->m);
+    }
+    tune_report_free(rep);
 }

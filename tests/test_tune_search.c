@@ -206,6 +206,15 @@ Test(tune_parse, budgets_shards_and_strategies)
     cr_assert(strstr(err.msg, "12x"));
     cr_assert_eq(tune_budget_parse("2.5", &b, NULL), MT_E_INVALID);
     cr_assert_eq(tune_budget_parse("-3", &b, NULL), MT_E_INVALID);
+    cr_assert_eq(tune_budget_parse("15%", &b, NULL), MT_OK);
+    cr_assert_float_eq(b.space_fraction, 0.15, 1e-12);
+    cr_assert(b.trials == 0 && b.seconds == 0);
+    char text[96];
+    tune_budget_text(&b, text, sizeof text);
+    cr_assert_str_eq(text, "15% of the space per M");
+    cr_assert_eq(tune_budget_parse("150%", &b, &err), MT_E_INVALID);
+    cr_assert(strstr(err.msg, "150%"), "%s", err.msg);
+    cr_assert_eq(tune_budget_parse("0%", &b, NULL), MT_E_INVALID);
     int i, n;
     cr_assert_eq(tune_shard_parse("2/3", &i, &n, NULL), MT_OK);
     cr_assert(i == 2 && n == 3);

@@ -136,6 +136,10 @@ void tune_search_destroy(tune_search *s);
 /* Valid configs in this shard's part of the space (plus the default). */
 int tune_search_space(const tune_search *s);
 const kern_config *tune_search_default(const tune_search *s);
+/* The trials this (job, M) may use, once known (a share of the space is
+ * known only after tune_search_space): the strategies size their batches
+ * and first generation by it. 0: unlimited. */
+void tune_search_set_budget(tune_search *s, int64_t trials);
 /* A config already measured (median NAN unless ok): never proposed again,
  * and a parent for evolve when ok. */
 void tune_search_known(tune_search *s, const char *config_key, bool ok, double median_ms);

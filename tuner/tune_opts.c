@@ -45,12 +45,19 @@ mt_status tune_budget_parse(const char *text, tune_budget *out, mt_err *err)
     double v = strtod(text, &end);
     if (end == text || errno || !(v > 0) || !isfinite(v))
         return mt_fail(err, MT_E_INVALID, "budget '%s': expected a trial count (2000) or "
-                       "a time (90s, 30m, 2h)", text);
+                       "a time (90s, 30m, 2h) or a share of the space (15%%)", text);
     if (!*end) {
         if (v != floor(v))
             return mt_fail(err, MT_E_INVALID, "budget '%s': a trial count is a whole "
                            "number (or add a unit: s, m, h)", text);
         out->trials = (int64_t)v;
+        return MT_OK;
+    }
+    if (!strcmp(end, "%")) {
+        if (v > 100)
+            return mt_fail(err, MT_E_INVALID, "budget '%s': a share of the space is at most "
+                           "100%%", text);
+        out->space_fraction = v / 100;
         return MT_OK;
     }
     double unit = 0;
@@ -61,7 +68,7 @@ mt_status tune_budget_parse(const char *text, tune_budget *out, mt_err *err)
     else if (!strcmp(end, "h"))
         unit = 3600;
     else
-        return mt_fail(err, MT_E_INVALID, "budget '%s': unknown unit '%s' (s, m, h)",
+        return mt_fail(err, MT_E_INVALID, "budget '%s': unknown unit '%s' (s, m, h, %%)",
                        text, end);
     out->seconds = v * unit;
     return MT_OK;
@@ -69,14 +76,20 @@ mt_status tune_budget_parse(const char *text, tune_budget *out, mt_err *err)
 
 void tune_budget_text(const tune_budget *b, char *out, size_t cap)
 {
-    if (b->trials > 0 && b->seconds > 0)
-        snprintf(out, cap, "%lld trials per M, %.0fs", (long long)b->trials, b->seconds);
-    else if (b->trials > 0)
-        snprintf(out, cap, "%lld trials per M", (long long)b->trials);
-    else if (b->seconds > 0)
-        snprintf(out, cap, "%.0fs", b->seconds);
-    else
+    char parts[3][48];
+    int n = 0;
+    if (b->trials > 0)
+        snprintf(parts[n++], sizeof parts[0], "%lld trials per M", (long long)b->trials);
+    if (b->space_fraction > 0)
+        snprintf(parts[n++], sizeof parts[0], "%g%% of the space per M",
+                 b->space_fraction * 100);
+    if (b->seconds > 0)
+        snprintf(parts[n++], sizeof parts[0], "%.0fs", b->seconds);
+    if (!n)
         snprintf(out, cap, "unlimited");
+    else
+        snprintf(out, cap, "%s%s%s%s%s", parts[0], n > 1 ? ", " : "", n > 1 ? parts[1] : "",
+                 n > 2 ? ", " : "", n > 2 ? parts[2] : "");
 }
 
 mt_status tune_shard_parse(const char *text, int *index, int *count, mt_err *err)
@@ -158,7 +171,7 @@ void tune_opts_default(tune_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->device = "auto";
-    o->strategy = TUNE_EXHAUSTIVE;
+    o->strategy = TUNE_MODEL;
     o->jobs = 2;
     o->timeout_s = 60;
     o->transfer = true;

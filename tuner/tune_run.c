@@ -731,6 +731,12 @@ static mt_status tune_m(run_ctx *r, int mi, mt_err *err)
     int space = tune_search_space(s);
     mr->space = space;
     int64_t trials = o->budget.trials;
+    if (o->budget.space_fraction > 0 && space > 0) {
+        int64_t share = (int64_t)ceil(o->budget.space_fraction * space);
+        share = share < 1 ? 1 : share;
+        trials = trials > 0 && trials < share ? trials : share;
+        tune_search_set_budget(s, trials);
+    }
     r->budget_left = trials > 0 ? (trials > ka.count ? trials - ka.count : 0) : -1;
     r->deadline_m_ms = 0;
     if (r->deadline_run_ms > 0) {

@@ -7,9 +7,10 @@
  *   evolve      a random first generation, then every config one allowed
  *               value away (one parameter, then two) from the best few so
  *               far; random fill when the neighbourhood is exhausted;
- *   model       a few random configs, then the candidates a random-forest
- *               surrogate of the times so far ranks best by expected
- *               improvement (tune_model.c), in small batches.
+ *   model       one random config after the default, then the candidates
+ *               a random-forest surrogate of the times so far ranks best by
+ *               expected improvement (tune_model.c), in small batches, from
+ *               a trust region around the fastest so far (trust_region).
  * The default config comes first in every strategy and every shard (its
  * time is the baseline of the speedup), then the transfer seeds. */
 #include <math.h>
@@ -24,9 +25,11 @@
 #define EVOLVE_PARENTS 4
 /* The model strategy: observations before the first fit, the candidate
  * pool it ranks per batch, and the observations it fits at most. */
-#define MODEL_INIT 3
+#define MODEL_INIT 2
 #define MODEL_POOL 4096
 #define MODEL_MAX_OBS 512
+/* ... and the fewest candidates of its trust region (trust_region). */
+#define MODEL_REGION 2
 
 typedef struct keyset {
     char **slot;
@@ -225,6 +228,8 @@ int tune_search_space(const tune_search *s)
 
 const kern_config *tune_search_default(const tune_search *s) { return &s->dflt; }
 
+void tune_search_set_budget(tune_search *s, int64_t trials) { s->a.budget = trials; }
+
 static void add_ok(tune_search *s, const kern_config *c, double ms)
 {
     if (s->n_ok == s->cap_ok) {
@@ -364,6 +369,60 @@ static void mutate(tune_search *s, kern_config *out, int *n, int cap)
                 }
 }
 
+/* Steps between two configs: the sum over parameters of how many allowed
+ * values apart they are. */
+static int distance(const tune_search *s, const kern_config *a, const kern_config *b)
+{
+    int d = 0;
+    for (int i = 0; i < s->a.im->n_params; i++) {
+        const kern_param_desc *p = &s->a.im->params[i];
+        int k = value_index(p, a->v[i]) - value_index(p, b->v[i]);
+        d += k < 0 ? -k : k;
+    }
+    return d;
+}
+
+static int cmp_int(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* The candidates of an enumerated space: its untried configs (up to
+ * MODEL_POOL, in the space's random order) nearest the fastest config so
+ * far, within the smallest number of steps that holds at least
+ * MODEL_REGION of them (a trust region). The defaults are the families'
+ * cost-model rules and land near the optimum; a forest fitted to a handful
+ * of trials is a poor guide far from them. Every untried config when
+ * nothing ran ok yet. */
+static int trust_region(tune_search *s, kern_config *pool)
+{
+    int np = 0;
+    for (int i = 0; i < s->n_space && np < MODEL_POOL; i++)
+        if (!is_known(s, &s->space[i]))
+            pool[np++] = s->space[i];
+    if (s->n_ok == 0 || np <= MODEL_REGION)
+        return np;
+    qsort(s->ok, (size_t)s->n_ok, sizeof *s->ok, cmp_scored);
+    const kern_config *best = &s->ok[0].cfg;
+    int *d = malloc(sizeof *d * (size_t)np), *sorted = malloc(sizeof *d * (size_t)np);
+    if (!d || !sorted) {
+        free(d);
+        free(sorted);
+        return np;
+    }
+    for (int i = 0; i < np; i++)
+        sorted[i] = d[i] = distance(s, best, &pool[i]);
+    qsort(sorted, (size_t)np, sizeof *sorted, cmp_int);
+    int radius = sorted[MODEL_REGION - 1], kept = 0;
+    for (int i = 0; i < np; i++)
+        if (d[i] <= radius)
+            pool[kept++] = pool[i];
+    free(d);
+    free(sorted);
+    return kept;
+}
+
 static int cmp_obs(const void *a, const void *b)
 {
     double x = ((const tune_model_obs *)a)->ms, y = ((const tune_model_obs *)b)->ms;
@@ -375,7 +434,8 @@ static int cmp_obs(const void *a, const void *b)
 static void model_propose(tune_search *s, kern_config *out, int *n, int cap)
 {
     if (s->n_obs + *n < MODEL_INIT) {
-        take_fresh(s, out, n, cap);
+        int want = MODEL_INIT - s->n_obs;
+        take_fresh(s, out, n, want < cap ? want : cap);
         return;
     }
     kern_config *pool = malloc(sizeof *pool * MODEL_POOL);
@@ -402,10 +462,7 @@ static void model_propose(tune_search *s, kern_config *out, int *n, int cap)
                         pool[np++] = c;
                 }
     } else {
-        /* The space is in random order already: its first untried ones. */
-        for (int i = 0; i < s->n_space && np < MODEL_POOL; i++)
-            if (!is_known(s, &s->space[i]))
-                pool[np++] = s->space[i];
+        np = trust_region(s, pool);
     }
     memcpy(obs, s->obs, sizeof *obs * (size_t)s->n_obs);
     int n_obs = s->n_obs;

@@ -65,6 +65,7 @@ bool tune_strategy_parse(const char *s, tune_strategy *out);
 typedef struct tune_budget {
     int64_t trials;
     double seconds;
+    double space_fraction; /* "15%": that share of each M's valid space (trials, rounded up) */
 } tune_budget;
 
 /* "2000" (trials per M), "30m", "90s", "1.5h" (whole-run wall time). */
