@@ -282,14 +282,13 @@ int main(int argc, char **argv)
     tune_opts_default(&to);
     to.device = "cpu";
     to.db_path = db;
-    to.strategy = TUNE_RANDOM;
-    to.budget.trials = budget;
+    to.budget.trials = budget; /* the default strategy */
     to.jobs = 2;
     to.seed = 1;
     to.timing.max_ms = 200;
     to.timing.max_reps = 20;
-    printf("\ntuning %d (family, shape) pairs at M = 1 and %d, %d trials each (random), "
-           "into %s ...\n", n_jobs, n_prompt, budget, db);
+    printf("\ntuning %d (family, shape) pairs at M = 1 and %d, %d trials each (%s), "
+           "into %s ...\n", n_jobs, n_prompt, budget, tune_strategy_name(to.strategy), db);
     double tt = mt_now_ms();
     tune_report *rep = NULL;
     mt_status st = tune_run(jobs, n_jobs, &to, &rep, &err);
