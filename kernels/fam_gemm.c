@@ -284,6 +284,7 @@ static const kern_impl cpu_impl = {
     .n_params = 3,
     .default_config = cpu_default,
     .run = cpu_run,
+    .order_fixed = true, /* gemm.cpu: lanes over K, then a fixed tree */
 };
 
 static int buffers(const kern_shape *s, int64_t m, kern_buf_desc *out, int cap)

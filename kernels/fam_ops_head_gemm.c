@@ -183,6 +183,7 @@ static const kern_impl cpu_impl = {
     .n_params = 1,
     .default_config = cpu_default,
     .run = run,
+    .order_fixed = true, /* lanes over K, then the lanes in order, whatever MB */
 };
 
 static const kern_case cases[] = {

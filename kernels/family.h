@@ -143,6 +143,12 @@ typedef struct kern_impl {
      * NULL means every config sums in an order fixed by the config and the
      * shape. The runtime's batch-invariant mode refuses such configs. */
     bool (*order_varies)(const kern_shape *s, const kern_config *cfg, char *why, size_t cap);
+    /* True when every output's sum order depends on the shape and the
+     * compile target alone, never on the config or on M (gemm and
+     * ops_head_gemm on cpu: vector lanes over K, then a fixed tree). The
+     * runtime's batch-invariant mode then lets each M run its own config
+     * instead of pinning one. */
+    bool order_fixed;
 } kern_impl;
 
 typedef struct kern_case {

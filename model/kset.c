@@ -409,7 +409,8 @@ mt_status model_kset_select(model_kset *ks, mt_err *err)
             if (model_buckets[b] >= k->m_max)
                 break;
         }
-        mt_status st = ks->invariant ? pin(ks, k, err) : MT_OK;
+        /* A kernel whose sums no config reorders keeps its choice per M. */
+        mt_status st = ks->invariant && !k->impl->order_fixed ? pin(ks, k, err) : MT_OK;
         for (int b = 0; b < k->n && st == MT_OK; b++)
             st = module_for(ks, k, &k->ch[b], err);
         if (st != MT_OK)

@@ -90,7 +90,8 @@ void model_kset_destroy(model_kset *ks);
  * the largest bucket's, else the default at those buckets; select fails
  * naming the kernel when none does.
  * A kernel whose rows are computed independently then gives each row the
- * same bits whatever else is in the batch. */
+ * same bits whatever else is in the batch. A kernel whose sum order no
+ * config changes (kern_impl.order_fixed) keeps its choice per M. */
 void model_kset_set_batch_invariant(model_kset *ks, bool on);
 bool model_kset_batch_invariant(const model_kset *ks);
 
