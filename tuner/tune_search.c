@@ -464,7 +464,8 @@ static void model_propose(tune_search *s, kern_config *out, int *n, int cap)
     } else {
         np = trust_region(s, pool);
     }
-    memcpy(obs, s->obs, sizeof *obs * (size_t)s->n_obs);
+    if (s->n_obs > 0) /* the default and seeds may fill the first batch: nothing measured yet */
+        memcpy(obs, s->obs, sizeof *obs * (size_t)s->n_obs);
     int n_obs = s->n_obs;
     if (n_obs > MODEL_MAX_OBS) { /* the fit's cost: keep the fastest */
         qsort(obs, (size_t)n_obs, sizeof *obs, cmp_obs);
