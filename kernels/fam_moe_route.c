@@ -329,31 +329,64 @@ static const kern_impl gpu_impl = {
 
 static const int tb_vals[] = {1, 2, 4, 8};
 static const int eb_vals[] = {4, 8, 16};
+static const int es_vals[] = {0, 16, 64};
 static const kern_param_desc cpu_params[] = {
     {"TB", tb_vals, 4, "tokens per work item (gate rows reused across them)"},
     {"EB", eb_vals, 3, "f32 accumulator lanes per dot product"},
+    {"ES", es_vals, 3, "experts per scoring work item, then a selection launch "
+                       "(0: one launch, each item scores every expert)"},
 };
 
+/* Few tokens: the experts split over the threads (at M = 1 one item would
+ * stream the whole gate on one thread), blocks of 16 while that gives every
+ * thread two items or more; many tokens: items of TB tokens fill them. */
 static void cpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern_config *cfg)
 {
-    (void)s;
-    (void)p;
-    cfg->n = 2;
+    cfg->n = 3;
     cfg->v[0] = m >= 16 ? 4 : 1;
     cfg->v[1] = 8;
+    int threads = p->compute_units > 0 ? p->compute_units : 1;
+    cfg->v[2] = m < 2 * threads && s->v[D_E] >= 2 * 16 * threads ? 16 : 0;
+}
+
+static size_t cpu_scratch(const kern_shape *s, int64_t m, const kern_config *cfg)
+{
+    return cfg->v[2] ? (size_t)(m * s->v[D_E]) * 4 : 0;
 }
 
 static mt_status cpu_run(const kern_ctx *c, mt_err *err)
 {
-    return launch(c, "pppppfi", (dev_dim3){kern_cdiv(c->m, c->cfg->v[0]), 1, 1},
-                  (dev_dim3){1, 1, 1}, 0, err);
+    const kern_config *cfg = c->cfg;
+    if (!cfg->v[2])
+        return launch(c, "pppppfi", (dev_dim3){kern_cdiv(c->m, cfg->v[0]), 1, 1},
+                      (dev_dim3){1, 1, 1}, 0, err);
+    dev_kernel *kl, *ks;
+    mt_status st = kern_get(c, "moe_route_scores", "pppi", &kl, err);
+    if (st == MT_OK)
+        st = kern_get(c, "moe_route_pick", "ppppfi", &ks, err);
+    if (st != MT_OK)
+        return st;
+    float rsf = (float)c->shape->v[D_RSF] / 1000.0f;
+    int32_t m = (int32_t)c->m;
+    void *x = c->bufs[B_X], *g = c->bufs[B_GATE], *bi = c->bufs[B_BIAS], *ids = c->bufs[B_IDS],
+         *w = c->bufs[B_W], *sc = c->scratch;
+    void *al[] = {&x, &g, &sc, &m};
+    void *as[] = {&sc, &bi, &ids, &w, &rsf, &m};
+    dev_dim3 one = {1, 1, 1};
+    st = dev_launch(c->dev, kl,
+                    (dev_dim3){kern_cdiv(c->shape->v[D_E], cfg->v[2]), kern_cdiv(c->m, cfg->v[0]), 1},
+                    one, 0, al, err);
+    if (st == MT_OK)
+        st = dev_launch(c->dev, ks, (dev_dim3){kern_cdiv(c->m, cfg->v[0]), 1, 1}, one, 0, as, err);
+    return st;
 }
 
 static const kern_impl cpu_impl = {
     .source = "moe_route.cpu",
     .params = cpu_params,
-    .n_params = 2,
+    .n_params = 3,
     .default_config = cpu_default,
+    .scratch_bytes = cpu_scratch,
     .run = cpu_run,
 };
 

@@ -348,10 +348,10 @@ static char *plant_split_route_db(const char *dir)
         const model_plan_entry *e = &pl.e[i];
         if (strcmp(e->fam->name, "moe_route"))
             continue;
-        put_winner(pl.db, &pl.me, "moe_route", hash, e->key, 1, "TB=1,EB=4",
-                   "{\"TB\":1,\"EB\":4}");
-        put_winner(pl.db, &pl.me, "moe_route", hash, e->key, 64, "TB=4,EB=16",
-                   "{\"TB\":4,\"EB\":16}");
+        put_winner(pl.db, &pl.me, "moe_route", hash, e->key, 1, "TB=1,EB=4,ES=0",
+                   "{\"TB\":1,\"EB\":4,\"ES\":0}");
+        put_winner(pl.db, &pl.me, "moe_route", hash, e->key, 64, "TB=4,EB=16,ES=0",
+                   "{\"TB\":4,\"EB\":16,\"ES\":0}");
         routes++;
     }
     cr_assert_geq(routes, 1, "the tiny plan has %d routers", routes);
