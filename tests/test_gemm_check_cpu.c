@@ -6,38 +6,24 @@
  * the default config, plus configs whose items hold 5 or 7 rows (a 4-row
  * register tile and single rows after it), K shorter than one vector, and
  * every K block. Fresh seeds, poisoned outputs (the runner's). */
-#include <criterion/criterion.h>
-#include <stdio.h>
-
 #include "common/rng.h"
-#include "device/device.h"
-#include "kernels/family.h"
-#include "kernels/runner.h"
+#include "cpu_arch_util.h"
 
 static void check_level(const char *arch)
 {
-    dev_device *d = NULL;
-    mt_err err = MT_ERR_INIT;
-    dev_open_opts oo = {.arch = arch};
-    mt_status st = dev_open("cpu", arch ? &oo : NULL, &d, &err);
-    if (st == MT_E_UNSUPPORTED)
-        cr_skip_test("cpu --arch %s: %s", arch, err.msg);
-    cr_assert_eq(st, MT_OK, "open cpu: %s", err.msg);
+    dev_device *d = open_cpu_arch(arch);
+    if (!d)
+        return;
     const kern_family *f = kern_family_find("gemm");
-    const kern_impl *im = kern_family_impl(f, DEV_BACKEND_CPU);
     uint64_t seed = mt_seed_fresh();
-    const char *level = arch ? arch : "native";
+    mt_err err = MT_ERR_INIT;
     for (int c = 0; c < f->n_cases; c++) {
-        st = kern_check_one(d, f, f->cases[c].key, f->cases[c].m, NULL, seed + c, &err);
+        mt_status st = kern_check_one(d, f, f->cases[c].key, f->cases[c].m, NULL, seed + c, &err);
         cr_expect_eq(st, MT_OK, "gemm at %s, case %s M=%lld, default config, seed %llu: %s",
-                     level, f->cases[c].key, (long long)f->cases[c].m,
+                     arch ? arch : "native", f->cases[c].key, (long long)f->cases[c].m,
                      (unsigned long long)(seed + c), err.msg);
     }
-    static const struct {
-        const char *shape;
-        int64_t m;
-        const char *cfg;
-    } extra[] = {
+    static const cpu_arch_case extra[] = {
         {"N=100,K=72", 5, "BM=8,BN=8,KB=64"},     /* rows 4 + 1; K tail 8 (AVX-512) */
         {"N=100,K=72", 7, "BM=8,BN=64,KB=128"},   /* rows 4 + 3; one partial column item */
         {"N=40,K=200", 13, "BM=4,BN=16,KB=256"},  /* 3 row items of 4, one of 1 */
@@ -45,14 +31,7 @@ static void check_level(const char *arch)
         {"N=136,K=520", 9, "BM=8,BN=32,KB=64"},   /* 8 K blocks and a tail */
         {"N=24,K=37", 6, "BM=8,BN=16,KB=64"},     /* a tail at every width; rows 4 + 2 */
     };
-    for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) {
-        kern_config cfg;
-        cr_assert_eq(kern_config_parse(im, extra[i].cfg, &cfg, &err), MT_OK, "%s", err.msg);
-        st = kern_check_one(d, f, extra[i].shape, extra[i].m, &cfg, seed + 100 + i, &err);
-        cr_expect_eq(st, MT_OK, "gemm at %s, %s M=%lld, %s, seed %llu: %s", level,
-                     extra[i].shape, (long long)extra[i].m, extra[i].cfg,
-                     (unsigned long long)(seed + 100 + i), err.msg);
-    }
+    check_cases_at(d, arch, f, extra, (int)(sizeof extra / sizeof extra[0]), seed + 100);
     dev_close(d);
 }
 
