@@ -287,6 +287,31 @@ static void gpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern
     }
 }
 
+/* The two-launch path, GPU and cpu alike: `scores` writes the gate's
+ * logits or scores into scratch over grid_l, then `pick` selects per token
+ * over grid_s. */
+static mt_status launch_split(const kern_ctx *c, const char *scores, const char *pick,
+                              dev_dim3 grid_l, dev_dim3 grid_s, dev_dim3 block, size_t shared_s,
+                              mt_err *err)
+{
+    dev_kernel *kl, *ks;
+    mt_status st = kern_get(c, scores, "pppi", &kl, err);
+    if (st == MT_OK)
+        st = kern_get(c, pick, "ppppfi", &ks, err);
+    if (st != MT_OK)
+        return st;
+    float rsf = (float)c->shape->v[D_RSF] / 1000.0f;
+    int32_t m = (int32_t)c->m;
+    void *x = c->bufs[B_X], *g = c->bufs[B_GATE], *bi = c->bufs[B_BIAS], *ids = c->bufs[B_IDS],
+         *w = c->bufs[B_W], *sc = c->scratch;
+    void *al[] = {&x, &g, &sc, &m};
+    void *as[] = {&sc, &bi, &ids, &w, &rsf, &m};
+    st = dev_launch(c->dev, kl, grid_l, block, 0, al, err);
+    if (st == MT_OK)
+        st = dev_launch(c->dev, ks, grid_s, block, shared_s, as, err);
+    return st;
+}
+
 static mt_status gpu_run(const kern_ctx *c, mt_err *err)
 {
     const kern_config *cfg = c->cfg;
@@ -294,25 +319,11 @@ static mt_status gpu_run(const kern_ctx *c, mt_err *err)
     if (!cfg->v[P_TPB]) /* one block per token: the GPU kernel takes no m */
         return launch(c, "pppppf", (dev_dim3){(unsigned)c->m, 1, 1}, (dev_dim3){threads, 1, 1},
                       gpu_shared(c->shape, cfg), err);
-    dev_kernel *kl, *ks;
-    mt_status st = kern_get(c, "moe_route_logits", "pppi", &kl, err);
-    if (st == MT_OK)
-        st = kern_get(c, "moe_route_select", "ppppfi", &ks, err);
-    if (st != MT_OK)
-        return st;
-    float rsf = (float)c->shape->v[D_RSF] / 1000.0f;
-    int32_t m = (int32_t)c->m;
-    void *x = c->bufs[B_X], *g = c->bufs[B_GATE], *bi = c->bufs[B_BIAS], *ids = c->bufs[B_IDS],
-         *w = c->bufs[B_W], *lg = c->scratch;
-    void *al[] = {&x, &g, &lg, &m};
-    void *as[] = {&lg, &bi, &ids, &w, &rsf, &m};
     dev_dim3 grid = {kern_cdiv(c->shape->v[D_E], cfg->v[P_EPB]), kern_cdiv(c->m, cfg->v[P_TPB]),
                      (unsigned)cfg->v[P_KS]};
-    st = dev_launch(c->dev, kl, grid, (dev_dim3){threads, 1, 1}, 0, al, err);
-    if (st == MT_OK)
-        st = dev_launch(c->dev, ks, (dev_dim3){(unsigned)c->m, 1, 1}, (dev_dim3){threads, 1, 1},
-                        gpu_shared(c->shape, cfg), as, err);
-    return st;
+    return launch_split(c, "moe_route_logits", "moe_route_select", grid,
+                        (dev_dim3){(unsigned)c->m, 1, 1}, (dev_dim3){threads, 1, 1},
+                        gpu_shared(c->shape, cfg), err);
 }
 
 static const kern_impl gpu_impl = {
@@ -360,25 +371,10 @@ static mt_status cpu_run(const kern_ctx *c, mt_err *err)
     if (!cfg->v[2])
         return launch(c, "pppppfi", (dev_dim3){kern_cdiv(c->m, cfg->v[0]), 1, 1},
                       (dev_dim3){1, 1, 1}, 0, err);
-    dev_kernel *kl, *ks;
-    mt_status st = kern_get(c, "moe_route_scores", "pppi", &kl, err);
-    if (st == MT_OK)
-        st = kern_get(c, "moe_route_pick", "ppppfi", &ks, err);
-    if (st != MT_OK)
-        return st;
-    float rsf = (float)c->shape->v[D_RSF] / 1000.0f;
-    int32_t m = (int32_t)c->m;
-    void *x = c->bufs[B_X], *g = c->bufs[B_GATE], *bi = c->bufs[B_BIAS], *ids = c->bufs[B_IDS],
-         *w = c->bufs[B_W], *sc = c->scratch;
-    void *al[] = {&x, &g, &sc, &m};
-    void *as[] = {&sc, &bi, &ids, &w, &rsf, &m};
-    dev_dim3 one = {1, 1, 1};
-    st = dev_launch(c->dev, kl,
-                    (dev_dim3){kern_cdiv(c->shape->v[D_E], cfg->v[2]), kern_cdiv(c->m, cfg->v[0]), 1},
-                    one, 0, al, err);
-    if (st == MT_OK)
-        st = dev_launch(c->dev, ks, (dev_dim3){kern_cdiv(c->m, cfg->v[0]), 1, 1}, one, 0, as, err);
-    return st;
+    unsigned items = kern_cdiv(c->m, cfg->v[0]);
+    return launch_split(c, "moe_route_scores", "moe_route_pick",
+                        (dev_dim3){kern_cdiv(c->shape->v[D_E], cfg->v[2]), items, 1},
+                        (dev_dim3){items, 1, 1}, (dev_dim3){1, 1, 1}, 0, err);
 }
 
 static const kern_impl cpu_impl = {
