@@ -78,16 +78,37 @@ typedef struct req {
     /* out */
     bool ok;
     char error[160];
-    double ttft;
-    dvec itl;
-    int tokens;
+    serve_bench_arrivals a;
     int64_t prompt_tokens, cached_tokens;
     uint64_t t_end;
     /* parsing */
     serve_sse_parser sse;
     bool done, failed;
-    uint64_t t_send, t_last;
 } req;
+
+bool serve_bench_arrive(serve_bench_arrivals *a, int k, uint64_t now)
+{
+    size_t add = (size_t)(a->tokens ? k : k - 1);
+    if (a->n_itl + add > a->cap_itl) {
+        size_t cap = a->cap_itl ? a->cap_itl : 16;
+        while (cap < a->n_itl + add)
+            cap *= 2;
+        double *v = realloc(a->itl, cap * sizeof *v);
+        if (!v)
+            return false;
+        a->itl = v;
+        a->cap_itl = cap;
+    }
+    if (a->tokens == 0)
+        a->ttft = (double)(now - a->t_send) * 1e-9;
+    else
+        a->itl[a->n_itl++] = (double)(now - a->t_last) * 1e-9;
+    for (int i = 1; i < k; i++)
+        a->itl[a->n_itl++] = 0;
+    a->t_last = now;
+    a->tokens += k;
+    return true;
+}
 
 static bool on_event(void *ctx, const char *data, size_t n)
 {
@@ -113,14 +134,11 @@ static bool on_event(void *ctx, const char *data, size_t n)
     }
     const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0);
     int k = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(ch, "token_ids"));
-    if (k > 0) {
-        uint64_t now = mt_now_ns();
-        if (r->tokens == 0)
-            r->ttft = (double)(now - r->t_send) * 1e-9;
-        else
-            dvec_push(&r->itl, (double)(now - r->t_last) * 1e-9);
-        r->t_last = now;
-        r->tokens += k;
+    if (k > 0 && !serve_bench_arrive(&r->a, k, mt_now_ns())) {
+        snprintf(r->error, sizeof r->error, "out of memory counting tokens");
+        r->failed = true;
+        cJSON_Delete(o);
+        return false;
     }
     const cJSON *u = cJSON_GetObjectItemCaseSensitive(o, "usage");
     if (cJSON_IsObject(u)) {
@@ -157,7 +175,7 @@ static void *req_main(void *arg)
         while (nanosleep(&ts, &ts) != 0)
             ;
     }
-    r->t_send = mt_now_ns();
+    r->a.t_send = mt_now_ns();
     serve_client_resp resp = SERVE_CLIENT_RESP_INIT;
     mt_err err = MT_ERR_INIT;
     mt_status st = serve_client_request(r->url, "POST", "/v1/completions", r->body, r->body_len,
@@ -169,10 +187,10 @@ static void *req_main(void *arg)
         snprintf(r->error, sizeof r->error, "HTTP %d", resp.status);
     else if (!r->failed && !r->done)
         snprintf(r->error, sizeof r->error, "the stream ended without [DONE]");
-    else if (!r->failed && r->tokens != r->want_tokens)
-        snprintf(r->error, sizeof r->error, "%d tokens instead of %d", r->tokens,
+    else if (!r->failed && r->a.tokens != r->want_tokens)
+        snprintf(r->error, sizeof r->error, "%d tokens instead of %d", r->a.tokens,
                  r->want_tokens);
-    r->ok = !st && resp.status == 200 && r->done && !r->failed && r->tokens == r->want_tokens;
+    r->ok = !st && resp.status == 200 && r->done && !r->failed && r->a.tokens == r->want_tokens;
     serve_client_resp_release(&resp);
     serve_sse_release(&r->sse);
     return NULL;
@@ -230,12 +248,12 @@ static void fill_row(serve_bench_row *row, const req *rs, int n, uint64_t t0, ui
             continue;
         }
         row->ok++;
-        tokens += r->tokens;
+        tokens += r->a.tokens;
         prompt += r->prompt_tokens;
         cached += r->cached_tokens;
-        dvec_push(&ttft, r->ttft);
-        for (size_t k = 0; k < r->itl.n; k++)
-            dvec_push(&itl, r->itl.v[k]);
+        dvec_push(&ttft, r->a.ttft);
+        for (size_t k = 0; k < r->a.n_itl; k++)
+            dvec_push(&itl, r->a.itl[k]);
     }
     if (last > span_end)
         span_end = last;
@@ -342,7 +360,7 @@ out:
     if (rs)
         for (int i = 0; i < n; i++) {
             free(rs[i].body);
-            free(rs[i].itl.v);
+            free(rs[i].a.itl);
         }
     free(rs);
     free(th);
@@ -448,7 +466,7 @@ out:
         for (int i = 0; i < conc; i++) {
             for (int j = 0; j < cs[i].n; j++) {
                 free(cs[i].rs[j].body);
-                free(cs[i].rs[j].itl.v);
+                free(cs[i].rs[j].a.itl);
             }
             free(cs[i].rs);
         }

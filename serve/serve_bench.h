@@ -78,6 +78,24 @@ int serve_bench_knee(const serve_bench_row *rows, int n, double ttft_limit_s);
 /* Prints the table (WORKLOAD.md's columns plus ITL) and the knee. */
 void serve_bench_print(FILE *f, const serve_bench_opts *o, const serve_bench_row *rows, int n);
 
+/* Token arrivals of one streamed request as its client saw them. Several
+ * tokens can arrive in one event (the server's stream thread ran late, or
+ * the reads joined): the first of them is timed from the previous arrival,
+ * the others arrived with it (0 s), so every token after the request's first
+ * has an ITL sample. The caller sets t_send and frees itl. */
+typedef struct serve_bench_arrivals {
+    uint64_t t_send;   /* ns, when the request went out */
+    uint64_t t_last;   /* ns, the latest arrival */
+    int tokens;        /* tokens so far */
+    double ttft;       /* s, from t_send to the first token */
+    double *itl;       /* s, n_itl == tokens - 1 once tokens > 0; owned */
+    size_t n_itl, cap_itl;
+} serve_bench_arrivals;
+
+/* Counts k > 0 tokens arriving together at now (ns). false when out of
+ * memory (the counts are then unchanged). */
+bool serve_bench_arrive(serve_bench_arrivals *a, int k, uint64_t now);
+
 /* The p-th percentile (0..100) of v[0..n) by linear interpolation between
  * order statistics; sorts v; NAN when n == 0. */
 double serve_percentile(double *v, size_t n, double p);

@@ -12,6 +12,35 @@
 #include "serve/serve_bench.h"
 #include "test_serve_util.h"
 
+/* Tokens that arrive in one event still give an ITL sample each after the
+ * first token: the CI once saw a whole 12-token answer in the first event
+ * (the stream thread ran late on a loaded machine) and a row with no ITL. */
+Test(serve_bench, tokens_arriving_together_each_count_for_itl)
+{
+    serve_bench_arrivals a = {.t_send = 1000};
+    cr_assert(serve_bench_arrive(&a, 12, 1000 + 7000000));
+    cr_assert_eq(a.tokens, 12);
+    cr_assert_float_eq(a.ttft, 7e-3, 1e-12);
+    cr_assert_eq(a.n_itl, 11);
+    for (size_t i = 0; i < a.n_itl; i++)
+        cr_assert_eq(a.itl[i], 0.0, "itl[%zu] %g", i, a.itl[i]);
+    cr_assert(serve_bench_arrive(&a, 1, 1000 + 9000000));
+    cr_assert(serve_bench_arrive(&a, 3, 1000 + 9500000));
+    cr_assert_eq(a.tokens, 16);
+    cr_assert_eq(a.n_itl, 15, "one sample per token after the first");
+    cr_assert_float_eq(a.itl[11], 2e-3, 1e-12);
+    cr_assert_float_eq(a.itl[12], 0.5e-3, 1e-12);
+    cr_assert_eq(a.itl[13], 0.0);
+    cr_assert_eq(a.itl[14], 0.0);
+    cr_assert_float_eq(a.ttft, 7e-3, 1e-12, "later events leave TTFT alone");
+    free(a.itl);
+
+    serve_bench_arrivals one = {.t_send = 5};
+    cr_assert(serve_bench_arrive(&one, 1, 10));
+    cr_assert_eq(one.n_itl, 0, "a single token has no ITL");
+    free(one.itl);
+}
+
 Test(serve_bench, sweep_has_a_knee_and_no_failures_below_it)
 {
     tsrv t;
