@@ -165,6 +165,18 @@ void bench_spread_of(double *v, int n, bench_spread *out)
     *out = (bench_spread){r[0], r[1], r[2], n, v[n - 1]};
 }
 
+void bench_paired_fraction(const double *bytes, const double *ms, const double *limit, int n,
+                           bench_spread *out)
+{
+    double *r = n > 0 ? malloc(sizeof *r * (size_t)n) : NULL;
+    int k = 0;
+    for (int i = 0; r && i < n; i++)
+        if (limit[i] > 0 && ms[i] > 0)
+            r[k++] = bytes[i] / (ms[i] * 1e6) / limit[i];
+    bench_spread_of(r, k, out);
+    free(r);
+}
+
 mt_status bench_limits_open(dev_device *d, bench_limits **out, mt_err *err)
 {
     *out = NULL;

@@ -67,4 +67,14 @@ mt_status bench_limits_flush(bench_limits *l, mt_err *err);
 /* p10, median, p90 and max of v[0:n] (sorted in place). */
 void bench_spread_of(double *v, int n, bench_spread *out);
 
+/* Each timed call against the limit measured around it: ratio i is
+ * (bytes[i] / ms[i]) / limit[i], limit[i] in GB/s (samples at or below 0 are
+ * skipped). On a machine whose bandwidth drifts, a kernel's median against
+ * the best sample of the whole run reads low even for a kernel at the
+ * limit (a plain read of the same bytes too); the paired ratio compares
+ * each call with the machine of its moment. out gets the spread (reps 0
+ * when no call has a limit). */
+void bench_paired_fraction(const double *bytes, const double *ms, const double *limit, int n,
+                           bench_spread *out);
+
 #endif

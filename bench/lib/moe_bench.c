@@ -187,8 +187,17 @@ static mt_status sample_limit(bench *b, double *gbps, mt_err *err)
 typedef struct layer_result {
     bench_spread t;
     bench_spread bw; /* bandwidth samples interleaved with the calls */
+    bench_spread paired; /* each call against the samples around it */
     double experts;
 } layer_result;
+
+/* Weight bytes one call of the layer reads with nu routed experts. */
+static double layer_bytes(const bench *b, double nu)
+{
+    double H = (double)b->H, I = (double)b->I, S = (double)b->S, E = (double)b->E;
+    double per = 0.5 + 1.0 / 32;
+    return nu * 3.0 * I * H * per + 3.0 * S * H * per + E * H * 2;
+}
 
 /* Times the layer at M: a fresh x (new routing) before every call; the
  * experts a call read come back from the router's own output. */
@@ -198,13 +207,16 @@ static mt_status time_layer(bench *b, const model_moe_kernels *k, model_moe_ws *
     moe_weights w = {.gate = b->gate, .bias = b->bias, .w13 = b->w13, .s13 = b->s13,
                      .w2 = b->w2, .s2 = b->s2, .sh_w13 = b->sh_w13, .sh_s13 = b->sh_s13,
                      .sh_w2 = b->sh_w2, .sh_s2 = b->sh_s2};
-    double t[MAX_REPS], bwv[MAX_REPS], spent = 0, experts = 0;
+    double t[MAX_REPS], bwv[MAX_REPS], wb[MAX_REPS], lim[MAX_REPS], spent = 0, experts = 0;
+    double before = 0;
     int n = 0;
     mt_status st = MT_OK;
     /* One untimed call: every executor's scratch reaches its size for M. */
     if ((st = model_moe_run(k, ws, &b->dims, &w, b->x, M, b->y, err)) != MT_OK ||
-        (st = dev_synchronize(b->d, err)) != MT_OK)
+        (st = dev_synchronize(b->d, err)) != MT_OK ||
+        (st = sample_limit(b, &before, err)) != MT_OK)
         return st;
+    const double first = before;
     while (n < MAX_REPS && (n < 3 || spent < b->max_ms)) {
         if ((st = fresh_x(b, M, err)) != MT_OK ||
             (b->o->flush && (st = bench_limits_flush(b->lim, err)) != MT_OK) ||
@@ -218,12 +230,19 @@ static mt_status time_layer(bench *b, const model_moe_kernels *k, model_moe_ws *
                                 (size_t)(M * b->topk) * 4, err)) != MT_OK ||
             (st = sample_limit(b, &bwv[n], err)) != MT_OK)
             return st;
-        experts += count_experts(b->hids, M * b->topk, b->E);
+        int nu = count_experts(b->hids, M * b->topk, b->E);
+        experts += nu;
+        wb[n] = layer_bytes(b, nu);
+        lim[n] = before > 0 && bwv[n] > 0 ? 0.5 * (before + bwv[n]) : 0;
+        before = bwv[n];
         spent += t[n];
         n++;
     }
+    bench_paired_fraction(wb, t, lim, n, &res->paired);
     bench_spread_of(t, n, &res->t);
     bench_spread_of(bwv, n, &res->bw);
+    if (first > res->bw.max)
+        res->bw.max = first; /* the limit is the best sample, the first too */
     res->experts = experts / n;
     return MT_OK;
 }
@@ -232,8 +251,7 @@ static void print_layer(bench *b, int64_t M, const layer_result *lr, const model
 {
     const bench_spread *bws = &lr->bw;
     double H = (double)b->H, I = (double)b->I, S = (double)b->S, E = (double)b->E;
-    double per = 0.5 + 1.0 / 32;
-    double wbytes = lr->experts * 3.0 * I * H * per + 3.0 * S * H * per + E * H * 2;
+    double wbytes = layer_bytes(b, lr->experts);
     double flops = 2.0 * (double)(M * b->topk) * 3.0 * I * H + 2.0 * (double)M * 3.0 * S * H +
                    2.0 * (double)M * E * H;
     /* Noise only lowers a probe: the limit is its best sample. */
@@ -247,17 +265,21 @@ static void print_layer(bench *b, int64_t M, const layer_result *lr, const model
                 "\"M\":%lld,\"layer_ms\":%.4f,\"layer_ms_p10\":%.4f,\"layer_ms_p90\":%.4f,"
                 "\"reps\":%d,\"flush\":%s,\"weight_GBps\":%.3f,\"GFLOPs\":%.3f,"
                 "\"mem_bw_GBps\":%.3f,\"mem_bw_p10\":%.3f,\"mem_bw_p90\":%.3f,"
-                "\"fraction_of_bw\":%.4f,\"experts\":%.2f,"
+                "\"fraction_of_bw\":%.4f,\"fraction_of_bw_paired\":%.4f,"
+                "\"fraction_of_bw_paired_p10\":%.4f,\"fraction_of_bw_paired_p90\":%.4f,"
+                "\"experts\":%.2f,"
                 "\"configs\":{\"tuned\":%d,\"nearest\":%d,\"other_device\":%d,\"stale\":%d,"
                 "\"default\":%d}}\n",
                 b->o->shape, b->p->spec, (long long)M, ms, lr->t.p10, lr->t.p90, lr->t.reps,
                 b->o->flush ? "true" : "false", gbs, gfl, bw, bws->p10, bws->p90,
-                bw > 0 ? gbs / bw : 0, lr->experts, c.tuned, c.nearest, c.other_device, c.stale,
+                bw > 0 ? gbs / bw : 0, lr->paired.median, lr->paired.p10, lr->paired.p90,
+                lr->experts, c.tuned, c.nearest, c.other_device, c.stale,
                 c.defaults);
     else
-        fprintf(b->out, "%-14s %5lld %10s %10.3f %9.2f %9.1f %8.2f %10.2f %8s %8s  served layer "
+        fprintf(b->out, "%-14s %5lld %10s %10.3f %9.2f %9.1f %8.2f %7.2f %10.2f %8s %8s  served layer "
                 "(%.1f experts; configs: %d tuned, %d nearest, %d default)\n", "moe layer",
-                (long long)M, "-", ms, gbs, gfl, bw > 0 ? gbs / bw : 0, bw, "-", "-",
+                (long long)M, "-", ms, gbs, gfl, bw > 0 ? gbs / bw : 0, lr->paired.median, bw,
+                "-", "-",
                 lr->experts, c.tuned, c.nearest, c.defaults);
     fflush(b->out);
 }
@@ -444,10 +466,15 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
     if (st0 != MT_OK)
         return st0;
     double *t = malloc(sizeof(double) * (size_t)(nc * MAX_REPS)), bwv[MAX_REPS];
+    double *wb = malloc(sizeof(double) * (size_t)(nc * MAX_REPS)), lim[MAX_REPS];
     double pt[MAX_REPS], ratio[MAX_REPS];
     const bool peer = b->o->peer != NULL;
-    if (!t)
+    if (!t || !wb) {
+        free(t);
+        free(wb);
         return mt_fail(err, MT_E_NOMEM, "bench: out of memory");
+    }
+    const double row_bytes = (double)N * (double)K * (0.5 + 1.0 / 32);
     double spent = 0, experts_sum = 0;
     int n = 0;
     mt_status st = MT_OK;
@@ -458,6 +485,12 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
     for (int c = 0; c < nc && st == MT_OK; c++)
         if ((st = fresh_routing(b, M, NULL, err)) == MT_OK)
             st = kern_exec_run(g->ex[c], NULL, M, g->up ? bu : bd, err);
+    /* A sample before the first round: each round's calls are paired with
+     * the mean of the samples before and after it. */
+    double before = 0;
+    if (st == MT_OK)
+        st = sample_limit(b, &before, err);
+    const double first = before;
     while (st == MT_OK && n < MAX_REPS && (n < 3 || spent < b->max_ms * nc)) {
         for (int c = 0; c < nc && st == MT_OK; c++) {
             /* A routing of its own for every call: a call that reused the
@@ -476,6 +509,7 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
                 (with_peer && !peer_first && (st = run_peer(b, g, M, &pt[n], err)) != MT_OK))
                 break;
             t[c * MAX_REPS + n] = ms;
+            wb[c * MAX_REPS + n] = used * row_bytes;
             if (with_peer)
                 ratio[n] = pt[n] / ms;
             spent += ms;
@@ -485,10 +519,13 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
         /* The limit, sampled in the same round as the configs. */
         if (st == MT_OK)
             st = sample_limit(b, &bwv[n], err);
+        lim[n] = before > 0 && bwv[n] > 0 ? 0.5 * (before + bwv[n]) : 0;
+        before = bwv[n];
         n++;
     }
     if (st != MT_OK) {
         free(t);
+        free(wb);
         return st;
     }
     double best = 0, dflt = 0;
@@ -511,7 +548,10 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
             best_c = c;
         }
     }
+    bench_spread paired;
+    bench_paired_fraction(wb + best_c * MAX_REPS, t + best_c * MAX_REPS, lim, n, &paired);
     free(t);
+    free(wb);
     /* The compute limit: the peak of the instruction the stage's dots run
      * on (u8 x s8 dots for a4w4 / a8w4; bf16 dots for a16w4 where the CPU
      * has them, else fp32 FMA), the best of probes before and after. */
@@ -521,7 +561,8 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
     double peak = b->int_dot ? pk.i8 : pk.bf16 > 0 ? pk.bf16 : pk.fma;
     bench_spread bws;
     bench_spread_of(bwv, n, &bws);
-    double bw = bws.max; /* noise only lowers a probe: the limit is its best sample */
+    /* Noise only lowers a probe: the limit is its best sample. */
+    double bw = bws.max > first ? bws.max : first;
     double experts = experts_sum / (double)(calls ? calls : 1);
     double wbytes = experts * (double)N * (double)K * (0.5 + 1.0 / 32);
     double flops = 2.0 * (double)P * (double)N * (double)K;
@@ -536,17 +577,19 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
                 "\"best_ms_p90\":%.4f,\"reps\":%d,\"flush\":%s,\"weight_GBps\":%.3f,"
                 "\"GFLOPs\":%.3f,\"mem_bw_GBps\":%.3f,\"mem_bw_p10\":%.3f,"
                 "\"mem_bw_p90\":%.3f,\"fraction_of_bw\":%.4f,\"peak_GOPs\":%.3f,"
+                "\"fraction_of_bw_paired\":%.4f,\"fraction_of_bw_paired_p10\":%.4f,"
+                "\"fraction_of_bw_paired_p90\":%.4f,"
                 "\"peak_kind\":\"%s\",\"fraction_of_peak\":%.4f,"
                 "\"speedup\":%.4f,\"experts\":%.2f,\"best_config\":\"%s\"}\n",
                 g->fam, g->up ? "up" : "down", b->o->shape, b->p->spec, (long long)M, dflt, best,
                 sp[best_c].p10, sp[best_c].p90, n, b->o->flush ? "true" : "false", gbs, gfl, bw,
-                bws.p10, bws.p90, bw > 0 ? gbs / bw : 0, peak,
-                b->int_dot ? "i8_dot" : pk.bf16 > 0 ? "bf16_dot" : "fp32_fma",
+                bws.p10, bws.p90, bw > 0 ? gbs / bw : 0, peak, paired.median, paired.p10,
+                paired.p90, b->int_dot ? "i8_dot" : pk.bf16 > 0 ? "bf16_dot" : "fp32_fma",
                 peak > 0 ? gfl / peak : 0, dflt / best, experts, ck);
     else
-        fprintf(b->out, "%-14s %5lld %10.3f %10.3f %9.2f %9.1f %8.2f %10.2f %8.2f %8.2f  %s\n",
-                g->fam, (long long)M, dflt, best, gbs, gfl, bw > 0 ? gbs / bw : 0, bw,
-                peak > 0 ? gfl / peak : 0, dflt / best, ck);
+        fprintf(b->out, "%-14s %5lld %10.3f %10.3f %9.2f %9.1f %8.2f %7.2f %10.2f %8.2f %8.2f  %s\n",
+                g->fam, (long long)M, dflt, best, gbs, gfl, bw > 0 ? gbs / bw : 0,
+                paired.median, bw, peak > 0 ? gfl / peak : 0, dflt / best, ck);
     fflush(b->out);
     if (peer)
         print_peer(b, g, M, pt, ratio, n, &sp[0], bw);
@@ -654,9 +697,9 @@ mt_status moe_bench_run(dev_device *d, const moe_bench_opts *o, FILE *out, mt_er
     if (!o->no_limits && (st = bench_limits_open(d, &b.lim, err)) != MT_OK)
         goto out;
     if (!o->json)
-        fprintf(out, "%-14s %5s %10s %10s %9s %9s %8s %10s %8s %8s  %s\n", "family", "M",
-                "default ms", "best ms", "GB/s", "GFLOP/s", "of bw", "mem GB/s", "of peak",
-                "speedup", "best config");
+        fprintf(out, "%-14s %5s %10s %10s %9s %9s %8s %7s %10s %8s %8s  %s\n", "family", "M",
+                "default ms", "best ms", "GB/s", "GFLOP/s", "of bw", "paired", "mem GB/s",
+                "of peak", "speedup", "best config");
     /* Picks the probe's fastest read pattern, once; the ratios use samples
      * of it interleaved with the timed calls. */
     bench_spread probe;
