@@ -138,7 +138,7 @@ struct bench_limits {
     float *out;       /* 4096 bytes: per-item sums, [1000] the vector width */
     float *big;       /* streamed for bandwidth, and to flush caches */
     size_t big_bytes;
-    int best;         /* the read pattern that was fastest at the last probe */
+    int best[2];      /* the two read patterns fastest at the last probe */
     int slice;        /* the slice of big the next sample reads */
     int n_slices;     /* big_bytes / SLICE */
 };
@@ -229,10 +229,12 @@ void bench_limits_close(bench_limits *l)
  * software prefetch distance. Which one a machine reads fastest with
  * differs (hardware prefetchers stop at page boundaries; a VM's pages may
  * or may not be huge), and a probe that under-reads the limit makes
- * kernels look better than they are, so the limit is the best pattern. */
+ * kernels look better than they are, so the limit is the best pattern.
+ * One or two streams with prefetch 2-4 KiB ahead read fastest on the Zen 5
+ * VM (within its noise); four streams without prefetch a third slower. */
 static const struct {
     int streams, pf;
-} patterns[] = {{1, 0}, {1, 2048}, {4, 0}, {4, 2048}};
+} patterns[] = {{1, 0}, {1, 2048}, {1, 4096}, {2, 2048}, {2, 4096}, {4, 0}, {4, 2048}};
 enum { N_PATTERNS = sizeof patterns / sizeof patterns[0] };
 
 /* Reads bytes of big from byte offset off in pattern pat. */
@@ -295,16 +297,20 @@ mt_status bench_limits_bandwidth(bench_limits *l, int reps, bench_spread *out, m
             }
         if (st != MT_OK)
             return st;
-        for (int p = 0; p < N_PATTERNS; p++) {
-            bench_spread sp;
-            if (p == 0)
-                l->best = 0;
-            bench_spread_of(pv[p], reps, &sp);
-            if (sp.median > out->median) {
-                *out = sp;
-                l->best = p;
-            }
-        }
+        bench_spread sp[N_PATTERNS];
+        int b0 = 0, b1 = 1;
+        for (int p = 0; p < N_PATTERNS; p++)
+            bench_spread_of(pv[p], reps, &sp[p]);
+        for (int p = 1; p < N_PATTERNS; p++)
+            if (sp[p].median > sp[b0].median)
+                b0 = p;
+        b1 = b0 == 0 ? 1 : 0;
+        for (int p = 0; p < N_PATTERNS; p++)
+            if (p != b0 && sp[p].median > sp[b1].median)
+                b1 = p;
+        l->best[0] = b0;
+        l->best[1] = b1;
+        *out = sp[b0];
         return MT_OK;
     }
     if (st == MT_OK)
@@ -317,12 +323,18 @@ mt_status bench_limits_sample(bench_limits *l, double *gbps, mt_err *err)
     *gbps = 0;
     if (!l->sum)
         return kern_device_bandwidth(l->dev, (size_t)1 << 30, gbps, err);
-    double ms = 0;
-    int q = l->slice;
-    l->slice = (q + 1) % l->n_slices;
-    mt_status st = stream_range(l, l->best, (size_t)q * SLICE, SLICE, &ms, err);
-    if (st == MT_OK)
-        *gbps = (double)SLICE / (ms * 1e6);
+    /* The faster of the two best patterns: which one reads fastest moves
+     * with the machine, and a sample that under-reads flatters the
+     * kernels paired with it. */
+    mt_status st = MT_OK;
+    for (int i = 0; i < 2 && st == MT_OK; i++) {
+        double ms = 0;
+        int q = l->slice;
+        l->slice = (q + 1) % l->n_slices;
+        st = stream_range(l, l->best[i], (size_t)q * SLICE, SLICE, &ms, err);
+        if (st == MT_OK && (double)SLICE / (ms * 1e6) > *gbps)
+            *gbps = (double)SLICE / (ms * 1e6);
+    }
     return st;
 }
 

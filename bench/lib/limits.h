@@ -45,8 +45,9 @@ mt_status bench_limits_bandwidth(bench_limits *l, int reps, bench_spread *out, m
 /* One bandwidth sample, cheap enough to interleave with the kernels being
  * timed (a limit measured minutes apart from a kernel is not its limit on
  * a shared machine): 1 GiB from a slice of the probe buffer that rotates
- * (on buffers above 1 GiB), in the read pattern that was fastest at the
- * last bench_limits_bandwidth (GPU backends: a 1 GiB device copy). Shorter
+ * (on buffers above 1 GiB), in each of the two read patterns that were
+ * fastest at the last bench_limits_bandwidth, the faster of the two
+ * (GPU backends: a 1 GiB device copy). Shorter
  * reads pay the launch and the prefetchers' ramp-up and under-read the
  * limit (64 MiB read about 10% below 1 GiB here). */
 mt_status bench_limits_sample(bench_limits *l, double *gbps, mt_err *err);

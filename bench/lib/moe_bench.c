@@ -233,7 +233,7 @@ static mt_status time_layer(bench *b, const model_moe_kernels *k, model_moe_ws *
         int nu = count_experts(b->hids, M * b->topk, b->E);
         experts += nu;
         wb[n] = layer_bytes(b, nu);
-        lim[n] = before > 0 && bwv[n] > 0 ? 0.5 * (before + bwv[n]) : 0;
+        lim[n] = before > 0 && bwv[n] > 0 ? (before > bwv[n] ? before : bwv[n]) : 0;
         before = bwv[n];
         spent += t[n];
         n++;
@@ -486,7 +486,9 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
         if ((st = fresh_routing(b, M, NULL, err)) == MT_OK)
             st = kern_exec_run(g->ex[c], NULL, M, g->up ? bu : bd, err);
     /* A sample before the first round: each round's calls are paired with
-     * the mean of the samples before and after it. */
+     * the better of the samples before and after it (noise only lowers a
+     * probe; a round whose samples both read below its calls was disturbed:
+     * a paired figure above 1 says to run again). */
     double before = 0;
     if (st == MT_OK)
         st = sample_limit(b, &before, err);
@@ -519,7 +521,7 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
         /* The limit, sampled in the same round as the configs. */
         if (st == MT_OK)
             st = sample_limit(b, &bwv[n], err);
-        lim[n] = before > 0 && bwv[n] > 0 ? 0.5 * (before + bwv[n]) : 0;
+        lim[n] = before > 0 && bwv[n] > 0 ? (before > bwv[n] ? before : bwv[n]) : 0;
         before = bwv[n];
         n++;
     }
