@@ -182,6 +182,17 @@ static mt_status sample_limit(bench *b, double *gbps, mt_err *err)
     return b->lim ? bench_limits_sample(b->lim, gbps, err) : MT_OK;
 }
 
+/* The limit of each of n rounds from the n + 1 samples around them: the
+ * better of the samples before (s[i]) and after (s[i + 1]) round i (noise
+ * only lowers a probe; a round whose samples both read below its calls was
+ * disturbed, and a paired figure above 1 says to run again). 0 without
+ * probes. */
+static void round_limits(const double *s, int n, double *lim)
+{
+    for (int i = 0; i < n; i++)
+        lim[i] = s[i] > 0 && s[i + 1] > 0 ? (s[i] > s[i + 1] ? s[i] : s[i + 1]) : 0;
+}
+
 /* ---- the served layer -------------------------------------------------------- */
 
 typedef struct layer_result {
@@ -207,16 +218,15 @@ static mt_status time_layer(bench *b, const model_moe_kernels *k, model_moe_ws *
     moe_weights w = {.gate = b->gate, .bias = b->bias, .w13 = b->w13, .s13 = b->s13,
                      .w2 = b->w2, .s2 = b->s2, .sh_w13 = b->sh_w13, .sh_s13 = b->sh_s13,
                      .sh_w2 = b->sh_w2, .sh_s2 = b->sh_s2};
-    double t[MAX_REPS], bwv[MAX_REPS], wb[MAX_REPS], lim[MAX_REPS], spent = 0, experts = 0;
-    double before = 0;
+    /* bwv[0] before the first call, bwv[i + 1] after call i. */
+    double t[MAX_REPS], bwv[MAX_REPS + 1], wb[MAX_REPS], lim[MAX_REPS], spent = 0, experts = 0;
     int n = 0;
     mt_status st = MT_OK;
     /* One untimed call: every executor's scratch reaches its size for M. */
     if ((st = model_moe_run(k, ws, &b->dims, &w, b->x, M, b->y, err)) != MT_OK ||
         (st = dev_synchronize(b->d, err)) != MT_OK ||
-        (st = sample_limit(b, &before, err)) != MT_OK)
+        (st = sample_limit(b, &bwv[0], err)) != MT_OK)
         return st;
-    const double first = before;
     while (n < MAX_REPS && (n < 3 || spent < b->max_ms)) {
         if ((st = fresh_x(b, M, err)) != MT_OK ||
             (b->o->flush && (st = bench_limits_flush(b->lim, err)) != MT_OK) ||
@@ -228,21 +238,18 @@ static mt_status time_layer(bench *b, const model_moe_kernels *k, model_moe_ws *
             (st = dev_event_elapsed_ms(b->d, b->e0, b->e1, &t[n], err)) != MT_OK ||
             (st = dev_copy_from(b->d, b->hids, model_moe_ws_ids(ws),
                                 (size_t)(M * b->topk) * 4, err)) != MT_OK ||
-            (st = sample_limit(b, &bwv[n], err)) != MT_OK)
+            (st = sample_limit(b, &bwv[n + 1], err)) != MT_OK)
             return st;
         int nu = count_experts(b->hids, M * b->topk, b->E);
         experts += nu;
         wb[n] = layer_bytes(b, nu);
-        lim[n] = before > 0 && bwv[n] > 0 ? (before > bwv[n] ? before : bwv[n]) : 0;
-        before = bwv[n];
         spent += t[n];
         n++;
     }
+    round_limits(bwv, n, lim);
     bench_paired_fraction(wb, t, lim, n, &res->paired);
     bench_spread_of(t, n, &res->t);
-    bench_spread_of(bwv, n, &res->bw);
-    if (first > res->bw.max)
-        res->bw.max = first; /* the limit is the best sample, the first too */
+    bench_spread_of(bwv, n + 1, &res->bw);
     res->experts = experts / n;
     return MT_OK;
 }
@@ -465,7 +472,7 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
                                    err);
     if (st0 != MT_OK)
         return st0;
-    double *t = malloc(sizeof(double) * (size_t)(nc * MAX_REPS)), bwv[MAX_REPS];
+    double *t = malloc(sizeof(double) * (size_t)(nc * MAX_REPS)), bwv[MAX_REPS + 1];
     double *wb = malloc(sizeof(double) * (size_t)(nc * MAX_REPS)), lim[MAX_REPS];
     double pt[MAX_REPS], ratio[MAX_REPS];
     const bool peer = b->o->peer != NULL;
@@ -485,14 +492,10 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
     for (int c = 0; c < nc && st == MT_OK; c++)
         if ((st = fresh_routing(b, M, NULL, err)) == MT_OK)
             st = kern_exec_run(g->ex[c], NULL, M, g->up ? bu : bd, err);
-    /* A sample before the first round: each round's calls are paired with
-     * the better of the samples before and after it (noise only lowers a
-     * probe; a round whose samples both read below its calls was disturbed:
-     * a paired figure above 1 says to run again). */
-    double before = 0;
+    /* Samples around every round: bwv[0] before the first, bwv[i + 1]
+     * after round i. */
     if (st == MT_OK)
-        st = sample_limit(b, &before, err);
-    const double first = before;
+        st = sample_limit(b, &bwv[0], err);
     while (st == MT_OK && n < MAX_REPS && (n < 3 || spent < b->max_ms * nc)) {
         for (int c = 0; c < nc && st == MT_OK; c++) {
             /* A routing of its own for every call: a call that reused the
@@ -520,9 +523,7 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
         }
         /* The limit, sampled in the same round as the configs. */
         if (st == MT_OK)
-            st = sample_limit(b, &bwv[n], err);
-        lim[n] = before > 0 && bwv[n] > 0 ? (before > bwv[n] ? before : bwv[n]) : 0;
-        before = bwv[n];
+            st = sample_limit(b, &bwv[n + 1], err);
         n++;
     }
     if (st != MT_OK) {
@@ -551,6 +552,7 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
         }
     }
     bench_spread paired;
+    round_limits(bwv, n, lim);
     bench_paired_fraction(wb + best_c * MAX_REPS, t + best_c * MAX_REPS, lim, n, &paired);
     free(t);
     free(wb);
@@ -562,9 +564,8 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
         return st;
     double peak = b->int_dot ? pk.i8 : pk.bf16 > 0 ? pk.bf16 : pk.fma;
     bench_spread bws;
-    bench_spread_of(bwv, n, &bws);
-    /* Noise only lowers a probe: the limit is its best sample. */
-    double bw = bws.max > first ? bws.max : first;
+    bench_spread_of(bwv, n + 1, &bws);
+    double bw = bws.max; /* noise only lowers a probe: the limit is its best sample */
     double experts = experts_sum / (double)(calls ? calls : 1);
     double wbytes = experts * (double)N * (double)K * (0.5 + 1.0 / 32);
     double flops = 2.0 * (double)P * (double)N * (double)K;
