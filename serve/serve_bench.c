@@ -53,16 +53,26 @@ typedef struct dvec {
     size_t n, cap;
 } dvec;
 
+/* Room for need doubles in *v (capacity *cap, doubled as it grows). */
+static bool grow(double **v, size_t *cap, size_t need)
+{
+    if (need <= *cap)
+        return true;
+    size_t c = *cap ? *cap : 64;
+    while (c < need)
+        c *= 2;
+    double *nv = realloc(*v, c * sizeof *nv);
+    if (!nv)
+        return false;
+    *v = nv;
+    *cap = c;
+    return true;
+}
+
 static bool dvec_push(dvec *d, double x)
 {
-    if (d->n == d->cap) {
-        size_t cap = d->cap ? d->cap * 2 : 64;
-        double *v = realloc(d->v, cap * sizeof *v);
-        if (!v)
-            return false;
-        d->v = v;
-        d->cap = cap;
-    }
+    if (!grow(&d->v, &d->cap, d->n + 1))
+        return false;
     d->v[d->n++] = x;
     return true;
 }
@@ -88,17 +98,8 @@ typedef struct req {
 
 bool serve_bench_arrive(serve_bench_arrivals *a, int k, uint64_t now)
 {
-    size_t add = (size_t)(a->tokens ? k : k - 1);
-    if (a->n_itl + add > a->cap_itl) {
-        size_t cap = a->cap_itl ? a->cap_itl : 16;
-        while (cap < a->n_itl + add)
-            cap *= 2;
-        double *v = realloc(a->itl, cap * sizeof *v);
-        if (!v)
-            return false;
-        a->itl = v;
-        a->cap_itl = cap;
-    }
+    if (!grow(&a->itl, &a->cap_itl, a->n_itl + (size_t)(a->tokens ? k : k - 1)))
+        return false;
     if (a->tokens == 0)
         a->ttft = (double)(now - a->t_send) * 1e-9;
     else

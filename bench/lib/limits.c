@@ -298,13 +298,13 @@ mt_status bench_limits_bandwidth(bench_limits *l, int reps, bench_spread *out, m
         if (st != MT_OK)
             return st;
         bench_spread sp[N_PATTERNS];
-        int b0 = 0, b1 = 1;
+        int b0 = 0;
         for (int p = 0; p < N_PATTERNS; p++)
             bench_spread_of(pv[p], reps, &sp[p]);
         for (int p = 1; p < N_PATTERNS; p++)
             if (sp[p].median > sp[b0].median)
                 b0 = p;
-        b1 = b0 == 0 ? 1 : 0;
+        int b1 = b0 == 0 ? 1 : 0;
         for (int p = 0; p < N_PATTERNS; p++)
             if (p != b0 && sp[p].median > sp[b1].median)
                 b1 = p;
