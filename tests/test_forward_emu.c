@@ -17,7 +17,7 @@ Test(forward_emu, a16w4_matches_reference)
     /* Clear of router near-ties (test_forward_util.h): seed
      * 13423370070553061739 drew a prompt of least margin 1.47e-3 whose
      * position 4 read 0.478 against the reference, over the 0.4 bound. */
-    int32_t *tok = fw_tokens_clear(dir, seed, n, V, FW_CROSS_PATH_MARGIN);
+    int32_t *tok = fw_tokens_clear(dir, seed, n, V, FW_SHORT_PROMPT_MARGIN);
     float *got = fw_prefill(rt, tok, n, NULL);
     model_ref_opts ro = {.mimic = true};
     model_ref *ref = NULL;
@@ -64,7 +64,7 @@ Test(forward_emu, decode_token_by_token_equals_prefill)
     int32_t V = model_runtime_vocab(rt);
     uint64_t seed = mt_seed_fresh();
     const int n = 6;
-    int32_t *tok = fw_tokens_clear(dir, seed, n, V, FW_CROSS_PATH_MARGIN);
+    int32_t *tok = fw_tokens_clear(dir, seed, n, V, FW_SHORT_PROMPT_MARGIN);
     float *pre = fw_prefill(rt, tok, n, NULL);
     float *dec = malloc(sizeof(float) * (size_t)V * n);
     int seq;
