@@ -4,6 +4,7 @@
 #include "hip_comgr.h"
 
 #include <amd_comgr.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,12 @@
             goto label;                                                        \
         }                                                                      \
     } while (0)
+
+static pthread_mutex_t llvm_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void hip_llvm_lock(void) { pthread_mutex_lock(&llvm_lock); }
+
+void hip_llvm_unlock(void) { pthread_mutex_unlock(&llvm_lock); }
 
 /* Copies a string node into buf; returns 0 when node is not a string. */
 static int node_string(amd_comgr_metadata_node_t node, char *buf, size_t cap)
@@ -174,8 +181,8 @@ fail:
     return st;
 }
 
-mt_status hip_comgr_inspect(const void *bytes, size_t len, dev_code_info *info,
-                            char *target, size_t target_cap, mt_err *err)
+static mt_status inspect_locked(const void *bytes, size_t len, dev_code_info *info,
+                                char *target, size_t target_cap, mt_err *err)
 {
     info->n_kernels = 0;
     if (target && target_cap)
@@ -220,8 +227,8 @@ static int count_explicit_args(amd_comgr_metadata_node_t k)
     return count;
 }
 
-mt_status hip_comgr_count_args(const void *bytes, size_t len, const char *name, int *n,
-                               mt_err *err)
+static mt_status count_args_locked(const void *bytes, size_t len, const char *name,
+                                   int *n, mt_err *err)
 {
     *n = -1;
     code_md m;
@@ -241,6 +248,24 @@ mt_status hip_comgr_count_args(const void *bytes, size_t len, const char *name, 
         st = mt_fail(err, MT_E_NOT_FOUND, "kernel %s is not in the code object", name);
 out:
     md_close(&m);
+    return st;
+}
+
+mt_status hip_comgr_inspect(const void *bytes, size_t len, dev_code_info *info,
+                            char *target, size_t target_cap, mt_err *err)
+{
+    hip_llvm_lock();
+    mt_status st = inspect_locked(bytes, len, info, target, target_cap, err);
+    hip_llvm_unlock();
+    return st;
+}
+
+mt_status hip_comgr_count_args(const void *bytes, size_t len, const char *name, int *n,
+                               mt_err *err)
+{
+    hip_llvm_lock();
+    mt_status st = count_args_locked(bytes, len, name, n, err);
+    hip_llvm_unlock();
     return st;
 }
 

@@ -381,34 +381,6 @@ static char *program_log(hiprtcProgram prog)
     return log;
 }
 
-/* hipRTC and comgr set up LLVM lazily on their first use in a process;
- * two threads doing that at once can abort the process ("CommandLine
- * Error: Option 'h' registered more than once", seen under parallel
- * tuning). The first compile of the process runs alone; the rest run in
- * parallel. */
-static pthread_mutex_t first_lock = PTHREAD_MUTEX_INITIALIZER;
-static bool first_done;
-
-static mt_status hip_compile_unlocked(void *ctx, const dev_props *props,
-                                      const dev_compile_req *req, void **bytes,
-                                      size_t *len, char **log, dev_code_info *info,
-                                      mt_err *err);
-
-static mt_status hip_compile(void *ctx, const dev_props *props, const dev_compile_req *req,
-                             void **bytes, size_t *len, char **log, dev_code_info *info,
-                             mt_err *err)
-{
-    pthread_mutex_lock(&first_lock);
-    if (first_done) {
-        pthread_mutex_unlock(&first_lock);
-        return hip_compile_unlocked(ctx, props, req, bytes, len, log, info, err);
-    }
-    mt_status st = hip_compile_unlocked(ctx, props, req, bytes, len, log, info, err);
-    first_done = true;
-    pthread_mutex_unlock(&first_lock);
-    return st;
-}
-
 /* Compiles with the offline clang: the same text hipRTC would get, in a
  * file, built for the device alone and linked with the ROCm device
  * libraries as hipRTC links its own copy:
@@ -497,10 +469,52 @@ static mt_status clang_compile(hip_ctx *c, const char *name, const dev_compile_a
     return st;
 }
 
-static mt_status hip_compile_unlocked(void *ctx, const dev_props *props,
-                                      const dev_compile_req *req, void **bytes,
-                                      size_t *len, char **log, dev_code_info *info,
-                                      mt_err *err)
+/* hipRTC's part of hip_compile, under the LLVM lock (hip_comgr.h): the
+ * code object into *code / *size and the log into *log. */
+static mt_status rtc_compile(const hip_ctx *c, const char *name, const dev_compile_args *a,
+                             char **code, size_t *size, char **log, mt_err *err)
+{
+    mt_status st = MT_OK;
+    hiprtcProgram prog = NULL;
+    hip_llvm_lock();
+    RTC_CHECK(hiprtcCreateProgram(&prog, a->text, name, 0, NULL, NULL), err, st, out,
+              "hipRTC program for %s", name);
+    /* hipRTC's LLVM swaps in its own malloc'd signal stack on the first
+     * thread that compiles; AddressSanitizer then fails to unmap it when
+     * that thread exits. Put the thread's own stack back. */
+    stack_t alt;
+    bool have_alt = sigaltstack(NULL, &alt) == 0;
+    hiprtcResult rr = hiprtcCompileProgram(prog, a->n_opts, a->opts);
+    if (have_alt)
+        sigaltstack(&alt, NULL);
+    *log = program_log(prog);
+    if (rr != HIPRTC_SUCCESS) {
+        st = mt_fail(err, MT_E_COMPILE, "hipRTC failed to compile %s for %s (%s):\n%s",
+                     name, c->arch, hiprtcGetErrorString(rr),
+                     *log ? *log : "(empty log)");
+        goto out;
+    }
+    RTC_CHECK(hiprtcGetCodeSize(prog, size), err, st, out, "code of %s", name);
+    if (*size == 0) {
+        st = mt_fail(err, MT_E_COMPILE, "hipRTC returned no code for %s", name);
+        goto out;
+    }
+    *code = malloc(*size);
+    if (!*code) {
+        st = mt_fail(err, MT_E_NOMEM, "code object of %zu bytes", *size);
+        goto out;
+    }
+    RTC_CHECK(hiprtcGetCode(prog, *code), err, st, out, "code of %s", name);
+out:
+    if (prog)
+        hiprtcDestroyProgram(&prog);
+    hip_llvm_unlock();
+    return st;
+}
+
+static mt_status hip_compile(void *ctx, const dev_props *props, const dev_compile_req *req,
+                             void **bytes, size_t *len, char **log, dev_code_info *info,
+                             mt_err *err)
 {
     (void)props;
     hip_ctx *c = ctx;
@@ -532,37 +546,11 @@ static mt_status hip_compile_unlocked(void *ctx, const dev_props *props,
         }
         return st;
     }
-    hiprtcProgram prog = NULL;
     char *code = NULL;
-    RTC_CHECK(hiprtcCreateProgram(&prog, a.text, name, 0, NULL, NULL), err, st, out,
-              "hipRTC program for %s", name);
-    /* hipRTC's LLVM swaps in its own malloc'd signal stack on the first
-     * thread that compiles; AddressSanitizer then fails to unmap it when
-     * that thread exits. Put the thread's own stack back. */
-    stack_t alt;
-    bool have_alt = sigaltstack(NULL, &alt) == 0;
-    hiprtcResult rr = hiprtcCompileProgram(prog, a.n_opts, a.opts);
-    if (have_alt)
-        sigaltstack(&alt, NULL);
-    *log = program_log(prog);
-    if (rr != HIPRTC_SUCCESS) {
-        st = mt_fail(err, MT_E_COMPILE, "hipRTC failed to compile %s for %s (%s):\n%s",
-                     name, c->arch, hiprtcGetErrorString(rr),
-                     *log ? *log : "(empty log)");
-        goto out;
-    }
     size_t size = 0;
-    RTC_CHECK(hiprtcGetCodeSize(prog, &size), err, st, out, "code of %s", name);
-    if (size == 0) {
-        st = mt_fail(err, MT_E_COMPILE, "hipRTC returned no code for %s", name);
+    st = rtc_compile(c, name, &a, &code, &size, log, err);
+    if (st != MT_OK)
         goto out;
-    }
-    code = malloc(size);
-    if (!code) {
-        st = mt_fail(err, MT_E_NOMEM, "code object of %zu bytes", size);
-        goto out;
-    }
-    RTC_CHECK(hiprtcGetCode(prog, code), err, st, out, "code of %s", name);
     st = hip_comgr_inspect(code, size, info, NULL, 0, err);
     if (st != MT_OK) {
         mt_err_prefix(err, "resources of %s", name);
@@ -572,8 +560,6 @@ static mt_status hip_compile_unlocked(void *ctx, const dev_props *props,
     *len = size;
     code = NULL;
 out:
-    if (prog)
-        hiprtcDestroyProgram(&prog);
     if (st != MT_OK) {
         free(*log);
         *log = NULL;
@@ -588,13 +574,7 @@ static mt_status hip_inspect(void *ctx, const void *bytes, size_t len, dev_code_
 {
     hip_ctx *c = ctx;
     char target[64];
-    pthread_mutex_lock(&first_lock); /* comgr's own first use: see hip_compile */
-    bool alone = !first_done;
-    if (!alone)
-        pthread_mutex_unlock(&first_lock);
     mt_status st = hip_comgr_inspect(bytes, len, info, target, sizeof target, err);
-    if (alone)
-        pthread_mutex_unlock(&first_lock);
     if (st == MT_OK && target[0] && strcmp(target, c->arch) != 0)
         return mt_fail(err, MT_E_INVALID, "code object is for %s, the device is %s",
                        target, c->arch);
@@ -625,8 +605,11 @@ static mt_status hip_module_load(void *ctx, const void *bytes, size_t len, void 
     memcpy(m->bytes, bytes, len);
     m->len = len;
     hipError_t he = hipSetDevice(c->device);
-    if (he == hipSuccess)
+    if (he == hipSuccess) {
+        hip_llvm_lock(); /* the runtime reads the code object through comgr */
         he = hipModuleLoadData(&m->module, m->bytes);
+        hip_llvm_unlock();
+    }
     if (he != hipSuccess) {
         free(m->bytes);
         free(m);
