@@ -37,7 +37,8 @@ struct model_ref {
     double rope_af, sm_scale; /* cos/sin factor and softmax scale (YaRN or not) */
     float *embed, *norm, *lm_head;
     ref_layer *layers;
-    double *margin; /* [n_margin] the last forward's router margins */
+    double *margin;  /* [n_margin] the last forward's router margins */
+    double *imargin; /* [n_margin] and its indexer selection margins */
     int64_t n_margin;
 };
 
@@ -221,6 +222,7 @@ void model_ref_close(model_ref *r)
     free(r->layers);
     free(r->inv_freq);
     free(r->margin);
+    free(r->imargin);
     free(r->embed);
     free(r->norm);
     free(r->lm_head);
@@ -351,12 +353,43 @@ static int by_score(const void *a, const void *b, void *ctx)
     return x < y ? -1 : 1;
 }
 
+/* The indexer selection's margin at one row of n > k keys (order: by
+ * score, descending): how far a score must move to change which k are
+ * selected, over the sum of the magnitudes of the best and worst scores.
+ * Off a tie, the gap between the last key in and the first key out. In a
+ * tie (keys that every head's ReLU zeroed score exactly 0 in any path, and
+ * the lower position wins), the gaps to the nearest different scores above
+ * and below the tie, and how close each tied key is to a head turning on
+ * (off[]: a path that computes that head's dot just above 0 moves the key
+ * off the tie). */
+static double index_margin(const double *score, const double *off, const int32_t *order,
+                           int64_t n, int64_t k)
+{
+    double top = fabs(score[order[0]]) + fabs(score[order[n - 1]]);
+    if (!(top > 0))
+        return INFINITY;
+    double in = score[order[k - 1]], out = score[order[k]];
+    if (in != out)
+        return (in - out) / top;
+    double m = INFINITY;
+    for (int64_t i = 0; i < n; i++) {
+        double v = score[order[i]];
+        if (v == in)
+            m = fmin(m, off[order[i]]);
+        else
+            m = fmin(m, fabs(v - in));
+    }
+    return m / top;
+}
+
 /* ---- one token through one layer --------------------------------------------- */
 
 typedef struct ref_scratch {
     float *xn, *a, *qn, *q, *iq, *kv, *ik, *iw, *qabs, *o, *v, *y, *g, *u, *h, *act;
     double *score, *p;
-    double margin; /* this position's least router selection margin so far */
+    double *off; /* [t + 1] per key: the least |w_h d_h| over its heads that ReLU zeroed */
+    double margin;  /* this position's least router selection margin so far */
+    double imargin; /* and its least indexer selection margin (relative) */
     int32_t *sel, *order;
     int64_t nsel;
     bool prompt;       /* a forward of more than one token (the runtime's prefill chunk) */
@@ -458,19 +491,24 @@ static void attention(model_ref *r, ref_layer *ly, int64_t t, float *resid, ref_
                 qh[i] = bf(r, qh[i]);
         }
         for (int64_t u = 0; u <= t; u++) {
-            double sc = 0;
+            double sc = 0, off = INFINITY;
             for (int64_t h = 0; h < IH; h++) {
                 double d = 0;
                 for (int64_t i = 0; i < ID; i++)
                     d += (double)s->iq[h * ID + i] * ly->icache[u * ID + i];
                 d /= sqrt((double)ID);
                 sc += (double)s->iw[h] * (d > 0 ? d : 0);
+                if (d <= 0 && fabs(s->iw[h] * d) < off)
+                    off = fabs(s->iw[h] * d);
             }
             s->score[u] = sc / sqrt((double)IH);
+            s->off[u] = off / sqrt((double)IH);
             s->order[u] = (int32_t)u;
         }
         qsort_r(s->order, (size_t)(t + 1), sizeof(int32_t), by_score, s->score);
         s->nsel = t + 1 < r->TOPK ? t + 1 : r->TOPK;
+        if (t + 1 > r->TOPK)
+            s->imargin = fmin(s->imargin, index_margin(s->score, s->off, s->order, t + 1, r->TOPK));
         memcpy(s->sel, s->order, sizeof(int32_t) * (size_t)s->nsel);
     }
     /* Absorbed attention in latent space over the selected tokens. */
@@ -642,6 +680,7 @@ mt_status model_ref_forward(model_ref *r, const int32_t *tokens, int64_t n, floa
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         ok = ok && (*f[i] = malloc(sizeof(float) * (size_t)big));
     s.score = malloc(sizeof(double) * (size_t)big);
+    s.off = malloc(sizeof(double) * (size_t)big);
     s.p = malloc(sizeof(double) * (size_t)big);
     s.sel = malloc(sizeof(int32_t) * (size_t)big);
     s.order = malloc(sizeof(int32_t) * (size_t)big);
@@ -650,18 +689,23 @@ mt_status model_ref_forward(model_ref *r, const int32_t *tokens, int64_t n, floa
     double *margin = realloc(r->margin, sizeof(double) * (size_t)(n ? n : 1));
     if (margin)
         r->margin = margin;
+    double *imargin = realloc(r->imargin, sizeof(double) * (size_t)(n ? n : 1));
+    if (imargin)
+        r->imargin = imargin;
     r->n_margin = 0;
     mt_status st = MT_OK;
-    if (!ok || !s.score || !s.p || !s.sel || !s.order || !resid || !y || !margin)
+    if (!ok || !s.score || !s.off || !s.p || !s.sel || !s.order || !resid || !y || !margin || !imargin)
         st = mt_fail(err, MT_E_NOMEM, "reference: scratch");
     for (int64_t t = 0; st == MT_OK && t < n; t++) {
         memcpy(resid, r->embed + (int64_t)tokens[t] * H, sizeof(float) * (size_t)H);
         s.margin = INFINITY;
+        s.imargin = INFINITY;
         for (int64_t l = 0; l < r->n_layers; l++) {
             attention(r, &r->layers[l], t, resid, &s);
             mlp(r, &r->layers[l], resid, &s, y);
         }
         r->margin[t] = s.margin;
+        r->imargin[t] = s.imargin;
         r->n_margin = t + 1;
         rmsnorm(r, resid, r->norm, H, r->eps, s.xn);
         matvec(r->lm_head, s.xn, r->V, H, logits + t * r->V);
@@ -669,6 +713,7 @@ mt_status model_ref_forward(model_ref *r, const int32_t *tokens, int64_t n, floa
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         free(*f[i]);
     free(s.score);
+    free(s.off);
     free(s.p);
     free(s.sel);
     free(s.order);
@@ -680,4 +725,9 @@ mt_status model_ref_forward(model_ref *r, const int32_t *tokens, int64_t n, floa
 double model_ref_router_margin(const model_ref *r, int64_t t)
 {
     return t >= 0 && t < r->n_margin ? r->margin[t] : INFINITY;
+}
+
+double model_ref_index_margin(const model_ref *r, int64_t t)
+{
+    return t >= 0 && t < r->n_margin ? r->imargin[t] : INFINITY;
 }

@@ -66,4 +66,13 @@ mt_status model_ref_forward(model_ref *r, const int32_t *tokens, int64_t n, floa
  * expert there. INFINITY without MoE layers or outside the last run. */
 double model_ref_router_margin(const model_ref *r, int64_t t);
 
+/* Position t's DSA indexer margin in the last model_ref_forward: over its
+ * full-attention layers, the gap between the index_topk-th selected key's
+ * indexer score and the best key left out, divided by the sum of the
+ * magnitudes of the row's best and worst scores (scale-free). A path whose
+ * rounding moves the scores by more than that can select another key.
+ * INFINITY where every key is selected (t < index_topk) or outside the
+ * last run. */
+double model_ref_index_margin(const model_ref *r, int64_t t);
+
 #endif

@@ -17,7 +17,7 @@ Test(forward_emu, a16w4_matches_reference)
     /* Clear of router near-ties (test_forward_util.h): seed
      * 13423370070553061739 drew a prompt of least margin 1.47e-3 whose
      * position 4 read 0.478 against the reference, over the 0.4 bound. */
-    int32_t *tok = fw_tokens_clear(dir, seed, n, V, FW_SHORT_PROMPT_MARGIN);
+    int32_t *tok = fw_tokens_clear(dir, seed, n, V, FW_SHORT_PROMPT_MARGIN, NULL);
     float *got = fw_prefill(rt, tok, n, NULL);
     model_ref_opts ro = {.mimic = true};
     model_ref *ref = NULL;
@@ -64,7 +64,8 @@ Test(forward_emu, decode_token_by_token_equals_prefill)
     int32_t V = model_runtime_vocab(rt);
     uint64_t seed = mt_seed_fresh();
     const int n = 6;
-    int32_t *tok = fw_tokens_clear(dir, seed, n, V, FW_SHORT_PROMPT_MARGIN);
+    int clear;
+    int32_t *tok = fw_tokens_clear(dir, seed, n, V, FW_SHORT_PROMPT_MARGIN, &clear);
     float *pre = fw_prefill(rt, tok, n, NULL);
     float *dec = malloc(sizeof(float) * (size_t)V * n);
     int seq;
@@ -82,7 +83,7 @@ Test(forward_emu, decode_token_by_token_equals_prefill)
     model_runtime_attention_rows(rt, &pre_rows, &abs_rows);
     cr_assert(pre_rows == n + 2 && abs_rows == n - 2, "rows on mla_prefill %" PRId64
               ", absorbed %" PRId64, pre_rows, abs_rows);
-    fw_cross_path_rows(dec, pre, n, V, 0.6, 0.15, "emu decode vs prefill", seed);
+    fw_cross_path_rows(dec, pre, n, V, clear, 0.6, 0.15, "emu decode vs prefill", seed);
     free(dec);
     free(pre);
     free(tok);

@@ -92,13 +92,13 @@ static void check_yarn(const char *device, int n, int max_batch, double min_move
     uint64_t seed = mt_seed_fresh();
     const int32_t V = 512; /* the tiny vocabulary (tiny.h) */
     set_rope(dir, yarn);
-    int32_t *tok = min_margin > 0 ? fw_tokens_clear(dir, seed, n, V, min_margin)
+    int32_t *tok = min_margin > 0 ? fw_tokens_clear(dir, seed, n, V, min_margin, NULL)
                                   : fw_tokens(seed, n, V);
     float *got = run_runtime(dir, device, max_batch, tok, n);
-    float *want = fw_ref_logits(dir, tok, n, V, NULL);
+    float *want = fw_ref_logits(dir, tok, n, V, NULL, NULL);
     set_rope(dir, plain);
     float *got_plain = run_runtime(dir, device, max_batch, tok, n);
-    float *want_plain = fw_ref_logits(dir, tok, n, V, NULL);
+    float *want_plain = fw_ref_logits(dir, tok, n, V, NULL, NULL);
 
     /* Expert choices near a tie flip between the two (a whole position
      * then moves by ~0.2, and later positions read its cache), more often
