@@ -224,7 +224,7 @@ typedef struct compile_job {
     int tile;
     mt_status st;
     int64_t lds;
-    char msg[256];
+    char msg[288];
 } compile_job;
 
 enum { ROUNDS = 4 };
