@@ -100,8 +100,12 @@ static int buffers(const kern_shape *s, int64_t m, kern_buf_desc *out, int cap)
     out[n++] = (kern_buf_desc){"topk_ids", KERN_BUF_IN, KERN_DT_I32, (size_t)P * 4, 0, 0, 0};
     moe_layout_bufs(P, cap_rows, s->v[D_BM], out, &n);
     out[n++] = (kern_buf_desc){"topk_w", KERN_BUF_IN, KERN_DT_F32, (size_t)P * 4, 0, 0, 0};
-    out[n++] = (kern_buf_desc){"w_down", KERN_BUF_IN, KERN_DT_U8, (size_t)(E * H * I / 2), 0, 0, 0};
-    out[n++] = (kern_buf_desc){"s_down", KERN_BUF_IN, KERN_DT_U8, (size_t)(E * H * I / 32), 0, 0, 0};
+    /* wl=1: the scales sit in w_down (moe_w4_group16); s_down is empty. */
+    int wl = (int)s->v[D_WL];
+    out[n++] = (kern_buf_desc){"w_down", KERN_BUF_IN, KERN_DT_U8, (size_t)moe_w4_bytes(wl, E * H, I),
+                               0, 0, 0};
+    out[n++] = (kern_buf_desc){"s_down", KERN_BUF_IN, KERN_DT_U8,
+                               (size_t)moe_w4_scale_bytes(wl, E * H, I), 0, 0, 0};
     if (s->v[D_COMB])
         out[n++] = (kern_buf_desc){"rows", KERN_BUF_OUT, KERN_DT_F32, (size_t)(P * H) * 4, H,
                                    1e-4, 1e-3};
@@ -109,18 +113,6 @@ static int buffers(const kern_shape *s, int64_t m, kern_buf_desc *out, int cap)
         out[n++] = (kern_buf_desc){"y", KERN_BUF_INOUT, KERN_DT_F32, (size_t)(m * H) * 4, H,
                                    1e-4, 1e-3};
     return n;
-}
-
-/* wl=1: the weights between the generated (Quark) layout and the grouped
- * one. The family's fill cannot fail, so running out of memory here aborts
- * rather than letting a check compare layouts that do not match. */
-static void regroup_weights(const kern_shape *s, void *const *host, bool to_groups)
-{
-    if (s->v[D_WL] &&
-        !moe_w4_regroup_inplace(host[B_W], host[B_S], s->v[D_E] * s->v[D_H], s->v[D_I], to_groups)) {
-        fprintf(stderr, "moe_gemm_down: out of memory regrouping the weights\n");
-        abort();
-    }
 }
 
 static void fill(const kern_shape *s, int64_t m, uint64_t seed, void *const *host)
@@ -137,8 +129,7 @@ static void fill(const kern_shape *s, int64_t m, uint64_t seed, void *const *hos
     float *w = host[B_TOPKW];
     for (int64_t p = 0; p < P; p++)
         w[p] = mt_rng_uniform(&r, 0.05f, 1.0f);
-    moe_gen_mxfp4(&r, host[B_W], host[B_S], E * H, I);
-    regroup_weights(s, host, true);
+    moe_gen_w4(&r, (int)s->v[D_WL], E * H, I, host[B_W], host[B_S]);
     if (!s->v[D_COMB]) {
         float *y = host[B_OUT];
         for (int64_t i = 0; i < m * H; i++)
@@ -149,11 +140,10 @@ static void fill(const kern_shape *s, int64_t m, uint64_t seed, void *const *hos
 static void reference(const kern_shape *s, int64_t m, void *const *host)
 {
     moe_gemm_dims d = gdims(s);
-    regroup_weights(s, host, false);
-    moe_down_ref(&d, host[B_H], host[B_IDS], host[B_TOPKW], host[B_W], host[B_S], 0,
-                 m * d.topk, 1, s->v[D_COMB] ? host[B_OUT] : NULL,
-                 s->v[D_COMB] ? NULL : host[B_OUT]);
-    regroup_weights(s, host, true);
+    moe_w4_view q = moe_w4_quark_view((int)s->v[D_WL], d.e * d.h, d.i, host[B_W], host[B_S]);
+    moe_down_ref(&d, host[B_H], host[B_IDS], host[B_TOPKW], q.w, q.s, 0, m * d.topk, 1,
+                 s->v[D_COMB] ? host[B_OUT] : NULL, s->v[D_COMB] ? NULL : host[B_OUT]);
+    moe_w4_view_free(&q);
 }
 
 static void cost(const kern_shape *s, int64_t m, double *flops, double *bytes)

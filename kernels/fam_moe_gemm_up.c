@@ -65,15 +65,16 @@ static int n_weight_bufs(const kern_shape *s) { return s->v[D_CAT] ? 2 : 4; }
 static int out_buf(const kern_shape *s) { return B_W0 + n_weight_bufs(s); }
 
 /* Packed and scale bytes between experts, and the offset of up after gate. */
-static void strides(const kern_shape *s, int64_t *ws, int64_t *ss, int64_t *up_w,
+static void strides(const kern_shape *s, int wl, int64_t *ws, int64_t *ss, int64_t *up_w,
                     int64_t *up_s)
 {
     int64_t H = s->v[D_H], I = s->v[D_I];
     int rows = s->v[D_CAT] ? 2 : 1;
     *ws = rows * I * H / 2;
     *ss = rows * I * H / 32;
-    *up_w = s->v[D_CAT] ? I * H / 2 : 0;
-    *up_s = s->v[D_CAT] ? I * H / 32 : 0;
+    /* wl=1: a row's weights and scales are together (moe_w4_group16) */
+    *up_w = s->v[D_CAT] ? moe_w4_bytes(wl, I, H) : 0;
+    *up_s = s->v[D_CAT] ? moe_w4_scale_bytes(wl, I, H) : 0;
 }
 
 static bool shape_ok(const kern_shape *s, int64_t m, char *why, size_t cap)
@@ -111,35 +112,23 @@ static int buffers(const kern_shape *s, int64_t m, kern_buf_desc *out, int cap)
     out[n++] = (kern_buf_desc){"x", KERN_BUF_IN, KERN_DT_BF16, (size_t)(m * H) * 2, H, 0, 0};
     out[n++] = (kern_buf_desc){"topk_ids", KERN_BUF_IN, KERN_DT_I32, (size_t)P * 4, 0, 0, 0};
     moe_layout_bufs(P, cap_rows, s->v[D_BM], out, &n);
+    /* wl=1: the scales sit in the weights' buffers (moe_w4_group16) and
+     * the scale buffers are empty. */
+    int wl = (int)s->v[D_WL];
     if (s->v[D_CAT]) {
-        out[n++] = (kern_buf_desc){"w13", KERN_BUF_IN, KERN_DT_U8, (size_t)(E * 2 * I * H / 2), 0, 0, 0};
-        out[n++] = (kern_buf_desc){"s13", KERN_BUF_IN, KERN_DT_U8, (size_t)(E * 2 * I * H / 32), 0, 0, 0};
+        out[n++] = (kern_buf_desc){"w13", KERN_BUF_IN, KERN_DT_U8,
+                                   (size_t)moe_w4_bytes(wl, E * 2 * I, H), 0, 0, 0};
+        out[n++] = (kern_buf_desc){"s13", KERN_BUF_IN, KERN_DT_U8,
+                                   (size_t)moe_w4_scale_bytes(wl, E * 2 * I, H), 0, 0, 0};
     } else {
-        out[n++] = (kern_buf_desc){"w_gate", KERN_BUF_IN, KERN_DT_U8, (size_t)(E * I * H / 2), 0, 0, 0};
-        out[n++] = (kern_buf_desc){"s_gate", KERN_BUF_IN, KERN_DT_U8, (size_t)(E * I * H / 32), 0, 0, 0};
-        out[n++] = (kern_buf_desc){"w_up", KERN_BUF_IN, KERN_DT_U8, (size_t)(E * I * H / 2), 0, 0, 0};
-        out[n++] = (kern_buf_desc){"s_up", KERN_BUF_IN, KERN_DT_U8, (size_t)(E * I * H / 32), 0, 0, 0};
+        size_t wb = (size_t)moe_w4_bytes(wl, E * I, H), sb = (size_t)moe_w4_scale_bytes(wl, E * I, H);
+        out[n++] = (kern_buf_desc){"w_gate", KERN_BUF_IN, KERN_DT_U8, wb, 0, 0, 0};
+        out[n++] = (kern_buf_desc){"s_gate", KERN_BUF_IN, KERN_DT_U8, sb, 0, 0, 0};
+        out[n++] = (kern_buf_desc){"w_up", KERN_BUF_IN, KERN_DT_U8, wb, 0, 0, 0};
+        out[n++] = (kern_buf_desc){"s_up", KERN_BUF_IN, KERN_DT_U8, sb, 0, 0, 0};
     }
     out[n++] = (kern_buf_desc){"h", KERN_BUF_OUT, KERN_DT_BF16, (size_t)(P * I) * 2, I, 2e-2, 2e-2};
     return n;
-}
-
-/* wl=1: the weights between the generated (Quark) layout and the grouped
- * one. The family's fill cannot fail, so running out of memory here aborts
- * rather than letting a check compare layouts that do not match. */
-static void regroup_weights(const kern_shape *s, void *const *host, bool to_groups)
-{
-    if (!s->v[D_WL])
-        return;
-    int64_t H = s->v[D_H], I = s->v[D_I], E = s->v[D_E];
-    bool ok = s->v[D_CAT] ? moe_w4_regroup_inplace(host[B_W0], host[B_W0 + 1], E * 2 * I, H, to_groups)
-                          : moe_w4_regroup_inplace(host[B_W0], host[B_W0 + 1], E * I, H, to_groups) &&
-                                moe_w4_regroup_inplace(host[B_W0 + 2], host[B_W0 + 3], E * I, H,
-                                                       to_groups);
-    if (!ok) {
-        fprintf(stderr, "moe_gemm_up: out of memory regrouping the weights\n");
-        abort();
-    }
 }
 
 static void fill(const kern_shape *s, int64_t m, uint64_t seed, void *const *host)
@@ -152,21 +141,22 @@ static void fill(const kern_shape *s, int64_t m, uint64_t seed, void *const *hos
     moe_gen_ids(&r, m, topk, (int)E, (int)s->v[D_SKEW], host[B_IDS]);
     moe_align_ref(host[B_IDS], m * topk, (int)E, (int)s->v[D_BM], host[B_SORTED],
                   host[B_TILE], host[B_TOTAL]);
+    int wl = (int)s->v[D_WL];
     if (s->v[D_CAT]) {
-        moe_gen_mxfp4(&r, host[B_W0], host[B_W0 + 1], E * 2 * I, H);
+        moe_gen_w4(&r, wl, E * 2 * I, H, host[B_W0], host[B_W0 + 1]);
     } else {
-        moe_gen_mxfp4(&r, host[B_W0], host[B_W0 + 1], E * I, H);
-        moe_gen_mxfp4(&r, host[B_W0 + 2], host[B_W0 + 3], E * I, H);
+        moe_gen_w4(&r, wl, E * I, H, host[B_W0], host[B_W0 + 1]);
+        moe_gen_w4(&r, wl, E * I, H, host[B_W0 + 2], host[B_W0 + 3]);
     }
-    regroup_weights(s, host, true);
 }
 
-/* Weight pointers of gate and up within the host or device buffers. */
-static void weight_ptrs(const kern_shape *s, void *const *b, const uint8_t **wg,
+/* Weight pointers of gate and up within the host or device buffers b,
+ * which hold layout wl. */
+static void weight_ptrs(const kern_shape *s, int wl, void *const *b, const uint8_t **wg,
                         const uint8_t **sg, const uint8_t **wu, const uint8_t **su)
 {
     int64_t ws, ss, uw, us;
-    strides(s, &ws, &ss, &uw, &us);
+    strides(s, wl, &ws, &ss, &uw, &us);
     *wg = b[B_W0];
     *sg = b[B_W0 + 1];
     *wu = s->v[D_CAT] ? (const uint8_t *)b[B_W0] + uw : b[B_W0 + 2];
@@ -176,14 +166,22 @@ static void weight_ptrs(const kern_shape *s, void *const *b, const uint8_t **wg,
 static void reference(const kern_shape *s, int64_t m, void *const *host)
 {
     moe_gemm_dims d = gdims(s);
+    /* The reference reads the Quark layout. */
+    int wl = (int)s->v[D_WL], cat = (int)s->v[D_CAT];
+    int64_t rows = (cat ? 2 : 1) * d.e * d.i;
+    moe_w4_view a = moe_w4_quark_view(wl, rows, d.h, host[B_W0], host[B_W0 + 1]);
+    moe_w4_view b = cat ? (moe_w4_view){0}
+                        : moe_w4_quark_view(wl, rows, d.h, host[B_W0 + 2], host[B_W0 + 3]);
+    void *q[B_W0 + 4] = {0};
+    q[B_W0] = a.w, q[B_W0 + 1] = a.s, q[B_W0 + 2] = b.w, q[B_W0 + 3] = b.s;
     const uint8_t *wg, *sg, *wu, *su;
-    weight_ptrs(s, host, &wg, &sg, &wu, &su);
+    weight_ptrs(s, 0, q, &wg, &sg, &wu, &su);
     int64_t ws, ss, uw, us;
-    strides(s, &ws, &ss, &uw, &us);
-    regroup_weights(s, host, false);
+    strides(s, 0, &ws, &ss, &uw, &us);
     moe_up_ref(&d, host[B_X], host[B_IDS], wg, sg, wu, su, ws, ss, 0, m * d.topk, 1,
                host[out_buf(s)]);
-    regroup_weights(s, host, true);
+    moe_w4_view_free(&a);
+    moe_w4_view_free(&b);
 }
 
 static void cost(const kern_shape *s, int64_t m, double *flops, double *bytes)
@@ -204,9 +202,9 @@ static mt_status cpu_run(const kern_ctx *c, mt_err *err)
     int32_t bm = (int32_t)s->v[D_BM], np = (int32_t)P, K = (int32_t)H;
     int nt = kern_config_get(c->impl, c->cfg, "NT", 64);
     int64_t ws, ss, uw, us;
-    strides(s, &ws, &ss, &uw, &us);
+    strides(s, (int)s->v[D_WL], &ws, &ss, &uw, &us);
     const uint8_t *wg, *sg, *wu, *su;
-    weight_ptrs(s, c->bufs, &wg, &sg, &wu, &su);
+    weight_ptrs(s, (int)s->v[D_WL], c->bufs, &wg, &sg, &wu, &su);
     dev_kernel *kp, *ku;
     mt_status st = kern_get(c, "moe_prep", "ppi", &kp, err);
     if (st == MT_OK)
@@ -313,9 +311,9 @@ static mt_status gpu_run(const kern_ctx *c, mt_err *err)
     /* tiles of BM rows; the decode path (GEMV) takes the layout's bm tiles */
     int32_t ntm = (int32_t)(moe_cap_rows(P, s->v[D_E], bm) / (v[MOE_GPU_GEMV] ? bm : v[MOE_GPU_BM]));
     int64_t ws, ss, uw, us;
-    strides(s, &ws, &ss, &uw, &us);
+    strides(s, (int)s->v[D_WL], &ws, &ss, &uw, &us);
     const uint8_t *wg, *sg, *wu, *su;
-    weight_ptrs(s, c->bufs, &wg, &sg, &wu, &su);
+    weight_ptrs(s, (int)s->v[D_WL], c->bufs, &wg, &sg, &wu, &su);
     void *x = c->bufs[B_X], *xq = NULL, *xqs = NULL;
     mt_status st = MT_OK;
     if (s->v[D_A] == KERN_DT_MXFP4)

@@ -295,72 +295,111 @@ double moe_expected_experts(int64_t n_experts, int64_t topk, int64_t m)
     return e * (1.0 - pow(1.0 - (double)topk / e, (double)m));
 }
 
-/* Row r of group g, block b: its 16 Quark bytes and its 256-byte grouped
- * block (where byte 64 v + 4 r + i holds elements 4 v + i and 16 + 4 v + i
- * in its low and high nibble). */
-static void regroup(const uint8_t *packed, const uint8_t *scales, int64_t rows, int64_t k,
-                    uint8_t *out_packed, uint8_t *out_scales, bool to_groups)
+/* Offsets in the grouped layout (see moe_common.h): group g's bytes start
+ * at g * 16 * (k/2 + k/32); its block b's weights at MOE_G16_W(b) from
+ * there and its 16 scale codes at MOE_G16_S(b). */
+#define MOE_G16_W(b) (((b) >> 2) * MOE_G16_SUPER + ((b) & 3) * 256)
+#define MOE_G16_S(b) (((b) >> 2) * MOE_G16_SUPER + 1024 + ((b) & 3) * 16)
+
+int64_t moe_w4_group16_bytes(int64_t rows, int64_t k)
 {
-    const int64_t rb = k / 2, nb = k / 32;
+    return rows * (k / 2 + k / 32);
+}
+
+/* Row r of group g, block b: its 16 Quark bytes q[j] hold elements 2 j
+ * (low nibble) and 2 j + 1; grouped byte 64 v + 4 r + i holds elements
+ * 4 v + i (low) and 16 + 4 v + i. */
+void moe_w4_group16(const uint8_t *packed, const uint8_t *scales, int64_t rows, int64_t k,
+                    uint8_t *out)
+{
+    const int64_t rb = k / 2, nb = k / 32, gbytes = 16 * (rb + nb);
     for (int64_t g = 0; g < rows / 16; g++)
         for (int64_t b = 0; b < nb; b++) {
-            const int64_t gbase = g * 16 * rb + b * 256;
+            uint8_t *gw = out + g * gbytes + MOE_G16_W(b), *gs = out + g * gbytes + MOE_G16_S(b);
             for (int r = 0; r < 16; r++) {
-                const int64_t qbase = (16 * g + r) * rb + b * 16;
+                const uint8_t *q = packed + (16 * g + r) * rb + b * 16;
                 uint8_t e[32]; /* the block's nibbles in K order */
-                if (to_groups) {
-                    for (int j = 0; j < 16; j++) {
-                        e[2 * j] = packed[qbase + j] & 15;
-                        e[2 * j + 1] = packed[qbase + j] >> 4;
-                    }
-                    for (int v = 0; v < 4; v++)
-                        for (int i = 0; i < 4; i++)
-                            out_packed[gbase + 64 * v + 4 * r + i] =
-                                (uint8_t)(e[4 * v + i] | e[16 + 4 * v + i] << 4);
-                } else {
-                    for (int v = 0; v < 4; v++)
-                        for (int i = 0; i < 4; i++) {
-                            uint8_t byte = packed[gbase + 64 * v + 4 * r + i];
-                            e[4 * v + i] = byte & 15;
-                            e[16 + 4 * v + i] = byte >> 4;
-                        }
-                    for (int j = 0; j < 16; j++)
-                        out_packed[qbase + j] = (uint8_t)(e[2 * j] | e[2 * j + 1] << 4);
+                for (int j = 0; j < 16; j++) {
+                    e[2 * j] = q[j] & 15;
+                    e[2 * j + 1] = q[j] >> 4;
                 }
-                int64_t qs = (16 * g + r) * nb + b, gs = g * 16 * nb + b * 16 + r;
-                out_scales[to_groups ? gs : qs] = scales[to_groups ? qs : gs];
+                for (int v = 0; v < 4; v++)
+                    for (int i = 0; i < 4; i++)
+                        gw[64 * v + 4 * r + i] = (uint8_t)(e[4 * v + i] | e[16 + 4 * v + i] << 4);
+                gs[r] = scales[(16 * g + r) * nb + b];
             }
         }
 }
 
-void moe_w4_group16(const uint8_t *packed, const uint8_t *scales, int64_t rows, int64_t k,
-                    uint8_t *out_packed, uint8_t *out_scales)
+void moe_w4_ungroup16(const uint8_t *grouped, int64_t rows, int64_t k, uint8_t *out_packed,
+                      uint8_t *out_scales)
 {
-    regroup(packed, scales, rows, k, out_packed, out_scales, true);
+    const int64_t rb = k / 2, nb = k / 32, gbytes = 16 * (rb + nb);
+    for (int64_t g = 0; g < rows / 16; g++)
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *gw = grouped + g * gbytes + MOE_G16_W(b);
+            const uint8_t *gs = grouped + g * gbytes + MOE_G16_S(b);
+            for (int r = 0; r < 16; r++) {
+                uint8_t *q = out_packed + (16 * g + r) * rb + b * 16;
+                uint8_t e[32];
+                for (int v = 0; v < 4; v++)
+                    for (int i = 0; i < 4; i++) {
+                        uint8_t byte = gw[64 * v + 4 * r + i];
+                        e[4 * v + i] = byte & 15;
+                        e[16 + 4 * v + i] = byte >> 4;
+                    }
+                for (int j = 0; j < 16; j++)
+                    q[j] = (uint8_t)(e[2 * j] | e[2 * j + 1] << 4);
+                out_scales[(16 * g + r) * nb + b] = gs[r];
+            }
+        }
 }
 
-void moe_w4_ungroup16(const uint8_t *packed, const uint8_t *scales, int64_t rows, int64_t k,
-                      uint8_t *out_packed, uint8_t *out_scales)
+int64_t moe_w4_bytes(int wl, int64_t rows, int64_t k)
 {
-    regroup(packed, scales, rows, k, out_packed, out_scales, false);
+    return wl == 1 ? moe_w4_group16_bytes(rows, k) : rows * k / 2;
 }
 
-bool moe_w4_regroup_inplace(uint8_t *packed, uint8_t *scales, int64_t rows, int64_t k,
-                            bool to_groups)
+int64_t moe_w4_scale_bytes(int wl, int64_t rows, int64_t k)
 {
-    size_t pb = (size_t)(rows * k / 2), sb = (size_t)(rows * k / 32);
-    uint8_t *tp = malloc(pb), *ts = malloc(sb);
-    if (!tp || !ts) {
-        free(tp);
-        free(ts);
-        return false;
+    return wl == 1 ? 0 : rows * k / 32;
+}
+
+static uint8_t *alloc_or_abort(size_t bytes, const char *what)
+{
+    uint8_t *p = malloc(bytes ? bytes : 1);
+    if (!p) {
+        fprintf(stderr, "moetune: out of memory (%zu bytes) %s\n", bytes, what);
+        abort();
     }
-    memcpy(tp, packed, pb);
-    memcpy(ts, scales, sb);
-    regroup(tp, ts, rows, k, packed, scales, to_groups);
-    free(tp);
-    free(ts);
-    return true;
+    return p;
+}
+
+void moe_gen_w4(mt_rng *r, int wl, int64_t rows, int64_t k, uint8_t *w, uint8_t *s)
+{
+    if (wl != 1) {
+        moe_gen_mxfp4(r, w, s, rows, k);
+        return;
+    }
+    uint8_t *q = alloc_or_abort((size_t)(rows * k / 2 + rows * k / 32), "grouping weights");
+    moe_gen_mxfp4(r, q, q + rows * k / 2, rows, k);
+    moe_w4_group16(q, q + rows * k / 2, rows, k, w);
+    free(q);
+}
+
+moe_w4_view moe_w4_quark_view(int wl, int64_t rows, int64_t k, uint8_t *w, uint8_t *s)
+{
+    if (wl != 1)
+        return (moe_w4_view){w, s, NULL};
+    uint8_t *q = alloc_or_abort((size_t)(rows * k / 2 + rows * k / 32), "ungrouping weights");
+    moe_w4_ungroup16(w, rows, k, q, q + rows * k / 2);
+    return (moe_w4_view){q, q + rows * k / 2, q};
+}
+
+void moe_w4_view_free(moe_w4_view *v)
+{
+    free(v->own);
+    *v = (moe_w4_view){0};
 }
 
 static const int nr_vals[] = {1, 2, 4};

@@ -113,18 +113,39 @@ double moe_expected_experts(int64_t n_experts, int64_t topk, int64_t m);
 
 /* MXFP4 weights [rows, k] (Quark: packed [rows, k/2], low nibble first;
  * scales [rows, k/32]) to the cpu integer tiles' grouped layout (a shape's
- * wl=1) and back; rows a multiple of 16, k of 32. Same sizes and the same
- * byte range per group of 16 rows: within a group, per 32-block, 256
- * packed bytes where byte 64 v + 4 r + i holds row r's elements 4 v + i
- * (low nibble) and 16 + 4 v + i (high), then the scales as 16 codes per
- * block (one per row). in and out must not overlap. */
+ * wl=1) and back; rows a multiple of 16, k of 128. The grouped layout is
+ * one buffer of moe_w4_group16_bytes (the weights and their scales, so
+ * that a tile reads one stream): group g of 16 rows at byte g * 16 *
+ * (k/2 + k/32); within it, per 4 blocks of 32 (K elements 128 q .. 128 q
+ * + 127) MOE_G16_SUPER bytes: four 256-byte blocks, where byte 64 v + 4 r
+ * + i of block j holds row r's elements 32 j + 4 v + i (low nibble) and
+ * 32 j + 16 + 4 v + i (high), then 64 scale codes, 16 j + r for row r's
+ * block j. The caller owns every buffer; in and out must not overlap. */
+enum { MOE_G16_SUPER = 4 * 256 + 64 };
+int64_t moe_w4_group16_bytes(int64_t rows, int64_t k);
 void moe_w4_group16(const uint8_t *packed, const uint8_t *scales, int64_t rows, int64_t k,
-                    uint8_t *out_packed, uint8_t *out_scales);
-void moe_w4_ungroup16(const uint8_t *packed, const uint8_t *scales, int64_t rows, int64_t k,
-                      uint8_t *out_packed, uint8_t *out_scales);
-/* The same, in place (a temporary copy); false when out of memory. */
-bool moe_w4_regroup_inplace(uint8_t *packed, uint8_t *scales, int64_t rows, int64_t k,
-                            bool to_groups);
+                    uint8_t *out);
+void moe_w4_ungroup16(const uint8_t *grouped, int64_t rows, int64_t k, uint8_t *out_packed,
+                      uint8_t *out_scales);
+
+/* A family's expert-weight buffers for rows x k weights in layout wl: the
+ * weights take moe_w4_bytes and their scales moe_w4_scale_bytes (0 at
+ * wl=1, where they sit in the weights' buffer). */
+int64_t moe_w4_bytes(int wl, int64_t rows, int64_t k);
+int64_t moe_w4_scale_bytes(int wl, int64_t rows, int64_t k);
+/* moe_gen_mxfp4's weights, stored in layout wl. A family's fill cannot
+ * fail, so running out of memory for the grouping aborts (with a message)
+ * rather than leaving buffers a check would compare. */
+void moe_gen_w4(mt_rng *r, int wl, int64_t rows, int64_t k, uint8_t *w, uint8_t *s);
+/* Weights in layout wl seen in the Quark layout (for references): at wl=0
+ * the caller's buffers, at wl=1 an ungrouped copy the view owns (aborts
+ * when out of memory, as moe_gen_w4). */
+typedef struct moe_w4_view {
+    uint8_t *w, *s;
+    uint8_t *own; /* NULL at wl=0 */
+} moe_w4_view;
+moe_w4_view moe_w4_quark_view(int wl, int64_t rows, int64_t k, uint8_t *w, uint8_t *s);
+void moe_w4_view_free(moe_w4_view *v);
 
 /* The cpu GEMM parameters (moe_gemm.cpu): NR weight rows per register tile,
  * MR tokens per register tile, KB K block, NT output rows per work item,

@@ -61,7 +61,8 @@ typedef struct rt_layer {
     void *w_gu, *w_down;         /* [2I][H], [H][I] */
     void *gate;                  /* [E][H] router */
     void *bias;                  /* f32 [E] */
-    void *w13, *s13, *w2, *s2;   /* MXFP4 experts (Quark layout, gate rows then up rows) */
+    void *w13, *s13, *w2, *s2;   /* MXFP4 experts, gate rows then up rows, in the plan's moe_wl
+                                  * (1: grouped with their scales, s13 and s2 empty) */
     int64_t sh_inter;            /* shared expert intermediate; 0 = none */
     bool sh_mxfp4;
     void *sh_w13, *sh_s13, *sh_w2, *sh_s2; /* MXFP4 shared expert */

@@ -244,20 +244,35 @@ static mt_status upload_experts(model_runtime *rt, const char *prefix, bool shar
             }
         }
     }
-    /* The layout the expert GEMMs read (plan: moe_wl): gate, up and down
-     * each regrouped as a whole matrix of n * rows. */
-    if (st == MT_OK && rt->plan->p.moe_wl == 1 &&
-        (!moe_w4_regroup_inplace(hw13, hs13, n * 2 * inter, H, true) ||
-         !moe_w4_regroup_inplace(hw2, hs2, n * H, inter, true)))
-        st = mt_fail(err, MT_E_NOMEM, "%s: regrouping the expert weights", prefix);
+    /* The layout the expert GEMMs read (plan: moe_wl): at wl=1 gate, up
+     * and down each grouped as a whole matrix of n * rows, their scales
+     * inside (moe_w4_group16; the scale tensors are then empty). */
+    const int wl = rt->plan->p.moe_wl;
+    const int64_t r13 = n * 2 * inter, r2 = n * H;
+    if (st == MT_OK && wl == 1) {
+        uint8_t *g13 = malloc((size_t)moe_w4_bytes(1, r13, H));
+        uint8_t *g2 = malloc((size_t)moe_w4_bytes(1, r2, inter));
+        if (!g13 || !g2) {
+            st = mt_fail(err, MT_E_NOMEM, "%s: grouping the expert weights", prefix);
+            free(g13);
+            free(g2);
+        } else {
+            moe_w4_group16(hw13, hs13, r13, H, g13);
+            moe_w4_group16(hw2, hs2, r2, inter, g2);
+            free(hw13);
+            free(hw2);
+            hw13 = g13;
+            hw2 = g2;
+        }
+    }
     if (st == MT_OK)
-        st = upload(rt, hw13, b13 * (size_t)n, w13, err);
+        st = upload(rt, hw13, (size_t)moe_w4_bytes(wl, r13, H), w13, err);
     if (st == MT_OK)
-        st = upload(rt, hs13, c13 * (size_t)n, s13, err);
+        st = upload(rt, hs13, (size_t)moe_w4_scale_bytes(wl, r13, H), s13, err);
     if (st == MT_OK)
-        st = upload(rt, hw2, b2 * (size_t)n, w2, err);
+        st = upload(rt, hw2, (size_t)moe_w4_bytes(wl, r2, inter), w2, err);
     if (st == MT_OK)
-        st = upload(rt, hs2, c2 * (size_t)n, s2, err);
+        st = upload(rt, hs2, (size_t)moe_w4_scale_bytes(wl, r2, inter), s2, err);
     free(hw13);
     free(hs13);
     free(hw2);

@@ -37,13 +37,14 @@ static void *upload_w4(dev_device *d, const uint8_t *w, const uint8_t *s, int64_
         *scales = upload(d, s, sb);
         return upload(d, w, pb);
     }
-    uint8_t *gw = malloc(pb), *gs = malloc(sb);
-    cr_assert(gw && gs);
-    moe_w4_group16(w, s, rows, k, gw, gs);
-    void *p = upload(d, gw, pb);
-    *scales = upload(d, gs, sb);
-    free(gw);
-    free(gs);
+    /* The scales ride in the weights' buffer; the scale buffer is empty. */
+    size_t gb = (size_t)moe_w4_bytes(1, rows, k);
+    uint8_t *g = malloc(gb);
+    cr_assert(g);
+    moe_w4_group16(w, s, rows, k, g);
+    void *p = upload(d, g, gb);
+    *scales = upload(d, s, 0);
+    free(g);
     return p;
 }
 

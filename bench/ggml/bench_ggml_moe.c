@@ -84,6 +84,30 @@ static void row_to_ggml(const uint8_t *packed, const uint8_t *scales, int64_t k,
     }
 }
 
+/* Expert e's n x k weights, in layout in->wl on the device, as Quark rows
+ * into pk [n, k/2] and scl [n, k/32]. */
+static mt_status expert_quark(const moe_bench_peer_inputs *in, const void *w, const void *sc,
+                              int64_t e, int64_t n, int64_t k, uint8_t *pk, uint8_t *scl,
+                              mt_err *err)
+{
+    if (!in->wl) {
+        mt_status st = dev_copy_from(in->d, pk, (const uint8_t *)w + e * n * k / 2,
+                                     (size_t)(n * k / 2), err);
+        return st == MT_OK ? dev_copy_from(in->d, scl, (const uint8_t *)sc + e * n * k / 32,
+                                           (size_t)(n * k / 32), err)
+                           : st;
+    }
+    size_t gb = (size_t)moe_w4_bytes(1, n, k);
+    uint8_t *g = malloc(gb);
+    if (!g)
+        return mt_fail(err, MT_E_NOMEM, "bench_ggml_moe: out of memory ungrouping the weights");
+    mt_status st = dev_copy_from(in->d, g, (const uint8_t *)w + (size_t)e * gb, gb, err);
+    if (st == MT_OK)
+        moe_w4_ungroup16(g, n, k, pk, scl);
+    free(g);
+    return st;
+}
+
 /* The weights of one stage ([E, n, k] on moetune's device) into the ggml
  * tensor t: converted into a host staging copy, then set (the repack
  * buffer converts again, to its interleaved layout, as it is set). Checks
@@ -105,15 +129,8 @@ static mt_status load_weights(ggml_side *s, const moe_bench_peer_inputs *in, con
     if (!stage || !pk || !scl || !dec)
         st = mt_fail(err, MT_E_NOMEM, "bench_ggml_moe: out of memory staging %zu bytes", nbytes);
     for (int64_t e = 0; e < s->E && st == MT_OK; e++) {
-        if ((st = dev_copy_from(in->d, pk, (const uint8_t *)w + e * n * k / 2,
-                                (size_t)(n * k / 2), err)) != MT_OK ||
-            (st = dev_copy_from(in->d, scl, (const uint8_t *)sc + e * n * k / 32,
-                                (size_t)(n * k / 32), err)) != MT_OK)
+        if ((st = expert_quark(in, w, sc, e, n, k, pk, scl, err)) != MT_OK)
             break;
-        if (in->wl && !moe_w4_regroup_inplace(pk, scl, n, k, false)) {
-            st = mt_fail(err, MT_E_NOMEM, "bench_ggml_moe: out of memory ungrouping the weights");
-            break;
-        }
         for (int64_t r = 0; r < n; r++)
             row_to_ggml(pk + r * k / 2, scl + r * k / 32, k, stage + (size_t)(e * n + r) * row_g);
         if (e > 0)
@@ -284,16 +301,10 @@ static mt_status copy_used(const moe_bench_peer_inputs *in, const void *w, const
     if (!*packed || !*scales)
         return mt_fail(err, MT_E_NOMEM, "bench_ggml_moe: out of memory for the check");
     mt_status st = MT_OK;
-    for (int u = 0; u < nu && st == MT_OK; u++)
-        if ((st = dev_copy_from(in->d, *packed + u * n * k / 2,
-                                (const uint8_t *)w + used[u] * n * k / 2, (size_t)(n * k / 2),
-                                err)) == MT_OK)
-            st = dev_copy_from(in->d, *scales + u * n * k / 32,
-                               (const uint8_t *)sc + used[u] * n * k / 32, (size_t)(n * k / 32),
-                               err);
     /* The references read Quark rows. */
-    if (st == MT_OK && in->wl && !moe_w4_regroup_inplace(*packed, *scales, nu * n, k, false))
-        st = mt_fail(err, MT_E_NOMEM, "bench_ggml_moe: out of memory ungrouping the weights");
+    for (int u = 0; u < nu && st == MT_OK; u++)
+        st = expert_quark(in, w, sc, used[u], n, k, *packed + u * n * k / 2,
+                          *scales + u * n * k / 32, err);
     return st;
 }
 

@@ -31,6 +31,7 @@ typedef struct bench {
     double max_ms;
     bench_limits *lim;
     bool int_dot; /* a4w4 / a8w4: the integer dot tiles (else a16w4) */
+    int wl;       /* the expert weights' layout (bench_wl) */
     void *w13, *s13, *w2, *s2, *gate, *bias, *sh_w13, *sh_s13, *sh_w2, *sh_s2;
     void *x, *h, *y, *ids, *sorted, *tile, *total, *tw;
     int32_t *hids, *hsorted, *htile;
@@ -39,24 +40,35 @@ typedef struct bench {
     dev_event *e0, *e1;
 } bench;
 
-static mt_status fill_mxfp4(bench *b, void *dst, int64_t rows, int64_t k, bool scales,
-                            mt_err *err)
+/* rows x k random MXFP4 weights in layout wl into w and s (empty at wl=1,
+ * where the scales sit in w: moe_w4_group16), generated in chunks of rows
+ * (a multiple of 16, so each chunk groups on its own). */
+static mt_status fill_w4(bench *b, void *w, void *s, int64_t rows, int64_t k, mt_err *err)
 {
-    /* Packed bytes or scale codes, generated in chunks of rows. */
     const int64_t chunk_rows = 4096;
-    int64_t rb = scales ? k / 32 : k / 2;
+    const int wl = b->wl;
     uint8_t *tmp = malloc((size_t)(chunk_rows * (k / 2 + k / 32)));
-    if (!tmp)
-        return mt_fail(err, MT_E_NOMEM, "bench: out of memory");
-    mt_status s = MT_OK;
-    for (int64_t r0 = 0; r0 < rows && s == MT_OK; r0 += chunk_rows) {
+    uint8_t *grouped = wl == 1 ? malloc((size_t)moe_w4_bytes(1, chunk_rows, k)) : NULL;
+    mt_status st = MT_OK;
+    if (!tmp || (wl == 1 && !grouped))
+        st = mt_fail(err, MT_E_NOMEM, "bench: out of memory");
+    for (int64_t r0 = 0; r0 < rows && st == MT_OK; r0 += chunk_rows) {
         int64_t n = rows - r0 < chunk_rows ? rows - r0 : chunk_rows;
         uint8_t *pk = tmp, *sc = tmp + n * k / 2;
         moe_gen_mxfp4(&b->r, pk, sc, n, k);
-        s = dev_copy_to(b->d, (uint8_t *)dst + r0 * rb, scales ? sc : pk, (size_t)(n * rb), err);
+        if (wl == 1) {
+            moe_w4_group16(pk, sc, n, k, grouped);
+            st = dev_copy_to(b->d, (uint8_t *)w + moe_w4_bytes(1, r0, k), grouped,
+                             (size_t)moe_w4_bytes(1, n, k), err);
+        } else {
+            st = dev_copy_to(b->d, (uint8_t *)w + r0 * k / 2, pk, (size_t)(n * k / 2), err);
+            if (st == MT_OK)
+                st = dev_copy_to(b->d, (uint8_t *)s + r0 * k / 32, sc, (size_t)(n * k / 32), err);
+        }
     }
     free(tmp);
-    return s;
+    free(grouped);
+    return st;
 }
 
 /* Fresh activations x [M, H]: new routing for the layer. */
@@ -81,8 +93,10 @@ static mt_status setup(bench *b, bool layer, mt_err *err)
         void **p;
         size_t n;
     } al[] = {
-        {&b->w13, (size_t)(E * 2 * I * H / 2)}, {&b->s13, (size_t)(E * 2 * I * H / 32)},
-        {&b->w2, (size_t)(E * H * I / 2)},      {&b->s2, (size_t)(E * H * I / 32)},
+        {&b->w13, (size_t)moe_w4_bytes(b->wl, E * 2 * I, H)},
+        {&b->s13, (size_t)moe_w4_scale_bytes(b->wl, E * 2 * I, H)},
+        {&b->w2, (size_t)moe_w4_bytes(b->wl, E * H, I)},
+        {&b->s2, (size_t)moe_w4_scale_bytes(b->wl, E * H, I)},
         {&b->x, (size_t)(b->maxm * H) * 2},     {&b->h, (size_t)(maxp * I) * 2},
         /* y: the layer's [M, H] output, or stage 2's per-pair rows */
         {&b->y, (size_t)(maxp * H) * 4},        {&b->ids, (size_t)maxp * 4},
@@ -90,23 +104,21 @@ static mt_status setup(bench *b, bool layer, mt_err *err)
         {&b->total, 4},                         {&b->tw, (size_t)maxp * 4},
         {&b->gate, layer ? (size_t)(E * H) * 2 : 0},
         {&b->bias, layer ? (size_t)E * 4 : 0},
-        {&b->sh_w13, layer ? (size_t)(2 * S * H / 2) : 0},
-        {&b->sh_s13, layer ? (size_t)(2 * S * H / 32) : 0},
-        {&b->sh_w2, layer ? (size_t)(H * S / 2) : 0},
-        {&b->sh_s2, layer ? (size_t)(H * S / 32) : 0},
+        {&b->sh_w13, layer ? (size_t)moe_w4_bytes(b->wl, 2 * S, H) : 0},
+        {&b->sh_s13, layer ? (size_t)moe_w4_scale_bytes(b->wl, 2 * S, H) : 0},
+        {&b->sh_w2, layer ? (size_t)moe_w4_bytes(b->wl, H, S) : 0},
+        {&b->sh_s2, layer ? (size_t)moe_w4_scale_bytes(b->wl, H, S) : 0},
     };
     mt_status st = MT_OK;
+    /* Every buffer, the empty ones too (the layer's when it is not timed,
+     * wl=1's scales): dev_alloc gives them a byte, and the kernels get a
+     * pointer for every argument. */
     for (size_t i = 0; i < sizeof al / sizeof al[0] && st == MT_OK; i++)
-        if (al[i].n)
-            st = dev_alloc(b->d, al[i].n, al[i].p, err);
+        st = dev_alloc(b->d, al[i].n, al[i].p, err);
     if (st == MT_OK)
-        st = fill_mxfp4(b, b->w13, E * 2 * I, H, false, err);
+        st = fill_w4(b, b->w13, b->s13, E * 2 * I, H, err);
     if (st == MT_OK)
-        st = fill_mxfp4(b, b->s13, E * 2 * I, H, true, err);
-    if (st == MT_OK)
-        st = fill_mxfp4(b, b->w2, E * H, I, false, err);
-    if (st == MT_OK)
-        st = fill_mxfp4(b, b->s2, E * H, I, true, err);
+        st = fill_w4(b, b->w2, b->s2, E * H, I, err);
     if (st == MT_OK && layer) {
         uint16_t *g = malloc((size_t)(E * H) * 2);
         float *bias = malloc((size_t)E * 4);
@@ -123,13 +135,9 @@ static mt_status setup(bench *b, bool layer, mt_err *err)
         free(g);
         free(bias);
         if (st == MT_OK)
-            st = fill_mxfp4(b, b->sh_w13, 2 * S, H, false, err);
+            st = fill_w4(b, b->sh_w13, b->sh_s13, 2 * S, H, err);
         if (st == MT_OK)
-            st = fill_mxfp4(b, b->sh_s13, 2 * S, H, true, err);
-        if (st == MT_OK)
-            st = fill_mxfp4(b, b->sh_w2, H, S, false, err);
-        if (st == MT_OK)
-            st = fill_mxfp4(b, b->sh_s2, H, S, true, err);
+            st = fill_w4(b, b->sh_w2, b->sh_s2, H, S, err);
     }
     if (st == MT_OK)
         st = fresh_x(b, b->maxm, err);
@@ -631,7 +639,7 @@ static mt_status layer_dims(bench *b, const kern_family *fu, const kern_shape *s
         .norm = kern_shape_get(fr, &rs, "norm") != 0,
         .a4 = kern_shape_get(fu, s, "a") == KERN_DT_MXFP4,
         .a8 = kern_shape_get(fu, s, "a") == KERN_DT_I8, .shared_inter = b->S, .comb = 1,
-        .bm = BM, .wl = bench_wl(b, fu, s)};
+        .bm = BM, .wl = b->wl};
     return MT_OK;
 }
 
@@ -660,13 +668,14 @@ mt_status moe_bench_run(dev_device *d, const moe_bench_opts *o, FILE *out, mt_er
     model_kset *ks = NULL;
     model_moe_ws *ws = NULL;
     model_moe_kernels mk;
+    b.wl = bench_wl(&b, fu, &s);
     if ((st = setup(&b, layer, err)) != MT_OK)
         goto out;
     if (o->peer) {
         moe_bench_peer_inputs pin = {.d = d, .H = b.H, .I = b.I, .E = b.E, .topk = b.topk,
                                      .maxm = b.maxm, .w13 = b.w13, .s13 = b.s13, .w2 = b.w2,
                                      .s2 = b.s2, .x = b.x, .h = b.h,
-                                     .wl = bench_wl(&b, fu, &s)};
+                                     .wl = b.wl};
         if ((st = o->peer->setup(o->peer->ctx, &pin, err)) != MT_OK)
             goto out;
     }
@@ -684,7 +693,7 @@ mt_status moe_bench_run(dev_device *d, const moe_bench_opts *o, FILE *out, mt_er
     moe_dims gd = {.hidden = b.H, .inter = b.I, .n_experts = b.E, .topk = (int)b.topk,
                    .a4 = kern_shape_get(fu, &s, "a") == KERN_DT_MXFP4,
                    .a8 = kern_shape_get(fu, &s, "a") == KERN_DT_I8, .comb = 1, .bm = BM,
-                   .wl = bench_wl(&b, fu, &s)};
+                   .wl = b.wl};
     moe_keys keys;
     moe_layer_keys(&gd, &keys);
     b.int_dot = gd.a4 || gd.a8;

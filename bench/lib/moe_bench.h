@@ -41,8 +41,9 @@ typedef struct moe_bench_peer_inputs {
     /* On d, in moe_gemm_up / moe_gemm_down's cat=1 layout (kernels/mxfp4.h):
      * w13 packed [E, 2I, H/2] (I gate rows, then I up rows), s13 E8M0
      * [E, 2I, H/32]; w2 packed [E, H, I/2], s2 [E, H, I/32]; with wl 1 each
-     * expert's matrices grouped by 16 rows (moe_w4_group16: undo it with
-     * moe_w4_ungroup16 to read Quark rows). */
+     * expert's matrices grouped by 16 rows with their scales in w13 and w2
+     * (moe_w4_group16, moe_w4_bytes per expert; s13 and s2 empty: undo it
+     * with moe_w4_ungroup16 to read Quark rows). */
     const void *w13, *s13, *w2, *s2;
     int wl;
     const void *x; /* bf16 [maxm, H]: stage 1's tokens */
