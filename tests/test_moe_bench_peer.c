@@ -15,6 +15,7 @@
 #include "../bench/lib/moe_bench.h"
 #include "../common/numeric.h"
 #include "../common/rng.h"
+#include "../kernels/moe_common.h"
 
 enum { N_M = 2, MAX_CALLS = 256 };
 
@@ -49,13 +50,15 @@ static mt_status fake_setup(void *ctx, const moe_bench_peer_inputs *in, mt_err *
     f->setups++;
     f->in = *in;
     /* The buffers are on the device and hold data: bf16 x is finite and not
-     * all zero; the last scale code of the last expert is readable. */
+     * all zero; the last scale code of the last expert is readable (at
+     * wl=1 the last byte of w2, the scales riding in the weights). */
     uint16_t x[256];
     uint8_t sc = 0;
-    int64_t n = in->H < 256 ? in->H : 256;
+    int64_t n = in->H < 256 ? in->H : 256, rows = in->E * in->H;
+    const uint8_t *last = in->wl ? (const uint8_t *)in->w2 + moe_w4_bytes(1, rows, in->I) - 1
+                                 : (const uint8_t *)in->s2 + rows * in->I / 32 - 1;
     bool ok = dev_copy_from(in->d, x, in->x, (size_t)n * 2, NULL) == MT_OK &&
-              dev_copy_from(in->d, &sc, (const uint8_t *)in->s2 + in->E * in->H * in->I / 32 - 1,
-                            1, NULL) == MT_OK;
+              dev_copy_from(in->d, &sc, last, 1, NULL) == MT_OK;
     bool nonzero = false;
     for (int64_t i = 0; ok && i < n; i++) {
         float v = mt_bf16_to_f32(x[i]);
