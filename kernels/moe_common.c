@@ -297,7 +297,10 @@ double moe_expected_experts(int64_t n_experts, int64_t topk, int64_t m)
 
 /* Offsets in the grouped layout (see moe_common.h): group g's bytes start
  * at g * 16 * (k/2 + k/32); its block b's weights at MOE_G16_W(b) from
- * there and its 16 scale codes at MOE_G16_S(b). */
+ * there and its 16 scale codes at MOE_G16_S(b). The kernels, compiled
+ * apart, spell the same offsets as MOE_R16_W / MOE_R16_S
+ * (kernels/src/moe_gemm.cpu); test_moe_group16 and the families' checks
+ * hold the two together. */
 #define MOE_G16_W(b) (((b) >> 2) * MOE_G16_SUPER + ((b) & 3) * 256)
 #define MOE_G16_S(b) (((b) >> 2) * MOE_G16_SUPER + 1024 + ((b) & 3) * 16)
 
