@@ -65,6 +65,18 @@ mt_status bench_limits_peaks(bench_limits *l, int launches, bench_peaks *out, mt
  * and leaves the pool's threads awake (cpu). */
 mt_status bench_limits_flush(bench_limits *l, mt_err *err);
 
+/* A kernel's access pattern as a plain read (cpu; elsewhere *ms = 0):
+ * piece i is len[i] bytes (rounded down to 512) of device memory at at[i]
+ * (any alignment), read as floats in one stream by one work item with
+ * prefetch 4 KiB ahead; *ms gets the launch's wall time and *checksum (if
+ * not NULL) the sum of every float read. Pieces of about the kernel's work
+ * items (a few hundred KiB), so the read pays the same ramp-ups at their
+ * starts; the caller picks addresses that are not in cache. At most
+ * BENCH_MAX_PIECES. */
+enum { BENCH_MAX_PIECES = 8192 };
+mt_status bench_limits_read_pieces(bench_limits *l, const void *const *at, const int64_t *len,
+                                   int n, double *ms, double *checksum, mt_err *err);
+
 /* p10, median, p90 and max of v[0:n] (sorted in place). */
 void bench_spread_of(double *v, int n, bench_spread *out);
 

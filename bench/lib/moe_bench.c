@@ -370,9 +370,9 @@ static const int cpu_sweep_rows[][MOE_CPU_NPARAMS] = {
 };
 /* wl=1: groups of 16 rows, NR x MR at most 16 */
 static const int cpu_sweep_grouped[][MOE_CPU_NPARAMS] = {
-    /* decode */
-    {1, 1, 65536, 512, 2048}, {2, 1, 65536, 512, 2048}, {1, 1, 65536, 1024, 2048},
-    {2, 1, 65536, 1024, 4096}, {1, 1, 65536, 256, 4096},
+    /* decode (the defaults prefetch 4 KiB ahead; 2 KiB was the old default) */
+    {1, 1, 65536, 512, 2048}, {2, 1, 65536, 512, 2048}, {1, 1, 65536, 512, 4096},
+    {2, 1, 65536, 1024, 4096}, {2, 1, 65536, 256, 4096},
     /* a few tokens per expert */
     {1, 2, 65536, 256, 2048}, {2, 2, 65536, 256, 2048},
     /* prefill: integer tiles up to 16 tokens; a16w4 paired groups of 4 */
@@ -465,9 +465,52 @@ static void print_peer(bench *b, const gemm_bench *g, int64_t M, double *pt, dou
     fflush(b->out);
 }
 
+/* The stage's weights as a plain read (bench_limits_read_pieces): a fresh
+ * routing's experts, each expert's weights (and, in Quark rows, its
+ * scales) in pieces of about PIECE bytes, the size of a decode work item
+ * (NT 512 rows of stage 2). *ms 0 where the backend has no such read. */
+enum { PIECE = 512 * 1024 };
+
+static mt_status time_pattern(bench *b, const gemm_bench *g, int64_t M, double *ms,
+                              double *bytes, mt_err *err)
+{
+    int64_t K = g->up ? b->H : b->I, rows = g->up ? 2 * b->I : b->H;
+    const uint8_t *w = g->up ? b->w13 : b->w2, *s = g->up ? b->s13 : b->s2;
+    int64_t wr = moe_w4_bytes(b->wl, rows, K), sr = moe_w4_scale_bytes(b->wl, rows, K);
+    *ms = 0, *bytes = 0;
+    const void **at = malloc(sizeof *at * BENCH_MAX_PIECES);
+    int64_t *len = malloc(sizeof *len * BENCH_MAX_PIECES);
+    mt_status st = at && len ? fresh_routing(b, M, NULL, err)
+                             : mt_fail(err, MT_E_NOMEM, "bench: out of memory");
+    bool seen[4096] = {0};
+    int n = 0;
+    for (int64_t q = 0; st == MT_OK && q < M * b->topk; q++) {
+        int e = b->hids[q];
+        if (e < 0 || e >= b->E || e >= 4096 || seen[e])
+            continue;
+        seen[e] = true;
+        const uint8_t *base[2] = {w + e * wr, s + e * sr};
+        int64_t size[2] = {wr, sr};
+        for (int r = 0; r < 2; r++) {
+            int64_t np = (size[r] + PIECE - 1) / PIECE, piece = size[r] / (np ? np : 1);
+            for (int64_t i = 0; i < np && n < BENCH_MAX_PIECES; i++, n++) {
+                at[n] = base[r] + i * piece;
+                len[n] = i + 1 < np ? piece : size[r] - i * piece;
+                *bytes += (double)(len[n] - len[n] % 512);
+            }
+        }
+    }
+    if (st == MT_OK && (st = bench_limits_read_pieces(b->lim, at, len, n, ms, NULL, err)) != MT_OK)
+        *bytes = 0;
+    free(at);
+    free(len);
+    return st;
+}
+
 /* Round robin over the configs, so every config sees the same machine
- * load, with a fresh routing before every call; the peer (if any) runs on
- * the default config's routing in each round. */
+ * load, with a fresh routing before every call and each round starting
+ * one config later; the peer (if any) runs on the default config's
+ * routing in each round. */
 static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
 {
     int64_t P = M * b->topk, K = g->up ? b->H : b->I, N = g->up ? 2 * b->I : b->H;
@@ -483,6 +526,10 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
     double *t = malloc(sizeof(double) * (size_t)(nc * MAX_REPS)), bwv[MAX_REPS + 1];
     double *wb = malloc(sizeof(double) * (size_t)(nc * MAX_REPS)), lim[MAX_REPS];
     double pt[MAX_REPS], ratio[MAX_REPS];
+    /* The plain read of the same kind of bytes (time_pattern), one per round. */
+    double pat_ms[MAX_REPS] = {0}, pat_bytes[MAX_REPS] = {0};
+    const bool pattern = b->lim && b->p->backend == DEV_BACKEND_CPU;
+    const int slots = nc + (pattern ? 1 : 0);
     const bool peer = b->o->peer != NULL;
     if (!t || !wb) {
         free(t);
@@ -505,9 +552,17 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
     if (st == MT_OK)
         st = sample_limit(b, &bwv[0], err);
     while (st == MT_OK && n < MAX_REPS && (n < 3 || spent < b->max_ms * nc)) {
-        for (int c = 0; c < nc && st == MT_OK; c++) {
-            /* A routing of its own for every call: a call that reused the
-             * previous call's experts would read them from cache. */
+        for (int j = 0; j < slots && st == MT_OK; j++) {
+            /* Each round starts at the next config: the first call after
+             * the bandwidth sample is not always the same config's. A
+             * routing of its own for every call: a call that reused the
+             * previous call's experts would read them from cache. Slot nc
+             * is the plain read. */
+            int c = (n + j) % slots;
+            if (c == nc) {
+                st = time_pattern(b, g, M, &pat_ms[n], &pat_bytes[n], err);
+                continue;
+            }
             double ms = 0, used = 0;
             bool with_peer = peer && c == 0, peer_first = with_peer && (n & 1);
             if ((st = fresh_routing(b, M, &used, err)) != MT_OK ||
@@ -559,9 +614,17 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
             best_c = c;
         }
     }
-    bench_spread paired;
+    bench_spread paired, of_pat = {0}, pat_gbs = {0};
     round_limits(bwv, n, lim);
     bench_paired_fraction(wb + best_c * MAX_REPS, t + best_c * MAX_REPS, lim, n, &paired);
+    if (pattern) {
+        /* The best config against the plain read of its round. */
+        double pg[MAX_REPS];
+        for (int i = 0; i < n; i++)
+            pg[i] = pat_ms[i] > 0 ? pat_bytes[i] / (pat_ms[i] * 1e6) : 0;
+        bench_paired_fraction(wb + best_c * MAX_REPS, t + best_c * MAX_REPS, pg, n, &of_pat);
+        bench_spread_of(pg, n, &pat_gbs);
+    }
     free(t);
     free(wb);
     /* The compute limit: the peak of the instruction the stage's dots run
@@ -591,16 +654,24 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
                 "\"fraction_of_bw_paired\":%.4f,\"fraction_of_bw_paired_p10\":%.4f,"
                 "\"fraction_of_bw_paired_p90\":%.4f,"
                 "\"peak_kind\":\"%s\",\"fraction_of_peak\":%.4f,"
-                "\"speedup\":%.4f,\"experts\":%.2f,\"best_config\":\"%s\"}\n",
+                "\"speedup\":%.4f,\"experts\":%.2f,\"best_config\":\"%s\","
+                "\"pattern_GBps\":%.3f,\"fraction_of_pattern\":%.4f,"
+                "\"fraction_of_pattern_p10\":%.4f,\"fraction_of_pattern_p90\":%.4f}\n",
                 g->fam, g->up ? "up" : "down", b->o->shape, b->p->spec, (long long)M, dflt, best,
                 sp[best_c].p10, sp[best_c].p90, n, b->o->flush ? "true" : "false", gbs, gfl, bw,
                 bws.p10, bws.p90, bw > 0 ? gbs / bw : 0, peak, paired.median, paired.p10,
                 paired.p90, b->int_dot ? "i8_dot" : pk.bf16 > 0 ? "bf16_dot" : "fp32_fma",
-                peak > 0 ? gfl / peak : 0, dflt / best, experts, ck);
+                peak > 0 ? gfl / peak : 0, dflt / best, experts, ck, pat_gbs.median,
+                of_pat.median, of_pat.p10, of_pat.p90);
     else
         fprintf(b->out, "%-14s %5lld %10.3f %10.3f %9.2f %9.1f %8.2f %7.2f %10.2f %8.2f %8.2f  %s\n",
                 g->fam, (long long)M, dflt, best, gbs, gfl, bw > 0 ? gbs / bw : 0,
                 paired.median, bw, peak > 0 ? gfl / peak : 0, dflt / best, ck);
+    if (!b->o->json && of_pat.reps)
+        fprintf(b->out, "%-14s %5lld  its weights as a plain read (fresh experts, %d KiB pieces): "
+                "%.2f GB/s; best config per round at %.2f / %.2f / %.2f of it (p10 / median / p90)\n",
+                g->fam, (long long)M, PIECE / 1024, pat_gbs.median, of_pat.p10, of_pat.median,
+                of_pat.p90);
     fflush(b->out);
     if (peer)
         print_peer(b, g, M, pt, ratio, n, &sp[0], bw);
