@@ -1,8 +1,9 @@
 /* test_bench_read_pieces.c: bench_limits_read_pieces (bench/lib/limits.h),
- * the benchmarks' plain read of a kernel's access pattern: on the cpu
- * backend it reads exactly the bytes asked for (every float of each piece,
- * lengths rounded down to 512 bytes, pieces at any alignment), checked by
- * its checksum against a plain sum on random pieces of random data; it
+ * the benchmarks' plain read of a kernel's bytes: on the cpu backend it
+ * reads exactly the bytes asked for (every float of each piece, lengths
+ * rounded down to its step, pieces at any alignment), checked by
+ * its checksum against a plain sum on random pieces of random data, in
+ * the first read pattern and in the one the probe found fastest; it
  * refuses more pieces than it holds, naming the count. */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
@@ -32,12 +33,20 @@ static void teardown(void)
 
 TestSuite(bench_read_pieces, .init = setup, .fini = teardown);
 
-Test(bench_read_pieces, reads_every_float_of_each_piece_and_nothing_else)
+/* In the pattern the probe found fastest (streams and prefetch), or the
+ * first one when fastest is set false. */
+static void check_pieces(bool fastest)
 {
     uint64_t seed = mt_seed_fresh();
     cr_log_info("seed %llu", (unsigned long long)seed);
     mt_rng r;
     mt_rng_seed(&r, seed);
+    mt_err err = {0};
+    if (fastest) {
+        bench_spread bw;
+        cr_assert_eq(bench_limits_bandwidth(lim, 3, &bw, &err), MT_OK, "%s", err.msg);
+    }
+    cr_log_info("step %lld bytes", (long long)bench_limits_piece_step(lim));
     enum { FLOATS = 1 << 20, N = 37 };
     /* Small integers: every partial sum is exact in float. */
     float *host = malloc(sizeof *host * FLOATS);
@@ -45,20 +54,20 @@ Test(bench_read_pieces, reads_every_float_of_each_piece_and_nothing_else)
     for (int i = 0; i < FLOATS; i++)
         host[i] = (float)(int)mt_rng_uniform(&r, -8.0f, 8.0f);
     void *buf = NULL;
-    mt_err err = {0};
     cr_assert_eq(dev_alloc(d, sizeof *host * FLOATS, &buf, &err), MT_OK, "%s", err.msg);
     cr_assert_eq(dev_copy_to(d, buf, host, sizeof *host * FLOATS, &err), MT_OK, "%s", err.msg);
     const void *at[N];
     int64_t len[N];
     double want = 0;
     for (int i = 0; i < N; i++) {
-        /* Float-aligned starts anywhere, lengths of 0 to 40 KiB, some not
-         * a multiple of 512 (the read stops at the last whole 512). */
+        /* Float-aligned starts anywhere, lengths of 0 to 40 KiB, most not
+         * a multiple of the step (the read stops at the last whole step). */
         int64_t bytes = i == 0 ? 0 : (int64_t)mt_rng_uniform(&r, 1.0f, 40960.0f);
         int64_t start = 4 * (int64_t)mt_rng_uniform(&r, 0.0f, (float)(FLOATS - 10240 - 1));
         at[i] = (const char *)buf + start;
         len[i] = bytes;
-        for (int64_t k = 0; k < (bytes - bytes % 512) / 4; k++)
+        int64_t step = bench_limits_piece_step(lim);
+        for (int64_t k = 0; k < (bytes - bytes % step) / 4; k++)
             want += host[start / 4 + k];
     }
     double ms = -1, sum = NAN;
@@ -69,6 +78,10 @@ Test(bench_read_pieces, reads_every_float_of_each_piece_and_nothing_else)
     dev_free(d, buf);
     free(host);
 }
+
+Test(bench_read_pieces, reads_every_float_of_each_piece_and_nothing_else) { check_pieces(false); }
+
+Test(bench_read_pieces, reads_the_same_in_the_probes_fastest_pattern) { check_pieces(true); }
 
 Test(bench_read_pieces, refuses_more_pieces_than_it_holds)
 {

@@ -125,20 +125,25 @@ static const char probe_src[] =
     "    out[itemIdx.x] = s;\n"
     "}\n"
     "/* A kernel's access pattern without its arithmetic: work item i reads\n"
-    " * len[i] bytes (a multiple of 8 vectors) from at[i] in one stream,\n"
-    " * prefetching pf bytes ahead. */\n"
-    "MT_CPU_KERNEL void stream_pieces(float *sums, const char *const *at, const long *len, int pf)\n"
+    " * len[i] bytes (a multiple of ns x 8 vectors) from at[i] as ns\n"
+    " * interleaved streams, prefetching pf bytes ahead (0: none). */\n"
+    "MT_CPU_KERNEL void stream_pieces(float *sums, const char *const *at, const long *len, int ns,\n"
+    "                                 int pf)\n"
     "{\n"
     "    mt_vf a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0}, a6 = {0}, a7 = {0};\n"
     "    typedef float mt_vfu __attribute__((vector_size(VW * 4), aligned(4)));\n"
-    "    const mt_vfu *p = (const mt_vfu *)at[itemIdx.x];\n"
-    "    long n = len[itemIdx.x] / (VW * 4);\n"
-    "    for (long i = 0; i + 8 <= n; i += 8, p += 8) {\n"
-    "        const char *q = (const char *)p + pf;\n"
-    "        for (int c = 0; c < 8 * VW * 4; c += 64) __builtin_prefetch(q + c);\n"
-    "        a0 += p[0]; a1 += p[1]; a2 += p[2]; a3 += p[3];\n"
-    "        a4 += p[4]; a5 += p[5]; a6 += p[6]; a7 += p[7];\n"
-    "    }\n"
+    "    const mt_vfu *base = (const mt_vfu *)at[itemIdx.x];\n"
+    "    long n = len[itemIdx.x] / (VW * 4) / ns;\n"
+    "    for (long i = 0; i + 8 <= n; i += 8)\n"
+    "        for (int s = 0; s < ns; s++) {\n"
+    "            const mt_vfu *p = base + (long)s * n + i;\n"
+    "            if (pf) {\n"
+    "                const char *q = (const char *)p + pf;\n"
+    "                for (int c = 0; c < 8 * VW * 4; c += 64) __builtin_prefetch(q + c);\n"
+    "            }\n"
+    "            a0 += p[0]; a1 += p[1]; a2 += p[2]; a3 += p[3];\n"
+    "            a4 += p[4]; a5 += p[5]; a6 += p[6]; a7 += p[7];\n"
+    "        }\n"
     "    mt_vf a = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7;\n"
     "    float s = 0.0f;\n"
     "    for (int k = 0; k < VW; k++) s += a[k];\n"
@@ -224,7 +229,7 @@ mt_status bench_limits_open(dev_device *d, bench_limits **out, mt_err *err)
             (st = dev_module_get_kernel(l->mod, "peak_bf16", "pi", &l->bf16, err)) != MT_OK ||
             (st = dev_module_get_kernel(l->mod, "peak_i8", "pi", &l->i8, err)) != MT_OK ||
             (st = dev_module_get_kernel(l->mod, "stream_sum", "pplii", &l->sum, err)) != MT_OK ||
-            (st = dev_module_get_kernel(l->mod, "stream_pieces", "pppi", &l->pieces, err)) !=
+            (st = dev_module_get_kernel(l->mod, "stream_pieces", "pppii", &l->pieces, err)) !=
                 MT_OK ||
             (st = dev_alloc(d, BENCH_MAX_PIECES * sizeof(void *), &l->piece_at, err)) != MT_OK ||
             (st = dev_alloc(d, BENCH_MAX_PIECES * sizeof(long), &l->piece_len, err)) != MT_OK ||
@@ -370,6 +375,11 @@ mt_status bench_limits_sample(bench_limits *l, double *gbps, mt_err *err)
     return st == MT_OK ? stream_range(l, 0, 0, (size_t)ITEMS * 4096, NULL, err) : st;
 }
 
+int64_t bench_limits_piece_step(const bench_limits *l)
+{
+    return 512 * (int64_t)patterns[l->best[0]].streams;
+}
+
 mt_status bench_limits_read_pieces(bench_limits *l, const void *const *at, const int64_t *len,
                                    int n, double *ms, double *checksum, mt_err *err)
 {
@@ -381,11 +391,13 @@ mt_status bench_limits_read_pieces(bench_limits *l, const void *const *at, const
     if (n > BENCH_MAX_PIECES)
         return mt_fail(err, MT_E_INVALID, "read pieces: %d pieces, at most %d", n,
                        BENCH_MAX_PIECES);
+    /* The probe's fastest pattern, whole steps of 8 vectors per stream. */
+    int ns = patterns[l->best[0]].streams, pf = patterns[l->best[0]].pf;
+    int64_t step = bench_limits_piece_step(l);
     long lens[BENCH_MAX_PIECES];
     for (int i = 0; i < n; i++)
-        lens[i] = (long)(len[i] - len[i] % 512); /* whole steps of 8 vectors */
-    int pf = 4096;
-    void *args[] = {&l->piece_sum, &l->piece_at, &l->piece_len, &pf};
+        lens[i] = (long)(len[i] - len[i] % step);
+    void *args[] = {&l->piece_sum, &l->piece_at, &l->piece_len, &ns, &pf};
     mt_status st = dev_copy_to(l->dev, l->piece_at, at, (size_t)n * sizeof(void *), err);
     if (st == MT_OK)
         st = dev_copy_to(l->dev, l->piece_len, lens, (size_t)n * sizeof(long), err);

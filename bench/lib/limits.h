@@ -65,17 +65,20 @@ mt_status bench_limits_peaks(bench_limits *l, int launches, bench_peaks *out, mt
  * and leaves the pool's threads awake (cpu). */
 mt_status bench_limits_flush(bench_limits *l, mt_err *err);
 
-/* A kernel's access pattern as a plain read (cpu; elsewhere *ms = 0):
- * piece i is len[i] bytes (rounded down to 512) of device memory at at[i]
- * (any alignment), read as floats in one stream by one work item with
- * prefetch 4 KiB ahead; *ms gets the launch's wall time and *checksum (if
- * not NULL) the sum of every float read. Pieces of about the kernel's work
- * items (a few hundred KiB), so the read pays the same ramp-ups at their
- * starts; the caller picks addresses that are not in cache. At most
+/* A kernel's bytes as a plain read (cpu; elsewhere *ms = 0): piece i is
+ * len[i] bytes of device memory at at[i] (any alignment), rounded down to
+ * a multiple of bench_limits_piece_step, read as floats by one work item
+ * in the read pattern the last bench_limits_bandwidth found fastest (one
+ * stream without prefetch before any); *ms gets the launch's wall time
+ * and *checksum (if not NULL) the sum of every float read. Pieces of about
+ * the kernel's work items (a few hundred KiB) pay the same ramp-ups at
+ * their starts; the caller picks addresses that are not in cache. At most
  * BENCH_MAX_PIECES. */
 enum { BENCH_MAX_PIECES = 8192 };
 mt_status bench_limits_read_pieces(bench_limits *l, const void *const *at, const int64_t *len,
                                    int n, double *ms, double *checksum, mt_err *err);
+/* The unit bench_limits_read_pieces reads in: 512 bytes per stream. */
+int64_t bench_limits_piece_step(const bench_limits *l);
 
 /* p10, median, p90 and max of v[0:n] (sorted in place). */
 void bench_spread_of(double *v, int n, bench_spread *out);

@@ -371,8 +371,8 @@ static const int cpu_sweep_rows[][MOE_CPU_NPARAMS] = {
 /* wl=1: groups of 16 rows, NR x MR at most 16 */
 static const int cpu_sweep_grouped[][MOE_CPU_NPARAMS] = {
     /* decode (the defaults prefetch 4 KiB ahead; 2 KiB was the old default) */
-    {1, 1, 65536, 512, 2048}, {2, 1, 65536, 512, 2048}, {1, 1, 65536, 512, 4096},
-    {2, 1, 65536, 1024, 4096}, {2, 1, 65536, 256, 4096},
+    {2, 1, 65536, 512, 2048}, {1, 1, 65536, 512, 4096}, {2, 1, 65536, 1024, 4096},
+    {4, 1, 65536, 1024, 2048}, {2, 1, 65536, 256, 4096},
     /* a few tokens per expert */
     {1, 2, 65536, 256, 2048}, {2, 2, 65536, 256, 2048},
     /* prefill: integer tiles up to 16 tokens; a16w4 paired groups of 4 */
@@ -465,10 +465,13 @@ static void print_peer(bench *b, const gemm_bench *g, int64_t M, double *pt, dou
     fflush(b->out);
 }
 
-/* The stage's weights as a plain read (bench_limits_read_pieces): a fresh
- * routing's experts, each expert's weights (and, in Quark rows, its
- * scales) in pieces of about PIECE bytes, the size of a decode work item
- * (NT 512 rows of stage 2). *ms 0 where the backend has no such read. */
+/* The stage's weights as a plain read in the probe's fastest pattern
+ * (bench_limits_read_pieces): a fresh routing's experts, each expert's
+ * weights (and, in Quark rows, its scales) in pieces of about PIECE bytes,
+ * the size of a decode work item (NT 512 rows of stage 2). The gap between
+ * it and the probe is the access pattern's (scattered experts, short
+ * pieces), between it and the kernel the kernel's. *ms 0 where the
+ * backend has no such read. */
 enum { PIECE = 512 * 1024 };
 
 static mt_status time_pattern(bench *b, const gemm_bench *g, int64_t M, double *ms,
@@ -496,7 +499,7 @@ static mt_status time_pattern(bench *b, const gemm_bench *g, int64_t M, double *
             for (int64_t i = 0; i < np && n < BENCH_MAX_PIECES; i++, n++) {
                 at[n] = base[r] + i * piece;
                 len[n] = i + 1 < np ? piece : size[r] - i * piece;
-                *bytes += (double)(len[n] - len[n] % 512);
+                *bytes += (double)(len[n] - len[n] % bench_limits_piece_step(b->lim));
             }
         }
     }
@@ -614,7 +617,7 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
             best_c = c;
         }
     }
-    bench_spread paired, of_pat = {0}, pat_gbs = {0};
+    bench_spread paired, of_pat = {0}, pat_gbs = {0}, pat_paired = {0};
     round_limits(bwv, n, lim);
     bench_paired_fraction(wb + best_c * MAX_REPS, t + best_c * MAX_REPS, lim, n, &paired);
     if (pattern) {
@@ -623,6 +626,7 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
         for (int i = 0; i < n; i++)
             pg[i] = pat_ms[i] > 0 ? pat_bytes[i] / (pat_ms[i] * 1e6) : 0;
         bench_paired_fraction(wb + best_c * MAX_REPS, t + best_c * MAX_REPS, pg, n, &of_pat);
+        bench_paired_fraction(pat_bytes, pat_ms, lim, n, &pat_paired);
         bench_spread_of(pg, n, &pat_gbs);
     }
     free(t);
@@ -656,22 +660,24 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
                 "\"peak_kind\":\"%s\",\"fraction_of_peak\":%.4f,"
                 "\"speedup\":%.4f,\"experts\":%.2f,\"best_config\":\"%s\","
                 "\"pattern_GBps\":%.3f,\"fraction_of_pattern\":%.4f,"
-                "\"fraction_of_pattern_p10\":%.4f,\"fraction_of_pattern_p90\":%.4f}\n",
+                "\"fraction_of_pattern_p10\":%.4f,\"fraction_of_pattern_p90\":%.4f,"
+                "\"pattern_fraction_of_bw_paired\":%.4f}\n",
                 g->fam, g->up ? "up" : "down", b->o->shape, b->p->spec, (long long)M, dflt, best,
                 sp[best_c].p10, sp[best_c].p90, n, b->o->flush ? "true" : "false", gbs, gfl, bw,
                 bws.p10, bws.p90, bw > 0 ? gbs / bw : 0, peak, paired.median, paired.p10,
                 paired.p90, b->int_dot ? "i8_dot" : pk.bf16 > 0 ? "bf16_dot" : "fp32_fma",
                 peak > 0 ? gfl / peak : 0, dflt / best, experts, ck, pat_gbs.median,
-                of_pat.median, of_pat.p10, of_pat.p90);
+                of_pat.median, of_pat.p10, of_pat.p90, pat_paired.median);
     else
         fprintf(b->out, "%-14s %5lld %10.3f %10.3f %9.2f %9.1f %8.2f %7.2f %10.2f %8.2f %8.2f  %s\n",
                 g->fam, (long long)M, dflt, best, gbs, gfl, bw > 0 ? gbs / bw : 0,
                 paired.median, bw, peak > 0 ? gfl / peak : 0, dflt / best, ck);
     if (!b->o->json && of_pat.reps)
-        fprintf(b->out, "%-14s %5lld  its weights as a plain read (fresh experts, %d KiB pieces): "
-                "%.2f GB/s; best config per round at %.2f / %.2f / %.2f of it (p10 / median / p90)\n",
-                g->fam, (long long)M, PIECE / 1024, pat_gbs.median, of_pat.p10, of_pat.median,
-                of_pat.p90);
+        fprintf(b->out, "%-14s %5lld  its weights as a plain read (fresh experts, %d KiB pieces, "
+                "the probe's pattern): %.2f GB/s, %.2f of the probe (paired); best config per "
+                "round at %.2f / %.2f / %.2f of it (p10 / median / p90)\n",
+                g->fam, (long long)M, PIECE / 1024, pat_gbs.median, pat_paired.median,
+                of_pat.p10, of_pat.median, of_pat.p90);
     fflush(b->out);
     if (peer)
         print_peer(b, g, M, pt, ratio, n, &sp[0], bw);
