@@ -348,16 +348,25 @@ static const kern_param_desc cpu_params[] = {
                        "(0: one launch, each item scores every expert)"},
 };
 
-/* Few tokens: the experts split over the threads (at M = 1 one item would
- * stream the whole gate on one thread), blocks of 16 while that gives every
- * thread two items or more; many tokens: items of TB tokens fill them. */
+/* Up to 16 tokens: the experts split over work items (one item per token
+ * would stream the whole gate once per token, on one thread at M = 1), 16
+ * experts an item up to 8 tokens, 64 up to 16, every token of the launch
+ * in one item (TB up to 8: each gate row loaded once); with 4 tokens an
+ * item or fewer, two accumulator chains a token (EB 16) instead of one, or
+ * the dots wait on the FMA latency. Many tokens: items of 4 tokens (EB 16
+ * too), no split. Tuned on the 2-core Zen 5 VM at glm5.2 against the rule
+ * before (TB 1 below 16 tokens, EB 8, a split only below 2 tokens a
+ * thread): M = 1 3.4x, 2 3.6x, 4 5.6x, 8 6.5x, 16 1.16x faster; at M = 256
+ * the rule's TB 4, EB 16, no split was the tuner's best. */
 static void cpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern_config *cfg)
 {
     cfg->n = 3;
-    cfg->v[0] = m >= 16 ? 4 : 1;
-    cfg->v[1] = 8;
     int threads = p->compute_units > 0 ? p->compute_units : 1;
-    cfg->v[2] = m < 2 * threads && s->v[D_E] >= 2 * 16 * threads ? 16 : 0;
+    bool split = m <= 16 && s->v[D_E] >= 2 * 16 * threads;
+    int tb = m >= 8 ? 8 : m >= 4 ? 4 : m >= 2 ? 2 : 1;
+    cfg->v[0] = split ? tb : m >= 16 ? 4 : 1;
+    cfg->v[1] = cfg->v[0] <= 4 ? 16 : 8;
+    cfg->v[2] = !split ? 0 : m <= 8 ? 16 : 64;
 }
 
 static size_t cpu_scratch(const kern_shape *s, int64_t m, const kern_config *cfg)

@@ -304,11 +304,6 @@ double moe_expected_experts(int64_t n_experts, int64_t topk, int64_t m)
 #define MOE_G16_W(b) (((b) >> 2) * MOE_G16_SUPER + ((b) & 3) * 256)
 #define MOE_G16_S(b) (((b) >> 2) * MOE_G16_SUPER + 1024 + ((b) & 3) * 16)
 
-int64_t moe_w4_group16_bytes(int64_t rows, int64_t k)
-{
-    return rows * (k / 2 + k / 32);
-}
-
 /* Row r of group g, block b: its 16 Quark bytes q[j] hold elements 2 j
  * (low nibble) and 2 j + 1; grouped byte 64 v + 4 r + i holds elements
  * 4 v + i (low) and 16 + 4 v + i. */
@@ -360,7 +355,7 @@ void moe_w4_ungroup16(const uint8_t *grouped, int64_t rows, int64_t k, uint8_t *
 
 int64_t moe_w4_bytes(int wl, int64_t rows, int64_t k)
 {
-    return wl == 1 ? moe_w4_group16_bytes(rows, k) : rows * k / 2;
+    return wl == 1 ? rows * (k / 2 + k / 32) : rows * k / 2;
 }
 
 int64_t moe_w4_scale_bytes(int wl, int64_t rows, int64_t k)

@@ -114,7 +114,7 @@ double moe_expected_experts(int64_t n_experts, int64_t topk, int64_t m);
 /* MXFP4 weights [rows, k] (Quark: packed [rows, k/2], low nibble first;
  * scales [rows, k/32]) to the cpu integer tiles' grouped layout (a shape's
  * wl=1) and back; rows a multiple of 16, k of 128. The grouped layout is
- * one buffer of moe_w4_group16_bytes (the weights and their scales, so
+ * one buffer of moe_w4_bytes(1, rows, k) (the weights and their scales, so
  * that a tile reads one stream): group g of 16 rows at byte g * 16 *
  * (k/2 + k/32); within it, per 4 blocks of 32 (K elements 128 q .. 128 q
  * + 127) MOE_G16_SUPER bytes: four 256-byte blocks, where byte 64 v + 4 r
@@ -122,7 +122,6 @@ double moe_expected_experts(int64_t n_experts, int64_t topk, int64_t m);
  * 32 j + 16 + 4 v + i (high), then 64 scale codes, 16 j + r for row r's
  * block j. The caller owns every buffer; in and out must not overlap. */
 enum { MOE_G16_SUPER = 4 * 256 + 64 };
-int64_t moe_w4_group16_bytes(int64_t rows, int64_t k);
 void moe_w4_group16(const uint8_t *packed, const uint8_t *scales, int64_t rows, int64_t k,
                     uint8_t *out);
 void moe_w4_ungroup16(const uint8_t *grouped, int64_t rows, int64_t k, uint8_t *out_packed,
