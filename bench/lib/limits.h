@@ -6,8 +6,8 @@
  * loads the CPU has) and run on the backend's thread pool, like the kernels
  * they are compared with:
  *  - read bandwidth: a streaming sum over a buffer of at least 1 GiB and 16x
- *    the last-level cache, in 64 work items, in four read patterns (one or
- *    four streams per item, with and without software prefetch): the
+ *    the last-level cache, in 512 work items, in seven read patterns (one,
+ *    two or four streams per item, with and without software prefetch): the
  *    limit is the fastest, since a probe that under-reads flatters kernels;
  *  - compute peaks: fp32 FMA, bf16 dot (vdpbf16ps) and u8 x s8 dot (VNNI
  *    vpdpbusd, else vpmaddubsw + vpmaddwd), each as 64 short work items of
