@@ -269,8 +269,10 @@ void bench_limits_close(bench_limits *l)
  * differs (hardware prefetchers stop at page boundaries; a VM's pages may
  * or may not be huge), and a probe that under-reads the limit makes
  * kernels look better than they are, so the limit is the best pattern.
- * One or two streams with prefetch 2-4 KiB ahead read fastest on the Zen 5
- * VM (within its noise); four streams without prefetch a third slower. */
+ * Which one wins moves between sessions on the same Zen 5 VM kind: one or
+ * two streams with prefetch 2-4 KiB ahead on 2026-12-02 (four streams
+ * without prefetch a third slower), four streams without prefetch on
+ * 2026-12-03 (80 GB/s against 60 for one stream). */
 static const struct {
     int streams, pf;
 } patterns[] = {{1, 0}, {1, 2048}, {1, 4096}, {2, 2048}, {2, 4096}, {4, 0}, {4, 2048}};
