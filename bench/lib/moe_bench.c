@@ -192,6 +192,20 @@ static mt_status sample_limit(bench *b, double *gbps, mt_err *err)
     return b->lim ? bench_limits_sample(b->lim, gbps, err) : MT_OK;
 }
 
+/* Appends size bytes at base to the piece list at[0:n], len[0:n] in pieces
+ * of equal length near piece bytes (the last takes the rest), at most
+ * BENCH_MAX_PIECES in all; the new count. */
+static int add_pieces(const void **at, int64_t *len, int n, const void *base, int64_t size,
+                      int64_t piece)
+{
+    int64_t np = (size + piece - 1) / piece, each = np ? size / np : 0;
+    for (int64_t i = 0; i < np && n < BENCH_MAX_PIECES; i++, n++) {
+        at[n] = (const uint8_t *)base + i * each;
+        len[n] = i + 1 < np ? each : size - i * each;
+    }
+    return n;
+}
+
 /* Reads every weight byte once (cpu, with limit probes; else nothing), just
  * before a timed loop. On the Zen 5 VM memory left unread for some tens of
  * seconds reads about 10x slower the first time (the host's doing: a cold
@@ -222,19 +236,14 @@ static mt_status touch_weights(bench *b, mt_err *err)
     const void **at = malloc(sizeof *at * BENCH_MAX_PIECES);
     int64_t *len = malloc(sizeof *len * BENCH_MAX_PIECES);
     mt_status st = at && len ? MT_OK : mt_fail(err, MT_E_NOMEM, "bench: out of memory");
-    int n = 0;
     double ms = 0;
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0] && st == MT_OK; i++)
-        for (int64_t o = 0; o < bufs[i].n && st == MT_OK; o += piece) {
-            at[n] = (const uint8_t *)bufs[i].p + o;
-            len[n++] = bufs[i].n - o < piece ? bufs[i].n - o : piece;
-            if (n == BENCH_MAX_PIECES) {
-                st = bench_limits_read_pieces(b->lim, at, len, n, &ms, NULL, err);
-                n = 0;
-            }
-        }
-    if (st == MT_OK)
+    /* One read per buffer: its pieces of 1 MiB (or more, for a buffer of
+     * over BENCH_MAX_PIECES MiB) fit one list. */
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0] && st == MT_OK; i++) {
+        int64_t each = (bufs[i].n + BENCH_MAX_PIECES - 1) / BENCH_MAX_PIECES;
+        int n = add_pieces(at, len, 0, bufs[i].p, bufs[i].n, each > piece ? each : piece);
         st = bench_limits_read_pieces(b->lim, at, len, n, &ms, NULL, err);
+    }
     free(at);
     free(len);
     return st;
@@ -544,17 +553,11 @@ static mt_status time_pattern(bench *b, const gemm_bench *g, int64_t M, double *
         if (e < 0 || e >= b->E || e >= 4096 || seen[e])
             continue;
         seen[e] = true;
-        const uint8_t *base[2] = {w + e * wr, s + e * sr};
-        int64_t size[2] = {wr, sr};
-        for (int r = 0; r < 2; r++) {
-            int64_t np = (size[r] + PIECE - 1) / PIECE, piece = size[r] / (np ? np : 1);
-            for (int64_t i = 0; i < np && n < BENCH_MAX_PIECES; i++, n++) {
-                at[n] = base[r] + i * piece;
-                len[n] = i + 1 < np ? piece : size[r] - i * piece;
-                *bytes += (double)(len[n] - len[n] % bench_limits_piece_step(b->lim));
-            }
-        }
+        n = add_pieces(at, len, n, w + e * wr, wr, PIECE);
+        n = add_pieces(at, len, n, s + e * sr, sr, PIECE);
     }
+    for (int i = 0; i < n; i++)
+        *bytes += (double)(len[i] - len[i] % bench_limits_piece_step(b->lim));
     if (st == MT_OK && (st = bench_limits_read_pieces(b->lim, at, len, n, ms, NULL, err)) != MT_OK)
         *bytes = 0;
     free(at);
