@@ -3,8 +3,9 @@
  * reads exactly the bytes asked for (every float of each piece, lengths
  * rounded down to its step, pieces at any alignment), checked by
  * its checksum against a plain sum on random pieces of random data, in
- * the first read pattern and in the one the probe found fastest; it
- * refuses more pieces than it holds, naming the count. */
+ * every read pattern (streams, line prefetch, page touch ahead) and in the
+ * one the probe found fastest; it refuses more pieces than it holds,
+ * naming the count, and a pattern that does not exist. */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 #include <math.h>
@@ -33,20 +34,21 @@ static void teardown(void)
 
 TestSuite(bench_read_pieces, .init = setup, .fini = teardown);
 
-/* In the pattern the probe found fastest (streams and prefetch), or the
- * first one when fastest is set false. */
-static void check_pieces(bool fastest)
+/* In read pattern pattern, or (-1) the one the probe finds fastest. */
+static void check_pieces(int pattern)
 {
     uint64_t seed = mt_seed_fresh();
     cr_log_info("seed %llu", (unsigned long long)seed);
     mt_rng r;
     mt_rng_seed(&r, seed);
     mt_err err = {0};
-    if (fastest) {
+    if (pattern < 0) {
         bench_spread bw;
         cr_assert_eq(bench_limits_bandwidth(lim, 3, &bw, &err), MT_OK, "%s", err.msg);
+    } else {
+        cr_assert(bench_limits_use_pattern(lim, pattern));
     }
-    cr_log_info("step %lld bytes", (long long)bench_limits_piece_step(lim));
+    cr_log_info("pattern %d, step %lld bytes", pattern, (long long)bench_limits_piece_step(lim));
     enum { FLOATS = 1 << 20, N = 37 };
     /* Small integers: every partial sum is exact in float. */
     float *host = malloc(sizeof *host * FLOATS);
@@ -79,9 +81,20 @@ static void check_pieces(bool fastest)
     free(host);
 }
 
-Test(bench_read_pieces, reads_every_float_of_each_piece_and_nothing_else) { check_pieces(false); }
+Test(bench_read_pieces, reads_every_float_of_each_piece_and_nothing_else_in_every_pattern)
+{
+    cr_assert_geq(bench_limits_pattern_count(), 2);
+    for (int i = 0; i < bench_limits_pattern_count(); i++)
+        check_pieces(i);
+}
 
-Test(bench_read_pieces, reads_the_same_in_the_probes_fastest_pattern) { check_pieces(true); }
+Test(bench_read_pieces, reads_the_same_in_the_probes_fastest_pattern) { check_pieces(-1); }
+
+Test(bench_read_pieces, refuses_a_pattern_that_does_not_exist)
+{
+    cr_assert_not(bench_limits_use_pattern(lim, -1));
+    cr_assert_not(bench_limits_use_pattern(lim, bench_limits_pattern_count()));
+}
 
 Test(bench_read_pieces, refuses_more_pieces_than_it_holds)
 {

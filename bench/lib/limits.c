@@ -103,10 +103,11 @@ static const char probe_src[] =
     "}\n"
     "/* The sum of bytes at p (a multiple of ns x 8 vectors, any alignment)\n"
     " * read as ns interleaved sequential streams, each with a software\n"
-    " * prefetch pf bytes ahead (0: none), as a kernel may. Eight independent\n"
-    " * vector accumulators: loads, not add latency, bound it. */\n"
+    " * prefetch pf bytes ahead (0: none) and one line of each 4 KiB page pg\n"
+    " * bytes ahead (0: none), as a kernel may. Eight independent vector\n"
+    " * accumulators: loads, not add latency, bound it. */\n"
     "typedef float mt_vfu __attribute__((vector_size(VW * 4), aligned(4)));\n"
-    "MT_INLINE float read_streams(const char *at, long bytes, int ns, int pf)\n"
+    "MT_INLINE float read_streams(const char *at, long bytes, int ns, int pf, int pg)\n"
     "{\n"
     "    mt_vf a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0}, a6 = {0}, a7 = {0};\n"
     "    const mt_vfu *base = (const mt_vfu *)at;\n"
@@ -118,6 +119,10 @@ static const char probe_src[] =
     "                const char *q = (const char *)p + pf;\n"
     "                for (int c = 0; c < 8 * VW * 4; c += 64) __builtin_prefetch(q + c);\n"
     "            }\n"
+    "            if (pg) {\n"
+    "                unsigned long q = (unsigned long)p + pg + 8 * VW * 4;\n"
+    "                if ((q & 4095) < 8 * VW * 4) __builtin_prefetch((const char *)(q & ~4095ul), 0, 1);\n"
+    "            }\n"
     "            a0 += p[0]; a1 += p[1]; a2 += p[2]; a3 += p[3];\n"
     "            a4 += p[4]; a5 += p[5]; a6 += p[6]; a7 += p[7];\n"
     "        }\n"
@@ -127,16 +132,16 @@ static const char probe_src[] =
     "    return s;\n"
     "}\n"
     "/* The bandwidth probe: work item i reads chunk floats from x + i chunk. */\n"
-    "MT_CPU_KERNEL void stream_sum(float *out, const float *x, long chunk, int ns, int pf)\n"
+    "MT_CPU_KERNEL void stream_sum(float *out, const float *x, long chunk, int ns, int pf, int pg)\n"
     "{\n"
-    "    out[itemIdx.x] = read_streams((const char *)(x + (long)itemIdx.x * chunk), chunk * 4, ns, pf);\n"
+    "    out[itemIdx.x] = read_streams((const char *)(x + (long)itemIdx.x * chunk), chunk * 4, ns, pf, pg);\n"
     "}\n"
     "/* A kernel's access pattern without its arithmetic: work item i reads\n"
     " * len[i] bytes from at[i]. */\n"
     "MT_CPU_KERNEL void stream_pieces(float *sums, const char *const *at, const long *len, int ns,\n"
-    "                                 int pf)\n"
+    "                                 int pf, int pg)\n"
     "{\n"
-    "    sums[itemIdx.x] = read_streams(at[itemIdx.x], len[itemIdx.x], ns, pf);\n"
+    "    sums[itemIdx.x] = read_streams(at[itemIdx.x], len[itemIdx.x], ns, pf, pg);\n"
     "}\n";
 
 /* Work items of a probe launch: 2 MiB each of a 1 GiB slice. With 64 (16
@@ -222,8 +227,8 @@ mt_status bench_limits_open(dev_device *d, bench_limits **out, mt_err *err)
             (st = dev_module_get_kernel(l->mod, "peak_fma", "pi", &l->fma, err)) != MT_OK ||
             (st = dev_module_get_kernel(l->mod, "peak_bf16", "pi", &l->bf16, err)) != MT_OK ||
             (st = dev_module_get_kernel(l->mod, "peak_i8", "pi", &l->i8, err)) != MT_OK ||
-            (st = dev_module_get_kernel(l->mod, "stream_sum", "pplii", &l->sum, err)) != MT_OK ||
-            (st = dev_module_get_kernel(l->mod, "stream_pieces", "pppii", &l->pieces, err)) !=
+            (st = dev_module_get_kernel(l->mod, "stream_sum", "ppliii", &l->sum, err)) != MT_OK ||
+            (st = dev_module_get_kernel(l->mod, "stream_pieces", "pppiii", &l->pieces, err)) !=
                 MT_OK ||
             (st = dev_alloc(d, BENCH_MAX_PIECES * sizeof(void *), &l->piece_at, err)) != MT_OK ||
             (st = dev_alloc(d, BENCH_MAX_PIECES * sizeof(long), &l->piece_len, err)) != MT_OK ||
@@ -261,10 +266,16 @@ void bench_limits_close(bench_limits *l)
  * Which one wins moves between sessions on the same Zen 5 VM kind: one or
  * two streams with prefetch 2-4 KiB ahead on 2026-12-02 (four streams
  * without prefetch a third slower), four streams without prefetch on
- * 2026-12-03 (80 GB/s against 60 for one stream). */
+ * 2026-12-03 (80 GB/s against 60 for one stream). pg touches one line of
+ * each 4 KiB page that far ahead, as the MoE kernels do since session 16:
+ * in a standalone read on that VM one stream with it read 75-77 GB/s
+ * against 59 without and 66 for four streams, so without these patterns
+ * the probe would under-read kernels that use it. */
 static const struct {
-    int streams, pf;
-} patterns[] = {{1, 0}, {1, 2048}, {1, 4096}, {2, 2048}, {2, 4096}, {4, 0}, {4, 2048}};
+    int streams, pf, pg;
+} patterns[] = {{1, 0, 0},     {1, 2048, 0},     {1, 4096, 0}, {2, 2048, 0},
+                {2, 4096, 0},  {4, 0, 0},        {4, 2048, 0}, {1, 4096, 32768},
+                {2, 4096, 32768}, {4, 0, 32768}};
 enum { N_PATTERNS = sizeof patterns / sizeof patterns[0] };
 
 /* Reads bytes of big from byte offset off in pattern pat. */
@@ -273,8 +284,8 @@ static mt_status stream_range(bench_limits *l, int pat, size_t off, size_t bytes
 {
     long chunk = (long)(bytes / 4 / ITEMS);
     const float *from = l->big + off / 4;
-    int ns = patterns[pat].streams, pf = patterns[pat].pf;
-    void *args[] = {&l->out, &from, &chunk, &ns, &pf};
+    int ns = patterns[pat].streams, pf = patterns[pat].pf, pg = patterns[pat].pg;
+    void *args[] = {&l->out, &from, &chunk, &ns, &pf, &pg};
     double t0 = mt_now_ms();
     mt_status st = dev_launch(l->dev, l->sum, (dev_dim3){ITEMS, 1, 1}, (dev_dim3){1, 1, 1}, 0,
                               args, err);
@@ -371,6 +382,19 @@ mt_status bench_limits_sample(bench_limits *l, double *gbps, mt_err *err)
     return st == MT_OK ? stream_range(l, 0, 0, (size_t)ITEMS * 4096, NULL, err) : st;
 }
 
+int bench_limits_pattern_count(void)
+{
+    return N_PATTERNS;
+}
+
+bool bench_limits_use_pattern(bench_limits *l, int i)
+{
+    if (i < 0 || i >= N_PATTERNS)
+        return false;
+    l->best[0] = i;
+    return true;
+}
+
 int64_t bench_limits_piece_step(const bench_limits *l)
 {
     return 512 * (int64_t)patterns[l->best[0]].streams;
@@ -388,12 +412,13 @@ mt_status bench_limits_read_pieces(bench_limits *l, const void *const *at, const
         return mt_fail(err, MT_E_INVALID, "read pieces: %d pieces, at most %d", n,
                        BENCH_MAX_PIECES);
     /* The probe's fastest pattern, whole steps of 8 vectors per stream. */
-    int ns = patterns[l->best[0]].streams, pf = patterns[l->best[0]].pf;
+    int ns = patterns[l->best[0]].streams, pf = patterns[l->best[0]].pf,
+        pg = patterns[l->best[0]].pg;
     int64_t step = bench_limits_piece_step(l);
     long lens[BENCH_MAX_PIECES];
     for (int i = 0; i < n; i++)
         lens[i] = (long)(len[i] - len[i] % step);
-    void *args[] = {&l->piece_sum, &l->piece_at, &l->piece_len, &ns, &pf};
+    void *args[] = {&l->piece_sum, &l->piece_at, &l->piece_len, &ns, &pf, &pg};
     mt_status st = dev_copy_to(l->dev, l->piece_at, at, (size_t)n * sizeof(void *), err);
     if (st == MT_OK)
         st = dev_copy_to(l->dev, l->piece_len, lens, (size_t)n * sizeof(long), err);

@@ -6,9 +6,11 @@
  * loads the CPU has) and run on the backend's thread pool, like the kernels
  * they are compared with:
  *  - read bandwidth: a streaming sum over a buffer of at least 1 GiB and 16x
- *    the last-level cache, in 512 work items, in seven read patterns (one,
- *    two or four streams per item, with and without software prefetch): the
- *    limit is the fastest, since a probe that under-reads flatters kernels;
+ *    the last-level cache, in 512 work items, in ten read patterns (one,
+ *    two or four streams per item, with and without software prefetch of
+ *    every line, with and without a touch of each 4 KiB page 32 KiB
+ *    ahead): the limit is the fastest, since a probe that under-reads
+ *    flatters kernels;
  *  - compute peaks: fp32 FMA, bf16 dot (vdpbf16ps) and u8 x s8 dot (VNNI
  *    vpdpbusd, else vpmaddubsw + vpmaddwd), each as 64 short work items of
  *    12 independent vector chains. A probe that loses a core to another
@@ -79,6 +81,11 @@ mt_status bench_limits_read_pieces(bench_limits *l, const void *const *at, const
                                    int n, double *ms, double *checksum, mt_err *err);
 /* The unit bench_limits_read_pieces reads in: 512 bytes per stream. */
 int64_t bench_limits_piece_step(const bench_limits *l);
+/* The read patterns, and a way to make pattern i (0 <= i < count) the one
+ * bench_limits_read_pieces uses until the next bench_limits_bandwidth
+ * (tests read in every pattern); false for i out of range. */
+int bench_limits_pattern_count(void);
+bool bench_limits_use_pattern(bench_limits *l, int i);
 
 /* p10, median, p90 and max of v[0:n] (sorted in place). */
 void bench_spread_of(double *v, int n, bench_spread *out);
