@@ -148,6 +148,11 @@ Test(moe_bench_peer, runs_each_round_on_a_fresh_routing_and_prints_its_figures, 
         cr_assert(mi >= 0, "%s", line);
         if (!vs) {
             stage_ms = num(o2, "default_ms");
+            /* The stage line names the probe's read pattern, and only
+             * when there was a probe (this run has none). */
+            const cJSON *pat = cJSON_GetObjectItemCaseSensitive(o2, "probe_pattern");
+            cr_assert(cJSON_IsString(pat), "no probe_pattern: %s", line);
+            cr_assert_eq(num(o2, "mem_bw_GBps") > 0, pat->valuestring[0] != 0, "%s", line);
             cJSON_Delete(o2);
             continue;
         }
@@ -188,5 +193,40 @@ Test(moe_bench_peer, runs_each_round_on_a_fresh_routing_and_prints_its_figures, 
     fclose(out);
     free(text);
     cr_assert(strstr(err.msg, "flush") && strstr(err.msg, "no_limits"), "%s", err.msg);
+    dev_close(d);
+}
+
+/* With the limits (cpu), every stage line names the probe's fastest read
+ * pattern, which its plain read used, and has a bandwidth. */
+Test(moe_bench_peer, stage_lines_name_the_probes_read_pattern, .timeout = 300)
+{
+    dev_device *d = NULL;
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(dev_open("cpu", NULL, &d, &err), MT_OK, "%s", err.msg);
+    static const int64_t ms[] = {1};
+    char *text = NULL;
+    size_t len = 0;
+    FILE *out = open_memstream(&text, &len);
+    cr_assert(out);
+    moe_bench_opts o = {.shape = "tiny", .family = "moe_gemm_down", .ms = ms, .n_ms = 1,
+                        .json = true, .max_ms = 1e-6, .seed = mt_seed_fresh()};
+    mt_status st = moe_bench_run(d, &o, out, &err);
+    fclose(out);
+    cr_assert_eq(st, MT_OK, "%s", err.msg);
+    int lines = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n"), lines++) {
+        cJSON *o2 = cJSON_Parse(line);
+        cr_assert(o2, "not JSON: %s", line);
+        const cJSON *pat = cJSON_GetObjectItemCaseSensitive(o2, "probe_pattern");
+        cr_assert(cJSON_IsString(pat), "%s", line);
+        cr_assert(!strncmp(pat->valuestring, "1 stream", 8) ||
+                      !strncmp(pat->valuestring, "2 streams", 9) ||
+                      !strncmp(pat->valuestring, "4 streams", 9),
+                  "no read pattern: %s", line);
+        cr_assert(num(o2, "mem_bw_GBps") > 0 && num(o2, "pattern_GBps") > 0, "%s", line);
+        cJSON_Delete(o2);
+    }
+    cr_assert_eq(lines, 1, "one stage line: %s", text);
+    free(text);
     dev_close(d);
 }

@@ -2,6 +2,7 @@
  * (see limits.h). */
 #include "limits.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -399,6 +400,16 @@ bool bench_limits_use_pattern(bench_limits *l, int i)
         return false;
     l->best[0] = i;
     return true;
+}
+
+void bench_limits_pattern_name(const bench_limits *l, char *out, size_t cap)
+{
+    int p = l->best[0], ns = patterns[p].streams;
+    int n = snprintf(out, cap, "%d stream%s", ns, ns == 1 ? "" : "s");
+    if (n >= 0 && (size_t)n < cap && patterns[p].pf)
+        n += snprintf(out + n, cap - (size_t)n, ", line prefetch %d B ahead", patterns[p].pf);
+    if (n >= 0 && (size_t)n < cap && patterns[p].pg)
+        snprintf(out + n, cap - (size_t)n, ", page touch %d B ahead", patterns[p].pg);
 }
 
 int64_t bench_limits_piece_step(const bench_limits *l)

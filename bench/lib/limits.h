@@ -86,6 +86,9 @@ int64_t bench_limits_piece_step(const bench_limits *l);
  * (tests read in every pattern); false for i out of range. */
 int bench_limits_pattern_count(void);
 bool bench_limits_use_pattern(bench_limits *l, int i);
+/* The pattern bench_limits_read_pieces uses, in words ("1 stream, line
+ * prefetch 4096 B ahead, page touch 32768 B ahead") into out[0:cap]. */
+void bench_limits_pattern_name(const bench_limits *l, char *out, size_t cap);
 
 /* p10, median, p90 and max of v[0:n] (sorted in place). */
 void bench_spread_of(double *v, int n, bench_spread *out);

@@ -33,6 +33,7 @@ typedef struct bench {
     bool int_dot; /* a4w4 / a8w4: the integer dot tiles (else a16w4) */
     int wl;       /* the expert weights' layout (bench_wl) */
     bool layer;   /* the layer's own buffers (router gate, shared expert) hold data */
+    char pattern[96]; /* the probe's fastest read pattern, in words (cpu; else empty) */
     void *w13, *s13, *w2, *s2, *gate, *bias, *sh_w13, *sh_s13, *sh_w2, *sh_s2;
     void *x, *h, *y, *ids, *sorted, *tile, *total, *tw;
     int32_t *hids, *hsorted, *htile;
@@ -718,13 +719,13 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
                 "\"speedup\":%.4f,\"experts\":%.2f,\"best_config\":\"%s\","
                 "\"pattern_GBps\":%.3f,\"fraction_of_pattern\":%.4f,"
                 "\"fraction_of_pattern_p10\":%.4f,\"fraction_of_pattern_p90\":%.4f,"
-                "\"pattern_fraction_of_bw_paired\":%.4f}\n",
+                "\"pattern_fraction_of_bw_paired\":%.4f,\"probe_pattern\":\"%s\"}\n",
                 g->fam, g->up ? "up" : "down", b->o->shape, b->p->spec, (long long)M, dflt, best,
                 sp[best_c].p10, sp[best_c].p90, n, b->o->flush ? "true" : "false", gbs, gfl, bw,
                 bws.p10, bws.p90, bw > 0 ? gbs / bw : 0, peak, paired.median, paired.p10,
                 paired.p90, b->int_dot ? "i8_dot" : pk.bf16 > 0 ? "bf16_dot" : "fp32_fma",
                 peak > 0 ? gfl / peak : 0, dflt / best, experts, ck, pat_gbs.median,
-                of_pat.median, of_pat.p10, of_pat.p90, pat_paired.median);
+                of_pat.median, of_pat.p10, of_pat.p90, pat_paired.median, b->pattern);
     else
         fprintf(b->out, "%-14s %5lld %10.3f %10.3f %9.2f %9.1f %8.2f %7.2f %10.2f %8.2f %8.2f  %s\n",
                 g->fam, (long long)M, dflt, best, gbs, gfl, bw > 0 ? gbs / bw : 0,
@@ -842,15 +843,21 @@ mt_status moe_bench_run(dev_device *d, const moe_bench_opts *o, FILE *out, mt_er
     }
     if (!o->no_limits && (st = bench_limits_open(d, &b.lim, err)) != MT_OK)
         goto out;
-    if (!o->json)
-        fprintf(out, "%-14s %5s %10s %10s %9s %9s %8s %7s %10s %8s %8s  %s\n", "family", "M",
-                "default ms", "best ms", "GB/s", "GFLOP/s", "of bw", "paired", "mem GB/s",
-                "of peak", "speedup", "best config");
     /* Picks the probe's fastest read pattern, once; the ratios use samples
      * of it interleaved with the timed calls. */
     bench_spread probe;
     if (b.lim && (st = bench_limits_bandwidth(b.lim, 3, &probe, err)) != MT_OK)
         goto out;
+    if (b.lim && b.p->backend == DEV_BACKEND_CPU) {
+        bench_limits_pattern_name(b.lim, b.pattern, sizeof b.pattern);
+        if (!o->json)
+            fprintf(out, "bandwidth probe: %.1f GB/s (median of 3), fastest read pattern: %s\n",
+                    probe.median, b.pattern);
+    }
+    if (!o->json)
+        fprintf(out, "%-14s %5s %10s %10s %9s %9s %8s %7s %10s %8s %8s  %s\n", "family", "M",
+                "default ms", "best ms", "GB/s", "GFLOP/s", "of bw", "paired", "mem GB/s",
+                "of peak", "speedup", "best config");
     for (int mi = 0; mi < o->n_ms; mi++) {
         int64_t M = o->ms[mi];
         if (layer) {
