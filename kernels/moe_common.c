@@ -411,7 +411,9 @@ const kern_param_desc moe_cpu_params[MOE_CPU_NPARAMS] = {
     [MOE_CPU_MR] = {"MR", mr_vals, 5, "tokens per register tile (16: wl=1 only)"},
     [MOE_CPU_KB] = {"KB", kb_vals, 5, "K elements per block (weights stay in L1 across tokens)"},
     [MOE_CPU_NT] = {"NT", nt_vals, 8, "output rows per work item (thread partition of N)"},
-    [MOE_CPU_PF] = {"PF", pf_vals, 6, "software prefetch distance in bytes (0: none); each 4 KiB page is also touched 8 x PF ahead"},
+    [MOE_CPU_PF] = {"PF", pf_vals, 6,
+                    "software prefetch distance in bytes (0: none); each 4 KiB page is "
+                    "also touched 8 x PF ahead"},
 };
 
 bool moe_cpu_valid(int64_t k, int64_t n, int wl, const kern_config *cfg, char *why, size_t cap)
