@@ -466,12 +466,14 @@ bool moe_cpu_valid(int64_t k, int64_t n, int wl, const kern_config *cfg, char *w
  * the loads: in a harness that runs the kernel and a plain read of the same
  * experts in random order, 400 rounds, stage 2 went from 0.81 to 0.92 of
  * the plain read, stage 1 from 0.83 to 0.92; 6-8 KiB the same as 4, 12
- * KiB worse). Two groups in flight below 4 pairs
- * per expert, so two weight streams and two chains of dots per block:
- * stage 1 one gate and one up group (NR 1), stage 2 two groups (NR 2; at
- * M = 1 on the Zen 5 VM 1.16-1.21 ms against 1.37-1.44 with one group,
- * whose dot chains wait on each other; four streams read slower in stage
- * 1); prefill one group (NR 1). One token (decode), 2 (2 to 4 per expert)
+ * KiB worse). Stage 1 one gate and one up group (NR 1: two weight
+ * streams); stage 2 one group (NR 1) with the integer tiles: since their
+ * dots take the activation as an embedded broadcast (session 16), one
+ * group ran 8-10 % faster than two at M = 1 and 16 (0.78-0.86 against
+ * 0.86-0.93 ms, 11.3 against 12.3 ms), where before two groups had been
+ * faster (1.16-1.21 ms against 1.37-1.44); a16w4 below 4 pairs an expert
+ * keeps two groups in stage 2. Four streams read slower in either stage;
+ * prefill one group (NR 1). One token (decode), 2 (2 to 4 per expert)
  * or 8 (prefill: 16 accumulators in stage 1), all of K. a16w4 grouped
  * (bf16 or float dots) at prefill: two groups share each broadcast
  * activation pair and tokens go in balanced groups of at most 4 (the
@@ -526,7 +528,8 @@ void moe_cpu_default(int64_t k, int64_t n, int64_t npairs, int64_t n_experts, bo
         if (cfg->v[MOE_CPU_NT] % 32)
             cfg->v[MOE_CPU_NR] = 1;
     } else if (wl == 1) {
-        cfg->v[MOE_CPU_NR] = !up && per_expert < 4 && cfg->v[MOE_CPU_NT] % 32 == 0 ? 2 : 1;
+        cfg->v[MOE_CPU_NR] =
+            !up && !int_dot && per_expert < 4 && cfg->v[MOE_CPU_NT] % 32 == 0 ? 2 : 1;
         cfg->v[MOE_CPU_MR] = per_expert >= 4 ? 8 : per_expert >= 2 ? 2 : 1;
         if (per_expert < 4)
             cfg->v[MOE_CPU_PF] = 4096;
