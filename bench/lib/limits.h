@@ -66,6 +66,10 @@ mt_status bench_limits_peaks(bench_limits *l, int launches, bench_peaks *out, mt
 /* Streams the probe buffer once, so nothing a kernel read stays in cache,
  * and leaves the pool's threads awake (cpu). */
 mt_status bench_limits_flush(bench_limits *l, mt_err *err);
+/* One short launch (512 items of 4 KiB, cpu; elsewhere nothing), so the
+ * pool's threads are awake when the next timed call starts, as they are
+ * between the kernels of a model step. */
+mt_status bench_limits_wake(bench_limits *l, mt_err *err);
 
 /* A kernel's bytes as a plain read (cpu; elsewhere *ms = 0): piece i is
  * len[i] bytes of device memory at at[i] (any alignment), rounded down to

@@ -298,8 +298,13 @@ static mt_status time_layer(bench *b, const model_moe_kernels *k, model_moe_ws *
         (st = sample_limit(b, &bwv[0], err)) != MT_OK)
         return st;
     while (n < MAX_REPS && (n < 3 || spent < b->max_ms)) {
+        /* Fresh inputs are host work that a model step does not do between
+         * layers; the pool's threads may fall asleep meanwhile, so a short
+         * launch wakes them (bench_limits_wake), as the kernels before a
+         * layer do in a model step. */
         if ((st = fresh_x(b, M, err)) != MT_OK ||
             (b->o->flush && (st = bench_limits_flush(b->lim, err)) != MT_OK) ||
+            (b->lim && (st = bench_limits_wake(b->lim, err)) != MT_OK) ||
             (st = dev_synchronize(b->d, err)) != MT_OK ||
             (st = dev_event_record(b->d, b->e0, err)) != MT_OK ||
             (st = model_moe_run(k, ws, &b->dims, &w, b->x, M, b->y, err)) != MT_OK ||
@@ -618,7 +623,8 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
              * the bandwidth sample is not always the same config's. A
              * routing of its own for every call: a call that reused the
              * previous call's experts would read them from cache. Slot nc
-             * is the plain read. */
+             * is the plain read. The pool is woken after the host's
+             * routing, as in time_layer (the plain read does the same). */
             int c = (n + j) % slots;
             if (c == nc) {
                 st = time_pattern(b, g, M, &pat_ms[n], &pat_bytes[n], err);
@@ -629,6 +635,7 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
             if ((st = fresh_routing(b, M, &used, err)) != MT_OK ||
                 (peer_first && (st = run_peer(b, g, M, &pt[n], err)) != MT_OK) ||
                 (b->o->flush && (st = bench_limits_flush(b->lim, err)) != MT_OK) ||
+                (b->lim && (st = bench_limits_wake(b->lim, err)) != MT_OK) ||
                 (st = dev_synchronize(b->d, err)) != MT_OK ||
                 (st = dev_event_record(b->d, b->e0, err)) != MT_OK ||
                 (st = kern_exec_run(g->ex[c], NULL, M, g->up ? bu : bd, err)) != MT_OK ||
