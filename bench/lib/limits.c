@@ -305,25 +305,24 @@ static mt_status stream_pattern(bench_limits *l, int pat, double *ms, mt_err *er
     return stream_range(l, pat, 0, l->big_bytes, ms, err);
 }
 
+mt_status bench_limits_wake(bench_limits *l, mt_err *err)
+{
+    /* 4 KiB a work item, synchronized (stream_range) */
+    return l->sum ? stream_range(l, 0, 0, (size_t)ITEMS * 4096, NULL, err) : MT_OK;
+}
+
 mt_status bench_limits_flush(bench_limits *l, mt_err *err)
 {
     if (!l->sum)
         return MT_OK;
     mt_status st = stream_pattern(l, 0, NULL, err);
-    /* Then a short launch (4 KiB a work item): a pool thread that finished
-     * its share of the long stream early may have gone to sleep, and
-     * waking it costs the next launch tens of microseconds in a VM. Between
-     * the launches of a decode step the threads are awake. */
-    return st == MT_OK ? stream_range(l, 0, 0, (size_t)ITEMS * 4096, NULL, err) : st;
+    /* Then a short launch: a pool thread that finished its share of the
+     * long stream early may have gone to sleep, and waking it costs the
+     * next launch tens of microseconds in a VM. Between the launches of a
+     * decode step the threads are awake. */
+    return st == MT_OK ? bench_limits_wake(l, err) : st;
 }
 
-mt_status bench_limits_wake(bench_limits *l, mt_err *err)
-{
-    if (!l->sum)
-        return MT_OK;
-    mt_status st = stream_range(l, 0, 0, (size_t)ITEMS * 4096, NULL, err);
-    return st == MT_OK ? dev_synchronize(l->dev, err) : st;
-}
 
 mt_status bench_limits_bandwidth(bench_limits *l, int reps, bench_spread *out, mt_err *err)
 {
@@ -397,7 +396,7 @@ mt_status bench_limits_sample(bench_limits *l, double *gbps, mt_err *err)
     /* A short launch after the long ones, as in bench_limits_flush: the
      * kernel timed next must not pay for waking a pool thread that went
      * to sleep at the end of the sample. */
-    return st == MT_OK ? stream_range(l, 0, 0, (size_t)ITEMS * 4096, NULL, err) : st;
+    return st == MT_OK ? bench_limits_wake(l, err) : st;
 }
 
 int bench_limits_pattern_count(void)
