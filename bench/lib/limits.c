@@ -323,7 +323,6 @@ mt_status bench_limits_flush(bench_limits *l, mt_err *err)
     return st == MT_OK ? bench_limits_wake(l, err) : st;
 }
 
-
 mt_status bench_limits_bandwidth(bench_limits *l, int reps, bench_spread *out, mt_err *err)
 {
     memset(out, 0, sizeof *out);
