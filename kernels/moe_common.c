@@ -472,7 +472,10 @@ bool moe_cpu_valid(int64_t k, int64_t n, int wl, const kern_config *cfg, char *w
  * group ran 8-10 % faster than two at M = 1 and 16 (0.78-0.86 against
  * 0.86-0.93 ms, 11.3 against 12.3 ms), where before two groups had been
  * faster (1.16-1.21 ms against 1.37-1.44); a16w4 below 4 pairs an expert
- * keeps two groups in stage 2. Four streams read slower in either stage;
+ * keeps two groups in stage 2. That is on AMD (one_stream); on an Intel
+ * Xeon (AMX, 2 cores, 32 GB/s) one group ran 16 % slower than two at M = 1
+ * (2.20 against 1.90-1.93 ms; four groups the same as two), so elsewhere
+ * stage 2 keeps two. Four streams read slower in either stage on Zen 5;
  * prefill one group (NR 1). One token (decode), 2 (2 to 4 per expert)
  * or 8 (prefill: 16 accumulators in stage 1), all of K. a16w4 grouped
  * (bf16 or float dots) at prefill: two groups share each broadcast
@@ -484,8 +487,13 @@ bool moe_cpu_valid(int64_t k, int64_t n, int wl, const kern_config *cfg, char *w
  * KiB ahead, all of K: at glm5.2 M = 256 stage 1 182 ms against 234 for
  * NR 1, NT 64, KB 1024 without prefetch, stage 2 95 against 127.
  * Measured on a 2-core Zen 5 (docs/BENCHMARKS.md). */
+bool moe_cpu_one_stream_fills(const dev_props *p)
+{
+    return p && p->backend == DEV_BACKEND_CPU && strstr(p->name, "AMD") != NULL;
+}
+
 void moe_cpu_default(int64_t k, int64_t n, int64_t npairs, int64_t n_experts, bool up,
-                     bool int_dot, int wl, kern_config *cfg)
+                     bool int_dot, int wl, bool one_stream, kern_config *cfg)
 {
     double used = moe_expected_experts(n_experts, 1, npairs);
     double per_expert = (double)npairs / (used > 1.0 ? used : 1.0);
@@ -529,7 +537,9 @@ void moe_cpu_default(int64_t k, int64_t n, int64_t npairs, int64_t n_experts, bo
             cfg->v[MOE_CPU_NR] = 1;
     } else if (wl == 1) {
         cfg->v[MOE_CPU_NR] =
-            !up && !int_dot && per_expert < 4 && cfg->v[MOE_CPU_NT] % 32 == 0 ? 2 : 1;
+            !up && (!int_dot || !one_stream) && per_expert < 4 && cfg->v[MOE_CPU_NT] % 32 == 0
+                ? 2
+                : 1;
         cfg->v[MOE_CPU_MR] = per_expert >= 4 ? 8 : per_expert >= 2 ? 2 : 1;
         if (per_expert < 4)
             cfg->v[MOE_CPU_PF] = 4096;
