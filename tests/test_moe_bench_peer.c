@@ -224,6 +224,12 @@ Test(moe_bench_peer, stage_lines_name_the_probes_read_pattern, .timeout = 300)
                       !strncmp(pat->valuestring, "4 streams", 9),
                   "no read pattern: %s", line);
         cr_assert(num(o2, "mem_bw_GBps") > 0 && num(o2, "pattern_GBps") > 0, "%s", line);
+        /* The plain read is a read of memory: the limit is never below it,
+         * so no fraction against the limit is above 1 because of it. */
+        cr_assert_geq(num(o2, "mem_bw_GBps"), num(o2, "pattern_GBps") * (1 - 1e-6), "%s", line);
+        cr_assert_leq(num(o2, "pattern_fraction_of_bw_paired"), 1 + 1e-6, "%s", line);
+        double over = num(o2, "pattern_above_probe_rounds");
+        cr_assert(over >= 0 && over <= num(o2, "reps"), "%s", line);
         cJSON_Delete(o2);
     }
     cr_assert_eq(lines, 1, "one stage line: %s", text);
