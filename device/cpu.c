@@ -44,6 +44,7 @@ typedef struct cpu_ctx {
     cpu_pool *pool;
     const char *prelude;
     char march[48];        /* "-march=native", or a capped level "-march=x86-64-v3" */
+    bool amx_off;          /* native on a cpu with AMX this process may not use: -mno-amx-* */
     char compiler_id[512];
 } cpu_ctx;
 
@@ -144,6 +145,10 @@ static mt_status cpu_open(const char *arg, const dev_open_opts *opts, dev_props 
         return mt_fail(err, MT_E_NOMEM, "cpu device");
     c->prelude = prelude;
     snprintf(c->march, sizeof c->march, "-march=%s", level ? level : "native");
+    /* AMX is the process's to ask for before any kernel can use it; where
+     * the cpu has it and the OS refuses, native code is built without it. */
+    cpu_amx amx = level ? CPU_AMX_NONE : cpu_host_amx();
+    c->amx_off = amx == CPU_AMX_REFUSED;
     st = cpu_pool_create(threads, &c->pool, err);
     if (st != MT_OK) {
         free(c);
@@ -172,13 +177,15 @@ static mt_status cpu_open(const char *arg, const dev_open_opts *opts, dev_props 
     props->mem_bytes = cpu_host_mem_bytes();
     props->max_vgprs = 0;
     props->compile_only = false;
+    props->cpu_amx = amx == CPU_AMX_USABLE;
     /* The cache key holds the arch, but -march is spelled out here too: two
      * machines share a cache only when the compiler targets both the same
      * way. */
     char native[32];
     cpu_host_arch(native, sizeof native);
-    snprintf(c->compiler_id, sizeof c->compiler_id, "%s -O3 %s -std=gnu11 [native=%s] %s",
-             dev_host_cc_id(), c->march, native, DEV_HOST_CC_OUTPUT);
+    snprintf(c->compiler_id, sizeof c->compiler_id, "%s -O3 %s%s -std=gnu11 [native=%s] %s",
+             dev_host_cc_id(), c->march, c->amx_off ? " -mno-amx-tile -mno-amx-bf16 -mno-amx-int8" : "",
+             native, DEV_HOST_CC_OUTPUT);
     *ctx_out = c;
     return MT_OK;
 }
@@ -206,11 +213,12 @@ static mt_status cpu_compile(void *ctx, const dev_props *props, const dev_compil
     *log = NULL;
     info->n_kernels = 0;
     const char *name = req->name ? req->name : "kernel.c";
-    const char *const fixed[] = {"-O3", c->march, "-std=gnu11"};
+    const char *const fixed[] = {"-O3", c->march, "-std=gnu11", "-mno-amx-tile",
+                                 "-mno-amx-bf16", "-mno-amx-int8"};
+    const int n_fixed = c->amx_off ? 6 : 3;
     dev_compile_args a;
     mt_status st = dev_compile_args_build(req, name, "prelude_cpu.h", c->prelude, fixed,
-                                          (int)(sizeof fixed / sizeof *fixed), 64, &a,
-                                          err);
+                                          n_fixed, 64, &a, err);
     if (st != MT_OK)
         return st;
     st = dev_host_cc(a.text, a.opts, a.n_opts, bytes, len, log, err);

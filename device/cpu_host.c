@@ -13,6 +13,9 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
+#ifdef __linux__
+#include <sys/syscall.h>
+#endif
 
 int cpu_host_count(void)
 {
@@ -319,4 +322,38 @@ size_t cpu_host_mem_bytes(void)
 {
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     return pages > 0 && page > 0 ? (size_t)pages * (size_t)page : 0;
+}
+
+#if defined(__x86_64__) && defined(__linux__)
+static cpu_amx amx_probe(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 22)))
+        return CPU_AMX_NONE; /* AMX-TILE: bit 24, AMX-BF16: bit 22 */
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27)))
+        return CPU_AMX_REFUSED; /* no OSXSAVE: no XCR0 to read */
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & (3u << 17)) != (3u << 17))
+        return CPU_AMX_REFUSED; /* XTILECFG, XTILEDATA not enabled by the OS */
+    enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0
+               ? CPU_AMX_USABLE
+               : CPU_AMX_REFUSED;
+}
+#endif
+
+cpu_amx cpu_host_amx(void)
+{
+#if defined(__x86_64__) && defined(__linux__)
+    static int state = -1; /* the probe's answer never changes; asking twice is harmless */
+    int s = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
+    if (s < 0) {
+        s = (int)amx_probe();
+        __atomic_store_n(&state, s, __ATOMIC_RELEASE);
+    }
+    return (cpu_amx)s;
+#else
+    return CPU_AMX_NONE;
+#endif
 }

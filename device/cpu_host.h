@@ -47,6 +47,20 @@ size_t cpu_host_llc_bytes_sysfs(const char *sysfs_root);
 size_t cpu_host_llc_bytes_sysconf(void);
 size_t cpu_host_llc_bytes_cpuid(void);
 
+/* AMX tiles for this process. */
+typedef enum cpu_amx {
+    CPU_AMX_NONE = 0,   /* the cpu lacks AMX-TILE or AMX-BF16 */
+    CPU_AMX_USABLE = 1, /* and the OS saves tile state and let this process use it */
+    CPU_AMX_REFUSED = 2 /* the cpu has them, the OS does not enable or permit them */
+} cpu_amx;
+
+/* Whether this process may run AMX tile instructions (AMX-TILE and
+ * AMX-BF16 in cpuid, tile state in XCR0, and on Linux the tile data
+ * permission, asked for once with arch_prctl(ARCH_REQ_XCOMP_PERM): without
+ * it the first tile instruction raises SIGILL). The permission is the
+ * process's, so every pool thread has it once this returned USABLE. */
+cpu_amx cpu_host_amx(void);
+
 /* Physical memory in bytes. */
 size_t cpu_host_mem_bytes(void);
 

@@ -58,6 +58,8 @@ typedef struct dev_props {
     size_t mem_bytes;          /* device memory (host RAM for cpu/emu) */
     int max_vgprs;             /* per thread, 0 when not applicable */
     bool compile_only;         /* no device present: compile and inspect only */
+    bool cpu_amx;              /* cpu: the kernels are compiled with AMX tiles (the cpu has
+                                * AMX-BF16 and the OS lets this process use it) */
     char fingerprint[65];      /* sha256 over backend, arch, name, CUs, runtime */
 } dev_props;
 

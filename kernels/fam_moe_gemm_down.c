@@ -201,7 +201,7 @@ static void cpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern
 {
     moe_cpu_default(s->v[D_I], s->v[D_H], m * s->v[D_TOPK], s->v[D_E], false,
                     s->v[D_A] != KERN_DT_BF16, (int)s->v[D_WL],
-                    moe_cpu_one_stream_fills(p), cfg);
+                    p, cfg);
 }
 
 /* comb=0 adds every pair's row into y with float atomics, in the order the

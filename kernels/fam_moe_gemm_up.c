@@ -242,7 +242,7 @@ static void cpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern
 {
     moe_cpu_default(s->v[D_H], s->v[D_I], m * s->v[D_TOPK], s->v[D_E], true,
                     s->v[D_A] != KERN_DT_BF16, (int)s->v[D_WL],
-                    moe_cpu_one_stream_fills(p), cfg);
+                    p, cfg);
 }
 
 static const kern_impl cpu_impl = {

@@ -493,8 +493,9 @@ bool moe_cpu_one_stream_fills(const dev_props *p)
 }
 
 void moe_cpu_default(int64_t k, int64_t n, int64_t npairs, int64_t n_experts, bool up,
-                     bool int_dot, int wl, bool one_stream, kern_config *cfg)
+                     bool int_dot, int wl, const dev_props *p, kern_config *cfg)
 {
+    const bool one_stream = moe_cpu_one_stream_fills(p);
     double used = moe_expected_experts(n_experts, 1, npairs);
     double per_expert = (double)npairs / (used > 1.0 ? used : 1.0);
     cfg->n = MOE_CPU_NPARAMS;
@@ -525,7 +526,17 @@ void moe_cpu_default(int64_t k, int64_t n, int64_t npairs, int64_t n_experts, bo
         cfg->v[MOE_CPU_KB] /= 2;
     if (cfg->v[MOE_CPU_KB] < k && k % cfg->v[MOE_CPU_KB])
         cfg->v[MOE_CPU_KB] = 65536;
-    if (wl == 1 && !int_dot && per_expert >= 4) {
+    if (wl == 1 && !int_dot && per_expert >= 4 && p && p->cpu_amx) {
+        /* AMX: one tile of up to 16 tokens per group (gate and up paired in
+         * stage 1), 256 rows per item, prefetch 2 KiB ahead, all of K. */
+        cfg->v[MOE_CPU_NR] = 1;
+        cfg->v[MOE_CPU_MR] = 16;
+        cfg->v[MOE_CPU_KB] = 65536;
+        cfg->v[MOE_CPU_NT] = 256;
+        cfg->v[MOE_CPU_PF] = 2048;
+        while (cfg->v[MOE_CPU_NT] > 16 && n % cfg->v[MOE_CPU_NT])
+            cfg->v[MOE_CPU_NT] /= 2;
+    } else if (wl == 1 && !int_dot && per_expert >= 4) {
         cfg->v[MOE_CPU_NR] = 2;
         cfg->v[MOE_CPU_MR] = 4;
         cfg->v[MOE_CPU_KB] = 65536;

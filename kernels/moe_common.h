@@ -159,10 +159,11 @@ bool moe_cpu_valid(int64_t k, int64_t n, int wl, const kern_config *cfg, char *w
 /* Default cpu config for npairs routed pairs over n_experts; stage 1 (up)
  * streams two weight rows per NR (gate and up), stage 2 one. int_dot: the
  * activations are quantized (a4w4, a8w4: integer dot tiles), else bf16.
- * one_stream: one weight stream per thread keeps up with memory on this
- * cpu (moe_cpu_one_stream_fills), which changes the decode tile of stage 2. */
+ * p (may be NULL): the device; whether one weight stream per thread keeps
+ * up with memory on it (moe_cpu_one_stream_fills) changes stage 2's decode
+ * tile, and AMX (p->cpu_amx) a16w4's prefill tile. */
 void moe_cpu_default(int64_t k, int64_t n, int64_t npairs, int64_t n_experts, bool up,
-                     bool int_dot, int wl, bool one_stream, kern_config *cfg);
+                     bool int_dot, int wl, const dev_props *p, kern_config *cfg);
 /* Whether one weight stream per thread reads at the memory's pace on the
  * cpu p names: AMD's cores (measured on Zen 5), not Intel's (measured on a
  * Xeon with AMX, where two streams per thread read 16 % faster at decode).
