@@ -102,6 +102,40 @@ static const char probe_src[] =
     "    if (itemIdx.x == 0) out[1002] = 0;\n"
     "#endif\n"
     "}\n"
+    "/* AMX tdpbf16ps (16 x 16 x 32 bf16 multiply-adds into fp32 tiles), where\n"
+    " * the cpu backend compiled with AMX: four independent sums from two A\n"
+    " * and two B tiles, 12 tile ops per iters / 8 steps (out[1003]: 8192 / 8\n"
+    " * multiply-adds per op and step). */\n"
+    "MT_CPU_KERNEL void peak_amx_bf16(float *out, int iters)\n"
+    "{\n"
+    "#if defined(__AMX_TILE__) && defined(__AMX_BF16__)\n"
+    "    struct { unsigned char palette, start, res[14]; unsigned short colsb[16];\n"
+    "             unsigned char rows[16]; } cfg;\n"
+    "    memset(&cfg, 0, sizeof cfg);\n"
+    "    cfg.palette = 1;\n"
+    "    for (int i = 0; i < 8; i++) { cfg.rows[i] = 16; cfg.colsb[i] = 64; }\n"
+    "    _Alignas(64) unsigned short ab[16 * 32];\n"
+    "    _Alignas(64) float c[16 * 16];\n"
+    "    for (int i = 0; i < 16 * 32; i++) ab[i] = 0x3a80; /* 2^-10 */\n"
+    "    _tile_loadconfig(&cfg);\n"
+    "    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);\n"
+    "    _tile_loadd(4, ab, 64); _tile_loadd(5, ab, 64);\n"
+    "    _tile_loadd(6, ab, 64); _tile_loadd(7, ab, 64);\n"
+    "    for (int i = 0; i < iters / 8; i++) {\n"
+    "        _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6);\n"
+    "        _tile_dpbf16ps(3, 5, 7); _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7);\n"
+    "        _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7); _tile_dpbf16ps(0, 4, 6);\n"
+    "        _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);\n"
+    "    }\n"
+    "    _tile_stored(0, c, 64);\n"
+    "    _tile_release();\n"
+    "    out[itemIdx.x] = c[0];\n"
+    "    if (itemIdx.x == 0) out[1003] = 8192 / 8;\n"
+    "#else\n"
+    "    (void)iters;\n"
+    "    if (itemIdx.x == 0) out[1003] = 0;\n"
+    "#endif\n"
+    "}\n"
     "/* The sum of bytes at p (a multiple of ns x 8 vectors, any alignment)\n"
     " * read as ns interleaved sequential streams, each with a software\n"
     " * prefetch pf bytes ahead (0: none) and one line of each 4 KiB page pg\n"
@@ -161,7 +195,7 @@ struct bench_limits {
     const dev_props *props;
     dev_code *code;
     dev_module *mod;
-    dev_kernel *fma, *bf16, *i8, *sum, *pieces;
+    dev_kernel *fma, *bf16, *i8, *amx, *sum, *pieces;
     void *piece_at, *piece_len, *piece_sum; /* BENCH_MAX_PIECES of each */
     bench_peaks peaks; /* the best of every peak probe so far */
     float *out;       /* 4096 bytes: per-item sums, [1000] the vector width */
@@ -231,6 +265,7 @@ mt_status bench_limits_open(dev_device *d, bench_limits **out, mt_err *err)
             (st = dev_module_get_kernel(l->mod, "peak_fma", "pi", &l->fma, err)) != MT_OK ||
             (st = dev_module_get_kernel(l->mod, "peak_bf16", "pi", &l->bf16, err)) != MT_OK ||
             (st = dev_module_get_kernel(l->mod, "peak_i8", "pi", &l->i8, err)) != MT_OK ||
+            (st = dev_module_get_kernel(l->mod, "peak_amx_bf16", "pi", &l->amx, err)) != MT_OK ||
             (st = dev_module_get_kernel(l->mod, "stream_sum", "ppliii", &l->sum, err)) != MT_OK ||
             (st = dev_module_get_kernel(l->mod, "stream_pieces", "pppiii", &l->pieces, err)) !=
                 MT_OK ||
@@ -495,11 +530,13 @@ mt_status bench_limits_peaks(bench_limits *l, int launches, bench_peaks *out, mt
         return MT_OK;
     mt_status st = MT_OK;
     for (int i = 0; i < launches && st == MT_OK; i++) {
-        double f = 0, b = 0, q = 0;
+        double f = 0, b = 0, q = 0, a = 0;
         if ((st = time_peak(l, l->fma, 1000, &f, err)) != MT_OK ||
             (st = time_peak(l, l->bf16, 1001, &b, err)) != MT_OK ||
-            (st = time_peak(l, l->i8, 1002, &q, err)) != MT_OK)
+            (st = time_peak(l, l->i8, 1002, &q, err)) != MT_OK ||
+            (st = time_peak(l, l->amx, 1003, &a, err)) != MT_OK)
             break;
+        l->peaks.amx_bf16 = a > l->peaks.amx_bf16 ? a : l->peaks.amx_bf16;
         l->peaks.fma = f > l->peaks.fma ? f : l->peaks.fma;
         l->peaks.bf16 = b > l->peaks.bf16 ? b : l->peaks.bf16;
         l->peaks.i8 = q > l->peaks.i8 ? q : l->peaks.i8;

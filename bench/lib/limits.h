@@ -13,7 +13,8 @@
  *    flatters kernels;
  *  - compute peaks: fp32 FMA, bf16 dot (vdpbf16ps) and u8 x s8 dot (VNNI
  *    vpdpbusd, else vpmaddubsw + vpmaddwd), each as 64 short work items of
- *    12 independent vector chains. A probe that loses a core to another
+ *    12 independent vector chains; and where the cpu device's kernels use
+ *    AMX, tdpbf16ps on four independent tiles. A probe that loses a core to another
  *    process reads low, and a kernel set against it looks better than it
  *    is, so callers repeat the probes between their kernels and keep the
  *    best of all of them.
@@ -58,6 +59,7 @@ mt_status bench_limits_sample(bench_limits *l, double *gbps, mt_err *err);
  * or the backend is not cpu. */
 typedef struct bench_peaks {
     double fma, bf16, i8;
+    double amx_bf16; /* AMX tdpbf16ps, where the cpu device's kernels use AMX */
 } bench_peaks;
 
 /* Runs each peak probe launches times (a launch takes a few ms) and gives

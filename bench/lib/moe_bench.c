@@ -714,7 +714,10 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
     bench_peaks pk = {0};
     if (b->lim && (st = bench_limits_peaks(b->lim, 3, &pk, err)) != MT_OK)
         return st;
-    double peak = b->int_dot ? pk.i8 : pk.bf16 > 0 ? pk.bf16 : pk.fma;
+    /* a16w4's MR 16 runs on AMX tiles where the device has them */
+    const bool amx = !b->int_dot && b->p->cpu_amx && b->wl == 1 &&
+                     kern_exec_config(g->ex[best_c])->v[MOE_CPU_MR] == 16;
+    double peak = b->int_dot ? pk.i8 : amx ? pk.amx_bf16 : pk.bf16 > 0 ? pk.bf16 : pk.fma;
     bench_spread bws;
     bench_spread_of(bwv, n + 1, &bws);
     /* noise only lowers a probe: the limit is its best sample, or the plain
@@ -745,7 +748,7 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
                 g->fam, g->up ? "up" : "down", b->o->shape, b->p->spec, (long long)M, dflt, best,
                 sp[best_c].p10, sp[best_c].p90, n, b->o->flush ? "true" : "false", gbs, gfl, bw,
                 bws.p10, bws.p90, bw > 0 ? gbs / bw : 0, peak, paired.median, paired.p10,
-                paired.p90, b->int_dot ? "i8_dot" : pk.bf16 > 0 ? "bf16_dot" : "fp32_fma",
+                paired.p90, b->int_dot ? "i8_dot" : amx ? "amx_bf16" : pk.bf16 > 0 ? "bf16_dot" : "fp32_fma",
                 peak > 0 ? gfl / peak : 0, dflt / best, experts, ck, pat_gbs.median,
                 of_pat.median, of_pat.p10, of_pat.p90, pat_paired.median, pat_over, b->pattern);
     else
