@@ -23,8 +23,10 @@ static cJSON *props_json(const dev_props *p)
     cJSON_AddNumberToObject(o, "llc_bytes", (double)p->llc_bytes);
     cJSON_AddNumberToObject(o, "mem_bytes", (double)p->mem_bytes);
     cJSON_AddBoolToObject(o, "compile_only", p->compile_only);
-    if (p->backend == DEV_BACKEND_CPU)
+    if (p->backend == DEV_BACKEND_CPU) {
         cJSON_AddBoolToObject(o, "amx", p->cpu_amx);
+        cJSON_AddBoolToObject(o, "page_touch", p->cpu_page_touch);
+    }
     cJSON_AddStringToObject(o, "fingerprint", p->fingerprint);
     return o;
 }
@@ -34,11 +36,12 @@ static void print_props(const dev_props *p)
     printf("%-12s %-4s arch=%s  %s\n", p->spec, dev_backend_name(p->backend), p->arch,
            p->name);
     printf("             units=%d warp=%d threads/block=%d shared/block=%zu KiB "
-           "llc=%zu KiB mem=%.1f GiB%s%s\n",
+           "llc=%zu KiB mem=%.1f GiB%s%s%s\n",
            p->compute_units, p->warp_size, p->max_threads_per_block,
            p->shared_mem_per_block / 1024, p->llc_bytes / 1024,
            (double)p->mem_bytes / (1024.0 * 1024 * 1024),
-           p->compile_only ? " (compile-only)" : "", p->cpu_amx ? " amx" : "");
+           p->compile_only ? " (compile-only)" : "", p->cpu_amx ? " amx" : "",
+           p->cpu_page_touch ? " page-touch" : "");
     printf("             runtime: %s\n", p->runtime_version);
 }
 

@@ -60,6 +60,8 @@ typedef struct dev_props {
     bool compile_only;         /* no device present: compile and inspect only */
     bool cpu_amx;              /* cpu: the kernels are compiled with AMX tiles (the cpu has
                                 * AMX-BF16 and the OS lets this process use it) */
+    bool cpu_page_touch;       /* cpu: the kernels' weight streams also touch each 4 KiB
+                                * page ahead (AMD; MOETUNE_CPU_PAGE_TOUCH=0|1 decides) */
     char fingerprint[65];      /* sha256 over backend, arch, name, CUs, runtime */
 } dev_props;
 

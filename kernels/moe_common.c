@@ -412,8 +412,8 @@ const kern_param_desc moe_cpu_params[MOE_CPU_NPARAMS] = {
     [MOE_CPU_KB] = {"KB", kb_vals, 5, "K elements per block (weights stay in L1 across tokens)"},
     [MOE_CPU_NT] = {"NT", nt_vals, 8, "output rows per work item (thread partition of N)"},
     [MOE_CPU_PF] = {"PF", pf_vals, 6,
-                    "software prefetch distance in bytes (0: none); each 4 KiB page is "
-                    "also touched 8 x PF ahead"},
+                    "software prefetch distance in bytes (0: none); where the device's page "
+                    "touch is on (AMD), each 4 KiB page is also touched 8 x PF ahead"},
 };
 
 bool moe_cpu_valid(int64_t k, int64_t n, int wl, const kern_config *cfg, char *why, size_t cap)
