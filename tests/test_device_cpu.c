@@ -581,3 +581,60 @@ Test(device_cpu, arch_caps_the_code_at_a_level_the_cpu_has)
     cr_skip_test("x86-64 levels only");
 #endif
 }
+
+/* What the kernels were compiled with: MT_CPU_PAGE_TOUCH and whether AMX
+ * tiles are on (__AMX_TILE__). */
+static const char flags_src[] =
+    "MT_CPU_KERNEL void flags(int *out)\n"
+    "{\n"
+    "    out[0] = MT_CPU_PAGE_TOUCH;\n"
+    "#ifdef __AMX_TILE__\n"
+    "    out[1] = 1;\n"
+    "#else\n"
+    "    out[1] = 0;\n"
+    "#endif\n"
+    "}\n";
+
+static void compiled_flags(dev_device *d, int out[2])
+{
+    dev_module *m = td_build(d, "flags.c", flags_src, NULL, 0, false);
+    dev_kernel *k = td_kernel(m, "flags", "p");
+    int *dout = td_alloc(d, 2 * sizeof(int));
+    void *args[] = {&dout};
+    launch(d, k, (dev_dim3){1, 1, 1}, args);
+    td_download(d, out, dout, 2 * sizeof(int));
+    dev_free(d, dout);
+    dev_module_unload(m);
+}
+
+/* The page touch follows the vendor, MOETUNE_CPU_PAGE_TOUCH overrides it,
+ * and the kernels see what the properties say (the flag is part of the
+ * compile cache key: the same text compiled under the other setting must
+ * not come back from the cache). AMX tiles are compiled in exactly where
+ * the properties say the process may use them. */
+Test(device_cpu, page_touch_and_amx_reach_the_kernels_as_the_properties_say)
+{
+    static const char *const settings[] = {"1", "0", NULL, "yes"};
+    for (size_t i = 0; i < sizeof settings / sizeof *settings; i++) {
+        if (settings[i])
+            setenv("MOETUNE_CPU_PAGE_TOUCH", settings[i], 1);
+        else
+            unsetenv("MOETUNE_CPU_PAGE_TOUCH");
+        dev_device *d = td_open("cpu", NULL);
+        const dev_props *p = dev_get_props(d);
+        bool amd = strstr(p->name, "AMD") != NULL;
+        bool want = settings[i] && !strcmp(settings[i], "1")   ? true
+                    : settings[i] && !strcmp(settings[i], "0") ? false
+                                                               : amd; /* unset or not 0/1 */
+        cr_expect_eq(p->cpu_page_touch, want, "MOETUNE_CPU_PAGE_TOUCH=%s on %s",
+                     settings[i] ? settings[i] : "(unset)", p->name);
+        int got[2] = {-1, -1};
+        compiled_flags(d, got);
+        cr_expect_eq(got[0], p->cpu_page_touch ? 1 : 0, "MOETUNE_CPU_PAGE_TOUCH=%s",
+                     settings[i] ? settings[i] : "(unset)");
+        cr_expect_eq(got[1], p->cpu_amx ? 1 : 0, "AMX compiled in: %d, props: %d", got[1],
+                     (int)p->cpu_amx);
+        cr_expect_eq(p->cpu_amx, cpu_host_amx() == CPU_AMX_USABLE);
+        dev_close(d);
+    }
+}
