@@ -230,6 +230,11 @@ Test(moe_bench_peer, stage_lines_name_the_probes_read_pattern, .timeout = 300)
         cr_assert_leq(num(o2, "pattern_fraction_of_bw_paired"), 1 + 1e-6, "%s", line);
         double over = num(o2, "pattern_above_probe_rounds");
         cr_assert(over >= 0 && over <= num(o2, "reps"), "%s", line);
+        /* Nor below any call: every fraction of it is at most 1. */
+        over = num(o2, "call_above_probe_rounds");
+        cr_assert(over >= 0 && over <= num(o2, "reps"), "%s", line);
+        cr_assert_leq(num(o2, "fraction_of_bw"), 1 + 1e-6, "%s", line);
+        cr_assert_leq(num(o2, "fraction_of_bw_paired_p90"), 1 + 1e-6, "%s", line);
         cJSON_Delete(o2);
     }
     cr_assert_eq(lines, 1, "one stage line: %s", text);
