@@ -71,9 +71,10 @@ static int buf_index(const kern_problem *p, const char *name)
 
 /* Codes 0 (a zero row) and 1 (2^-126) in some blocks of every expert, next
  * to code 2, the smallest the bf16 exponent step keeps normal: those
- * blocks take the fp32 route, and the sums must still match the reference
- * recomputed on the changed weights. */
-Test(moe_amx, out_of_range_scale_codes_take_the_fp32_route, .timeout = 300)
+ * blocks take the fp32 route; and code 140 (a scale above 1: the masked
+ * add) in another. The sums must still match the reference recomputed on
+ * the changed weights. */
+Test(moe_amx, scale_codes_of_every_route_match_the_reference, .timeout = 300)
 {
     dev_device *d = open_amx();
     if (!d)
@@ -99,6 +100,7 @@ Test(moe_amx, out_of_range_scale_codes_take_the_fp32_route, .timeout = 300)
         g0[1024 + 1 * 16 + 5] = 1; /* block 1, row 5 */
         g0[1024 + 2 * 16 + 9] = 2; /* block 2, row 9: in range */
         g1[1024 + 3 * 16 + 15] = 0; /* block 3, row 15 of the second group */
+        g1[1024 + 1 * 16 + 7] = 140; /* block 1 of the second group: a scale above 1 */
     }
     cr_assert_eq(dev_copy_to(d, kern_problem_dev(p)[wb], w, kern_problem_buf(p, wb)->bytes, &err),
                  MT_OK, "%s", err.msg);
