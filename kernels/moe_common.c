@@ -526,19 +526,12 @@ void moe_cpu_default(int64_t k, int64_t n, int64_t npairs, int64_t n_experts, bo
         cfg->v[MOE_CPU_KB] /= 2;
     if (cfg->v[MOE_CPU_KB] < k && k % cfg->v[MOE_CPU_KB])
         cfg->v[MOE_CPU_KB] = 65536;
-    if (wl == 1 && !int_dot && per_expert >= 4 && p && p->cpu_amx) {
-        /* AMX: one tile of up to 16 tokens per group (gate and up paired in
-         * stage 1), 256 rows per item, prefetch 2 KiB ahead, all of K. */
-        cfg->v[MOE_CPU_NR] = 1;
-        cfg->v[MOE_CPU_MR] = 16;
-        cfg->v[MOE_CPU_KB] = 65536;
-        cfg->v[MOE_CPU_NT] = 256;
-        cfg->v[MOE_CPU_PF] = 2048;
-        while (cfg->v[MOE_CPU_NT] > 16 && n % cfg->v[MOE_CPU_NT])
-            cfg->v[MOE_CPU_NT] /= 2;
-    } else if (wl == 1 && !int_dot && per_expert >= 4) {
-        cfg->v[MOE_CPU_NR] = 2;
-        cfg->v[MOE_CPU_MR] = 4;
+    if (wl == 1 && !int_dot && per_expert >= 4) {
+        /* With AMX one tile of up to 16 tokens per group (gate and up
+         * paired in stage 1: NR 1); else paired groups of MR 4. */
+        const bool amx = p && p->cpu_amx;
+        cfg->v[MOE_CPU_NR] = amx ? 1 : 2;
+        cfg->v[MOE_CPU_MR] = amx ? 16 : 4;
         cfg->v[MOE_CPU_KB] = 65536;
         cfg->v[MOE_CPU_NT] = 256;
         cfg->v[MOE_CPU_PF] = 2048;

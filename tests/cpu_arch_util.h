@@ -6,6 +6,7 @@
 
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
+#include <string.h>
 
 #include "device/device.h"
 #include "kernels/family.h"
@@ -25,6 +26,16 @@ static inline dev_device *open_cpu_arch(const char *arch)
     }
     cr_assert_eq(st, MT_OK, "open cpu --arch %s: %s", arch ? arch : "native", err.msg);
     return dv;
+}
+
+/* Index of problem p's buffer called name (the test fails without it). */
+static inline int problem_buf(const kern_problem *p, const char *name)
+{
+    for (int i = 0; i < kern_problem_n_bufs(p); i++)
+        if (!strcmp(kern_problem_buf(p, i)->name, name))
+            return i;
+    cr_assert_fail("no buffer %s", name);
+    return -1;
 }
 
 /* One explicit check: family f at shape and m with config cfg (a key). */

@@ -23,23 +23,13 @@
 
 enum { M = 13 };
 
-/* Index of the problem's buffer called name. */
-static int buf_index(const kern_problem *p, const char *name)
-{
-    for (int i = 0; i < kern_problem_n_bufs(p); i++)
-        if (!strcmp(kern_problem_buf(p, i)->name, name))
-            return i;
-    cr_assert_fail("no buffer %s", name);
-    return -1;
-}
-
 /* Makes every row of buffer name (M rows) the first one; with r, first
  * fills that row with bf16 values of exponents 2^-24..2^24, so that a
  * block's sum rounds and its order shows (products of bf16 and E2M1 values
  * of nearby magnitudes sum exactly in floats, in any order). */
 static void same_rows(kern_problem *p, const char *name, mt_rng *r)
 {
-    int b = buf_index(p, name);
+    int b = problem_buf(p, name);
     size_t row = kern_problem_buf(p, b)->bytes / M;
     uint8_t *x = kern_problem_dev(p)[b];
     if (r) {
@@ -84,7 +74,7 @@ static void check_family(dev_device *dv, const char *arch, const char *fam, cons
     same_rows(p, in, &r);
     if (in2)
         same_rows(p, in2, NULL);
-    int bo = buf_index(p, out);
+    int bo = problem_buf(p, out);
     const kern_buf_desc *dout = kern_problem_buf(p, bo);
     size_t orow = dout->bytes / M;
     uint8_t *first = malloc(orow), *got = malloc(dout->bytes);

@@ -59,16 +59,6 @@ Test(moe_amx, tiles_match_the_reference, .timeout = 300)
     dev_close(d);
 }
 
-/* Index of the problem's buffer called name. */
-static int buf_index(const kern_problem *p, const char *name)
-{
-    for (int i = 0; i < kern_problem_n_bufs(p); i++)
-        if (!strcmp(kern_problem_buf(p, i)->name, name))
-            return i;
-    cr_assert_fail("no buffer %s", name);
-    return -1;
-}
-
 /* Codes 0 (a zero row) and 1 (2^-126) in some blocks of every expert, next
  * to code 2, the smallest the bf16 exponent step keeps normal: those
  * blocks take the fp32 route; and code 140 (a scale above 1: the masked
@@ -89,7 +79,7 @@ Test(moe_amx, scale_codes_of_every_route_match_the_reference, .timeout = 300)
     uint64_t seed = mt_seed_fresh();
     kern_problem *p = NULL;
     cr_assert_eq(kern_problem_create(d, f, &s, M, seed, &p, &err), MT_OK, "%s", err.msg);
-    int wb = buf_index(p, "w_down");
+    int wb = problem_buf(p, "w_down");
     uint8_t *w = kern_problem_host(p)[wb];
     /* moe_w4_group16's layout: per group of 16 rows, per 4 blocks (all of
      * K = 128 here) 1024 packed bytes, then 16 codes per block */
