@@ -241,8 +241,7 @@ static bool cpu_valid(const kern_shape *s, int64_t m, const kern_config *cfg,
 static void cpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern_config *cfg)
 {
     moe_cpu_default(s->v[D_H], s->v[D_I], m * s->v[D_TOPK], s->v[D_E], true,
-                    s->v[D_A] != KERN_DT_BF16, (int)s->v[D_WL],
-                    p, cfg);
+                    s->v[D_A] != KERN_DT_BF16, (int)s->v[D_WL], p, cfg);
 }
 
 static const kern_impl cpu_impl = {

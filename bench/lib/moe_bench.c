@@ -284,6 +284,22 @@ static void widen_limits(double *lim, int n)
     }
 }
 
+/* Raises each round's limit (where it has one) to the rate of another read
+ * of memory in that round where that read was faster; returns how many
+ * rounds it raised, and the fastest rate in *best. */
+static int raise_limits(double *lim, const double *rate, int n, double *best)
+{
+    int raised = 0;
+    for (int i = 0; i < n; i++) {
+        if (lim[i] > 0 && rate[i] > lim[i]) {
+            lim[i] = rate[i];
+            raised++;
+        }
+        *best = rate[i] > *best ? rate[i] : *best;
+    }
+    return raised;
+}
+
 /* ---- the served layer -------------------------------------------------------- */
 
 typedef struct layer_result {
@@ -712,21 +728,15 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
      * around its round (on the Xeon, 512 KiB pieces read up to 2 % faster
      * than the probe's 1 GiB slice in the same pattern), it is that round's
      * limit, and its best is the run's: the fastest read seen. */
-    double pat_best = 0;
+    double fastest = 0, rate[MAX_REPS];
     int pat_over = 0;
     if (pattern) {
+        for (int i = 0; i < n; i++)
+            rate[i] = pat_ms[i] > 0 ? pat_bytes[i] / (pat_ms[i] * 1e6) : 0;
+        pat_over = raise_limits(lim, rate, n, &fastest);
         /* The best config against the plain read of its round. */
-        double pg[MAX_REPS];
-        for (int i = 0; i < n; i++) {
-            pg[i] = pat_ms[i] > 0 ? pat_bytes[i] / (pat_ms[i] * 1e6) : 0;
-            if (lim[i] > 0 && pg[i] > lim[i]) {
-                lim[i] = pg[i];
-                pat_over++;
-            }
-            pat_best = pg[i] > pat_best ? pg[i] : pat_best;
-        }
-        bench_paired_fraction(wb + best_c * MAX_REPS, t + best_c * MAX_REPS, pg, n, &of_pat);
-        bench_spread_of(pg, n, &pat_gbs);
+        bench_paired_fraction(wb + best_c * MAX_REPS, t + best_c * MAX_REPS, rate, n, &of_pat);
+        bench_spread_of(rate, n, &pat_gbs);
     }
     /* So is every call: its weights came from memory at its rate (no call
      * finds the previous calls' experts in cache: fresh routing). Where
@@ -734,21 +744,15 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
      * (on the Xeon at M = 16, stage 1's four streams now and then read 4 %
      * faster than the probe's two), it is that round's limit, and the
      * fastest call of the run bounds the run's limit from below. */
-    double call_best = 0;
-    int call_over = 0;
     for (int i = 0; i < n; i++) {
-        double fastest = 0;
+        rate[i] = 0;
         for (int c = 0; c < nc; c++) {
             double ms = t[c * MAX_REPS + i];
             double r = ms > 0 ? wb[c * MAX_REPS + i] / (ms * 1e6) : 0;
-            fastest = r > fastest ? r : fastest;
+            rate[i] = r > rate[i] ? r : rate[i];
         }
-        if (lim[i] > 0 && fastest > lim[i]) {
-            lim[i] = fastest;
-            call_over++;
-        }
-        call_best = fastest > call_best ? fastest : call_best;
     }
+    const int call_over = raise_limits(lim, rate, n, &fastest);
     widen_limits(lim, n);
     if (pattern)
         bench_paired_fraction(pat_bytes, pat_ms, lim, n, &pat_paired);
@@ -769,9 +773,7 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
     bench_spread_of(bwv, n + 1, &bws);
     /* noise only lowers a probe: the limit is its best sample, or the plain
      * read's or a call's best where those read faster */
-    double bw = bws.max > 0 && pat_best > bws.max ? pat_best : bws.max;
-    if (bw > 0 && call_best > bw)
-        bw = call_best;
+    double bw = bws.max > 0 && fastest > bws.max ? fastest : bws.max;
     double experts = experts_sum / (double)(calls ? calls : 1);
     double wbytes = experts * (double)N * (double)K * (0.5 + 1.0 / 32);
     double flops = 2.0 * (double)P * (double)N * (double)K;
@@ -797,7 +799,8 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
                 g->fam, g->up ? "up" : "down", b->o->shape, b->p->spec, (long long)M, dflt, best,
                 sp[best_c].p10, sp[best_c].p90, n, b->o->flush ? "true" : "false", gbs, gfl, bw,
                 bws.p10, bws.p90, bw > 0 ? gbs / bw : 0, peak, paired.median, paired.p10,
-                paired.p90, b->int_dot ? "i8_dot" : amx ? "amx_bf16" : pk.bf16 > 0 ? "bf16_dot" : "fp32_fma",
+                paired.p90,
+                b->int_dot ? "i8_dot" : amx ? "amx_bf16" : pk.bf16 > 0 ? "bf16_dot" : "fp32_fma",
                 peak > 0 ? gfl / peak : 0, dflt / best, experts, ck, pat_gbs.median,
                 of_pat.median, of_pat.p10, of_pat.p90, pat_paired.median, pat_over, call_over,
                 b->pattern);
