@@ -2,6 +2,8 @@
  * WORKLOAD.md table (see serve_bench.h). */
 #include "serve_bench.h"
 
+#include "../common/json_depth.h"
+
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <pthread.h>
@@ -118,9 +120,11 @@ static bool on_event(void *ctx, const char *data, size_t n)
         r->done = true;
         return true;
     }
-    cJSON *o = cJSON_ParseWithLength(data, n);
+    cJSON *o = mt_json_too_deep(data, n, MT_JSON_MAX_DEPTH, NULL) ? NULL
+                                                                : cJSON_ParseWithLength(data, n);
     if (!o) {
-        snprintf(r->error, sizeof r->error, "an event is not JSON");
+        snprintf(r->error, sizeof r->error, "an event is not JSON (or nests past %d)",
+                 MT_JSON_MAX_DEPTH);
         r->failed = true;
         return false;
     }

@@ -4,6 +4,8 @@
 #define _GNU_SOURCE /* memmem */
 #include "serve_glmout.h"
 
+#include "../common/json_depth.h"
+
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -118,6 +120,8 @@ static bool as_type(const char *t, const char *v, size_t n, serve_buf *out, mt_s
         }
         return false;
     }
+    if (mt_json_too_deep(v, n, MT_JSON_MAX_DEPTH, NULL))
+        return false; /* kept as a string: deeper than the server parses */
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithLengthOpts(v, n, &end, false);
     bool ok = j && end == v + n &&

@@ -3,6 +3,7 @@
 #include "serve_request.h"
 
 #include "serve_buf.h"
+#include "../common/json_depth.h"
 #include "../model/runtime.h"
 
 #include <cjson/cJSON.h>
@@ -552,6 +553,11 @@ static mt_status get_tool_calls(const cJSON *v, const char *param, model_chat_ex
                 return serve_reject(e, 400, pn, NULL,
                                     "'%s' holds U+0000 (a NUL character), which a tool call's "
                                     "arguments cannot hold", pn);
+            size_t deep_at = 0;
+            if (mt_json_too_deep(s, sn, MT_JSON_MAX_DEPTH, &deep_at))
+                return serve_reject(e, 400, pn, NULL,
+                                    "'%s' nests arrays and objects more than %d deep (at byte "
+                                    "%zu)", pn, MT_JSON_MAX_DEPTH, deep_at);
             args = cJSON_ParseWithLength(s, sn);
             if (!cJSON_IsObject(args)) {
                 cJSON_Delete(args);
@@ -840,6 +846,11 @@ mt_status serve_request_parse(serve_api api, const char *body, size_t len,
     out->n = out->best_of = 1;
     if ((unsigned)api >= SERVE_API_COUNT)
         return serve_reject(e, 404, NULL, NULL, "unknown endpoint");
+    size_t deep_at = 0;
+    if (mt_json_too_deep(body, len, MT_JSON_MAX_DEPTH, &deep_at))
+        return serve_reject(e, 400, NULL, "invalid_json",
+                            "the body nests arrays and objects more than %d deep (at byte %zu)",
+                            MT_JSON_MAX_DEPTH, deep_at);
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, false);
     lens l = {0};

@@ -12,7 +12,7 @@ mkdir -p "$out"
 cc=${CC_FUZZ:-clang}
 flags=(-g -O1 -std=gnu11 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
        -I "$root")
-common=("$root/common/status.c" "$root/common/files.c")
+common=("$root/common/status.c" "$root/common/files.c" "$root/common/json_depth.c")
 "$cc" "${flags[@]}" -o "$out/serve_fuzz_request" "$root/tests/fuzz/serve_fuzz_request.c" \
     "$root/serve/serve_request.c" "$root/serve/serve_error.c" "$root/serve/serve_buf.c" "$root/model/chat.c" \
     "$root/model/tokenizer.c" "${common[@]}" -lcjson -lpcre2-8 -lm
@@ -34,6 +34,7 @@ seed h1 '\x01{"messages":[{"role":"system","content":"s"},{"role":"user","conten
 seed t1 '\x02{"prompt":"The baker <|user|>"}'
 seed t2 '\x02{"messages":[{"role":"tool","content":"42"}],"add_generation_prompt":false}'
 seed d1 '\x03{"tokens":[1,2,3,300]}'
+seed deep "\x01$(printf '%.0s[' $(seq 900))"
 printf '\x05data: {"a":1}\n\ndata: [DONE]\n\n' >"$ss/s1"
 printf '\x01: c\r\nevent: x\r\ndata:one\r\ndata: two\r\r\n\ndata\n\n' >"$ss/s2"
 # flags byte (1: starts in reasoning, 2: keep reasoning), split byte, text.

@@ -3,9 +3,12 @@
  * requests must satisfy the documented ranges and turn into prompt ids (with
  * the tiny model's tokenizer when MT_FUZZ_TOKENIZER names a tokenizer.json)
  * and a max_tokens within the context; rejected ones must carry a 4xx and a
- * message, and their error body must be JSON of OpenAI's shape. Built and
- * run by serve_fuzz.sh. */
+ * message, and their error body must be JSON of OpenAI's shape. Each input
+ * is parsed on a thread with a civetweb worker's stack (100 KiB, as Debian
+ * builds civetweb), where the server parses it. Built and run by
+ * serve_fuzz.sh. */
 #include <cjson/cJSON.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,7 +34,12 @@ static void check_error_body(const serve_error *e)
     free(j);
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+typedef struct input {
+    const uint8_t *data;
+    size_t size;
+} input;
+
+static int one_input(const uint8_t *data, size_t size)
 {
     if (!tok_tried) {
         tok_tried = true;
@@ -79,5 +87,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         check_error_body(&e);
     }
     serve_request_release(&r);
+    return 0;
+}
+
+static void *input_main(void *arg)
+{
+    input *in = arg;
+    one_input(in->data, in->size);
+    return NULL;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    input in = {data, size};
+    pthread_attr_t a;
+    pthread_t th;
+    if (pthread_attr_init(&a) || pthread_attr_setstacksize(&a, 100u << 10) ||
+        pthread_create(&th, &a, input_main, &in))
+        abort();
+    pthread_join(th, NULL);
+    pthread_attr_destroy(&a);
     return 0;
 }
