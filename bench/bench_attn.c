@@ -31,9 +31,9 @@
 #include <string.h>
 
 #include "common/clock.h"
-#include "kernels/attn_common.h"
+#include "kernels/attn/attn_common.h"
 #include "bench/lib/limits.h"
-#include "kernels/exec.h"
+#include "kernels/core/exec.h"
 
 extern const kern_family fam_mla_decode, fam_mla_prefill, fam_dsa_indexer, fam_rope;
 

@@ -16,11 +16,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../comm/comm.h"
-#include "../common/clock.h"
-#include "../common/numeric.h"
-#include "../common/rng.h"
-#include "../device/device.h"
+#include "comm/comm.h"
+#include "common/clock.h"
+#include "common/numeric.h"
+#include "common/rng.h"
+#include "device/device.h"
 
 static int failures;
 

@@ -13,9 +13,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../common/clock.h"
-#include "../common/rng.h"
-#include "../db/db.h"
+#include "common/clock.h"
+#include "common/rng.h"
+#include "db/db.h"
 
 enum { SHAPES = 50, MS = 20, CONFIGS = 100, LOOKUPS = 100000 };
 static const double target_per_s = 100000.0;

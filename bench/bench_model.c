@@ -24,13 +24,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../common/clock.h"
-#include "../common/rng.h"
-#include "../model/reference.h"
-#include "../model/runtime.h"
-#include "../model/tiny.h"
-#include "lib/model_ab.h"
-#include "../tuner/tuner.h"
+#include "common/clock.h"
+#include "common/rng.h"
+#include "model/ref/reference.h"
+#include "model/runtime.h"
+#include "model/format/tiny.h"
+#include "bench/lib/model_ab.h"
+#include "tuner/tuner.h"
 
 static FILE *quiet(void)
 {

@@ -26,12 +26,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../common/clock.h"
-#include "../common/rng.h"
-#include "../kernels/exec.h"
-#include "../model/runtime.h"
-#include "../model/tiny.h"
-#include "lib/model_ab.h"
+#include "common/clock.h"
+#include "common/rng.h"
+#include "kernels/core/exec.h"
+#include "model/runtime.h"
+#include "model/format/tiny.h"
+#include "bench/lib/model_ab.h"
 
 static model_runtime *open_rt(const char *dir, bool absorbed, int T)
 {

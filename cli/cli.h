@@ -7,7 +7,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 
-#include "../common/status.h"
+#include "common/status.h"
 
 #define CLI_OK 0
 #define CLI_FAIL 1

@@ -5,9 +5,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../device/device.h"
-#include "../bench/lib/moe_bench.h"
-#include "../db/db.h"
+#include "device/device.h"
+#include "bench/lib/moe_bench.h"
+#include "db/db.h"
 #include "cli.h"
 
 static void usage(FILE *f)

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../serve/serve_bench.h"
+#include "serve/serve_bench.h"
 #include "cli.h"
 
 #define MAX_RATES 64

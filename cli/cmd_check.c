@@ -11,12 +11,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common/clock.h"
-#include "../common/rng.h"
-#include "../device/device.h"
-#include "../device/isa_mix.h"
-#include "../device/ptx_mix.h"
-#include "../kernels/runner.h"
+#include "common/clock.h"
+#include "common/rng.h"
+#include "device/device.h"
+#include "device/hip/isa_mix.h"
+#include "device/cuda/ptx_mix.h"
+#include "kernels/core/runner.h"
 #include "cli.h"
 
 typedef struct check_opts {

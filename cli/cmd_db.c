@@ -11,9 +11,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "../common/files.h"
-#include "../db/db.h"
-#include "../kernels/family.h"
+#include "common/files.h"
+#include "db/db.h"
+#include "kernels/core/family.h"
 #include "cli.h"
 
 #define MAX_ITEMS 64

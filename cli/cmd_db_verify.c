@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../tuner/tune_verify.h"
+#include "tuner/tune_verify.h"
 #include "cli.h"
 
 static volatile sig_atomic_t stop_flag;

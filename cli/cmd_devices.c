@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../device/device.h"
+#include "device/device.h"
 #include "cli.h"
 
 static cJSON *props_json(const dev_props *p)

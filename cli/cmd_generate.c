@@ -7,12 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common/clock.h"
-#include "../common/rng.h"
-#include "../comm/comm.h"
-#include "../kernels/family.h"
-#include "../model/runtime.h"
-#include "../model/spec.h"
+#include "common/clock.h"
+#include "common/rng.h"
+#include "comm/comm.h"
+#include "kernels/core/family.h"
+#include "model/runtime.h"
+#include "model/spec.h"
 #include "cli.h"
 
 static void usage(FILE *f)

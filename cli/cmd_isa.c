@@ -9,9 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../device/isa_mix.h"
-#include "../kernels/exec.h"
-#include "../kernels/family.h"
+#include "device/hip/isa_mix.h"
+#include "kernels/core/exec.h"
+#include "kernels/core/family.h"
 #include "cli.h"
 
 typedef struct isa_opts {

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/family.h"
+#include "kernels/core/family.h"
 #include "cli.h"
 
 static cJSON *impl_json(const kern_impl *im)

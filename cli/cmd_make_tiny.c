@@ -6,9 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../model/tiny.h"
-#include "../model/tokenizer.h"
-#include "../model/weights.h"
+#include "model/format/tiny.h"
+#include "model/format/tokenizer.h"
+#include "model/format/weights.h"
 #include "cli.h"
 
 static void usage(FILE *f)

@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../model/config.h"
-#include "../model/mem_plan.h"
+#include "model/format/config.h"
+#include "model/plan/mem_plan.h"
 #include "cli.h"
 
 static void usage(FILE *f)

@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../comm/comm.h"
-#include "../serve/serve_server.h"
+#include "comm/comm.h"
+#include "serve/serve_server.h"
 #include "cli.h"
 
 static void usage(FILE *f)

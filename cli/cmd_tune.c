@@ -9,10 +9,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../bench/lib/model_ab.h"
-#include "../common/rng.h"
-#include "../model/plan.h"
-#include "../tuner/tuner.h"
+#include "bench/lib/model_ab.h"
+#include "common/rng.h"
+#include "model/plan/plan.h"
+#include "tuner/tuner.h"
 #include "cli.h"
 
 /* A signal handler can only reach a flag; this one is the command's own. */

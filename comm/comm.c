@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common/numeric.h"
+#include "common/numeric.h"
 
 static const size_t dtype_sizes[MT_COMM_DTYPE_COUNT] = {4, 2, 4, 1};
 

@@ -46,7 +46,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "../common/status.h"
+#include "common/status.h"
 
 typedef struct mt_comm mt_comm;
 

@@ -31,7 +31,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "../common/status.h"
+#include "common/status.h"
 
 /* Schema version written to PRAGMA user_version and meta.schema_version. */
 #define DB_SCHEMA_VERSION 5
@@ -291,7 +291,7 @@ typedef struct db_lookup_result {
     int device_compute_units;
     char device_fingerprint[DB_NAME_MAX];
     char stale_hash[DB_NAME_MAX];          /* DB_STALE: the hash the entries have */
-    bool miss_recorded;                    /* a row in misses was counted */
+    bool miss_recorded;                    /* db_lookup_record_miss counted it */
     bool stale;                            /* the config found was marked stale by
                                               `db verify`: still returned, and the
                                               message says so */
@@ -306,19 +306,33 @@ typedef struct db_lookup_result {
  *      goes to the larger M                       -> DB_HIT_NEAREST
  *   3. same backend and arch, other name or compute-unit count: the same
  *      M rule on that device's winners; the config is returned and USED,
- *      with a warning naming that device; the miss is also recorded, since
- *      this device still wants its own tuning    -> DB_OTHER_DEVICE
+ *      with a warning naming that device (still a miss: this device wants
+ *      its own tuning)                            -> DB_OTHER_DEVICE
  *   4. winners for this family and shape exist only for another version or
- *      source hash: never used; reported; miss recorded -> DB_STALE
- *   5. nothing: miss recorded                     -> DB_MISS
+ *      source hash: never used; reported         -> DB_STALE
+ *   5. nothing                                    -> DB_MISS
  * For stale and miss the caller runs its default config and logs message.
- * Misses are not recorded on a read-only handle (the message says so). A
- * failure to record a miss (lock held past the retries) is reported in the
- * message, not as a failed lookup. Returns an error only for bad arguments
- * or a database failure. Cost: one or two indexed queries. */
+ * A lookup only reads: recording the miss is the caller's own call
+ * (db_lookup_record_miss). Returns an error only for bad arguments or a
+ * database failure. Cost: one or two indexed queries. */
 mt_status db_lookup(db_t *db, const db_device *dev, const char *family, int version,
                     const char *source_hash, const char *shape_key, int64_t m,
                     db_lookup_result *out, mt_err *err);
+
+/* True for the provenances a server should record as misses:
+ * DB_OTHER_DEVICE, DB_STALE and DB_MISS. */
+bool db_provenance_is_miss(db_provenance p);
+
+/* Records the miss that lookup result r (of db_lookup for the same device,
+ * family, shape and m) stands for, with its provenance as the reason: count
+ * + 1, last_seen now. Nothing for a hit, or when r->miss_recorded is set
+ * already. Sets r->miss_recorded; when the miss cannot be recorded (a
+ * read-only handle, the lock held past the retries) it appends why to
+ * r->message and still returns MT_OK: a server keeps running without it.
+ * MT_E_INVALID for bad arguments. Writes one row in its own transaction. */
+mt_status db_lookup_record_miss(db_t *db, const db_device *dev, const char *family,
+                                const char *shape_key, int64_t m, db_lookup_result *r,
+                                mt_err *err);
 
 /* ---- reading ------------------------------------------------------------ */
 

@@ -6,7 +6,7 @@
 
 #include <sqlite3.h>
 
-#include "../common/rng.h"
+#include "common/rng.h"
 #include "db.h"
 #include "db_testing.h" /* its calls are defined in db/ as well */
 

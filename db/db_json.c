@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common/files.h"
+#include "common/files.h"
 #include "db_impl.h"
 
 #define FORMAT_NAME "moetune-db"

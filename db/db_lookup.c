@@ -121,24 +121,7 @@ static void short_hash(char *dst, size_t cap, const char *h)
     snprintf(dst, cap, "%.12s", h ? h : "");
 }
 
-static void record_miss(db_t *db, const query *q, db_provenance why, db_lookup_result *out)
-{
-    size_t n = strlen(out->message);
-    char *tail = out->message + n;
-    size_t room = sizeof out->message - n;
-    if (db->readonly) {
-        snprintf(tail, room, " (miss not recorded: read-only database)");
-        return;
-    }
-    mt_err e = MT_ERR_INIT;
-    if (db_miss_record_reason(db, q->dev, q->family, q->shape, q->m, why, &e) == MT_OK)
-        out->miss_recorded = true;
-    else
-        snprintf(tail, room, " (miss not recorded: %s)", e.msg);
-}
-
-static mt_status lookup(db_t *db, const query *q, bool record, db_lookup_result *out,
-                        mt_err *err)
+static mt_status lookup(db_t *db, const query *q, db_lookup_result *out, mt_err *err)
 {
     const db_device *dev = q->dev;
     const char *name = dev->name ? dev->name : "";
@@ -209,8 +192,6 @@ static mt_status lookup(db_t *db, const query *q, bool record, db_lookup_result 
                  q->family, q->shape, (long long)q->m, name, dev->compute_units,
                  out->device_name, out->device_compute_units, dev->arch,
                  (long long)out->tuned_m);
-        if (record)
-            record_miss(db, q, DB_OTHER_DEVICE, out);
         return MT_OK;
     }
 
@@ -244,8 +225,6 @@ static mt_status lookup(db_t *db, const query *q, bool record, db_lookup_result 
                  "%s %s M=%lld: no tuned config for %s (%s, %d CUs); running the default config",
                  q->family, q->shape, (long long)q->m, name, dev->arch, dev->compute_units);
     }
-    if (record)
-        record_miss(db, q, out->provenance, out);
     return MT_OK;
 }
 
@@ -280,7 +259,7 @@ mt_status db_lookup(db_t *db, const db_device *dev, const char *family, int vers
     mt_status st = prepare(dev, family, version, source_hash, shape_key, m, &q, out, err);
     if (st)
         return st;
-    st = lookup(db, &q, true, out, err);
+    st = lookup(db, &q, out, err);
     if (st == MT_OK && out->has_config && out->stale) {
         size_t n = strlen(out->message);
         snprintf(out->message + n, sizeof out->message - n,
@@ -302,9 +281,41 @@ mt_status db_coverage(db_t *db, const db_device *dev, const db_coverage_query *q
         mt_status st = prepare(dev, c->family, c->version, c->source_hash, c->shape_key, c->m, &q,
                                &out[i], err);
         if (st == MT_OK)
-            st = lookup(db, &q, false, &out[i], err);
+            st = lookup(db, &q, &out[i], err);
         if (st)
             return mt_err_prefix(err, "coverage query %d", i);
     }
+    return MT_OK;
+}
+
+bool db_provenance_is_miss(db_provenance p)
+{
+    return p == DB_OTHER_DEVICE || p == DB_STALE || p == DB_MISS;
+}
+
+mt_status db_lookup_record_miss(db_t *db, const db_device *dev, const char *family,
+                                const char *shape_key, int64_t m, db_lookup_result *r,
+                                mt_err *err)
+{
+    if (!r)
+        return mt_fail(err, MT_E_INVALID, "db_lookup_record_miss: no lookup result");
+    if (!db_provenance_is_miss(r->provenance) || r->miss_recorded)
+        return MT_OK;
+    size_t n = strlen(r->message);
+    char *tail = r->message + n;
+    size_t room = sizeof r->message - n;
+    if (db->readonly) {
+        snprintf(tail, room, " (miss not recorded: read-only database)");
+        return MT_OK;
+    }
+    mt_err e = MT_ERR_INIT;
+    mt_status st = db_miss_record_reason(db, dev, family, shape_key, m, r->provenance, &e);
+    if (st == MT_OK) {
+        r->miss_recorded = true;
+        return MT_OK;
+    }
+    if (st == MT_E_INVALID)
+        return mt_fail(err, st, "%s", e.msg);
+    snprintf(tail, room, " (miss not recorded: %s)", e.msg);
     return MT_OK;
 }

@@ -13,9 +13,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../common/clock.h"
-#include "../common/files.h"
-#include "../common/sha256.h"
+#include "common/clock.h"
+#include "common/files.h"
+#include "common/sha256.h"
 
 struct dev_device {
     const dev_backend_ops *ops;

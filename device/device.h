@@ -23,7 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../common/status.h"
+#include "common/status.h"
 
 /* Persisted in the database: append only. */
 typedef enum dev_backend {

@@ -19,7 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "../common/files.h"
+#include "common/files.h"
 
 static const char *cc_path(void)
 {

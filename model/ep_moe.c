@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/moe_common.h"
+#include "kernels/moe/moe_common.h"
 
 /* A host array that grows to the largest size asked for. */
 typedef struct grow_buf {

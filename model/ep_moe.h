@@ -33,7 +33,7 @@
 
 #include <stdint.h>
 
-#include "../comm/comm.h"
+#include "comm/comm.h"
 #include "moe_layer.h"
 
 typedef struct model_ep model_ep;

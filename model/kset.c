@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/kern_db.h"
+#include "kernels/core/kern_db.h"
 
 const int64_t model_buckets[MODEL_N_BUCKETS] = {1,  2,   4,   8,   16,  24,   32,   48,
                                                 64, 96, 128, 256, 512, 1024, 2048, 4096};
@@ -263,6 +263,8 @@ static mt_status choose(model_kset *ks, model_kern *k, const db_device *dd, cons
     db_lookup_result r;
     mt_status st = db_lookup(ks->db, dd, k->fam->name, k->fam->version, hash, k->key, c->m, &r,
                              err);
+    if (st == MT_OK)
+        st = db_lookup_record_miss(ks->db, dd, k->fam->name, k->key, c->m, &r, err);
     if (st != MT_OK)
         return mt_err_prefix(err, "database lookup of %s %s M=%" PRId64, k->fam->name, k->key,
                              c->m);

@@ -27,10 +27,10 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "../db/db.h"
-#include "../device/device.h"
-#include "../kernels/exec.h"
-#include "../kernels/family.h"
+#include "db/db.h"
+#include "device/device.h"
+#include "kernels/core/exec.h"
+#include "kernels/core/family.h"
 
 /* The M buckets (the tuner's default list). */
 #define MODEL_N_BUCKETS 16

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/attn_common.h"
+#include "kernels/attn/attn_common.h"
 
 struct kvc_seq {
     int64_t len;

@@ -23,7 +23,7 @@
 
 #include <stdint.h>
 
-#include "../kernels/family.h"
+#include "kernels/core/family.h"
 
 typedef struct kvc_opts {
     int page_size;       /* tokens per page, >= 1 */

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/moe_common.h"
+#include "kernels/moe/moe_common.h"
 #include "common/clock.h"
 
 struct model_moe_ws {

@@ -21,8 +21,8 @@
 #ifndef MT_MODEL_MOE_LAYER_H
 #define MT_MODEL_MOE_LAYER_H
 
-#include "../kernels/moe.h"
-#include "config.h"
+#include "kernels/moe/moe.h"
+#include "model/format/config.h"
 #include "kset.h"
 
 /* The layer's kernels; combine is NULL when dims.comb is 0, the sh_* NULL

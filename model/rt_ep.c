@@ -1,18 +1,9 @@
-/* rt_ep.c: the runtime across the ranks of a communicator (runtime.h,
- * model_runtime_opts.comm): expert parallelism for the MoE layers
- * (ep_moe.h), everything else replicated, and the lockstep the layers'
- * collectives need.
- *
- * Lockstep: every MoE layer of every forward exchanges pairs with every
- * rank, so all ranks run the same number of forwards. Two ways:
- *   - each rank drives its own runtime (data-parallel attention) and calls
- *     model_step the same number of times, with zero items when it has
- *     nothing to run: it then runs only the MoE layers' exchanges, serving
- *     its experts to the others;
- *   - comm_lead: rank 0 drives; before each forward it broadcasts the
- *     step's token count, and the other ranks sit in model_runtime_follow,
- *     running an empty step per announcement, until rank 0 closes its
- *     runtime (which broadcasts the end). */
+/* rt_ep.c: the runtime's hooks for expert parallelism across the ranks of
+ * a communicator (runtime.h, model_runtime_opts.comm): the MoE layers run
+ * expert-parallel (ep_moe.h), everything else is replicated. Here: the
+ * rank's expert range, its kernels and workspace, the MoE MLP the forward
+ * pass calls, and the leader's per-step announcement. Who steps and who
+ * follows (the lockstep) is rt_driver.c's. */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,20 +101,6 @@ mt_status rt_ep_moe(model_runtime *rt, rt_layer *ly, const void *x, int64_t M, f
     return model_ep_moe_run(rt->ep, &ly->k.moe, &d, &w, x, M, y, err);
 }
 
-/* A forward with no local tokens: only the MoE layers' exchanges (none
- * without expert parallelism). */
-static mt_status empty_forward(model_runtime *rt, mt_err *err)
-{
-    for (int64_t l = 0; rt->ep && l < rt->n_layers; l++) {
-        if (!rt->layers[l].moe)
-            continue;
-        mt_status st = rt_ep_moe(rt, &rt->layers[l], NULL, 0, NULL, err);
-        if (st != MT_OK)
-            return mt_err_prefix(err, "layer %" PRId64 " (no local tokens)", l);
-    }
-    return MT_OK;
-}
-
 mt_status rt_ep_step_begin(model_runtime *rt, int64_t M, mt_err *err)
 {
     rt->ep_joined = true;
@@ -131,54 +108,6 @@ mt_status rt_ep_step_begin(model_runtime *rt, int64_t M, mt_err *err)
         return MT_OK;
     int32_t m = (int32_t)M;
     return mt_comm_broadcast(rt->o.comm, &m, 1, MT_COMM_I32, 0, err);
-}
-
-mt_status rt_ep_step(model_runtime *rt, model_step_item *items, int n, mt_err *err)
-{
-    if (rt->o.comm_lead && mt_comm_rank(rt->o.comm) != 0)
-        return mt_fail(err, MT_E_INVALID, "rank %d follows rank 0's steps "
-                       "(model_runtime_follow): it runs no steps of its own",
-                       mt_comm_rank(rt->o.comm));
-    if (rt->tp.on) {
-        /* Every rank runs every step: nothing to join without one. */
-        if (n == 0)
-            return MT_OK;
-        if (rt->tp.lead)
-            MT_CHECK(rt_tp_announce(rt, items, n, err));
-        return rt_step(rt, items, n, err);
-    }
-    if (n == 0)
-        return rt->o.comm_lead ? MT_OK : empty_forward(rt, err);
-    rt->ep_joined = false;
-    mt_status st = rt_step(rt, items, n, err);
-    if (st != MT_OK && !rt->ep_joined && !rt->o.comm_lead) {
-        /* Failed before its forward (bad items, KV cache full): still join
-         * this step's exchanges so the other ranks are not left waiting. */
-        mt_err e2 = MT_ERR_INIT;
-        if (empty_forward(rt, &e2) != MT_OK)
-            fprintf(rt->log, "expert parallelism: %s\n", e2.msg);
-    }
-    return st;
-}
-
-mt_status model_runtime_follow(model_runtime *rt, int64_t *steps, mt_err *err)
-{
-    if (steps)
-        *steps = 0;
-    if (!rt->o.comm || !rt->o.comm_lead || mt_comm_rank(rt->o.comm) == 0)
-        return mt_fail(err, MT_E_INVALID, "model_runtime_follow: only ranks other than 0 of a "
-                       "runtime opened with comm_lead follow");
-    if (rt->tp.on)
-        return rt_tp_follow(rt, steps, err);
-    for (;;) {
-        int32_t m = 0;
-        MT_CHECK(mt_comm_broadcast(rt->o.comm, &m, 1, MT_COMM_I32, 0, err));
-        if (m < 0)
-            return MT_OK;
-        MT_CHECK(empty_forward(rt, err));
-        if (steps)
-            ++*steps;
-    }
 }
 
 int model_runtime_rank(const model_runtime *rt)

@@ -343,11 +343,6 @@ void model_runtime_attention_rows(const model_runtime *rt, int64_t *prefill_rows
     *absorbed_rows = rt->pf.rows_absorbed;
 }
 
-mt_status model_step(model_runtime *rt, model_step_item *items, int n, mt_err *err)
-{
-    return rt->o.comm ? rt_ep_step(rt, items, n, err) : rt_step(rt, items, n, err);
-}
-
 mt_status rt_step(model_runtime *rt, model_step_item *items, int n, mt_err *err)
 {
     if (n <= 0)

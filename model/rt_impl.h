@@ -1,8 +1,12 @@
 /* rt_impl.h: internals of the model runtime (runtime.h), shared by its
- * files: runtime.c (open, close, sequences, selection report), rt_load.c
- * (checkpoint weights to device buffers in the layouts the kernels read,
- * the kernel plan registered into the kernel set) and rt_forward.c
- * (model_step).
+ * files, from the bottom up: rt_ep.c and rt_tp.c (the per-layer hooks of
+ * expert and tensor parallelism), rt_seq.c (sequences and their KV pages),
+ * rt_load.c (checkpoint weights to device buffers in the layouts the
+ * kernels read, the kernel plan registered into the kernel set),
+ * rt_forward.c (the forward pass of one step), rt_mtp.c (the MTP draft
+ * layer), rt_driver.c (model_step and the ranks' lockstep) and runtime.c
+ * (open, close, selection report, accessors). Each file calls only into
+ * files listed before it.
  *
  * Every device computation of the forward pass is a launch of a kernel of
  * the runtime's kernel set (kset.h: one config per M bucket from the
@@ -17,16 +21,16 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "../db/db.h"
-#include "../device/device.h"
-#include "../kernels/family.h"
+#include "db/db.h"
+#include "device/device.h"
+#include "kernels/core/family.h"
 #include "ep_moe.h"
 #include "kset.h"
 #include "kvcache.h"
 #include "moe_layer.h"
-#include "plan.h"
+#include "model/plan/plan.h"
 #include "runtime.h"
-#include "weights.h"
+#include "model/format/weights.h"
 
 #define RT_MAX_SEQS 256
 
@@ -204,8 +208,8 @@ void rt_mtp_unload(model_runtime *rt);
  * (tokens' positions, pool rows, page table, query rows, contexts), xb and
  * resid in, xb and resid out; cmax the longest context. */
 mt_status rt_layer_forward(model_runtime *rt, rt_layer *ly, int64_t M, int64_t cmax, mt_err *err);
-/* model_step on this runtime alone (model_step adds the ranks' lockstep
- * when the runtime has a communicator). */
+/* model_step on this runtime alone (rt_driver.c's model_step adds the
+ * ranks' lockstep when the runtime has a communicator). */
 mt_status rt_step(model_runtime *rt, model_step_item *items, int n, mt_err *err);
 
 /* ---- rt_ep.c: across the ranks of o.comm (expert parallelism) ---- */
@@ -223,9 +227,8 @@ void rt_ep_close(model_runtime *rt);
 /* The MoE MLP of layer ly on the M rows x into y (f32), expert-parallel. */
 mt_status rt_ep_moe(model_runtime *rt, rt_layer *ly, const void *x, int64_t M, float *y,
                     mt_err *err);
-/* model_step with a communicator; rt_step calls rt_ep_step_begin right
- * before the forward (the leader announces it). */
-mt_status rt_ep_step(model_runtime *rt, model_step_item *items, int n, mt_err *err);
+/* Right before a forward with a communicator (rt_step calls it): the
+ * leader of a comm_lead runtime announces the step's token count. */
 mt_status rt_ep_step_begin(model_runtime *rt, int64_t M, mt_err *err);
 
 /* ---- rt_tp.c: tensor parallelism (o.tp) ---- */
@@ -254,7 +257,5 @@ enum { RT_TP_OP_CREATE = 1, RT_TP_OP_FORK, RT_TP_OP_FREE, RT_TP_OP_TRUNCATE };
 void rt_tp_note(model_runtime *rt, int op, int seq, int64_t a, int64_t b);
 /* The leader's step: the journal and the items to the followers. */
 mt_status rt_tp_announce(model_runtime *rt, const model_step_item *items, int n, mt_err *err);
-/* model_runtime_follow under tensor parallelism. */
-mt_status rt_tp_follow(model_runtime *rt, int64_t *steps, mt_err *err);
 
 #endif

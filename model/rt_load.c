@@ -19,9 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common/numeric.h"
-#include "../kernels/moe_common.h"
-#include "../kernels/mxfp4.h"
+#include "common/numeric.h"
+#include "kernels/moe/moe_common.h"
+#include "common/mxfp4.h"
 #include "rt_impl.h"
 
 /* ---- host conversions ----------------------------------------------------- */

@@ -42,25 +42,6 @@ int64_t model_mtp_len(const model_runtime *rt, int seq)
     return kvc_seq_len(rt->seqs[seq].mtp_kv);
 }
 
-mt_status model_seq_truncate(model_runtime *rt, int seq, int64_t len, mt_err *err)
-{
-    if (!seq_used(rt, seq))
-        return mt_fail(err, MT_E_INVALID, "truncate: no sequence %d", seq);
-    int64_t have = model_seq_len(rt, seq);
-    if (len < 0 || len > have)
-        return mt_fail(err, MT_E_INVALID, "truncate: sequence %d to %" PRId64 " of its %" PRId64
-                       " tokens", seq, len, have);
-    rt_tp_note(rt, RT_TP_OP_TRUNCATE, seq, len, 0);
-    rt_seq *s = &rt->seqs[seq];
-    /* Only the sequence's own page references go: a page shared with a
-     * fork (the prefix cache) keeps its contents and its other owners. */
-    for (int64_t l = 0; l < rt->n_layers; l++)
-        MT_CHECK(kvc_seq_truncate(rt->layers[l].kv, s->kv[l], len, err));
-    if (s->mtp_kv && kvc_seq_len(s->mtp_kv) > len)
-        MT_CHECK(kvc_seq_truncate(rt->layers[rt->n_layers].kv, s->mtp_kv, len, err));
-    return MT_OK;
-}
-
 mt_status model_mtp_truncate(model_runtime *rt, int seq, int64_t len, mt_err *err)
 {
     if (model_mtp_len(rt, seq) < 0)

@@ -1,6 +1,7 @@
-/* runtime.c: opening and closing the model runtime (runtime.h), its
- * sequences and accessors. The forward pass is in rt_forward.c, kernel
- * selection by the kernel set (kset.c), weight upload in rt_load.c.
+/* runtime.c: opening and closing the model runtime (runtime.h) and its
+ * accessors. Sequences are in rt_seq.c, the forward pass in rt_forward.c,
+ * the step driver in rt_driver.c, kernel selection by the kernel set
+ * (kset.c), weight upload in rt_load.c.
  *
  * KV cache: one kvcache per layer (latent, plus indexer keys on layers that
  * run their own indexer). Every sequence has one kvc_seq per layer, and
@@ -25,30 +26,16 @@ static int eps_exponent(model_runtime *rt, double eps, const char *what)
     return e;
 }
 
-static const char *const act_quant_names[MODEL_ACT_COUNT] = {
-    [MODEL_ACT_NONE] = "none", [MODEL_ACT_MXFP4] = "mxfp4", [MODEL_ACT_INT8] = "int8"};
-static const kern_dtype act_quant_dtypes[MODEL_ACT_COUNT] = {
-    [MODEL_ACT_NONE] = KERN_DT_BF16, [MODEL_ACT_MXFP4] = KERN_DT_MXFP4,
-    [MODEL_ACT_INT8] = KERN_DT_I8};
-
-const char *model_act_quant_name(model_act_quant q)
+void model_runtime_plan_opts(const model_runtime_opts *ro, model_plan_opts *out)
 {
-    return (unsigned)q < MODEL_ACT_COUNT ? act_quant_names[q] : "?";
-}
-
-bool model_act_quant_parse(const char *s, model_act_quant *out)
-{
-    for (int q = 0; q < MODEL_ACT_COUNT; q++)
-        if (s && !strcmp(s, act_quant_names[q])) {
-            *out = (model_act_quant)q;
-            return true;
-        }
-    return false;
-}
-
-kern_dtype model_act_quant_dtype(model_act_quant q)
-{
-    return (unsigned)q < MODEL_ACT_COUNT ? act_quant_dtypes[q] : KERN_DT_BF16;
+    *out = (model_plan_opts){.act_quant = ro->act_quant, .act_quant_set = ro->act_quant_set,
+                             .kv_dtype = ro->kv_dtype, .kv_page_size = ro->kv_page_size,
+                             .kv_pages = ro->kv_pages, .max_batch_tokens = ro->max_batch_tokens,
+                             .mtp = ro->speculative_steps > 0, .ep_runtime = ro->comm != NULL};
+    if (ro->tp && ro->comm && mt_comm_size(ro->comm) > 1) {
+        out->tp_ranks = mt_comm_size(ro->comm);
+        out->tp_rank = mt_comm_rank(ro->comm);
+    }
 }
 
 static const char *act_desc(kern_dtype act)
@@ -62,8 +49,8 @@ static const char *act_desc(kern_dtype act)
 static const char *act_option(kern_dtype act)
 {
     for (int q = 0; q < MODEL_ACT_COUNT; q++)
-        if (act_quant_dtypes[q] == act)
-            return act_quant_names[q];
+        if (model_act_quant_dtype((model_act_quant)q) == act)
+            return model_act_quant_name((model_act_quant)q);
     return "?";
 }
 
@@ -154,7 +141,7 @@ static mt_status setup(model_runtime *rt, mt_err *err)
     const model_config *c = rt->cfg;
     /* The kernel plan decides the settings and the kernels (plan.h). */
     model_plan_opts po;
-    model_plan_opts_from_runtime(o, &po);
+    model_runtime_plan_opts(o, &po);
     po.weights = rt->w;
     po.backend = rt->props->backend;
     if ((st = model_plan_build(c, &po, &rt->plan, err)) != MT_OK)
@@ -275,109 +262,3 @@ int model_runtime_eos(const model_runtime *rt, int32_t *out, int cap)
 
 /* ---- sequences ------------------------------------------------------------- */
 
-static mt_status new_slot(model_runtime *rt, int *seq, mt_err *err)
-{
-    for (int i = 0; i < RT_MAX_SEQS; i++)
-        if (!rt->seqs[i].used) {
-            rt->seqs[i].kv = calloc((size_t)rt->n_layers, sizeof(kvc_seq *));
-            if (!rt->seqs[i].kv)
-                return mt_fail(err, MT_E_NOMEM, "sequence");
-            rt->seqs[i].used = true;
-            rt->seqs[i].shared = false;
-            rt->seqs[i].mtp_kv = NULL;
-            *seq = i;
-            return MT_OK;
-        }
-    return mt_fail(err, MT_E_BUSY, "all %d sequence slots are in use", RT_MAX_SEQS);
-}
-
-mt_status model_seq_create(model_runtime *rt, int *seq, mt_err *err)
-{
-    int s = -1;
-    mt_status st = new_slot(rt, &s, err);
-    for (int64_t l = 0; st == MT_OK && l < rt->n_layers; l++)
-        st = kvc_seq_create(rt->layers[l].kv, &rt->seqs[s].kv[l], err);
-    if (st == MT_OK && rt->mtp.on)
-        st = kvc_seq_create(rt->layers[rt->n_layers].kv, &rt->seqs[s].mtp_kv, err);
-    if (st != MT_OK) {
-        if (s >= 0)
-            model_seq_free(rt, s);
-        return st;
-    }
-    *seq = s;
-    rt_tp_note(rt, RT_TP_OP_CREATE, s, 0, 0);
-    return MT_OK;
-}
-
-static bool seq_ok(const model_runtime *rt, int seq)
-{
-    return seq >= 0 && seq < RT_MAX_SEQS && rt->seqs[seq].used;
-}
-
-mt_status model_seq_fork(model_runtime *rt, int src, int64_t n, int *seq, mt_err *err)
-{
-    if (!seq_ok(rt, src))
-        return mt_fail(err, MT_E_INVALID, "fork: no sequence %d", src);
-    int64_t len = model_seq_len(rt, src);
-    if (n < 0 || n > len)
-        return mt_fail(err, MT_E_INVALID, "fork: %" PRId64 " tokens of sequence %d, which has %"
-                       PRId64, n, src, len);
-    int s = -1;
-    mt_status st = new_slot(rt, &s, err);
-    for (int64_t l = 0; st == MT_OK && l < rt->n_layers; l++)
-        st = kvc_seq_fork(rt->layers[l].kv, rt->seqs[src].kv[l], n, &rt->seqs[s].kv[l], err);
-    if (st == MT_OK && rt->mtp.on) {
-        /* The MTP cache as far as the source has it (a shorter one only
-         * drafts worse until it catches up: verification keeps output exact). */
-        int64_t mlen = kvc_seq_len(rt->seqs[src].mtp_kv);
-        st = kvc_seq_fork(rt->layers[rt->n_layers].kv, rt->seqs[src].mtp_kv, n < mlen ? n : mlen,
-                          &rt->seqs[s].mtp_kv, err);
-    }
-    if (st != MT_OK) {
-        if (s >= 0)
-            model_seq_free(rt, s);
-        return st;
-    }
-    rt->seqs[s].shared = rt->seqs[src].shared = true;
-    *seq = s;
-    rt_tp_note(rt, RT_TP_OP_FORK, s, src, n);
-    return MT_OK;
-}
-
-void model_seq_free(model_runtime *rt, int seq)
-{
-    if (!rt || !seq_ok(rt, seq))
-        return;
-    rt_tp_note(rt, RT_TP_OP_FREE, seq, 0, 0);
-    rt_seq *s = &rt->seqs[seq];
-    for (int64_t l = 0; l < rt->n_layers; l++)
-        if (s->kv[l])
-            kvc_seq_destroy(rt->layers[l].kv, s->kv[l]);
-    if (s->mtp_kv)
-        kvc_seq_destroy(rt->layers[rt->n_layers].kv, s->mtp_kv);
-    s->mtp_kv = NULL;
-    free(s->kv);
-    s->kv = NULL;
-    s->used = false;
-}
-
-int64_t model_seq_len(const model_runtime *rt, int seq)
-{
-    return seq_ok(rt, seq) ? kvc_seq_len(rt->seqs[seq].kv[0]) : -1;
-}
-
-int64_t model_kv_free_pages(const model_runtime *rt) { return kvc_free_pages(rt->layers[0].kv); }
-int model_kv_page_size(const model_runtime *rt) { return rt->ps; }
-
-int64_t model_seq_pages_needed(const model_runtime *rt, int seq, int64_t n)
-{
-    if (!seq_ok(rt, seq) || n <= 0)
-        return 0;
-    int64_t len = model_seq_len(rt, seq), held = kvc_seq_pages(rt->seqs[seq].kv[0], NULL, 0);
-    int64_t need = (len + n + rt->ps - 1) / rt->ps - held;
-    /* A shared partial last page is copied before it is written (an upper
-     * bound: the other owner may be gone). */
-    if (rt->seqs[seq].shared && len % rt->ps)
-        need++;
-    return need;
-}

@@ -23,25 +23,12 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "../common/rng.h"
-#include "../common/status.h"
-#include "config.h"
+#include "common/rng.h"
+#include "common/status.h"
+#include "model/format/config.h"
 #include "kset.h"
-#include "tokenizer.h"
-
-typedef enum model_act_quant {
-    MODEL_ACT_NONE = 0,   /* a16w4: bf16 activations into the MXFP4 GEMMs */
-    MODEL_ACT_MXFP4 = 1,  /* a4w4: activations quantized per 32 on the fly */
-    MODEL_ACT_INT8 = 2,   /* a8w4: int8 per 32 with an fp32 scale (cpu kernels only) */
-    MODEL_ACT_COUNT
-} model_act_quant;
-
-/* "none", "mxfp4", "int8" (the --act-quant spellings); "?" out of range. */
-const char *model_act_quant_name(model_act_quant q);
-/* Parses one of those names; false (out untouched) for anything else. */
-bool model_act_quant_parse(const char *s, model_act_quant *out);
-/* The activation dtype q hands the expert GEMMs: KERN_DT_BF16, _MXFP4 or _I8. */
-kern_dtype model_act_quant_dtype(model_act_quant q);
+#include "model/plan/plan.h"
+#include "model/format/tokenizer.h"
 
 typedef struct model_runtime_opts {
     const char *model_dir;   /* checkpoint folder (config.json, shards, ...) */
@@ -75,6 +62,10 @@ typedef struct model_runtime_opts {
                               * rank 0's sequences and steps; without it every rank must make
                               * the same calls with the same arguments */
 } model_runtime_opts;
+
+/* The runtime's options as plan options (same defaults): the plan the
+ * runtime registers its kernels from. */
+void model_runtime_plan_opts(const model_runtime_opts *ro, model_plan_opts *out);
 
 typedef struct model_runtime model_runtime;
 

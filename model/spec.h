@@ -28,8 +28,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "../common/rng.h"
-#include "../common/status.h"
+#include "common/rng.h"
+#include "common/status.h"
 #include "runtime.h"
 
 /* One sequence's speculative state. */

@@ -11,7 +11,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "../common/clock.h"
+#include "common/clock.h"
 #include "serve_glmout.h"
 #include "serve_http.h"
 #include "serve_sse.h"

@@ -2,7 +2,7 @@
  * WORKLOAD.md table (see serve_bench.h). */
 #include "serve_bench.h"
 
-#include "../common/json_depth.h"
+#include "common/json_depth.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -11,8 +11,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "../common/clock.h"
-#include "../common/rng.h"
+#include "common/clock.h"
+#include "common/rng.h"
 #include "serve_buf.h"
 #include "serve_client.h"
 #include "serve_sse.h"

@@ -29,7 +29,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "../common/status.h"
+#include "common/status.h"
 
 typedef struct serve_bench_opts {
     const char *url;       /* http://127.0.0.1:PORT */

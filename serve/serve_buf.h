@@ -12,7 +12,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 
-#include "../common/status.h"
+#include "common/status.h"
 
 typedef struct serve_buf {
     char *data;

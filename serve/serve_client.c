@@ -14,7 +14,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "../common/clock.h"
+#include "common/clock.h"
 
 #define MAX_HEADER (64u << 10)
 

@@ -15,9 +15,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "../common/clock.h"
-#include "../model/chat.h"
-#include "../model/spec.h"
+#include "common/clock.h"
+#include "model/format/chat.h"
+#include "model/spec.h"
 #include "serve_prefix.h"
 #include "serve_sched.h"
 

@@ -27,7 +27,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "../model/runtime.h"
+#include "model/runtime.h"
 #include "serve_error.h"
 #include "serve_metrics.h"
 

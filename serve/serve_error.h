@@ -9,7 +9,7 @@
 #ifndef MT_SERVE_ERROR_H
 #define MT_SERVE_ERROR_H
 
-#include "../common/status.h"
+#include "common/status.h"
 
 typedef struct serve_error {
     int http;          /* 400, 404, 405, 413, 500, 503, ... */

@@ -4,7 +4,7 @@
 #define _GNU_SOURCE /* memmem */
 #include "serve_glmout.h"
 
-#include "../common/json_depth.h"
+#include "common/json_depth.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>

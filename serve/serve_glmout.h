@@ -40,7 +40,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "../common/status.h"
+#include "common/status.h"
 #include "serve_buf.h"
 
 struct cJSON;

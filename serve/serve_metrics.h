@@ -31,7 +31,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "../model/runtime.h"
+#include "model/runtime.h"
 #include "serve_buf.h"
 #include "serve_request.h"
 

@@ -23,7 +23,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "../common/status.h"
+#include "common/status.h"
 
 typedef struct serve_prefix serve_prefix;
 

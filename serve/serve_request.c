@@ -3,8 +3,8 @@
 #include "serve_request.h"
 
 #include "serve_buf.h"
-#include "../common/json_depth.h"
-#include "../model/runtime.h"
+#include "common/json_depth.h"
+#include "model/runtime.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>

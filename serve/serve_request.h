@@ -42,8 +42,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../model/chat.h"
-#include "../model/tokenizer.h"
+#include "model/format/chat.h"
+#include "model/format/tokenizer.h"
 #include "serve_error.h"
 
 typedef enum serve_api {

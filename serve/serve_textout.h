@@ -23,7 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../model/tokenizer.h"
+#include "model/format/tokenizer.h"
 #include "serve_buf.h"
 
 typedef struct serve_textout {

@@ -5,8 +5,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "../db/db.h"
-#include "../common/status.h"
+#include "db/db.h"
+#include "common/status.h"
 
 /* Which rows belong to this run: device and kernel version. */
 typedef struct tune_db_key {

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common/rng.h"
+#include "common/rng.h"
 #include "tune_forest.h"
 
 #define MAX_DEPTH 16

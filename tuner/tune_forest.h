@@ -18,7 +18,7 @@
 
 #include <stdint.h>
 
-#include "../common/status.h"
+#include "common/status.h"
 
 #define TUNE_FOREST_MAX_FEATURES 16
 

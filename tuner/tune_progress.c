@@ -5,7 +5,7 @@
 #include <stdarg.h>
 #include <string.h>
 
-#include "../common/clock.h"
+#include "common/clock.h"
 #include "tune_impl.h"
 
 static const char *const short_names[DB_TRIAL_STATUS_COUNT] = {

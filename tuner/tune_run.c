@@ -13,9 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common/clock.h"
-#include "../common/rng.h"
-#include "../kernels/kern_db.h"
+#include "common/clock.h"
+#include "common/rng.h"
+#include "kernels/core/kern_db.h"
 #include "tune_db.h"
 #include "tune_impl.h"
 

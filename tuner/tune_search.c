@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common/rng.h"
+#include "common/rng.h"
 #include "tune_impl.h"
 
 /* Spaces larger than this are sampled, never enumerated. */

@@ -4,7 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "../common/rng.h"
+#include "common/rng.h"
 #include "tune_impl.h"
 
 static int cmp_double(const void *a, const void *b)

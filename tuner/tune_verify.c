@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common/rng.h"
-#include "../kernels/kern_db.h"
+#include "common/rng.h"
+#include "kernels/core/kern_db.h"
 #include "tune_impl.h"
 #include "tune_verify.h"
 

@@ -24,8 +24,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "../common/clock.h"
-#include "../common/sha256.h"
+#include "common/clock.h"
+#include "common/sha256.h"
 #include "tune_impl.h"
 
 /* ---- framing --------------------------------------------------------------- */

@@ -35,9 +35,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "../common/status.h"
-#include "../db/db.h"
-#include "../kernels/runner.h"
+#include "common/status.h"
+#include "db/db.h"
+#include "kernels/core/runner.h"
 
 #define TUNE_MAX_M 64
 #define TUNE_MAX_JOBS 128

@@ -34,8 +34,8 @@
 #include "common/numeric.h"
 #include "common/rng.h"
 #include "device/device.h"
-#include "kernels/moe_common.h"
-#include "kernels/mxfp4.h"
+#include "kernels/moe/moe_common.h"
+#include "common/mxfp4.h"
 
 enum { GGML_MXFP4_BLOCK_BYTES = 17, CHECK_M = 3, CHECK_NSTEP = 5 };
 

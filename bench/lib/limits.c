@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../common/clock.h"
-#include "../../kernels/runner.h"
+#include "common/clock.h"
+#include "kernels/core/runner.h"
 
 /* Compiled by the cpu backend (-march=native): 64-byte vectors where the
  * CPU has AVX-512, 32-byte otherwise. */

@@ -29,8 +29,8 @@
 #ifndef MT_BENCH_LIMITS_H
 #define MT_BENCH_LIMITS_H
 
-#include "../../common/status.h"
-#include "../../device/device.h"
+#include "common/status.h"
+#include "device/device.h"
 
 typedef struct bench_spread {
     double p10, median, p90;

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../common/clock.h"
+#include "common/clock.h"
 
 /* One pass: prefill then decode on a fresh sequence; times in ms. */
 static mt_status pass(model_runtime *rt, const int32_t *tok, int n, int d, float *lg,

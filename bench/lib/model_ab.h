@@ -12,8 +12,8 @@
 #ifndef MT_BENCH_MODEL_AB_H
 #define MT_BENCH_MODEL_AB_H
 
-#include "../../model/runtime.h"
-#include "../../tuner/tuner.h"
+#include "model/runtime.h"
+#include "tuner/tuner.h"
 
 typedef struct model_ab_opts {
     int rounds;       /* paired rounds, 2..TUNE_CONFIRM_MAX_ROUNDS (default 10) */

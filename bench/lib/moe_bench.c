@@ -7,11 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../common/clock.h"
-#include "../../common/rng.h"
-#include "../../kernels/exec.h"
-#include "../../kernels/moe_common.h"
-#include "../../model/moe_layer.h"
+#include "common/clock.h"
+#include "common/rng.h"
+#include "kernels/core/exec.h"
+#include "kernels/moe/moe_common.h"
+#include "model/moe_layer.h"
 #include "limits.h"
 
 /* ---- the problem ---------------------------------------------------------- */

@@ -25,9 +25,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "../../common/status.h"
-#include "../../db/db.h"
-#include "../../device/device.h"
+#include "common/status.h"
+#include "db/db.h"
+#include "device/device.h"
 
 /* Another implementation of the two expert GEMM stages, timed in the same
  * rounds as moetune's (bench/bench_ggml_moe.c: ggml's CPU mul_mat_id). In

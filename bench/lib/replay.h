@@ -34,7 +34,7 @@
 
 #include "common/status.h"
 #include "db/db.h"
-#include "kernels/family.h"
+#include "kernels/core/family.h"
 #include "tuner/tuner.h"
 
 typedef struct replay_row {

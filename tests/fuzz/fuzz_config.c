@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/config.h"
+#include "model/format/config.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

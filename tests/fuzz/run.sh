@@ -14,9 +14,9 @@ flags=(-g -O1 -std=gnu11 -fsanitize=fuzzer,address,undefined -fno-sanitize-recov
        -I "$root")
 common=("$root/common/status.c" "$root/common/files.c")
 "$cc" "${flags[@]}" -o "$out/fuzz_safetensors" "$root/tests/fuzz/fuzz_safetensors.c" \
-    "$root/model/safetensors.c" "${common[@]}" -lcjson -lm
+    "$root/model/format/safetensors.c" "${common[@]}" -lcjson -lm
 "$cc" "${flags[@]}" -o "$out/fuzz_config" "$root/tests/fuzz/fuzz_config.c" \
-    "$root/model/config.c" "$root/model/quark.c" "$root/model/safetensors.c" "${common[@]}" -lcjson -lpcre2-8 -lm
+    "$root/model/format/config.c" "$root/model/format/quark.c" "$root/model/format/safetensors.c" "${common[@]}" -lcjson -lpcre2-8 -lm
 
 # Seeds: small hand-made safetensors files, and GLM-style config.json files.
 st="$out/corpus_safetensors"

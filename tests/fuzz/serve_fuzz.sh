@@ -14,8 +14,8 @@ flags=(-g -O1 -std=gnu11 -fsanitize=fuzzer,address,undefined -fno-sanitize-recov
        -I "$root")
 common=("$root/common/status.c" "$root/common/files.c" "$root/common/json_depth.c")
 "$cc" "${flags[@]}" -o "$out/serve_fuzz_request" "$root/tests/fuzz/serve_fuzz_request.c" \
-    "$root/serve/serve_request.c" "$root/serve/serve_error.c" "$root/serve/serve_buf.c" "$root/model/chat.c" \
-    "$root/model/tokenizer.c" "${common[@]}" -lcjson -lpcre2-8 -lm
+    "$root/serve/serve_request.c" "$root/serve/serve_error.c" "$root/serve/serve_buf.c" "$root/model/format/chat.c" \
+    "$root/model/format/tokenizer.c" "${common[@]}" -lcjson -lpcre2-8 -lm
 "$cc" "${flags[@]}" -o "$out/serve_fuzz_sse" "$root/tests/fuzz/serve_fuzz_sse.c" \
     "$root/serve/serve_sse.c" "$root/serve/serve_buf.c" "${common[@]}" -lm
 "$cc" "${flags[@]}" -I "$root/tests/fuzz" -o "$out/serve_fuzz_glmout" \

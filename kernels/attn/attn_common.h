@@ -1,0 +1,143 @@
+/* attn_common.h: pieces shared by GLM-5.2's attention families (mla_prefill,
+ * mla_decode, dsa_indexer, rope) and the paged KV cache (model/kvcache.h):
+ *
+ *  - cache element encoding (bf16, or fp8 e4m3 with a per-cache float scale:
+ *    stored = value / scale) and paged addressing;
+ *  - the RoPE cos/sin table and the interleaved rotation GLM-5 uses;
+ *  - plain C references, computed in double: the test oracles.
+ *
+ * Paged layout (all families): a pool of pages, each `ps` tokens of `width`
+ * elements; token `pos` of a sequence whose page-table row is `tbl` lives at
+ * element ((tbl[pos / ps] * ps) + pos % ps) * width. Page tables are int32.
+ *
+ * Everything here is pure or works on caller-owned memory; thread-safe.
+ * Running a family on one's own buffers goes through kern_exec (exec.h). */
+#ifndef MT_ATTN_COMMON_H
+#define MT_ATTN_COMMON_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/rng.h"
+#include "kernels/core/family.h"
+
+/* ---- cache elements --------------------------------------------------- */
+
+/* Bytes per cache element: 2 (bf16) or 1 (fp8 e4m3). */
+/* The scale the MLA kernels multiply q . k by: sm_bits, when nonzero, is
+ * the float's bit pattern (the runtime passes the model's, e.g. with YaRN's
+ * correction); else (d + r)^-0.5 for nope width d and rope width r. */
+float attn_softmax_scale(int64_t sm_bits, int64_t d, int64_t r);
+
+size_t attn_kv_esize(kern_dtype t);
+/* True for the cache types the kernels read: bf16 and fp8 e4m3. */
+bool attn_kv_dtype_ok(kern_dtype t);
+/* Decodes element i of base and multiplies by scale. */
+float attn_kv_load(kern_dtype t, const void *base, size_t i, float scale);
+/* Encodes v / scale into element i (fp8 saturates at +-448). */
+void attn_kv_store(kern_dtype t, void *base, size_t i, float v, float scale);
+
+/* Element offset of token pos's first value in a paged pool. */
+static inline size_t attn_page_elem(const int32_t *tbl, int64_t ps, int64_t width,
+                                    int64_t pos)
+{
+    return ((size_t)tbl[pos / ps] * (size_t)ps + (size_t)(pos % ps)) * (size_t)width;
+}
+
+/* ---- RoPE -------------------------------------------------------------- */
+
+/* Fills rows [0, npos) of the table: row p holds cos(p * f_i) for i < r/2,
+ * then sin(p * f_i), with f_i = theta^(-2i/r) (computed in double). */
+void attn_rope_table(double theta, int r, int64_t npos, float *cos_sin);
+
+/* Interleaved rotation of r values in place, pairs (2i, 2i+1) by angle i of
+ * the table row: x'[2i] = x[2i] c - x[2i+1] s, x'[2i+1] = x[2i+1] c + x[2i] s.
+ * transformers' rope_interleave path permutes the pairs into half-split
+ * order instead of writing them back in place; q.k dot products are the
+ * same, which is all attention and the indexer read. */
+void attn_rope_rotate(double *x, int r, const float *cs_row);
+
+/* ---- references (double precision, the test oracles) -------------------- */
+
+/* Absorbed MLA over the latent cache (mla_decode). Query m, head h:
+ * q = q_abs[m][h] (L + R values: W_UK^T q_nope, then q_rope), score of a
+ * token t = scale * q . cache[t] (L + R values), o[m][h] = softmax-weighted
+ * sum of cache[t][0:L]. Tokens: dense, t < ctx_len[m]; sparse, the entries
+ * of sel[m][0:topk] inside [0, ctx_len[m]) (others ignored; duplicates
+ * count twice). A query with no token gets zeros. */
+typedef struct attn_decode_args {
+    int64_t m, h, l, r;
+    double scale;
+    const uint16_t *q;          /* bf16 [m][h][l + r] */
+    const void *pool;           /* [pages][ps][l + r] */
+    kern_dtype kv;
+    float kscale;
+    int64_t ps;
+    const int32_t *table;       /* [n_seq][max_pages] */
+    int64_t max_pages;
+    const int32_t *qseq;        /* [m]: page-table row of each query */
+    const int32_t *ctx_len;     /* [m] */
+    const int32_t *sel;         /* [m][topk], or NULL for dense */
+    int64_t topk;
+    float *out;                 /* f32 [m][h][l] */
+} attn_decode_args;
+void attn_ref_decode(const attn_decode_args *a);
+
+/* Dense causal MLA prefill of m new tokens at positions p..p+m-1 of one
+ * sequence, keys and values expanded from the latent through kv_b:
+ * k_nope[t][h] = W_UK[h] c_t and v[t][h] = W_UV[h] c_t, each rounded to
+ * bf16 (as the kernels store them); k_rope[t] = cache[t][l:l+r] (shared by
+ * all heads). Query i attends tokens 0..p+i; scale = (d + r)^-0.5 unless
+ * given. */
+typedef struct attn_prefill_args {
+    int64_t m, p, h, l, r, d, v;
+    const uint16_t *q;          /* bf16 [m][h][d + r] */
+    const void *pool;           /* [pages][ps][l + r] */
+    kern_dtype kv;
+    float kscale;
+    int64_t ps;
+    const int32_t *table;       /* [max_pages] */
+    const uint16_t *wkv;        /* bf16 [h * (d + v)][l]: per head d rows W_UK, v rows W_UV */
+    uint16_t *out;              /* bf16 [m][h][v] */
+    double scale;               /* softmax scale; 0: (d + r)^-0.5 */
+} attn_prefill_args;
+void attn_ref_prefill(const attn_prefill_args *a);
+
+/* DSA indexer scores of query m over tokens t < ctx_len[m]:
+ * score[t] = ih^-0.5 * sum_h w[m][h] * relu(id^-0.5 * q[m][h] . k[t]). */
+typedef struct attn_index_args {
+    int64_t m, ih, id;
+    const uint16_t *q;          /* bf16 [m][ih][id] */
+    const float *w;             /* f32 [m][ih] */
+    const void *pool;           /* [pages][ps][id] */
+    kern_dtype kv;
+    float kscale;
+    int64_t ps;
+    const int32_t *table;
+    int64_t max_pages;
+    const int32_t *qseq;
+    const int32_t *ctx_len;
+} attn_index_args;
+/* Scores of one query into out[0:ctx_len[qi]]. */
+void attn_ref_index_scores(const attn_index_args *a, int64_t qi, double *out);
+
+/* Top-k rule of the dsa_indexer family: keeps the min(k, n) largest of
+ * score[0:n]; among equal scores the lower index wins. Writes the kept
+ * indices in ascending order to idx[0:k] and -1 to the rest; returns how
+ * many were kept. */
+int64_t attn_ref_topk(const double *score, int64_t n, int64_t k, int32_t *idx);
+
+/* ---- helpers for problem generators ---------------------------------- */
+
+/* n_rows page-table rows of max_pages distinct random pages out of
+ * n_pages (n_pages >= max_pages). */
+void attn_fill_table(mt_rng *r, int32_t *table, int64_t n_rows,
+                     int64_t max_pages, int64_t n_pages);
+/* Fills a pool with values ~ N(0, sd) encoded with scale. */
+void attn_fill_pool(mt_rng *r, void *pool, kern_dtype t, size_t n, float sd,
+                    float scale);
+/* n bf16 values ~ N(0, sd). */
+void attn_fill_bf16(mt_rng *r, uint16_t *x, size_t n, float sd);
+
+#endif

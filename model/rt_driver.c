@@ -1,0 +1,204 @@
+/* rt_driver.c: who steps and who follows. model_step runs a step on this
+ * runtime alone (rt_step, rt_forward.c) or, with a communicator, in
+ * lockstep with the other ranks; model_runtime_follow is the loop the
+ * ranks other than 0 of a comm_lead runtime sit in.
+ *
+ * Lockstep: every MoE layer of every forward exchanges pairs with every
+ * rank, so all ranks run the same number of forwards. Three ways:
+ *   - each rank drives its own runtime (data-parallel attention) and calls
+ *     model_step the same number of times, with zero items when it has
+ *     nothing to run: it then runs only the MoE layers' exchanges
+ *     (empty_forward), serving its experts to the others;
+ *   - comm_lead: rank 0 drives; before each forward it broadcasts the
+ *     step's token count (rt_ep_step_begin), and the other ranks run an
+ *     empty step per announcement until rank 0 closes its runtime (which
+ *     broadcasts the end);
+ *   - tensor parallelism (o.tp) with comm_lead: rank 0 announces its
+ *     sequence journal and the step's items (rt_tp_announce), and the other
+ *     ranks replay both and run the same step (tp_follow).
+ * Above the forward pass and the per-layer hooks of rt_ep.c and rt_tp.c;
+ * nothing below calls into this file. */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rt_impl.h"
+
+/* Replays the leader's sequence operations; the slots must come out the
+ * same (they are picked the same way from the same state). */
+static mt_status replay_ops(model_runtime *rt, const int32_t *ops, int n_ops, mt_err *err)
+{
+    for (int i = 0; i < n_ops; i++) {
+        const int32_t *e = ops + 4 * i;
+        int got = e[1];
+        mt_status st = MT_OK;
+        switch (e[0]) {
+        case RT_TP_OP_CREATE: st = model_seq_create(rt, &got, err); break;
+        case RT_TP_OP_FORK: st = model_seq_fork(rt, e[2], e[3], &got, err); break;
+        case RT_TP_OP_FREE: model_seq_free(rt, e[1]); break;
+        case RT_TP_OP_TRUNCATE: st = model_seq_truncate(rt, e[1], e[2], err); break;
+        default: return mt_fail(err, MT_E_FORMAT, "tensor parallelism: operation %d", e[0]);
+        }
+        if (st != MT_OK)
+            return mt_err_prefix(err, "replaying rank 0's sequence operation %d", i);
+        if (got != e[1])
+            return mt_fail(err, MT_E_DEVICE, "replaying rank 0's sequence operations: sequence "
+                           "%d here is %d on rank 0", got, e[1]);
+    }
+    return MT_OK;
+}
+
+/* One announced step on a follower: message m of len entries. */
+static mt_status follow_step(model_runtime *rt, const int32_t *m, int64_t len, mt_err *err)
+{
+    if (len < 2 || m[0] < 0 || m[1] < 0 || 2 + 4 * (int64_t)m[0] > len)
+        return mt_fail(err, MT_E_FORMAT, "tensor parallelism: a step message of %" PRId64
+                       " entries", len);
+    MT_CHECK(replay_ops(rt, m + 2, m[0], err));
+    int n = m[1];
+    if (n == 0)
+        return MT_OK;
+    model_step_item *items = calloc((size_t)n, sizeof *items);
+    float *logits = NULL;
+    if (!items)
+        return mt_fail(err, MT_E_NOMEM, "tensor parallelism: step");
+    int64_t off = 2 + 4 * (int64_t)m[0], rows = 0;
+    mt_status st = MT_OK;
+    for (int i = 0; i < n && st == MT_OK; i++) {
+        if (off + 4 > len || m[off + 1] < 0 || off + 4 + m[off + 1] > len) {
+            st = mt_fail(err, MT_E_FORMAT, "tensor parallelism: item %d of a step message", i);
+            break;
+        }
+        items[i] = (model_step_item){.seq = m[off], .n_tokens = m[off + 1],
+                                     .n_prompt = m[off + 2], .tokens = m + off + 4};
+        rows += (m[off + 3] & 2) ? m[off + 1] : (m[off + 3] & 1);
+        off += 4 + m[off + 1];
+    }
+    /* Logits land on every rank (lm_head is gathered); the follower's go
+     * to scratch. */
+    if (st == MT_OK && rows && !(logits = malloc(sizeof(float) * (size_t)((rows + n) * rt->V))))
+        st = mt_fail(err, MT_E_NOMEM, "tensor parallelism: logits");
+    float *at = logits;
+    off = 2 + 4 * (int64_t)m[0];
+    for (int i = 0; i < n && st == MT_OK; i++) {
+        int flags = m[off + 3];
+        if (flags & 2) {
+            items[i].all_logits = at;
+            at += (size_t)items[i].n_tokens * (size_t)rt->V;
+        }
+        if (flags & 1) {
+            items[i].logits = at;
+            at += rt->V;
+        }
+        off += 4 + m[off + 1];
+    }
+    if (st == MT_OK) {
+        rt->ep_joined = false;
+        st = rt_step(rt, items, n, err);
+        /* Refused before its forward: rank 0 was refused the same way. */
+        if (st != MT_OK && !rt->ep_joined)
+            st = MT_OK;
+    }
+    free(items);
+    free(logits);
+    return st;
+}
+
+static mt_status tp_follow(model_runtime *rt, int64_t *steps, mt_err *err)
+{
+    int32_t *m = NULL;
+    int64_t cap = 0;
+    mt_status st = MT_OK;
+    for (;;) {
+        int32_t len = 0;
+        if ((st = mt_comm_broadcast(rt->o.comm, &len, 1, MT_COMM_I32, 0, err)) != MT_OK)
+            break;
+        if (len < 0)
+            break;
+        if (len > cap) {
+            int32_t *nm = realloc(m, sizeof(int32_t) * (size_t)len);
+            if (!nm) {
+                st = mt_fail(err, MT_E_NOMEM, "tensor parallelism: a step message of %" PRId32
+                             " entries", len);
+                break;
+            }
+            m = nm;
+            cap = len;
+        }
+        if ((st = mt_comm_broadcast(rt->o.comm, m, (size_t)len, MT_COMM_I32, 0, err)) != MT_OK)
+            break;
+        if ((st = follow_step(rt, m, len, err)) != MT_OK)
+            break;
+        if (steps)
+            ++*steps;
+    }
+    free(m);
+    return st;
+}
+
+/* A forward with no local tokens: only the MoE layers' exchanges (none
+ * without expert parallelism). */
+static mt_status empty_forward(model_runtime *rt, mt_err *err)
+{
+    for (int64_t l = 0; rt->ep && l < rt->n_layers; l++) {
+        if (!rt->layers[l].moe)
+            continue;
+        mt_status st = rt_ep_moe(rt, &rt->layers[l], NULL, 0, NULL, err);
+        if (st != MT_OK)
+            return mt_err_prefix(err, "layer %" PRId64 " (no local tokens)", l);
+    }
+    return MT_OK;
+}
+
+static mt_status ep_step(model_runtime *rt, model_step_item *items, int n, mt_err *err)
+{
+    if (rt->o.comm_lead && mt_comm_rank(rt->o.comm) != 0)
+        return mt_fail(err, MT_E_INVALID, "rank %d follows rank 0's steps "
+                       "(model_runtime_follow): it runs no steps of its own",
+                       mt_comm_rank(rt->o.comm));
+    if (rt->tp.on) {
+        /* Every rank runs every step: nothing to join without one. */
+        if (n == 0)
+            return MT_OK;
+        if (rt->tp.lead)
+            MT_CHECK(rt_tp_announce(rt, items, n, err));
+        return rt_step(rt, items, n, err);
+    }
+    if (n == 0)
+        return rt->o.comm_lead ? MT_OK : empty_forward(rt, err);
+    rt->ep_joined = false;
+    mt_status st = rt_step(rt, items, n, err);
+    if (st != MT_OK && !rt->ep_joined && !rt->o.comm_lead) {
+        /* Failed before its forward (bad items, KV cache full): still join
+         * this step's exchanges so the other ranks are not left waiting. */
+        mt_err e2 = MT_ERR_INIT;
+        if (empty_forward(rt, &e2) != MT_OK)
+            fprintf(rt->log, "expert parallelism: %s\n", e2.msg);
+    }
+    return st;
+}
+
+mt_status model_step(model_runtime *rt, model_step_item *items, int n, mt_err *err)
+{
+    return rt->o.comm ? ep_step(rt, items, n, err) : rt_step(rt, items, n, err);
+}
+
+mt_status model_runtime_follow(model_runtime *rt, int64_t *steps, mt_err *err)
+{
+    if (steps)
+        *steps = 0;
+    if (!rt->o.comm || !rt->o.comm_lead || mt_comm_rank(rt->o.comm) == 0)
+        return mt_fail(err, MT_E_INVALID, "model_runtime_follow: only ranks other than 0 of a "
+                       "runtime opened with comm_lead follow");
+    if (rt->tp.on)
+        return tp_follow(rt, steps, err);
+    for (;;) {
+        int32_t m = 0;
+        MT_CHECK(mt_comm_broadcast(rt->o.comm, &m, 1, MT_COMM_I32, 0, err));
+        if (m < 0)
+            return MT_OK;
+        MT_CHECK(empty_forward(rt, err));
+        if (steps)
+            ++*steps;
+    }
+}

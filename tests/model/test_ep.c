@@ -1,0 +1,757 @@
+/* test_ep.c: the runtime across ranks with expert parallelism (model/ep_moe.h,
+ * model/rt_ep.c). In process: expert ranges tile the experts; the
+ * expert-parallel path over the one-rank "self" communicator (dispatch,
+ * local expert kernels, combine) gives bitwise the plain runtime's logits;
+ * speculative decoding, which does not run across ranks, is refused by name.
+ * Under mpirun (when the build has MPI): `moetune generate --comm mpi
+ * --batch-invariant` at 2 and 4 ranks gives bitwise the single-device
+ * logits and the same greedy tokens (generate_matches also has a
+ * within-tolerance mode for runs without batch-invariant kernels: their
+ * per-bucket configs take too long to compile for CI); mt_ep_check at 3
+ * ranks (16 experts split 6/5/5) has every rank run its own sequences or
+ * none, one bad item included, bitwise against a one-device runtime in the
+ * same process; and `serve --ranks 2` answers a completion, then goes down,
+ * server included, when rank 1 is killed. (mt_ep_check's "die" mode, a rank
+ * dying while the others wait inside an exchange, is left to manual runs:
+ * test_comm covers a rank dying under a waiting collective, and CI time is
+ * tight.) */
+#include <criterion/criterion.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <dirent.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "comm/comm.h"
+#include "model/ep_moe.h"
+#include "model/plan/plan.h"
+#include "serve/serve_client.h"
+#include "test_forward_util.h"
+
+Test(ep, expert_ranges_tile_the_experts)
+{
+    const int64_t experts[] = {1, 7, 16, 256, 257};
+    for (size_t i = 0; i < sizeof experts / sizeof experts[0]; i++)
+        for (int n = 1; n <= 9 && n <= experts[i]; n++) {
+            int64_t next = 0, lo = experts[i], hi = 0;
+            for (int r = 0; r < n; r++) {
+                int64_t first, count;
+                model_ep_range(experts[i], n, r, &first, &count);
+                cr_assert_eq(first, next, "E=%" PRId64 " n=%d rank %d starts at %" PRId64,
+                             experts[i], n, r, first);
+                next += count;
+                lo = count < lo ? count : lo;
+                hi = count > hi ? count : hi;
+            }
+            cr_assert_eq(next, experts[i], "E=%" PRId64 " n=%d covers %" PRId64, experts[i], n,
+                         next);
+            cr_assert(lo >= 1 && hi - lo <= 1, "E=%" PRId64 " n=%d: sizes %" PRId64 "..%" PRId64,
+                      experts[i], n, lo, hi);
+        }
+}
+
+static model_runtime *open_comm(const char *dir, mt_comm *c, int spec, mt_err *err)
+{
+    static FILE *quiet;
+    if (!quiet)
+        quiet = fopen("/dev/null", "w");
+    model_runtime_opts o = {.model_dir = dir, .device = "cpu", .kv_pages = 64,
+                            .max_batch_tokens = 64, .batch_invariant = true, .log = quiet,
+                            .comm = c, .speculative_steps = spec};
+    model_runtime *rt = NULL;
+    return model_runtime_open(&o, &rt, err) == MT_OK ? rt : NULL;
+}
+
+/* Prefill n tokens, then 3 greedy decode steps: every row's logits. */
+static float *run_seq(model_runtime *rt, const int32_t *tok, int n)
+{
+    int32_t V = model_runtime_vocab(rt);
+    float *lg = malloc(sizeof(float) * (size_t)V * (size_t)(n + 3));
+    int seq;
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(model_seq_create(rt, &seq, &err), MT_OK, "%s", err.msg);
+    model_step_item it = {.seq = seq, .tokens = tok, .n_tokens = n, .all_logits = lg, .n_prompt = n};
+    cr_assert_eq(model_step(rt, &it, 1, &err), MT_OK, "%s", err.msg);
+    for (int s = 0; s < 3; s++) {
+        const float *l = lg + (size_t)(n + s - 1) * V;
+        int32_t next = 0;
+        for (int32_t v = 1; v < V; v++)
+            next = l[v] > l[next] ? v : next;
+        model_step_item d = {.seq = seq, .tokens = &next, .n_tokens = 1,
+                             .all_logits = lg + (size_t)(n + s) * V};
+        cr_assert_eq(model_step(rt, &d, 1, &err), MT_OK, "%s", err.msg);
+    }
+    model_seq_free(rt, seq);
+    return lg;
+}
+
+Test(ep, one_rank_expert_parallel_path_is_bitwise_the_plain_runtime, .timeout = 300)
+{
+    char *dir = fw_tiny_dir();
+    mt_comm *c = NULL;
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(mt_comm_open("self", &c, &err), MT_OK, "%s", err.msg);
+    model_runtime *ep = open_comm(dir, c, 0, &err);
+    cr_assert_not_null(ep, "%s", err.msg);
+    model_runtime *plain = open_comm(dir, NULL, 0, &err);
+    cr_assert_not_null(plain, "%s", err.msg);
+    uint64_t seed = mt_seed_fresh();
+    int32_t V = model_runtime_vocab(ep);
+    int n = 13 + (int)(seed % 20);
+    int32_t *tok = fw_tokens(seed, n, V);
+    float *a = run_seq(ep, tok, n), *b = run_seq(plain, tok, n);
+    for (size_t i = 0; i < (size_t)(n + 3) * (size_t)V; i++)
+        cr_assert(!memcmp(&a[i], &b[i], sizeof *a), "seed %" PRIu64 ": row %zu logit %zu: %.9g "
+                  "expert-parallel, %.9g plain", seed, i / (size_t)V, i % (size_t)V, a[i], b[i]);
+    /* An empty step joins the (one-rank) exchanges and appends nothing; a
+     * runtime that drives its own steps does not follow. */
+    cr_assert_eq(model_step(ep, NULL, 0, &err), MT_OK, "%s", err.msg);
+    cr_assert_eq(model_runtime_follow(ep, NULL, &err), MT_E_INVALID);
+    cr_assert(strstr(err.msg, "comm_lead"), "%s", err.msg);
+    cr_assert_eq(model_runtime_rank(ep), 0);
+    free(a), free(b), free(tok);
+    model_runtime_close(ep);
+    model_runtime_close(plain);
+    mt_comm_close(c);
+    fw_rm_dir(dir);
+}
+
+/* `tune --model --ep N` tunes what the ranks look up: the expert-parallel
+ * kernels the one-rank runtime registers (its report's "this rank's
+ * experts" lines) are exactly the plan's EP entries for one rank; at 3
+ * ranks the plan has the 6- and 5-expert shapes (16 experts), one pair per
+ * row, M up to every pair of a step. */
+Test(ep, plan_lists_the_expert_parallel_kernels_the_ranks_look_up, .timeout = 300)
+{
+    char *dir = fw_tiny_dir();
+    mt_comm *c = NULL;
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(mt_comm_open("self", &c, &err), MT_OK, "%s", err.msg);
+    model_runtime *rt = open_comm(dir, c, 0, &err);
+    cr_assert_not_null(rt, "%s", err.msg);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    model_runtime_report(rt, f);
+    fclose(f);
+    char *text_copy = strdup(text); /* strtok_r cuts text up below */
+    const model_config *cfg = model_runtime_config(rt);
+    int64_t topk = cfg->num_experts_per_tok, experts = cfg->n_routed_experts;
+    model_runtime_close(rt);
+    mt_comm_close(c);
+
+    model_plan_opts po = {.kv_pages = 64, .max_batch_tokens = 64, .ep_ranks = 1};
+    model_plan_entry *plan = NULL;
+    int n = 0;
+    cr_assert_eq(model_kernel_plan(dir, &po, &plan, &n, &err), MT_OK, "%s", err.msg);
+    int in_report = 0, in_plan = 0;
+    bool *seen = calloc((size_t)n, sizeof *seen);
+    char *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        char fam[64], key[KERN_KEY_MAX];
+        if (!strstr(line, "this rank's experts") || sscanf(line, "%63s %511s", fam, key) != 2)
+            continue;
+        int found = -1;
+        for (int i = 0; i < n && found < 0; i++)
+            if (!strcmp(plan[i].fam->name, fam) && !strcmp(plan[i].key, key) &&
+                strstr(plan[i].purpose, "EP rank"))
+                found = i;
+        cr_assert(found >= 0, "the runtime looks up %s %s; the plan with --ep 1 does not list "
+                  "it", fam, key);
+        in_report += !seen[found]; /* a line per M bucket */
+        seen[found] = true;
+    }
+    free(seen);
+    /* Neither the runtime nor the plan has the whole-layer expert GEMMs
+     * (every expert, top-k choices per row): no rank runs them. */
+    char whole[64];
+    snprintf(whole, sizeof whole, "E=%" PRId64 ",topk=%" PRId64 ",", experts, topk);
+    for (const char *l = text_copy; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        size_t len = strcspn(l, "\n");
+        bool expert_kernel = !strncmp(l, "moe_gemm", 8) || !strncmp(l, "moe_align", 9);
+        char line[512];
+        snprintf(line, sizeof line, "%.*s", (int)(len < 511 ? len : 511), l);
+        cr_assert(!expert_kernel || !strstr(line, whole), "the expert-parallel runtime registers "
+                  "a whole-layer expert kernel: %s", line);
+    }
+    for (int i = 0; i < n; i++) {
+        in_plan += strstr(plan[i].purpose, "EP rank") != NULL;
+        cr_assert(!strstr(plan[i].fam->name, "moe_gemm") || !strstr(plan[i].key, whole),
+                  "the --ep plan lists %s %s", plan[i].fam->name, plan[i].key);
+    }
+    cr_assert_eq(in_report, 3, "the report's expert-parallel kernels (align, up, down): %d",
+                 in_report);
+    cr_assert_eq(in_plan, in_report, "the plan lists %d EP kernels, the runtime %d", in_plan,
+                 in_report);
+    free(plan);
+
+    po.ep_ranks = 3;
+    cr_assert_eq(model_kernel_plan(dir, &po, &plan, &n, &err), MT_OK, "%s", err.msg);
+    int ups = 0;
+    for (int i = 0; i < n; i++) {
+        if (!strstr(plan[i].purpose, "EP rank") || strcmp(plan[i].fam->name, "moe_gemm_up"))
+            continue;
+        int64_t local = experts / 3 + (ups == 0);
+        kern_shape s;
+        cr_assert_eq(kern_shape_parse(plan[i].fam, plan[i].key, &s, NULL, &err), MT_OK, "%s",
+                     err.msg);
+        cr_assert_eq(kern_shape_get(plan[i].fam, &s, "E"), local, "%s", plan[i].key);
+        cr_assert_eq(kern_shape_get(plan[i].fam, &s, "topk"), 1, "%s", plan[i].key);
+        cr_assert_eq(plan[i].m_max, 64 * topk, "%s: largest M %" PRId64, plan[i].key,
+                     plan[i].m_max);
+        ups++;
+    }
+    cr_assert_eq(ups, 2, "16 experts over 3 ranks: a 6- and a 5-expert up GEMM, %d listed", ups);
+    free(plan);
+    po.ep_ranks = (int)experts + 1;
+    cr_assert_eq(model_kernel_plan(dir, &po, &plan, &n, &err), MT_E_INVALID);
+    cr_assert(strstr(err.msg, "routed experts"), "%s", err.msg);
+    /* The command line: --ep takes a rank count and goes with --model. */
+    const char *bad[][2] = {{"--ep 0 --model", "a number of ranks"},
+                            {"--ep 3x --model", "a number of ranks"},
+                            {"--ep 2 --family moe_gemm_up --shape", "go with --model"},
+                            {"--tp 0 --model", "a number of ranks"},
+                            {"--tp 2 --family moe_gemm_up --shape", "go with --model"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char cmd[2048], out[4096] = "";
+        snprintf(cmd, sizeof cmd, "%s tune %s %s 2>&1", MOETUNE_BIN, bad[i][0], dir);
+        FILE *p = popen(cmd, "r");
+        cr_assert_not_null(p);
+        size_t got = fread(out, 1, sizeof out - 1, p);
+        out[got] = 0;
+        int rc = pclose(p);
+        cr_assert(WIFEXITED(rc) && WEXITSTATUS(rc) == 2, "%s: exit %d: %s", cmd, rc, out);
+        cr_assert(strstr(out, bad[i][1]), "%s: %s", cmd, out);
+    }
+    free(text);
+    free(text_copy);
+    fw_rm_dir(dir);
+}
+
+Test(ep, speculative_decoding_across_ranks_is_refused_by_name, .timeout = 300)
+{
+    char *dir = fw_tiny_dir();
+    mt_comm *c = NULL;
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(mt_comm_open("self", &c, &err), MT_OK, "%s", err.msg);
+    cr_assert_null(open_comm(dir, c, 2, &err));
+    cr_assert(strstr(err.msg, "speculative"), "%s", err.msg);
+    mt_comm_close(c);
+    fw_rm_dir(dir);
+}
+
+/* Whether plan p lists e's kernel (family and key). */
+static bool plan_has(const model_plan_entry *p, int n, const model_plan_entry *e)
+{
+    for (int i = 0; i < n; i++)
+        if (p[i].fam == e->fam && !strcmp(p[i].key, e->key))
+            return true;
+    return false;
+}
+
+/* Tensor parallelism over 3 ranks of the tiny model (4 heads, hidden 256,
+ * vocabulary 512): each rank's share tiles the model; a rank's plan has its
+ * local shapes; the tune plan (tp_rank -1) lists every rank's kernels. */
+Test(ep, tensor_parallel_shares_and_plans, .timeout = 300)
+{
+    char *dir = fw_tiny_dir();
+    char path[600];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    model_config *cfg = NULL;
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(model_config_load(path, &cfg, &err), MT_OK, "%s", err.msg);
+    int64_t NH = cfg->num_attention_heads, H = cfg->hidden_size, V = cfg->vocab_size;
+    int64_t VD = cfg->v_head_dim;
+    for (int ranks = 1; ranks <= NH; ranks++) {
+        int64_t nh = 0, no = 0, nv = 0;
+        for (int r = 0; r < ranks; r++) {
+            model_tp_dims d;
+            cr_assert_eq(model_tp_local(cfg, ranks, r, &d, &err), MT_OK, "%s", err.msg);
+            cr_assert_eq(d.head0, nh, "%d ranks, rank %d", ranks, r);
+            cr_assert_eq(d.o_row0, no);
+            cr_assert_eq(d.vocab0, nv);
+            cr_assert(d.heads >= NH / ranks && d.heads <= NH / ranks + 1);
+            nh += d.heads, no += d.o_rows, nv += d.vocab;
+        }
+        cr_assert(nh == NH && no == H && nv == V, "%d ranks: %" PRId64 " heads, %" PRId64
+                  " rows, %" PRId64 " tokens", ranks, nh, no, nv);
+    }
+    model_tp_dims d;
+    cr_assert_eq(model_tp_local(cfg, (int)NH + 1, 0, &d, &err), MT_E_INVALID);
+    cr_assert(strstr(err.msg, "num_attention_heads"), "%s", err.msg);
+
+    model_plan_opts po = {.kv_pages = 64, .max_batch_tokens = 64, .tp_ranks = 3};
+    model_plan_entry *all = NULL, *one = NULL;
+    int n_all = 0, n_one = 0;
+    po.tp_rank = -1;
+    cr_assert_eq(model_kernel_plan(dir, &po, &all, &n_all, &err), MT_OK, "%s", err.msg);
+    int decode_heads = 0;
+    for (int r = 0; r < 3; r++) {
+        model_tp_dims me;
+        cr_assert_eq(model_tp_local(cfg, 3, r, &me, &err), MT_OK);
+        po.tp_rank = r;
+        cr_assert_eq(model_kernel_plan(dir, &po, &one, &n_one, &err), MT_OK, "%s", err.msg);
+        bool decode = false, o = false, head = false, embed = false, gu = false, down = false;
+        for (int i = 0; i < n_one; i++) {
+            const model_plan_entry *e = &one[i];
+            cr_assert(plan_has(all, n_all, e), "rank %d looks up %s %s; the tune plan does not "
+                      "list it", r, e->fam->name, e->key);
+            kern_shape s;
+            cr_assert_eq(kern_shape_parse(e->fam, e->key, &s, NULL, &err), MT_OK, "%s", err.msg);
+            if (!strcmp(e->fam->name, "mla_decode")) {
+                cr_assert_eq(kern_shape_get(e->fam, &s, "H"), me.heads, "%s", e->key);
+                decode = true;
+            } else if (!strcmp(e->purpose, "o_proj")) {
+                cr_assert_eq(kern_shape_get(e->fam, &s, "N"), me.o_rows, "%s", e->key);
+                cr_assert_eq(kern_shape_get(e->fam, &s, "K"), NH * VD, "%s", e->key);
+                o = true;
+            } else if (!strcmp(e->purpose, "lm_head")) {
+                cr_assert_eq(kern_shape_get(e->fam, &s, "N"), me.vocab, "%s", e->key);
+                head = true;
+            } else if (!strcmp(e->purpose, "embedding")) {
+                embed = true;
+            } else if (!strcmp(e->purpose, "mlp gate/up")) {
+                int64_t i0, ni;
+                model_ep_range(cfg->intermediate_size, 3, r, &i0, &ni);
+                cr_assert_eq(kern_shape_get(e->fam, &s, "N"), 2 * ni, "%s", e->key);
+                gu = true;
+            } else if (!strcmp(e->purpose, "mlp down")) {
+                cr_assert_eq(kern_shape_get(e->fam, &s, "N"), me.o_rows, "%s", e->key);
+                cr_assert_eq(kern_shape_get(e->fam, &s, "K"), cfg->intermediate_size, "%s",
+                             e->key);
+                down = true;
+            }
+        }
+        cr_assert(decode && o && head && embed && gu && down, "rank %d: a slot is missing", r);
+        free(one);
+    }
+    for (int i = 0; i < n_all; i++)
+        decode_heads += !strcmp(all[i].fam->name, "mla_decode");
+    cr_assert_eq(decode_heads, 2, "4 heads over 3 ranks: a 2- and a 1-head mla_decode, %d "
+                 "listed", decode_heads);
+    free(all);
+    po.tp_rank = 3;
+    cr_assert_eq(model_kernel_plan(dir, &po, &all, &n_all, &err), MT_E_INVALID);
+    model_config_destroy(cfg);
+    fw_rm_dir(dir);
+}
+
+#ifdef MOETUNE_HAVE_MPI
+/* Runs cmd (with Open MPI's consent to run as root and without
+ * LeakSanitizer in the children: Open MPI keeps its allocations to exit),
+ * output into out; returns the exit status. */
+static int run(const char *cmd, char *out, size_t cap)
+{
+    char full[4096];
+    snprintf(full, sizeof full,
+             "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+             "ASAN_OPTIONS=detect_leaks=0:intercept_tls_get_addr=0 %s 2>&1", cmd);
+    FILE *p = popen(full, "r");
+    cr_assert_not_null(p);
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static float *read_logits(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "no logits file %s", path);
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    float *x = malloc((size_t)len + 1);
+    cr_assert_eq(fread(x, 1, (size_t)len, f), (size_t)len);
+    fclose(f);
+    *n = (size_t)len / sizeof(float);
+    return x;
+}
+
+/* The ids line of generate's output. */
+static void ids_of(const char *out, char *ids, size_t cap)
+{
+    const char *p = strstr(out, "ids:");
+    cr_assert_not_null(p, "no ids in:\n%s", out);
+    size_t n = strcspn(p, "\n");
+    snprintf(ids, cap, "%.*s", (int)n, p);
+}
+
+/* generate on one device, then under mpirun -np N (--comm mpi) for each N
+ * of nps: the same ids, and logits bitwise (batch-invariant) or within 1e-2
+ * relative L2 per prompt position. */
+static void generate_matches(const int *nps, int n_nps, bool invariant, const char *extra)
+{
+    char *dir = fw_tiny_dir();
+    uint64_t seed = mt_seed_fresh();
+    int n = 9 + (int)(seed % 24);
+    int32_t *tok = fw_tokens(seed, n, 512);
+    char toks[512] = "", args[2048], cmd[4096], one[600], many[600];
+    for (int i = 0; i < n; i++)
+        snprintf(toks + strlen(toks), sizeof toks - strlen(toks), "%s%" PRId32, i ? "," : "",
+                 tok[i]);
+    snprintf(args, sizeof args, "generate --model %s --device cpu --tokens %s --max-tokens 6%s",
+             dir, toks, invariant ? " --batch-invariant" : "");
+    static char out[1 << 16];
+    snprintf(cmd, sizeof cmd, "%s %s --logits %s/one.bin", MOETUNE_BIN, args, dir);
+    int rc = run(cmd, out, sizeof out);
+    cr_assert_eq(rc, 0, "one device: exit %d\n%s", rc, out);
+    ids_of(out, one, sizeof one);
+    char p1[600], p2[600];
+    snprintf(p1, sizeof p1, "%s/one.bin", dir);
+    snprintf(p2, sizeof p2, "%s/many.bin", dir);
+    size_t n1, n2;
+    float *a = read_logits(p1, &n1);
+    cr_assert_eq(n1, (size_t)n * 512);
+    for (int k = 0; k < n_nps; k++) {
+        int np = nps[k];
+        remove(p2);
+        snprintf(cmd, sizeof cmd, "%s --oversubscribe -np %d %s %s --comm mpi %s --logits %s",
+                 MPIEXEC, np, MOETUNE_BIN, args, extra, p2);
+        rc = run(cmd, out, sizeof out);
+        cr_assert_eq(rc, 0, "mpirun -np %d: exit %d\n%s", np, rc, out);
+        cr_assert(strstr(out, "holds routed experts 0-"), "rank 0 did not report its experts:\n%s",
+                  out);
+        if (strstr(extra, "--tp"))
+            cr_assert(strstr(out, "tensor parallelism: rank 0 of"), "rank 0 did not report its "
+                      "tensor-parallel share:\n%s", out);
+        ids_of(out, many, sizeof many);
+        cr_assert_str_eq(many, one, "seed %" PRIu64 ": -np %d greedy tokens differ", seed, np);
+        float *b = read_logits(p2, &n2);
+        cr_assert_eq(n2, n1);
+        for (int t = 0; t < n; t++) {
+            const float *x = b + (size_t)t * 512, *y = a + (size_t)t * 512;
+            if (invariant)
+                cr_assert(!memcmp(x, y, 512 * sizeof *x), "seed %" PRIu64 ": -np %d position %d "
+                          "differs from one device", seed, np, t);
+            else
+                cr_assert_leq(fw_rel_l2(x, y, 512), 1e-2, "seed %" PRIu64 ": -np %d position %d",
+                              seed, np, t);
+        }
+        free(b);
+    }
+    free(a), free(tok);
+    fw_rm_dir(dir);
+}
+
+Test(ep_mpi, two_and_four_ranks_generate_the_single_device_logits, .timeout = 600)
+{
+    const int nps[] = {2, 4};
+    generate_matches(nps, 2, true, "");
+}
+
+/* Tensor parallelism: heads, o_proj rows and vocabulary split too. Every
+ * collective is a copy or a sum with one non-zero term and each rank's
+ * kernels compute whole dot products, so even here the logits are bitwise
+ * one device's. */
+Test(ep_mpi, tensor_parallel_ranks_generate_the_single_device_logits, .timeout = 600)
+{
+    const int nps[] = {2, 4};
+    generate_matches(nps, 2, true, "--tp");
+}
+
+/* Without the batch-invariant mode (each rank's MoE share picks configs
+ * for its own row count), on 3 ranks: 4 heads split 2, 1, 1. */
+Test(ep_mpi, tensor_parallel_uneven_split_within_tolerance, .timeout = 600)
+{
+    const int nps[] = {3};
+    generate_matches(nps, 1, false, "--tp");
+}
+
+static void tp_check(int np, const char *mode)
+{
+    char *dir = fw_tiny_dir();
+    char cmd[2048];
+    static char out[1 << 16];
+    unsigned long long seed = (unsigned long long)mt_seed_fresh();
+    snprintf(cmd, sizeof cmd, "%s --oversubscribe -np %d %s %s %llu %s", MPIEXEC, np,
+             MT_TP_CHECK, dir, seed, mode);
+    int rc = run(cmd, out, sizeof out);
+    cr_assert_eq(rc, 0, "mpirun -np %d mt_tp_check %s (seed %llu): exit %d\n%s", np, mode, seed,
+                 rc, out);
+    for (int r = 0; r < np; r++) {
+        char want[64];
+        snprintf(want, sizeof want, "tp_check rank %d/%d ok", r, np);
+        cr_assert(strstr(out, want), "no '%s' in:\n%s", want, out);
+    }
+    fw_rm_dir(dir);
+}
+
+/* Every rank runs the same script (creates, two prefills in a step, a
+ * fork, a truncation, a refused step, a free) with no leader. */
+Test(ep_mpi, tensor_parallel_ranks_without_a_leader_match_one_device_bitwise, .timeout = 600)
+{
+    tp_check(2, "spmd");
+}
+
+/* Rank 0 runs the script; the others replay its sequence operations and
+ * steps from its announcements. */
+Test(ep_mpi, tensor_parallel_followers_mirror_the_leaders_sequences, .timeout = 600)
+{
+    tp_check(3, "lead");
+}
+
+static void ep_check(int np, const char *mode, char *out, size_t cap, int *rc)
+{
+    char *dir = fw_tiny_dir();
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s --oversubscribe -np %d %s %s %llu %s", MPIEXEC, np,
+             MT_EP_CHECK, dir, (unsigned long long)mt_seed_fresh(), mode);
+    *rc = run(cmd, out, cap);
+    fw_rm_dir(dir);
+}
+
+Test(ep_mpi, three_ranks_run_their_own_sequences_bitwise, .timeout = 600)
+{
+    static char out[1 << 16];
+    int rc;
+    ep_check(3, "", out, sizeof out, &rc);
+    cr_assert_eq(rc, 0, "mpirun -np 3 mt_ep_check: exit %d\n%s", rc, out);
+    for (int r = 0; r < 3; r++) {
+        char want[64];
+        snprintf(want, sizeof want, "ep_check rank %d/3 ok", r);
+        cr_assert(strstr(out, want), "no '%s' in:\n%s", want, out);
+    }
+}
+
+/* The pid of mpirun's child with OMPI_COMM_WORLD_RANK=rank (-1: none). */
+static int rank_pid(int mpirun_pid, int rank)
+{
+    DIR *d = opendir("/proc");
+    cr_assert_not_null(d);
+    struct dirent *de;
+    int found = -1;
+    char want[64];
+    snprintf(want, sizeof want, "OMPI_COMM_WORLD_RANK=%d", rank);
+    while (found < 0 && (de = readdir(d))) {
+        int pid = atoi(de->d_name), ppid = 0;
+        char path[300], buf[4096];
+        if (pid <= 0)
+            continue;
+        snprintf(path, sizeof path, "/proc/%d/stat", pid);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[n] = 0;
+        const char *rp = strrchr(buf, ')'); /* "pid (comm) state ppid ..." */
+        if (!rp || sscanf(rp + 1, " %*c %d", &ppid) != 1 || ppid != mpirun_pid)
+            continue;
+        snprintf(path, sizeof path, "/proc/%d/environ", pid);
+        if (!(f = fopen(path, "r")))
+            continue;
+        static char env[1 << 16];
+        n = fread(env, 1, sizeof env - 1, f);
+        fclose(f);
+        for (size_t i = 0; i < n; i += strlen(env + i) + 1)
+            if (!strcmp(env + i, want))
+                found = pid;
+    }
+    closedir(d);
+    return found;
+}
+
+/* Whether pid runs (a zombie nobody reaped has ended). */
+static bool alive(int pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *rp = strrchr(buf, ')');
+    return rp && rp[1] == ' ' && rp[2] != 'Z' && rp[2] != 'X';
+}
+
+/* serve --ranks 2 under mpirun answers a completion (the numbers are the
+ * generate tests' business: the server steps the same runtime); then rank
+ * 1 is killed and the whole job, server included, goes down instead of
+ * hanging. */
+/* Starts `mpirun -np 2 moetune serve ... --ranks 2 flags` on dir's tiny
+ * model in the background; returns its port once ready, *mp the mpirun pid. */
+static int start_serve(const char *dir, const char *flags, int *mp)
+{
+    char log[600], pidf[600], cmd[4096];
+    snprintf(log, sizeof log, "%s/serve.log", dir);
+    snprintf(pidf, sizeof pidf, "%s/mpirun.pid", dir);
+    snprintf(cmd, sizeof cmd,
+             "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+             "ASAN_OPTIONS=detect_leaks=0:intercept_tls_get_addr=0 %s --oversubscribe -np 2 %s "
+             "serve --model %s --device cpu --port 0 --ranks 2 --batch-invariant %s > %s 2>&1 & "
+             "echo $! > %s", MPIEXEC, MOETUNE_BIN, dir, flags, log, pidf);
+    cr_assert_eq(system(cmd), 0);
+    FILE *f = fopen(pidf, "r");
+    int port = 0;
+    cr_assert(f && fscanf(f, "%d", mp) == 1, "no mpirun pid");
+    fclose(f);
+    static char out[1 << 21]; /* the server logs its whole kernel selection */
+    out[0] = 0;
+    for (int i = 0; i < 2400 && !strstr(out, "ready:"); i++) {
+        usleep(100000);
+        out[0] = 0;
+        if ((f = fopen(log, "r"))) {
+            out[fread(out, 1, sizeof out - 1, f)] = 0;
+            fclose(f);
+        }
+        const char *u = strstr(out, "http://127.0.0.1:");
+        if (u)
+            port = atoi(u + strlen("http://127.0.0.1:"));
+    }
+    if (!strstr(out, "ready:") || port <= 0)
+        kill(*mp, SIGTERM);
+    cr_assert(strstr(out, "ready:") && port > 0, "server not ready:\n%s", out);
+    return port;
+}
+
+Test(ep_mpi, serve_across_two_ranks_answers_and_goes_down_with_a_dead_rank, .timeout = 600)
+{
+    char *dir = fw_tiny_dir();
+    int mp = 0, port = start_serve(dir, "", &mp);
+    /* One request through both ranks. */
+    uint64_t seed = mt_seed_fresh();
+    int32_t *tok = fw_tokens(seed, 7, 512);
+    char body[512], toks[256] = "";
+    for (int i = 0; i < 7; i++)
+        snprintf(toks + strlen(toks), sizeof toks - strlen(toks), "%s%" PRId32, i ? "," : "",
+                 tok[i]);
+    snprintf(body, sizeof body, "{\"prompt\":[%s],\"max_tokens\":5,\"temperature\":0,"
+             "\"ignore_eos\":true,\"logprobs\":0}", toks);
+    serve_url url = {0};
+    mt_err err = MT_ERR_INIT;
+    char base[64];
+    snprintf(base, sizeof base, "http://127.0.0.1:%d", port);
+    cr_assert_eq(serve_url_parse(base, &url, &err), MT_OK, "%s", err.msg);
+    serve_client_resp resp = SERVE_CLIENT_RESP_INIT;
+    mt_status st = serve_client_request(&url, "POST", "/v1/completions", body, strlen(body),
+                                        120, NULL, NULL, &resp, &err);
+    bool answered = st == MT_OK && resp.status == 200 &&
+                    strstr(resp.body.data, "\"completion_tokens\":5");
+    if (!answered)
+        kill(mp, SIGTERM);
+    cr_assert(answered, "%s %d %.*s", err.msg, resp.status, (int)resp.body.len,
+              resp.body.data ? resp.body.data : "");
+    serve_client_resp_release(&resp);
+    int r1 = rank_pid(mp, 1);
+    if (r1 <= 0)
+        kill(mp, SIGTERM);
+    cr_assert_gt(r1, 0, "no rank 1 under mpirun %d", mp);
+    kill(r1, SIGKILL);
+    bool gone = false;
+    for (int i = 0; i < 600 && !gone; i++) {
+        usleep(100000);
+        gone = !alive(mp);
+    }
+    if (!gone)
+        kill(mp, SIGKILL);
+    cr_assert(gone, "mpirun still runs 60 s after rank 1 died");
+    serve_client_resp r2 = SERVE_CLIENT_RESP_INIT;
+    cr_assert_neq(serve_client_request(&url, "GET", "/health", NULL, 0, 5, NULL, NULL, &r2, &err),
+                  MT_OK, "the server still answers after the job ended");
+    serve_client_resp_release(&r2);
+    free(tok);
+    fw_rm_dir(dir);
+}
+/* The token ids of every choice in a completion response, each as "a,b,c". */
+static int choice_ids(const char *body, char ids[][256], int cap)
+{
+    cJSON *j = cJSON_Parse(body);
+    cr_assert_not_null(j, "not JSON: %s", body);
+    cJSON *ch = cJSON_GetObjectItem(j, "choices"), *c;
+    int n = 0;
+    cJSON_ArrayForEach(c, ch)
+    {
+        cr_assert_lt(n, cap);
+        cJSON *t, *ti = cJSON_GetObjectItem(c, "token_ids");
+        cr_assert(cJSON_IsArray(ti), "no token_ids in %s", body);
+        ids[n][0] = 0;
+        cJSON_ArrayForEach(t, ti)
+        {
+            size_t l = strlen(ids[n]);
+            snprintf(ids[n] + l, 256 - l, "%s%d", l ? "," : "", t->valueint);
+        }
+        n++;
+    }
+    cJSON_Delete(j);
+    return n;
+}
+
+/* serve --ranks 2 --tp: followers mirror the leader's sequences (forks for
+ * n > 1 and the prefix cache, frees), and every choice is what one device
+ * generates greedily; SIGTERM to mpirun stops the job cleanly. */
+Test(ep_mpi, tensor_parallel_serve_answers_what_one_device_generates, .timeout = 600)
+{
+    char *dir = fw_tiny_dir();
+    uint64_t seed = mt_seed_fresh();
+    int n = 4 + (int)(seed % 12);
+    int32_t *tok = fw_tokens(seed, n, 512);
+    char toks[256] = "", cmd[4096], body[512];
+    for (int i = 0; i < n; i++)
+        snprintf(toks + strlen(toks), sizeof toks - strlen(toks), "%s%" PRId32, i ? "," : "",
+                 tok[i]);
+    static char out[1 << 16];
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --device cpu --tokens %s --max-tokens 6 "
+             "--batch-invariant", MOETUNE_BIN, dir, toks);
+    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    char one[600];
+    ids_of(out, one, sizeof one); /* "ids: a,b,..." */
+    const char *want = one + strlen("ids: ");
+    int mp = 0, port = start_serve(dir, "--tp", &mp);
+    serve_url url = {0};
+    mt_err err = MT_ERR_INIT;
+    char base[64];
+    snprintf(base, sizeof base, "http://127.0.0.1:%d", port);
+    cr_assert_eq(serve_url_parse(base, &url, &err), MT_OK, "%s", err.msg);
+    snprintf(body, sizeof body, "{\"prompt\":[%s],\"max_tokens\":6,\"temperature\":0,"
+             "\"ignore_eos\":true,\"n\":3,\"return_token_ids\":true}", toks);
+    /* Twice: the second prompt is read from the prefix cache (a fork). */
+    for (int round = 0; round < 2; round++) {
+        serve_client_resp resp = SERVE_CLIENT_RESP_INIT;
+        mt_status st = serve_client_request(&url, "POST", "/v1/completions", body, strlen(body),
+                                            120, NULL, NULL, &resp, &err);
+        if (st != MT_OK || resp.status != 200)
+            kill(mp, SIGTERM);
+        cr_assert(st == MT_OK && resp.status == 200, "%s %d %.*s", err.msg, resp.status,
+                  (int)resp.body.len, resp.body.data ? resp.body.data : "");
+        char ids[3][256];
+        int got = choice_ids(resp.body.data, ids, 3);
+        serve_client_resp_release(&resp);
+        if (got != 3)
+            kill(mp, SIGTERM);
+        cr_assert_eq(got, 3);
+        for (int c = 0; c < 3; c++) {
+            /* generate stops at an end-of-sequence token; the server ignores it. */
+            if (strncmp(ids[c], want, strlen(want)))
+                kill(mp, SIGTERM);
+            cr_assert(!strncmp(ids[c], want, strlen(want)), "seed %" PRIu64 ", round %d, "
+                      "choice %d: %s, one device %s", seed, round, c, ids[c], want);
+        }
+    }
+    kill(mp, SIGTERM);
+    bool gone = false;
+    int status = 0;
+    for (int i = 0; i < 600 && !gone; i++) {
+        usleep(100000);
+        gone = waitpid(mp, &status, WNOHANG) == mp || !alive(mp);
+    }
+    if (!gone)
+        kill(mp, SIGKILL);
+    cr_assert(gone, "mpirun still runs 60 s after SIGTERM");
+    free(tok);
+    fw_rm_dir(dir);
+}
+#else
+Test(ep_mpi, needs_mpi)
+{
+    cr_skip_test("this build has no MPI (install libopenmpi-dev and openmpi-bin, then "
+                 "reconfigure): the multi-rank expert-parallel checks did not run");
+}
+#endif
