@@ -1,5 +1,5 @@
 /* bench_replay.c: replay tables and how well each search strategy does on
- * them (issue #16: search quality).
+ * them (search quality: how close to the optimum in how few trials).
  *
  *   bench_replay sweep --family F --shape S --m 1,16 [--device cpu] [--shard I/N]
  *                      [--passes P] [--note TEXT] --out FILE

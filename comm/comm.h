@@ -1,6 +1,6 @@
 /* comm.h: collectives between the ranks of a multi-device deployment
- * (issue #19): all-reduce, all-gather, reduce-scatter, all-to-all-v,
- * broadcast and barrier, over one of these backends:
+ * (expert and tensor parallelism): all-reduce, all-gather, reduce-scatter,
+ * all-to-all-v, broadcast and barrier, over one of these backends:
  *   "self": one rank, no library (collectives are copies): the runtime's
  *           single-device case, and the reference the others are tested
  *           against;

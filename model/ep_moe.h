@@ -1,4 +1,4 @@
-/* ep_moe.h: the MoE layer under expert parallelism (issue #19): the routed
+/* ep_moe.h: the MoE layer under expert parallelism: the routed
  * experts are split into contiguous ranges over the ranks of a
  * communicator; each rank holds only its range's weights.
  *

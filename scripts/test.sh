@@ -59,8 +59,9 @@ if [ $quick -eq 0 ]; then
   # of dynamic TLS blocks (those of dlopen'd kernel modules) from a glibc
   # 2.19 header layout; with today's glibc the guess can be garbage and
   # LeakSanitizer's exit scan then crashes in its tracer ("Tracer caught
-  # signal 11" in ScanRangeForPointers on a "DTLS" range; google/sanitizers
-  # #1322). Without the interception LeakSanitizer does not scan dynamic
+  # signal 11" in ScanRangeForPointers on a "DTLS" range; the sanitizers'
+  # own report: https://github.com/google/sanitizers/issues/1322). Without
+  # the interception LeakSanitizer does not scan dynamic
   # TLS (the kernels' __thread scratch and shared memory, no heap pointers
   # that outlive a launch). test_lsan_reports checks that
   # leaks are still reported with these options.

@@ -302,11 +302,11 @@ void bench_limits_close(bench_limits *l)
  * differs (hardware prefetchers stop at page boundaries; a VM's pages may
  * or may not be huge), and a probe that under-reads the limit makes
  * kernels look better than they are, so the limit is the best pattern.
- * Which one wins moves between sessions on the same Zen 5 VM kind: one or
+ * Which one wins moves from day to day on the same Zen 5 VM kind: one or
  * two streams with prefetch 2-4 KiB ahead on 2026-12-02 (four streams
  * without prefetch a third slower), four streams without prefetch on
  * 2026-12-03 (80 GB/s against 60 for one stream). pg touches one line of
- * each 4 KiB page that far ahead, as the MoE kernels do since session 16:
+ * each 4 KiB page that far ahead, as the MoE kernels do (on AMD cpus):
  * in a standalone read on that VM one stream with it read 75-77 GB/s
  * against 59 without and 66 for four streams, so without these patterns
  * the probe would under-read kernels that use it. */

@@ -468,7 +468,7 @@ bool moe_cpu_valid(int64_t k, int64_t n, int wl, const kern_config *cfg, char *w
  * the plain read, stage 1 from 0.83 to 0.92; 6-8 KiB the same as 4, 12
  * KiB worse). Stage 1 one gate and one up group (NR 1: two weight
  * streams); stage 2 one group (NR 1) with the integer tiles: since their
- * dots take the activation as an embedded broadcast (session 16), one
+ * dots take the activation as an embedded broadcast (MOE_DOT4), one
  * group ran 8-10 % faster than two at M = 1 and 16 (0.78-0.86 against
  * 0.86-0.93 ms, 11.3 against 12.3 ms), where before two groups had been
  * faster (1.16-1.21 ms against 1.37-1.44); a16w4 below 4 pairs an expert

@@ -1,7 +1,7 @@
 /* mem_plan.h: the memory a GLM-5 family checkpoint needs on each rank of a
  * multi-device deployment, from config.json alone (no tensor is read).
  *
- * The layout (issue #19's parallel plans):
+ * The layout (the parallel plans of docs/SERVING.md):
  *   - routed experts: expert parallel over `ep` ranks (E / ep experts each);
  *   - the shared experts, the router and the DSA indexer: replicated;
  *   - attention: data parallel ("dp": weights replicated, each rank keeps

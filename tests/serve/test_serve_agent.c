@@ -6,7 +6,7 @@
  * (tests/node/tool_roundtrip.mjs), logprobs against a log-softmax of the
  * logits `moetune generate --logits` writes, n = 4 sharing the prompt's KV
  * (visible in /metrics), and prompts with U+0000, lone surrogates and
- * overlong UTF-8 (issue 17). */
+ * overlong UTF-8 (tokenized whole, or refused with a 400). */
 #include <math.h>
 #include <sys/wait.h>
 
@@ -407,7 +407,7 @@ Test(serve_agent, n4_returns_four_choices_and_computes_the_prompt_once)
     free(pj);
 }
 
-/* ---- issue 17: NUL, surrogates, overlong UTF-8 ------------------------------------------ */
+/* ---- hostile text: NUL, surrogates, overlong UTF-8 -------------------------------------- */
 
 Test(serve_agent, nul_in_a_prompt_is_tokenized_whole)
 {

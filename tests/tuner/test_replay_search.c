@@ -1,7 +1,7 @@
 /* test_replay_search.c: the tuner's default search strategy against every
  * replay table committed in bench/data/ (exhaustive timings of real spaces,
  * bench/lib/replay.h). With 15 % of a space's evaluations, the median over
- * fresh seeds must reach 97 % of the table's optimum (#16), and somewhere
+ * fresh seeds must reach 97 % of the table's optimum, and somewhere
  * random search, with the same budget and seeds, must stay clearly under
  * it: the bound is one a blind search does not meet. Tables in
  * subdirectories (bench/data/flat/) are not held to it (docs/BENCHMARKS.md).
