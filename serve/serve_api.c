@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 
 #include "common/clock.h"
@@ -114,12 +115,31 @@ static void token_text(const reply *r, int32_t id, serve_buf *text, cJSON **byte
     }
 }
 
+/* Code points in s[0..n) (valid UTF-8: the bytes that are not continuations). */
+static size_t utf8_chars(const char *s, size_t n)
+{
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++)
+        c += ((unsigned char)s[i] & 0xC0) != 0x80;
+    return c;
+}
+
+/* Completions' logprobs text: the returned text split at the tokens (tok_len[i]
+ * bytes of it came with token i: the incremental detokenizer's output for
+ * that token, so a character split over tokens comes with the token that
+ * completes it), so that the tokens joined are the text. */
+typedef struct lp_text {
+    const char *text;      /* the text of tokens [from, to) */
+    const size_t *tok_len; /* indexed by token */
+    size_t *offset;        /* running offset, in characters (code points) */
+} lp_text;
+
 /* logprobs of tokens [from, to) of a choice, in the endpoint's shape:
  * chat {"content": [{token, logprob, bytes, top_logprobs}]}, completions
  * {tokens, token_logprobs, top_logprobs, text_offset}. NULL when the client
- * did not ask. *offset: completions' running text offset. */
+ * did not ask. */
 static cJSON *logprobs_object(const reply *r, const serve_gen_view *v, int64_t from, int64_t to,
-                              size_t *offset)
+                              const lp_text *lt)
 {
     if (!r->logprobs || !v->logprobs)
         return NULL;
@@ -150,12 +170,14 @@ static cJSON *logprobs_object(const reply *r, const serve_gen_view *v, int64_t f
         cJSON *lps = cJSON_AddArrayToObject(o, "token_logprobs");
         cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs");
         cJSON *offs = cJSON_AddArrayToObject(o, "text_offset");
+        size_t at = 0; /* bytes of lt->text */
         for (int64_t i = from; i < to; i++) {
-            token_text(r, v->tokens[i], &t, NULL);
-            cJSON_AddItemToArray(toks, str_n(t.data ? t.data : "", t.len));
+            size_t n = lt->tok_len[i];
+            cJSON_AddItemToArray(toks, str_n(lt->text + at, n));
             cJSON_AddItemToArray(lps, cJSON_CreateNumber(v->logprobs[i]));
-            cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)*offset));
-            *offset += t.len;
+            cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)*lt->offset));
+            *lt->offset += utf8_chars(lt->text + at, n);
+            at += n;
             cJSON *d = cJSON_CreateObject();
             for (int k = 0; k < v->n_top; k++) {
                 token_text(r, v->top_ids[i * v->n_top + k], &t, NULL);
@@ -191,7 +213,9 @@ typedef struct choice_run {
     const char *finish;
     bool failed;      /* engine error: v.error */
     bool sent_first;  /* streaming: the role was sent */
-    size_t lp_offset; /* completions logprobs: text offset */
+    size_t lp_offset; /* completions logprobs: text offset in characters */
+    size_t *tok_len;  /* completions: bytes of text each token brought (cap_tok) */
+    int64_t cap_tok;
     /* Plain responses: everything. */
     serve_buf text, reasoning;
     call_acc *calls;
@@ -240,8 +264,19 @@ static mt_status advance(choice_run *run, double wait_s, serve_buf *text, int64_
     serve_gen_wait(run->g, run->seen, wait_s, &run->v);
     *first_new = run->used;
     serve_buf_reset(text);
+    if (!run->chat && run->v.n_generated > run->cap_tok) {
+        int64_t cap = run->v.n_generated + 64;
+        size_t *p = realloc(run->tok_len, (size_t)cap * sizeof *p);
+        if (!p)
+            return MT_E_NOMEM;
+        run->tok_len = p;
+        run->cap_tok = cap;
+    }
     for (int64_t i = run->seen; i < run->v.n_generated && !run->to.stopped; i++) {
+        size_t before = text->len;
         MT_CHECK(serve_textout_push(&run->to, run->v.tokens[i], text));
+        if (run->tok_len)
+            run->tok_len[i] = text->len - before;
         run->used = i + 1;
     }
     run->seen = run->v.n_generated;
@@ -254,7 +289,12 @@ static mt_status advance(choice_run *run, double wait_s, serve_buf *text, int64_
         run->failed = true;
         run->finish = "error";
     } else if (run->v.finish != SERVE_FINISH_NONE) {
+        size_t before = text->len;
         MT_CHECK(serve_textout_finish(&run->to, text));
+        /* What was held back belongs to the last token (none: no token to
+         * carry it; a streamed chunk then has text and no logprobs). */
+        if (run->tok_len && run->used > 0)
+            run->tok_len[run->used - 1] += text->len - before;
         run->finish = finish_name(run->v.finish);
         done = true;
     }
@@ -355,7 +395,9 @@ static cJSON *chunk_choice(const reply *r, choice_run *run, const serve_buf *tex
         cJSON_AddItemToObject(c, "text", str_n(text->data ? text->data : "", text->len));
         any = any || text->len;
     }
-    cJSON *lp = logprobs_object(r, &run->v, from, run->used, &run->lp_offset);
+    /* The chunk's tokens brought exactly this text (see advance). */
+    lp_text lt = {text->data ? text->data : "", run->tok_len, &run->lp_offset};
+    cJSON *lp = logprobs_object(r, &run->v, from, run->used, &lt);
     if (lp)
         cJSON_AddItemToObject(c, "logprobs", lp);
     else
@@ -400,7 +442,8 @@ static cJSON *plain_choice(const reply *r, choice_run *run, int index)
         cJSON_AddItemToObject(c, "text", str_n(text, run->text.len));
     }
     size_t off = 0;
-    cJSON *lp = logprobs_object(r, &run->v, 0, run->used, &off);
+    lp_text lt = {text, run->tok_len, &off};
+    cJSON *lp = logprobs_object(r, &run->v, 0, run->used, &lt);
     if (lp)
         cJSON_AddItemToObject(c, "logprobs", lp);
     else
@@ -424,6 +467,7 @@ static void choice_release(choice_run *run)
         serve_buf_release(&run->calls[i].args);
     }
     free(run->calls);
+    free(run->tok_len);
     serve_gen_release(run->g);
 }
 
@@ -502,19 +546,32 @@ static double cum_logprob(const choice_run *run)
     return s;
 }
 
+/* How often a plain request looks at its client while no token comes. */
+#define PLAIN_POLL_S 0.05
+
+/* client_fd: the connection's socket (-1: unknown), looked at whenever
+ * tokens arrive and every PLAIN_POLL_S: a client that left cancels the
+ * request, which the engine frees before its next step. */
 static serve_outcome run_plain(const reply *r, choice_run *runs, int n_runs, int n_return,
-                               struct mg_connection *c, int *status)
+                               struct mg_connection *c, int client_fd, int *status)
 {
     serve_buf text = SERVE_BUF_INIT;
     serve_error e = SERVE_ERROR_INIT;
-    bool oom = false;
-    for (int i = 0; i < n_runs; i++)
-        while (!runs[i].finish && !oom) {
+    bool oom = false, gone = false;
+    for (int i = 0; i < n_runs && !gone; i++)
+        while (!runs[i].finish && !oom && !gone) {
             int64_t from;
-            oom = advance(&runs[i], 3600, &text, &from) != MT_OK ||
+            oom = advance(&runs[i], client_fd >= 0 ? PLAIN_POLL_S : 3600, &text, &from) != MT_OK ||
                   accumulate(&runs[i], &text) != MT_OK;
+            gone = !runs[i].finish && serve_http_client_gone(client_fd);
         }
     serve_buf_release(&text);
+    if (gone) {
+        for (int i = 0; i < n_runs; i++)
+            serve_gen_cancel(runs[i].g, true); /* free its KV now */
+        *status = 499; /* nginx's "client closed request", for the log: nothing is sent */
+        return SERVE_OUTCOME_CANCELLED;
+    }
     if (oom) {
         serve_reject(&e, 500, NULL, NULL, "out of memory building the response");
         for (int i = 0; i < n_runs; i++)
@@ -635,6 +692,35 @@ static serve_outcome run_stream(const reply *r, choice_run *runs, int n_runs,
     return oc;
 }
 
+/* cap - 1 random hex digits (ids unique across restarts: 96 bits from the
+ * kernel; should that fail, the clock and a counter, mixed). */
+static void random_hex(serve_api_ctx *a, char *out, size_t cap)
+{
+    unsigned char b[32];
+    size_t n = (cap - 1 + 1) / 2;
+    if (n > sizeof b)
+        n = sizeof b;
+    if (getrandom(b, n, GRND_NONBLOCK) != (ssize_t)n) {
+        uint64_t x = mt_now_ns() ^ ((uint64_t)atomic_fetch_add(&a->next_id, 1) << 40) ^
+                     (uint64_t)time(NULL) << 20;
+        for (size_t i = 0; i < n; i++) {
+            x += 0x9E3779B97F4A7C15ull; /* splitmix64 */
+            uint64_t z = x;
+            z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+            z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+            b[i] = (unsigned char)(z ^ (z >> 31));
+        }
+    }
+    static const char hex[] = "0123456789abcdef";
+    size_t k = 0;
+    for (size_t i = 0; i < n && k + 1 < cap; i++) {
+        out[k++] = hex[b[i] >> 4];
+        if (k + 1 < cap)
+            out[k++] = hex[b[i] & 15];
+    }
+    out[k] = 0;
+}
+
 static void count(const serve_api_ctx *a, serve_api api, serve_outcome oc)
 {
     serve_metrics_request(a->metrics, api, oc);
@@ -689,8 +775,9 @@ int serve_api_generate(serve_api_ctx *a, struct mg_connection *c, serve_api api)
         .logprobs = req.logprobs,
         .reasoning = req.include_reasoning,
     };
-    unsigned long long rid = atomic_fetch_add(&a->next_id, 1);
-    snprintf(r.id, sizeof r.id, "%s-%llx", api == SERVE_API_CHAT ? "chatcmpl" : "cmpl", rid);
+    char rid[25];
+    random_hex(a, rid, sizeof rid);
+    snprintf(r.id, sizeof r.id, "%s-%s", api == SERVE_API_CHAT ? "chatcmpl" : "cmpl", rid);
     if (!(runs = calloc((size_t)req.best_of, sizeof *runs))) {
         serve_reject(&e, 500, NULL, NULL, "out of memory");
         goto fail;
@@ -719,13 +806,12 @@ int serve_api_generate(serve_api_ctx *a, struct mg_connection *c, serve_api api)
         run->chat = api == SERVE_API_CHAT;
         serve_textout_init(&run->to, in->tok, req.stop, req.n_stop);
         char prefix[40];
-        snprintf(prefix, sizeof prefix, "%llx_%d", rid, i);
+        snprintf(prefix, sizeof prefix, "%s%x", rid, i); /* call ids: call_<rid><i>_<k> */
         serve_glmout_opts go = {
             .tools = req.n_tools ? tools : NULL,
             .n_tools = req.n_tools,
             .start_in_reasoning = req.enable_thinking && req.add_generation_prompt,
             .keep_reasoning = !req.separate_reasoning,
-            .stream = req.stream,
             .id_prefix = prefix,
         };
         serve_glmout_init(&run->out, &go);
@@ -735,7 +821,8 @@ int serve_api_generate(serve_api_ctx *a, struct mg_connection *c, serve_api api)
         oc = run_stream(&r, runs, n_runs, c, req.include_usage, a->keepalive_s);
         status = 200;
     } else {
-        oc = run_plain(&r, runs, n_runs, req.n, c, &status);
+        oc = run_plain(&r, runs, n_runs, req.n, c,
+                       serve_http_client_fd(c, atomic_load(&a->port)), &status);
     }
     for (int i = 0; i < n_runs; i++)
         choice_release(&runs[i]);
@@ -796,11 +883,12 @@ int serve_api_tokenize(serve_api_ctx *a, struct mg_connection *c, serve_api api)
             goto fail;
         }
         mt_err err = MT_ERR_INIT;
-        if (model_tokenizer_decode(in->tok, ids, n_ids, false, &text, NULL, &err)) {
+        size_t text_len = 0;
+        if (model_tokenizer_decode(in->tok, ids, n_ids, false, &text, &text_len, &err)) {
             serve_reject(&e, 400, "tokens", NULL, "cannot decode: %s", err.msg);
             goto fail;
         }
-        cJSON_AddStringToObject(o, "prompt", text);
+        cJSON_AddItemToObject(o, "prompt", str_n(text, text_len)); /* U+0000 kept, escaped */
     }
     char *j = cJSON_PrintUnformatted(o);
     if (!j) {

@@ -15,14 +15,16 @@
 struct mg_connection;
 
 /* What the endpoints see of the server. Owned by the server; handlers on
- * many threads share one (next_id is the only field they change). */
+ * many threads share one (next_id is the only field they change; port is
+ * set once the listening port is known). */
 typedef struct serve_api_ctx {
     serve_engine *engine;
     serve_metrics *metrics;
     char model_name[256];  /* "model" in responses */
     size_t max_body;       /* request body limit in bytes */
     double keepalive_s;    /* SSE keep-alive comment period */
-    atomic_ullong next_id; /* response ids */
+    atomic_ullong next_id; /* mixed into response ids (with random bits) */
+    atomic_int port;       /* the listening port (finding a client's socket) */
 } serve_api_ctx;
 
 /* Endpoint handlers; each returns the HTTP status it answered with and

@@ -216,8 +216,10 @@ static char *prompt_body(const int32_t *prefix, int n_prefix, int input_len, int
     if (!bad)
         bad = serve_buf_printf(&b,
                                "],\"max_tokens\":%d,\"temperature\":0,\"ignore_eos\":true,"
-                               "\"stream\":%s,\"return_token_ids\":true}",
-                               output_len, stream ? "true" : "false") != MT_OK;
+                               "\"stream\":%s,%s\"return_token_ids\":true}",
+                               output_len, stream ? "true" : "false",
+                               stream ? "\"stream_options\":{\"include_usage\":true}," : "") !=
+              MT_OK;
     if (bad) {
         serve_buf_release(&b);
         return NULL;

@@ -300,11 +300,17 @@ static int gen_cancel_flag(serve_gen *g)
 
 static void handle_cancels(serve_engine *e)
 {
-    for (int i = e->n_waiting - 1; i >= 0; i--)
-        if (gen_cancel_flag(e->waiting[i]))
+    for (int i = e->n_waiting - 1; i >= 0; i--) {
+        int c = gen_cancel_flag(e->waiting[i]);
+        if (c == CANCEL_FREE && e->metrics)
+            serve_metrics_cancelled(e->metrics);
+        if (c)
             fail_waiting(e, i, NULL);
+    }
     for (int i = e->n_running - 1; i >= 0; i--) {
         int c = gen_cancel_flag(e->running[i]);
+        if (c == CANCEL_FREE && e->metrics)
+            serve_metrics_cancelled(e->metrics);
         if (c)
             finish_running(e, i, c == CANCEL_KEEP ? SERVE_FINISH_STOP : SERVE_FINISH_CANCELLED,
                            c == CANCEL_KEEP, NULL);

@@ -180,7 +180,12 @@ void serve_glmout_release(serve_glmout *p)
 
 int serve_glmout_calls(const serve_glmout *p) { return p->n_calls; }
 
-static bool tools_on(const serve_glmout *p) { return p->o.tools && p->o.n_tools > 0; }
+/* Whether "<tool_call>" opens a call here: tools given, and fewer calls
+ * made than max_calls allows. */
+static bool tools_on(const serve_glmout *p)
+{
+    return p->o.tools && p->o.n_tools > 0 && (p->o.max_calls <= 0 || p->n_calls < p->o.max_calls);
+}
 
 /* Length of the longest suffix of s[0..n) that is a proper prefix of tag. */
 static size_t partial_tag(const char *s, size_t n, const char *tag)
@@ -209,42 +214,15 @@ static void call_reset(serve_glmout *p)
     serve_buf_reset(&p->call);
     serve_buf_reset(&p->call_json);
     p->call_pos = 0;
-    p->call_named = p->call_announced = false;
+    p->call_named = false;
     p->call_tool = -1;
     p->call_args = 0;
 }
 
-/* Appends to the open call's arguments: in stream mode as a delta, in plain
- * mode to call_json until the call completes. */
-static mt_status call_args_add(serve_glmout *p, serve_glmout_delta *d, const char *s, size_t n)
-{
-    if (!p->o.stream)
-        return serve_buf_append(&p->call_json, s, n);
-    serve_glmout_call_delta *c = delta_call(d, p->n_calls);
-    return c ? serve_buf_append(&c->args, s, n) : MT_E_NOMEM;
-}
-
-/* The first delta of a call: id and name. */
-static mt_status call_announce(serve_glmout *p, serve_glmout_delta *d)
-{
-    serve_glmout_call_delta *c = delta_call(d, p->n_calls);
-    if (!c)
-        return MT_E_NOMEM;
-    call_id(p, p->n_calls, c->id, sizeof c->id);
-    if (!(c->name = strdup(p->o.tools[p->call_tool].name)))
-        return MT_E_NOMEM;
-    p->call_announced = true;
-    return MT_OK;
-}
-
-/* The open call is not a call: what was announced is closed, the raw text
- * becomes content and what followed "<tool_call>" is read again as content. */
+/* The open call is not a call: its raw text becomes content and what
+ * followed "<tool_call>" is read again as content. */
 static mt_status call_malformed(serve_glmout *p, serve_glmout_delta *d)
 {
-    if (p->call_announced) {
-        TRY(call_args_add(p, d, p->call_args ? "}" : "{}", p->call_args ? 1 : 2));
-        p->n_calls++; /* its index is taken */
-    }
     TRY(emit_content(p, d, T_CALL, strlen(T_CALL)));
     serve_buf rest = SERVE_BUF_INIT;
     size_t skip = strlen(T_CALL);
@@ -282,7 +260,7 @@ static int starts(const char *s, size_t at, size_t n, const char *tag)
 }
 
 /* One step of parsing the open call from call_pos. */
-static int call_step(serve_glmout *p, serve_glmout_delta *d, mt_status *st)
+static int call_step(serve_glmout *p, mt_status *st)
 {
     const char *s = p->call.data;
     size_t n = p->call.len;
@@ -308,8 +286,6 @@ static int call_step(serve_glmout *p, serve_glmout_delta *d, mt_status *st)
             return SCAN_BAD;
         p->call_named = true;
         p->call_pos = j;
-        if (p->o.stream && (*st = call_announce(p, d)) != MT_OK)
-            return SCAN_BAD;
         return SCAN_STEP;
     }
     size_t at = skip_ws(s, p->call_pos, n);
@@ -357,7 +333,7 @@ static int call_step(serve_glmout *p, serve_glmout_delta *d, mt_status *st)
     if (*st == MT_OK)
         *st = serve_glmout_arg_json(schema, s + val, (size_t)(ve - s) - val, &frag);
     if (*st == MT_OK)
-        *st = call_args_add(p, d, frag.data, frag.len);
+        *st = serve_buf_append(&p->call_json, frag.data, frag.len);
     serve_buf_release(&frag);
     if (*st != MT_OK)
         return SCAN_BAD;
@@ -366,22 +342,19 @@ static int call_step(serve_glmout *p, serve_glmout_delta *d, mt_status *st)
     return SCAN_STEP;
 }
 
-/* The open call ended at call_pos: emit it (plain mode: all of it now) and
- * give what followed back to pending. */
+/* The open call ended at call_pos: emit all of it (id, name, arguments) in
+ * one delta entry and give what followed back to pending. */
 static mt_status call_done(serve_glmout *p, serve_glmout_delta *d)
 {
     const char *close = p->call_args ? "}" : "{}";
-    if (p->o.stream) {
-        TRY(call_args_add(p, d, close, strlen(close)));
-    } else {
-        TRY(call_announce(p, d));
-        serve_glmout_call_delta *c = delta_call(d, p->n_calls);
-        if (!c)
-            return MT_E_NOMEM;
-        TRY(serve_buf_append(&c->args, p->call_json.data ? p->call_json.data : "",
-                             p->call_json.len));
-        TRY(serve_buf_puts(&c->args, close));
-    }
+    serve_glmout_call_delta *c = delta_call(d, p->n_calls);
+    if (!c)
+        return MT_E_NOMEM;
+    call_id(p, p->n_calls, c->id, sizeof c->id);
+    if (!(c->name = strdup(p->o.tools[p->call_tool].name)))
+        return MT_E_NOMEM;
+    TRY(serve_buf_append(&c->args, p->call_json.data ? p->call_json.data : "", p->call_json.len));
+    TRY(serve_buf_puts(&c->args, close));
     p->n_calls++;
     serve_buf rest = SERVE_BUF_INIT;
     mt_status st = serve_buf_append(&rest, p->call.data + p->call_pos, p->call.len - p->call_pos);
@@ -409,7 +382,7 @@ static mt_status run(serve_glmout *p, serve_glmout_delta *d, bool final)
             serve_buf_reset(&p->pending);
             mt_status st = MT_OK;
             int r;
-            while ((r = call_step(p, d, &st)) == SCAN_STEP)
+            while ((r = call_step(p, &st)) == SCAN_STEP)
                 ;
             if (st != MT_OK)
                 return st;

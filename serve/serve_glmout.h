@@ -7,10 +7,9 @@
  * with any whitespace (GLM-4.5's newlines) between the parts. Text arrives
  * in pieces of any size (one token, several tokens of a speculative step, or
  * the whole answer); each push returns what became certain, as a delta:
- * reasoning text, content text and tool-call deltas (index, id and name
- * once, then argument fragments whose concatenation is the call's
- * arguments as a JSON object text). Text that may still be the start of a
- * tag is held back until it is decided.
+ * reasoning text, content text and the calls completed (index, id, name and
+ * the arguments as a JSON object's text). Text that may still be the start
+ * of a tag, and an open call, are held back until decided.
  *
  * Reasoning: the output starts in reasoning when the prompt opened a
  * `<think>` (thinking enabled); a `<think>` before any content also starts
@@ -21,15 +20,13 @@
  * each argument value is a string unless that tool's JSON schema types the
  * property (integer, number, boolean, null, object, array, or a list of
  * those), in which case a value that reads as that type is converted and
- * any other stays a string. A call that turns out malformed (unknown name,
- * text between the parts, unterminated at the end) falls back to content:
- * its raw text, from `<tool_call>`, is emitted as content. In streaming mode
- * a call is announced (id and name) once its name is complete and each
- * argument once its value is closed, so a call found malformed later has
- * already been partly sent: its arguments are closed ("}") so that what the
- * client holds stays valid JSON, and the raw text follows as content. In
- * plain mode a call is emitted only when complete, so a malformed one is
- * content only.
+ * any other stays a string. A call is emitted only once it is complete
+ * (its "</tool_call>" read): id, name and the whole arguments in one delta
+ * entry, so a stream and a plain response hold the same calls however the
+ * text arrives. A call that turns out malformed (unknown name, text between
+ * the parts, unterminated at the end) is content: its raw text, from
+ * `<tool_call>`, is emitted as content. With max_calls, a "<tool_call>"
+ * after that many calls is content too.
  *
  * Ownership: caller storage; tools are borrowed for the object's life;
  * release frees what the object allocated. Deltas are reset by each push
@@ -69,7 +66,7 @@ typedef struct serve_glmout_opts {
     int n_tools;
     bool start_in_reasoning; /* the prompt ended in "<think>" */
     bool keep_reasoning;     /* reasoning stays in content, tags included */
-    bool stream;             /* announce calls early (see above) */
+    int max_calls;           /* > 0: calls past this many are not parsed (content) */
     const char *id_prefix;   /* call ids are "call_" id_prefix "_" index; copied (at
                               * most 32 bytes) by serve_glmout_init */
 } serve_glmout_opts;
@@ -88,12 +85,11 @@ typedef struct serve_glmout {
     serve_buf call;       /* the raw text of the open call, from "<tool_call>" */
     size_t call_pos;      /* bytes of call parsed */
     bool call_named;      /* the open call's name is complete and valid */
-    bool call_announced;  /* stream mode: its first delta was sent */
     int call_tool;        /* index of its tool */
     int call_args;        /* arguments parsed in the open call */
-    serve_buf call_json;  /* plain mode: the open call's arguments so far */
+    serve_buf call_json;  /* the open call's arguments so far */
     bool seen_content;    /* non-whitespace content was emitted */
-    int n_calls;          /* calls completed (and announced) */
+    int n_calls;          /* calls completed (and emitted) */
 } serve_glmout;
 
 void serve_glmout_init(serve_glmout *p, const serve_glmout_opts *o);

@@ -34,7 +34,8 @@ enum { H_TTFT, H_ITL, H_E2E, H_BATCH, H_TOKENS, H_COUNT };
 struct serve_metrics {
     pthread_mutex_t mu;
     uint64_t requests[SERVE_API_COUNT][SERVE_OUTCOME_COUNT];
-    uint64_t prompt_tokens, generation_tokens, cache_queries, cache_hits, preemptions;
+    uint64_t prompt_tokens, generation_tokens, cache_queries, cache_hits, preemptions,
+        cancelled;
     uint64_t spec_rounds, spec_drafted, spec_accepted;
     hist h[H_COUNT];
     serve_metrics_state state;
@@ -133,6 +134,13 @@ void serve_metrics_preempted(serve_metrics *m)
     pthread_mutex_unlock(&m->mu);
 }
 
+void serve_metrics_cancelled(serve_metrics *m)
+{
+    pthread_mutex_lock(&m->mu);
+    m->cancelled++;
+    pthread_mutex_unlock(&m->mu);
+}
+
 void serve_metrics_ttft(serve_metrics *m, double s) { observe(m, H_TTFT, s); }
 void serve_metrics_itl(serve_metrics *m, double s) { observe(m, H_ITL, s); }
 void serve_metrics_e2e(serve_metrics *m, double s) { observe(m, H_E2E, s); }
@@ -224,7 +232,10 @@ static mt_status render_locked(const serve_metrics *m, serve_buf *o)
         scalar(o, "moetune_prefix_cache_hit_rate", "gauge",
                "Prefix cache hits over queries, in tokens, since start.", rate) ||
         scalar(o, "moetune_preemptions_total", "counter",
-               "Running requests sent back to wait for KV pages.", (double)m->preemptions))
+               "Running requests sent back to wait for KV pages.", (double)m->preemptions) ||
+        scalar(o, "moetune_requests_cancelled_total", "counter",
+               "Requests whose client went away, their sequence freed by the engine.",
+               (double)m->cancelled))
         return MT_E_NOMEM;
     double acc = m->spec_drafted ? (double)m->spec_accepted / (double)m->spec_drafted : 0.0;
     double len = m->spec_rounds ? 1.0 + (double)m->spec_accepted / (double)m->spec_rounds : 0.0;

@@ -7,6 +7,7 @@
  *   prefix_cache_queries_total, prefix_cache_hits_total       counters (tokens)
  *   prefix_cache_hit_rate                  gauge, hits / queries so far
  *   preemptions_total                      counter (requests sent back to wait)
+ *   requests_cancelled_total               counter (client gone; sequence freed)
  *   spec_verify_rounds_total, spec_draft_tokens_total, spec_accepted_tokens_total
  *                                          counters (speculative decoding)
  *   spec_acceptance_rate                   gauge, accepted / drafted so far
@@ -60,6 +61,8 @@ void serve_metrics_request(serve_metrics *m, serve_api api, serve_outcome oc);
 void serve_metrics_prompt(serve_metrics *m, int64_t prompt, int64_t cached);
 void serve_metrics_generated(serve_metrics *m, int64_t tokens);
 void serve_metrics_preempted(serve_metrics *m);
+/* A request whose client went away, freed by the engine (waiting or running). */
+void serve_metrics_cancelled(serve_metrics *m);
 /* One speculative verify round of a request: drafts verified, accepted. */
 void serve_metrics_spec(serve_metrics *m, int64_t drafted, int64_t accepted);
 void serve_metrics_ttft(serve_metrics *m, double seconds);

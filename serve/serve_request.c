@@ -178,6 +178,46 @@ static void assign_lengths(cJSON *node, const lens *l, size_t *at)
     }
 }
 
+/* ---- duplicate keys -------------------------------------------------------- */
+
+typedef struct keyed {
+    const char *key;
+    size_t at; /* position among the object's members */
+    cJSON *node;
+} keyed;
+
+static int keyed_cmp(const void *a, const void *b)
+{
+    const keyed *x = a, *y = b;
+    int c = strcmp(x->key, y->key);
+    return c ? c : x->at < y->at ? -1 : x->at > y->at;
+}
+
+mt_status serve_json_dedupe(cJSON *v)
+{
+    for (; v; v = v->next) {
+        if (cJSON_IsObject(v) && v->child && v->child->next) {
+            size_t n = 0;
+            for (cJSON *c = v->child; c; c = c->next)
+                n++;
+            keyed *k = malloc(n * sizeof *k);
+            if (!k)
+                return MT_E_NOMEM;
+            size_t i = 0;
+            for (cJSON *c = v->child; c; c = c->next, i++)
+                k[i] = (keyed){c->string ? c->string : "", i, c};
+            qsort(k, n, sizeof *k, keyed_cmp);
+            for (i = 0; i + 1 < n; i++)
+                if (!strcmp(k[i].key, k[i + 1].key)) /* a later one follows: drop this */
+                    cJSON_Delete(cJSON_DetachItemViaPointer(v, k[i].node));
+            free(k);
+        }
+        if (v->child)
+            MT_CHECK(serve_json_dedupe(v->child));
+    }
+    return MT_OK;
+}
+
 /* Bytes of a string node (it may hold NUL). */
 static size_t str_len(const cJSON *v) { return (size_t)v->valueint; }
 
@@ -463,6 +503,10 @@ static mt_status get_tools(cJSON *root, serve_request *r, serve_error *e)
             if (!strcmp(r->tools[k].name, ns))
                 return serve_reject(e, 400, pn, NULL, "'%s': two tools are named '%.64s'", pn, ns);
         const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+        if (params && !cJSON_IsNull(params) && !cJSON_IsObject(params)) {
+            pname(pn, sizeof pn, "%s.function.parameters", p);
+            return serve_reject(e, 400, pn, NULL, "'%s' must be a JSON schema object", pn);
+        }
         const cJSON *props =
             cJSON_IsObject(params) ? cJSON_GetObjectItemCaseSensitive(params, "properties") : NULL;
         r->tools[i].name = ns;
@@ -559,6 +603,10 @@ static mt_status get_tool_calls(const cJSON *v, const char *param, model_chat_ex
                                     "'%s' nests arrays and objects more than %d deep (at byte "
                                     "%zu)", pn, MT_JSON_MAX_DEPTH, deep_at);
             args = cJSON_ParseWithLength(s, sn);
+            if (args && serve_json_dedupe(args) != MT_OK) {
+                cJSON_Delete(args);
+                return oom(e, pn);
+            }
             if (!cJSON_IsObject(args)) {
                 cJSON_Delete(args);
                 return serve_reject(e, 400, pn, NULL, "'%s' must be a JSON object's text", pn);
@@ -838,7 +886,7 @@ mt_status serve_request_parse(serve_api api, const char *body, size_t len,
     out->max_tokens = -1;
     out->temperature = 1.0f;
     out->top_p = 1.0f;
-    out->include_usage = true;
+    out->include_usage = false;
     out->add_generation_prompt = true;
     out->enable_thinking = false;
     out->separate_reasoning = true;
@@ -884,6 +932,12 @@ mt_status serve_request_parse(serve_api api, const char *body, size_t len,
     size_t li = 0;
     assign_lengths(root, &l, &li);
     free(l.v);
+    /* Duplicate keys: the last one counts, as in JavaScript and Python
+     * (cJSON's lookups would find the first). */
+    if (serve_json_dedupe(root) != MT_OK) {
+        cJSON_Delete(root);
+        return oom(e, "the body");
+    }
     /* Trailing garbage after the value (whitespace is fine). */
     size_t at = (size_t)(end - body);
     while (at < len && (body[at] == ' ' || body[at] == '\t' || body[at] == '\n' ||

@@ -3,7 +3,9 @@
  * /detokenize, and turning a parsed request into prompt token ids.
  *
  * Parsing is strict about types and ranges and lenient about keys it does
- * not know (ignored, as OpenAI's servers do). Every rejection is a 4xx
+ * not know (ignored, as OpenAI's servers do). A key written twice in an
+ * object counts with its last value (as JavaScript and Python read JSON).
+ * Every rejection is a 4xx
  * serve_error naming the field (param) and saying what was wrong:
  *   - the body is not a JSON object (byte offset of the syntax error);
  *   - a known field has the wrong type or is out of range: max_tokens (and
@@ -15,7 +17,7 @@
  *     when larger than n), logprobs (chat: true/false, with top_logprobs in
  *     [0, SERVE_MAX_TOP_LOGPROBS]; completions: an integer in that range);
  *   - tools: a list of {"type": "function", "function": {"name", ...}} with
- *     distinct names; tool_choice "auto", "none", "required" or
+ *     distinct names, parameters (when given) an object; tool_choice "auto", "none", "required" or
  *     {"type": "function", "function": {"name": a listed tool}}; assistant
  *     messages' tool_calls with arguments a JSON object text;
  *   - the prompt: a string, a list of token ids (each in [0, vocab)), or a
@@ -116,7 +118,7 @@ typedef struct serve_request {
     bool has_spec_steps;   /* extension: speculative_steps given (0..8) */
     int spec_steps;
     bool stream;
-    bool include_usage;    /* streaming: final usage chunk; default true */
+    bool include_usage;    /* streaming: final usage chunk; default false (OpenAI's) */
     bool return_token_ids; /* extension: token_ids in each choice */
     bool logprobs;         /* log probabilities of the chosen tokens */
     int top_logprobs;      /* and of this many most likely ones */
@@ -146,6 +148,11 @@ mt_status serve_request_prompt(const serve_request *r, const model_tokenizer *to
  * "context_length_exceeded". */
 mt_status serve_request_max_tokens(const serve_request *r, size_t n_prompt,
                                    const serve_limits *lim, int64_t *out, serve_error *e);
+
+/* Drops, in every object of the tree from v on (v's siblings too), each
+ * member whose key a later member of the same object repeats: the last
+ * value counts. O(n log n) per object. MT_E_NOMEM leaves some dropped. */
+mt_status serve_json_dedupe(struct cJSON *v);
 
 /* "completions", "chat.completions", "tokenize", "detokenize". */
 const char *serve_api_name(serve_api api);

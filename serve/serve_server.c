@@ -54,13 +54,10 @@ static int h_health(serve_server *s, struct mg_connection *c)
     return serve_http_json(c, 200, ok, sizeof ok - 1);
 }
 
-static int h_models(serve_server *s, struct mg_connection *c)
+/* The one model, as /v1/models lists it and /v1/models/{id} returns it. */
+static cJSON *model_object(serve_server *s)
 {
-    cJSON *root = cJSON_CreateObject();
-    cJSON_AddStringToObject(root, "object", "list");
-    cJSON *data = cJSON_AddArrayToObject(root, "data");
     cJSON *m = cJSON_CreateObject();
-    cJSON_AddItemToArray(data, m);
     cJSON_AddStringToObject(m, "id", s->api.model_name);
     cJSON_AddStringToObject(m, "object", "model");
     cJSON_AddNumberToObject(m, "created", (double)s->created);
@@ -68,6 +65,11 @@ static int h_models(serve_server *s, struct mg_connection *c)
     if (serve_engine_state_get(s->api.engine, NULL) == SERVE_ENGINE_READY)
         cJSON_AddNumberToObject(m, "max_model_len",
                                 (double)serve_engine_info(s->api.engine)->max_context);
+    return m;
+}
+
+static int reply_object(struct mg_connection *c, cJSON *root)
+{
     char *j = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     if (!j)
@@ -75,6 +77,27 @@ static int h_models(serve_server *s, struct mg_connection *c)
     int st = serve_http_json(c, 200, j, strlen(j));
     free(j);
     return st;
+}
+
+static int h_models(serve_server *s, struct mg_connection *c)
+{
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "object", "list");
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "data"), model_object(s));
+    return reply_object(c, root);
+}
+
+/* GET /v1/models/{id}: the id is the rest of the path (it may hold '/'). */
+static int h_model(serve_server *s, struct mg_connection *c, const char *id)
+{
+    if (!strcmp(id, s->api.model_name))
+        return reply_object(c, model_object(s));
+    serve_error e = SERVE_ERROR_INIT;
+    serve_reject(&e, 404, "model", "model_not_found",
+                 "The model '%.200s' does not exist (this server serves '%.200s')", id,
+                 s->api.model_name);
+    e.type = "invalid_request_error"; /* OpenAI's type for an unknown model */
+    return serve_http_error(c, &e);
 }
 
 static int h_metrics(serve_server *s, struct mg_connection *c)
@@ -123,18 +146,27 @@ static const struct route {
     {NULL, NULL, NULL},
 };
 
+#define MODELS_PREFIX "/v1/models/"
+
 static int begin_request(struct mg_connection *c)
 {
     const struct mg_request_info *ri = mg_get_request_info(c);
     serve_server *s = ri->user_data;
     const char *path = ri->local_uri ? ri->local_uri : "";
+    /* HEAD is GET without the body (serve_http_send leaves it out). */
+    const char *method = !strcmp(ri->request_method, "HEAD") ? "GET" : ri->request_method;
     const char *allow = NULL;
     for (int i = 0; routes[i].path; i++) {
         if (strcmp(path, routes[i].path))
             continue;
-        if (!strcmp(ri->request_method, routes[i].method))
+        if (!strcmp(method, routes[i].method))
             return routes[i].fn(s, c);
         allow = routes[i].method;
+    }
+    if (!strncmp(path, MODELS_PREFIX, strlen(MODELS_PREFIX)) && path[strlen(MODELS_PREFIX)]) {
+        if (!strcmp(method, "GET"))
+            return h_model(s, c, path + strlen(MODELS_PREFIX));
+        allow = "GET";
     }
     if (!allow)
         return reply_error(c, 404, "no route for '%.200s'", path);
@@ -150,7 +182,7 @@ static int begin_request(struct mg_connection *c)
     mg_response_header_add(c, "Allow", allow, -1);
     mg_response_header_add(c, "Content-Length", len, -1);
     mg_response_header_send(c);
-    if (j)
+    if (j && strcmp(ri->request_method, "HEAD"))
         mg_write(c, j, strlen(j));
     free(j);
     return 405;
@@ -203,6 +235,7 @@ mt_status serve_server_start(const serve_server_opts *o, serve_server **out, mt_
     s->api.keepalive_s = o->keepalive_s > 0 ? o->keepalive_s : 1.0;
     s->created = time(NULL);
     atomic_init(&s->api.next_id, 1);
+    atomic_init(&s->api.port, o->port);
     if (o->model_name)
         snprintf(s->api.model_name, sizeof s->api.model_name, "%s", o->model_name);
     else if (o->engine.rt.model_dir)
@@ -242,6 +275,7 @@ mt_status serve_server_start(const serve_server_opts *o, serve_server **out, mt_
     struct mg_server_port sp[4];
     int np = mg_get_server_ports(s->ctx, 4, sp);
     s->port = np > 0 ? sp[0].port : o->port;
+    atomic_store(&s->api.port, s->port);
     *out = s;
     return MT_OK;
 }

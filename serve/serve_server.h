@@ -2,14 +2,16 @@
  * the engine.
  *
  * Routes: POST /v1/completions, POST /v1/chat/completions (streaming by
- * server-sent events or not), GET /v1/models, GET /health (503 until the
- * model is loaded), GET /metrics (Prometheus text), POST /tokenize,
- * POST /detokenize. Anything else is a 404, a known path with another
- * method a 405 (with Allow); bodies past max_body bytes are 413; every
- * error body has OpenAI's shape (serve_error.h). A streaming client that
- * goes away is noticed at the next write (tokens, or a keep-alive comment
- * every second while none come) and its request is cancelled, freeing its
- * KV pages.
+ * server-sent events or not), GET /v1/models, GET /v1/models/{id} (404 for
+ * another id), GET /health (503 until the model is loaded), GET /metrics
+ * (Prometheus text), POST /tokenize, POST /detokenize. Anything else is a
+ * 404, a known path with another method a 405 (with Allow); HEAD is
+ * answered as GET without the body; bodies past max_body bytes are 413;
+ * every error body has OpenAI's shape (serve_error.h). A client that goes
+ * away is noticed within one engine step (streaming: at the next write, a
+ * token or a keep-alive comment every second while none come; plain: its
+ * socket is polled whenever tokens arrive and every 50 ms) and its request
+ * is cancelled, freeing its KV pages.
  *
  * serve_server_start binds and starts answering at once; the model loads on
  * the engine thread meanwhile. Ownership: start/stop; stop(NULL) is a

@@ -1,6 +1,6 @@
 /* serve_fuzz_glmout.c: libFuzzer target for the GLM output parser
  * (reasoning and tool calls, serve/serve_glmout.h): arbitrary output text,
- * split in pieces the input chooses, in plain and streaming mode, must never
+ * whole, in pieces the input chooses and byte by byte, must never
  * crash and must keep the invariants of serve_glmout_check.h. Built and run
  * by serve_fuzz.sh; tests/test_serve_glmout.c replays the seeds and
  * mutations of them in CI. */

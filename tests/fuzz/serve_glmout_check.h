@@ -3,16 +3,14 @@
  * target (serve_fuzz_glmout.c) and the Criterion test that replays seeds and
  * mutations in CI (tests/test_serve_glmout.c). Header-only.
  *
- * Input: byte 0 flags (bit 0 start in reasoning, bit 1 keep reasoning),
- * byte 1 seeds the split of the rest into pieces; the rest is the model's
- * output text. Checked, with three fixed tools:
- *   - plain mode gives the same reasoning, content and calls however the
- *     text is split;
- *   - every call's arguments (plain and stream) parse as a JSON object, and
- *     its name is one of the tools;
- *   - stream mode's calls, concatenated per index, are the plain mode's calls
- *     when nothing was malformed after being announced; a stream call index
- *     is announced (id and name) before any arguments;
+ * Input: byte 0 flags (bit 0 start in reasoning, bit 1 keep reasoning,
+ * bit 2 at most one call), byte 1 seeds the split of the rest into pieces;
+ * the rest is the model's output text. Checked, with three fixed tools:
+ *   - the same reasoning, content and calls however the text is split (a
+ *     stream and a plain response agree);
+ *   - every call comes whole in one delta entry: id, name and arguments;
+ *     its arguments parse as a JSON object, and its name is one of the
+ *     tools; with bit 2, at most one call;
  *   - with no '<' in the text, everything is content (or reasoning) verbatim.
  * A broken invariant aborts with a message. */
 #ifndef MT_SERVE_GLMOUT_CHECK_H
@@ -57,19 +55,16 @@ static void gc_take(gc_result *r, const serve_glmout_delta *d)
         const serve_glmout_call_delta *c = &d->calls[i];
         if (c->index < 0 || c->index >= 64)
             continue;
-        if (c->name) {
-            if (r->announced[c->index])
-                GC_FAIL("call %d announced twice", c->index);
-            r->announced[c->index] = 1;
-            snprintf(r->names[c->index], sizeof r->names[c->index], "%s", c->name);
-            if (!c->id[0])
-                GC_FAIL("call %d announced without an id", c->index);
-        } else if (!r->announced[c->index]) {
-            GC_FAIL("arguments of call %d before its name", c->index);
-        }
+        if (!c->name || !c->id[0])
+            GC_FAIL("call %d came without its name or id", c->index);
+        if (r->announced[c->index])
+            GC_FAIL("call %d came twice", c->index);
+        if (c->index != r->n_calls)
+            GC_FAIL("call %d came after %d calls", c->index, r->n_calls);
+        r->announced[c->index] = 1;
+        snprintf(r->names[c->index], sizeof r->names[c->index], "%s", c->name);
         serve_buf_append(&r->args[c->index], c->args.data ? c->args.data : "", c->args.len);
-        if (c->index + 1 > r->n_calls)
-            r->n_calls = c->index + 1;
+        r->n_calls = c->index + 1;
     }
 }
 
@@ -84,22 +79,21 @@ static cJSON *gc_props(void)
     return p;
 }
 
-static void gc_run(const char *text, size_t n, unsigned flags, unsigned split, bool stream,
-                   gc_result *r)
+static void gc_run(const char *text, size_t n, unsigned flags, unsigned split, gc_result *r)
 {
     serve_glmout_tool tools[3] = {
         {"get_weather", cJSON_GetObjectItem(gc_props(), "weather")},
         {"search", cJSON_GetObjectItem(gc_props(), "search")},
         {"noargs", NULL},
     };
-    serve_glmout_opts o = {tools, 3, flags & 1, (flags & 2) != 0, stream, "t"};
+    serve_glmout_opts o = {tools, 3, flags & 1, (flags & 2) != 0, (flags & 4) ? 1 : 0, "t"};
     serve_glmout p;
     serve_glmout_init(&p, &o);
     serve_glmout_delta d = {0};
     uint32_t x = split * 2654435761u + 1;
     size_t at = 0;
     while (at < n) {
-        size_t piece = split ? 1 + (x >> 16) % 7 : n - at;
+        size_t piece = split == 1u << 31 ? 1 : split ? 1 + (x >> 16) % 7 : n - at;
         x = x * 1103515245u + 12345u;
         if (piece > n - at)
             piece = n - at;
@@ -111,8 +105,10 @@ static void gc_run(const char *text, size_t n, unsigned flags, unsigned split, b
     if (serve_glmout_finish(&p, &d) != MT_OK)
         GC_FAIL("finish failed");
     gc_take(r, &d);
-    if (!stream && serve_glmout_calls(&p) != r->n_calls)
-        GC_FAIL("plain: %d calls counted, %d emitted", serve_glmout_calls(&p), r->n_calls);
+    if (serve_glmout_calls(&p) != r->n_calls)
+        GC_FAIL("%d calls counted, %d emitted", serve_glmout_calls(&p), r->n_calls);
+    if ((flags & 4) && r->n_calls > 1)
+        GC_FAIL("%d calls with at most one allowed", r->n_calls);
     serve_glmout_delta_release(&d);
     serve_glmout_release(&p);
 }
@@ -146,28 +142,23 @@ static void serve_glmout_check(const uint8_t *data, size_t size)
     unsigned flags = data[0], split = data[1];
     const char *text = (const char *)data + 2;
     size_t n = size - 2;
-    gc_result whole = {0}, pieces = {0}, streamed = {0};
-    gc_run(text, n, flags, 0, false, &whole);
-    gc_run(text, n, flags, split | 1, false, &pieces);
-    gc_run(text, n, flags, split | 1, true, &streamed);
-    if (!gc_same(&whole.content, &pieces.content) || !gc_same(&whole.reasoning, &pieces.reasoning))
-        GC_FAIL("plain mode differs by split (content %zu vs %zu bytes)", whole.content.len,
-                pieces.content.len);
-    if (whole.n_calls != pieces.n_calls)
-        GC_FAIL("plain mode: %d calls whole, %d in pieces", whole.n_calls, pieces.n_calls);
-    for (int i = 0; i < whole.n_calls && i < 64; i++)
-        if (strcmp(whole.names[i], pieces.names[i]) || !gc_same(&whole.args[i], &pieces.args[i]))
-            GC_FAIL("plain mode: call %d differs by split", i);
-    gc_calls_valid(&whole, "plain");
-    gc_calls_valid(&streamed, "stream");
-    /* When streaming announced no call that failed later, it equals plain. */
-    if (streamed.n_calls == whole.n_calls && gc_same(&streamed.content, &whole.content)) {
+    gc_result whole = {0}, pieces = {0}, bytes = {0};
+    gc_run(text, n, flags, 0, &whole);
+    gc_run(text, n, flags, split | 1, &pieces);
+    gc_run(text, n, flags, 1u << 31, &bytes);
+    const gc_result *other[2] = {&pieces, &bytes};
+    for (int k = 0; k < 2; k++) {
+        const gc_result *o = other[k];
+        if (!gc_same(&whole.content, &o->content) || !gc_same(&whole.reasoning, &o->reasoning))
+            GC_FAIL("the result differs by split (content %zu vs %zu bytes)", whole.content.len,
+                    o->content.len);
+        if (whole.n_calls != o->n_calls)
+            GC_FAIL("%d calls whole, %d in pieces", whole.n_calls, o->n_calls);
         for (int i = 0; i < whole.n_calls && i < 64; i++)
-            if (strcmp(whole.names[i], streamed.names[i]) || !gc_same(&whole.args[i], &streamed.args[i]))
-                GC_FAIL("stream call %d differs from plain", i);
-        if (!gc_same(&streamed.reasoning, &whole.reasoning))
-            GC_FAIL("stream reasoning differs from plain");
+            if (strcmp(whole.names[i], o->names[i]) || !gc_same(&whole.args[i], &o->args[i]))
+                GC_FAIL("call %d differs by split", i);
     }
+    gc_calls_valid(&whole, "whole");
     if (!memchr(text, '<', n)) {
         serve_buf all = SERVE_BUF_INIT;
         serve_buf_append(&all, whole.reasoning.data ? whole.reasoning.data : "",
@@ -179,7 +170,7 @@ static void serve_glmout_check(const uint8_t *data, size_t size)
     }
     gc_free(&whole);
     gc_free(&pieces);
-    gc_free(&streamed);
+    gc_free(&bytes);
 }
 
 #endif

@@ -160,7 +160,7 @@ Test(serve_agent, tool_call_round_trip_plain)
     cJSON_Delete(j);
 }
 
-Test(serve_agent, tool_call_streams_name_once_then_arguments)
+Test(serve_agent, tool_call_streams_once_complete_with_its_arguments)
 {
     char body[2048];
     snprintf(body, sizeof body,
@@ -169,7 +169,8 @@ Test(serve_agent, tool_call_streams_name_once_then_arguments)
              TOOLS);
     char *raw = NULL;
     cr_assert_eq(http(&T, "POST", "/v1/chat/completions", body, NULL, &raw), 200);
-    /* Walk the events: one call, name and id in its first delta only. */
+    /* Walk the events: one call, held back until complete, then its id, name
+     * and whole arguments in one delta. */
     int names = 0, arg_deltas = 0;
     serve_buf args = SERVE_BUF_INIT, reasoning = SERVE_BUF_INIT, content = SERVE_BUF_INIT;
     const char *finish = NULL;
@@ -212,7 +213,7 @@ Test(serve_agent, tool_call_streams_name_once_then_arguments)
         cJSON_Delete(o);
     }
     cr_assert_eq(names, 1);
-    cr_assert_geq(arg_deltas, 2, "arguments arrive incrementally");
+    cr_assert_eq(arg_deltas, 1, "the arguments come with the name, whole");
     cr_assert_str_eq(args.data, "{\"city\":\"Paris\",\"days\":3}");
     cr_assert_str_eq(reasoning.data, "The user wants the weather.");
     cr_assert_str_eq(content.data, "I will check.");

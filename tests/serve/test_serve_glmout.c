@@ -1,7 +1,8 @@
 /* test_serve_glmout.c: GLM output to reasoning, content and tool calls
  * (serve/serve_glmout.h): GLM-4.7's compact and GLM-4.5's newline forms,
- * several calls, schema types, streaming deltas token by token and several
- * tokens at once, malformed and unterminated calls falling back to content,
+ * several calls, schema types, a call coming whole once complete (byte by
+ * byte and all at once), at most one call when asked, malformed and
+ * unterminated calls falling back to content in plain and stream alike,
  * and the fuzzer's invariants (tests/fuzz/serve_glmout_check.h) on its seeds
  * and on deterministic mutations of them, so the fuzz target's checks run in
  * CI too. */
@@ -14,10 +15,9 @@ static const char *W = "<tool_call>get_weather<arg_key>city</arg_key><arg_value>
                        "<arg_key>days</arg_key><arg_value>3</arg_value></tool_call>";
 
 /* Runs text through the parser in pieces of `piece` bytes (0: whole). */
-static void run_text(const char *text, size_t piece, unsigned flags, bool stream, gc_result *r)
+static void run_text(const char *text, size_t piece, unsigned flags, gc_result *r)
 {
-    (void)piece;
-    gc_run(text, strlen(text), flags, piece ? (unsigned)piece : 0, stream, r);
+    gc_run(text, strlen(text), flags, piece ? (unsigned)piece : 0, r);
 }
 
 static const char *str(const serve_buf *b) { return b->data ? b->data : ""; }
@@ -27,7 +27,7 @@ Test(serve_glmout, glm47_compact_call_with_typed_arguments)
     gc_result r = {0};
     char text[512];
     snprintf(text, sizeof text, "Let me check.%s", W);
-    run_text(text, 0, 0, false, &r);
+    run_text(text, 0, 0, &r);
     cr_assert_str_eq(str(&r.content), "Let me check.");
     cr_assert_eq(r.n_calls, 1);
     cr_assert_str_eq(r.names[0], "get_weather");
@@ -41,7 +41,7 @@ Test(serve_glmout, glm45_newlines_and_several_calls)
     run_text("<tool_call>search\n<arg_key>query</arg_key>\n<arg_value>a \"b\"\n</arg_value>\n"
              "<arg_key>filters</arg_key>\n<arg_value>{\"x\": [1, 2]}</arg_value>\n</tool_call>\n"
              "<tool_call>noargs\n</tool_call>",
-             0, 0, false, &r);
+             0, 0, &r);
     cr_assert_eq(r.n_calls, 2);
     cr_assert_str_eq(str(&r.args[0]), "{\"query\":\"a \\\"b\\\"\\n\",\"filters\":{\"x\":[1,2]}}");
     cr_assert_str_eq(r.names[1], "noargs");
@@ -78,52 +78,45 @@ Test(serve_glmout, values_follow_the_schema_type_else_stay_strings)
 Test(serve_glmout, reasoning_is_split_out_or_kept)
 {
     gc_result r = {0};
-    run_text("think hard</think>The answer.", 1, 1, true, &r);
+    run_text("think hard</think>The answer.", 1, 1, &r);
     cr_assert_str_eq(str(&r.reasoning), "think hard");
     cr_assert_str_eq(str(&r.content), "The answer.");
     gc_free(&r);
     memset(&r, 0, sizeof r);
-    run_text("<think>why</think>Because.", 3, 0, false, &r);
+    run_text("<think>why</think>Because.", 3, 0, &r);
     cr_assert_str_eq(str(&r.reasoning), "why");
     cr_assert_str_eq(str(&r.content), "Because.");
     gc_free(&r);
     memset(&r, 0, sizeof r);
-    run_text("<think>why</think>Because.", 2, 2, false, &r); /* keep_reasoning */
+    run_text("<think>why</think>Because.", 2, 2, &r); /* keep_reasoning */
     cr_assert_str_eq(str(&r.reasoning), "");
     cr_assert_str_eq(str(&r.content), "<think>why</think>Because.");
     gc_free(&r);
 }
 
-Test(serve_glmout, streaming_announces_name_then_arguments_per_value)
+Test(serve_glmout, a_call_comes_whole_once_complete)
 {
     serve_glmout_tool tools[1] = {{"get_weather", cJSON_GetObjectItem(gc_props(), "weather")}};
-    serve_glmout_opts o = {tools, 1, false, false, true, "x"};
+    serve_glmout_opts o = {tools, 1, false, false, 0, "x"};
     serve_glmout p;
     serve_glmout_init(&p, &o);
     serve_glmout_delta d = {0};
-    /* One byte at a time: the name comes once, then each argument. */
-    int named = 0, frags = 0;
-    serve_buf args = SERVE_BUF_INIT;
+    /* One byte at a time: nothing until "</tool_call>", then all of it. */
+    int calls = 0;
     for (const char *c = W; *c; c++) {
         cr_assert_eq(serve_glmout_push(&p, c, 1, &d), MT_OK);
         cr_assert_eq(d.content.len, 0, "no content leaks at byte %td", c - W);
-        for (int i = 0; i < d.n_calls; i++) {
-            if (d.calls[i].name) {
-                named++;
-                cr_assert_str_eq(d.calls[i].name, "get_weather");
-                cr_assert_str_eq(d.calls[i].id, "call_x_0");
-                cr_assert_eq(args.len, 0);
-            }
-            if (d.calls[i].args.len) {
-                frags++;
-                serve_buf_append(&args, d.calls[i].args.data, d.calls[i].args.len);
-            }
+        if (c[1])
+            cr_assert_eq(d.n_calls, 0, "a call before it is complete, at byte %td", c - W);
+        for (int i = 0; i < d.n_calls; i++, calls++) {
+            cr_assert_str_eq(d.calls[i].name, "get_weather");
+            cr_assert_str_eq(d.calls[i].id, "call_x_0");
+            cr_assert_str_eq(str(&d.calls[i].args), "{\"city\":\"Paris\",\"days\":3}");
         }
     }
     cr_assert_eq(serve_glmout_finish(&p, &d), MT_OK);
-    cr_assert_eq(named, 1);
-    cr_assert_eq(frags, 3, "{city, ,days, } as three fragments");
-    cr_assert_str_eq(str(&args), "{\"city\":\"Paris\",\"days\":3}");
+    cr_assert_eq(d.n_calls, 0);
+    cr_assert_eq(calls, 1);
     cr_assert_eq(serve_glmout_calls(&p), 1);
     /* Everything at once (a speculative step): the same call in one delta. */
     serve_glmout q;
@@ -132,10 +125,20 @@ Test(serve_glmout, streaming_announces_name_then_arguments_per_value)
     cr_assert_eq(d.n_calls, 1);
     cr_assert_str_eq(d.calls[0].name, "get_weather");
     cr_assert_str_eq(str(&d.calls[0].args), "{\"city\":\"Paris\",\"days\":3}");
-    serve_buf_release(&args);
     serve_glmout_delta_release(&d);
     serve_glmout_release(&p);
     serve_glmout_release(&q);
+}
+
+Test(serve_glmout, max_calls_leaves_later_calls_as_content)
+{
+    char text[1024];
+    snprintf(text, sizeof text, "%s %s", W, W);
+    gc_result r = {0};
+    run_text(text, 3, 4, &r); /* flag 4: at most one call */
+    cr_assert_eq(r.n_calls, 1);
+    cr_assert_str_eq(str(&r.content), strchr(text, ' '));
+    gc_free(&r);
 }
 
 Test(serve_glmout, malformed_and_unterminated_calls_fall_back_to_content)
@@ -148,19 +151,19 @@ Test(serve_glmout, malformed_and_unterminated_calls_fall_back_to_content)
     };
     for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
         gc_result r = {0};
-        run_text(texts[i], 0, 0, false, &r);
+        run_text(texts[i], 0, 0, &r);
         cr_assert_eq(r.n_calls, 0, "case %zu", i);
         cr_assert_str_eq(str(&r.content), texts[i], "case %zu: the answer is not lost", i);
         gc_free(&r);
     }
-    /* Streaming: a call announced, then unterminated: closed as valid JSON,
-     * its raw text follows as content. */
-    gc_result r = {0};
-    run_text(texts[3], 1, 0, true, &r);
-    cr_assert_eq(r.n_calls, 1);
-    cr_assert_str_eq(str(&r.args[0]), "{}");
-    cr_assert_str_eq(str(&r.content), texts[3]);
-    gc_free(&r);
+    /* Byte by byte (a stream): the same, nothing announced before. */
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
+        gc_result r = {0};
+        run_text(texts[i], 1, 0, &r);
+        cr_assert_eq(r.n_calls, 0, "case %zu", i);
+        cr_assert_str_eq(str(&r.content), texts[i], "case %zu", i);
+        gc_free(&r);
+    }
 }
 
 /* The fuzzer's seeds (serve_fuzz.sh) and mutations of them: byte flips,

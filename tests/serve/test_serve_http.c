@@ -75,7 +75,8 @@ Test(serve_http, completions_and_chat_plain_and_streaming)
     /* The same, streamed: same tokens, same text, then usage and [DONE]. */
     snprintf(body, sizeof body,
              "{\"prompt\":\"%s\",\"max_tokens\":12,\"temperature\":0,\"ignore_eos\":true,"
-             "\"return_token_ids\":true,\"stream\":true}",
+             "\"return_token_ids\":true,\"stream\":true,"
+             "\"stream_options\":{\"include_usage\":true}}",
              prompt);
     tstream s;
     memset(&s, 0, sizeof s);
@@ -170,7 +171,8 @@ Test(serve_http, completions_and_chat_plain_and_streaming)
                      ->valuedouble,
                  10);
     cJSON_Delete(j);
-    snprintf(big, sizeof big, chat, ",\"stream\":true");
+    snprintf(big, sizeof big, chat,
+             ",\"stream\":true,\"stream_options\":{\"include_usage\":true}");
     memset(&s, 0, sizeof s);
     s.chat = true;
     cr_assert_eq(tstream_run(&t, "/v1/chat/completions", big, &s), 200);
@@ -319,7 +321,8 @@ Test(serve_http, repeated_prefix_is_cached_and_faster)
     char *body = malloc(bl);
     snprintf(body, bl,
              "{\"prompt\":%s,\"max_tokens\":4,\"temperature\":0,\"ignore_eos\":true,"
-             "\"return_token_ids\":true,\"stream\":true}",
+             "\"return_token_ids\":true,\"stream\":true,"
+             "\"stream_options\":{\"include_usage\":true}}",
              pj);
     tstream a, b;
     memset(&a, 0, sizeof a);
@@ -341,7 +344,9 @@ Test(serve_http, repeated_prefix_is_cached_and_faster)
     free(pj);
     pj = ids_json(prompt, 600);
     snprintf(body, bl,
-             "{\"prompt\":%s,\"max_tokens\":2,\"temperature\":0,\"stream\":true}", pj);
+             "{\"prompt\":%s,\"max_tokens\":2,\"temperature\":0,\"stream\":true,"
+             "\"stream_options\":{\"include_usage\":true}}",
+             pj);
     tstream c;
     memset(&c, 0, sizeof c);
     cr_assert_eq(tstream_run(&t, "/v1/completions", body, &c), 200);
@@ -365,7 +370,8 @@ static double next_turn(const tsrv *t, int32_t *prompt, int n, int32_t *out)
         char *pj = ids_json(prompt, n);
         snprintf(body, sizeof body,
                  "{\"prompt\":%s,\"max_tokens\":%d,\"temperature\":0,\"ignore_eos\":true,"
-                 "\"return_token_ids\":true,\"stream\":true}",
+                 "\"return_token_ids\":true,\"stream\":true,"
+             "\"stream_options\":{\"include_usage\":true}}",
                  pj, turn ? 4 : 40);
         free(pj);
         memset(&s, 0, sizeof s);

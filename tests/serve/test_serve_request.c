@@ -90,7 +90,7 @@ Test(serve_request, defaults_follow_openai)
     cr_assert_float_eq(r.top_p, 1.0f, 0);
     cr_assert_eq(r.top_k, 0);
     cr_assert(!r.has_seed && !r.stream && !r.ignore_eos);
-    cr_assert(r.include_usage);
+    cr_assert(!r.include_usage); /* OpenAI sends usage in a stream only when asked */
     cr_assert(r.has_ids);
     cr_assert_eq(r.n_ids, 3);
     cr_assert_eq(r.ids[2], 3);
