@@ -215,14 +215,41 @@ mt_status model_mtp_step(model_runtime *rt, model_mtp_item *items, int n, mt_err
 
 /* ---- sampling --------------------------------------------------------------- */
 
+/* One entry of OpenAI's logit_bias: added to the token's logit. */
+typedef struct model_logit_bias {
+    int32_t id;
+    float bias;
+} model_logit_bias;
+
+/* How the next token is picked. A zeroed sampler is greedy with nothing
+ * else on. The logit processing (bias, penalties) is model_sampler_process;
+ * temperature, top-k, min-p and top-p are model_sample's. */
 typedef struct model_sampler {
     float temperature;  /* 0 = greedy */
-    float top_p;        /* 1 = off */
+    float top_p;        /* 1 (or 0) = off */
     int top_k;          /* 0 = off */
+    float min_p;        /* 0 = off: tokens less likely than min_p times the most likely one
+                         * (after temperature) are dropped, as vLLM's min_p */
+    float presence_penalty;   /* OpenAI's: subtracted once from the logit of every token
+                               * generated so far; 0 = off */
+    float frequency_penalty;  /* OpenAI's: subtracted once per time the token was generated;
+                               * 0 = off */
+    float repetition_penalty; /* vLLM's (CTRL's): the logit of a token of the prompt or of
+                               * the output is divided by it when positive, multiplied when
+                               * not; 0 or 1 = off */
+    const model_logit_bias *bias; /* n_bias entries, borrowed; ids outside the vocab are
+                                   * ignored */
+    int n_bias;
 } model_sampler;
 
-/* Picks a token from logits (vocab floats). Greedy ties go to the lower id.
- * Deterministic for a given rng state. */
+/* Picks a token from logits (vocab floats). Greedy (temperature 0 or
+ * top_k 1): the largest logit, ties to the lower id. Otherwise logits /
+ * temperature; top-k keeps the k largest (ties to the lower id); min-p
+ * drops tokens below min_p times the largest probability; top-p keeps the
+ * smallest prefix of the rest whose probability reaches p; then one draw
+ * over the kept tokens' renormalized probabilities. NaN and -inf logits are
+ * never picked unless nothing else is left (then the argmax rule, id 0 for
+ * a row of only NaN). Deterministic for a given rng state. */
 int32_t model_sample(const float *logits, int32_t vocab, const model_sampler *s,
                      mt_rng *rng);
 
@@ -234,6 +261,50 @@ int32_t model_sample(const float *logits, int32_t vocab, const model_sampler *s,
  * when k is 0). NaN logits count as -inf. O(vocab * k). */
 void model_logprobs(const float *logits, int32_t vocab, float temperature, int32_t chosen, int k,
                     float *chosen_lp, int32_t *top_ids, float *top_lps);
+
+/* What the penalties look at: a sequence's prompt tokens and how often each
+ * token was generated. Caller storage; init allocates (O(vocab) bytes),
+ * release frees; a zeroed one is empty and safe to release. */
+typedef struct model_token_counts {
+    int32_t vocab;
+    uint32_t *count;   /* [vocab]: times generated */
+    uint8_t *prompt;   /* [vocab]: 1 when in the prompt */
+    int32_t *ids;      /* n_ids distinct ids that were ever counted or in the prompt */
+    int32_t n_ids, cap_ids;
+} model_token_counts;
+
+/* MT_E_NOMEM or MT_E_INVALID (a prompt id outside [0, vocab)) with nothing
+ * allocated. */
+mt_status model_token_counts_init(model_token_counts *c, int32_t vocab, const int32_t *prompt,
+                                  int64_t n_prompt, mt_err *err);
+/* Counts id once more (delta 1) or once less (delta -1: undoes an add, as
+ * speculative decoding does for drafts it tried). Ids outside the vocab are
+ * ignored. MT_E_NOMEM leaves c as it was. */
+mt_status model_token_counts_add(model_token_counts *c, int32_t id, int delta);
+void model_token_counts_release(model_token_counts *c);
+
+/* Whether s has a penalty on (model_sampler_process then needs counts). */
+bool model_sampler_penalized(const model_sampler *s);
+
+/* The logit processing of s, in place on logits (vocab floats), in this
+ * order: the logit bias is added; then for each token the counts know,
+ * repetition_penalty (prompt or generated tokens), then frequency_penalty
+ * times its count and presence_penalty once (generated tokens). counts may
+ * be NULL when no penalty is on. O(n_bias + distinct tokens counted). */
+void model_sampler_process(const model_sampler *s, const model_token_counts *counts,
+                           float *logits, int32_t vocab);
+
+/* A caller's logit processing before each pick of a sequence's token, as
+ * the engine and speculative decoding run it: logits (vocab floats) are
+ * changed in place for the position after the generated tokens
+ * gen[0..n_gen) followed by extra[0..n_extra) (drafts being verified or
+ * drafted before it in the same round; 0 outside speculation). An error
+ * ends the pick with it. fn NULL: no processing. */
+typedef struct model_logits_proc {
+    mt_status (*fn)(void *ctx, const int32_t *gen, int64_t n_gen, const int32_t *extra,
+                    int n_extra, float *logits, mt_err *err);
+    void *ctx;
+} model_logits_proc;
 
 /* End-of-sequence ids of the checkpoint (from config / tokenizer); returns
  * the count written (at most cap). */

@@ -98,27 +98,45 @@ static int32_t argmax_row(const float *x, int32_t vocab)
     return best < 0 ? 0 : best;
 }
 
+/* The caller's processing of a row, after the drafts before it. */
+static mt_status proc_row(const model_spec_seq *s, int drafts_before, float *row, mt_err *err)
+{
+    if (!s->proc.fn)
+        return MT_OK;
+    return s->proc.fn(s->proc.ctx, s->gen, s->n_gen, s->draft, drafts_before, row, err);
+}
+
 mt_status model_spec_accept(model_runtime *rt, model_spec_seq *s, int64_t len_before,
                             mt_err *err)
 {
     int32_t V = s->vocab;
     int n = 0;
     s->n_out = 0;
+    mt_status st;
     if (greedy(&s->sampler)) {
         for (; n < s->n_draft; n++) {
+            if ((st = proc_row(s, n, s->logits + (size_t)n * (size_t)V, err)) != MT_OK)
+                return st;
             int32_t t = argmax_row(s->logits + (size_t)n * (size_t)V, V);
             s->out[n] = t;
             if (t != s->draft[n])
                 break;
         }
-        if (n == s->n_draft)
+        if (n == s->n_draft) {
+            if ((st = proc_row(s, n, s->logits + (size_t)n * (size_t)V, err)) != MT_OK)
+                return st;
             s->out[n] = argmax_row(s->logits + (size_t)n * (size_t)V, V);
+        }
     } else {
         double *p = malloc(sizeof(double) * (size_t)V);
         if (!p)
             return mt_fail(err, MT_E_NOMEM, "speculative sampling");
         bool acc = true;
         for (; n < s->n_draft && acc; ) {
+            if ((st = proc_row(s, n, s->logits + (size_t)n * (size_t)V, err)) != MT_OK) {
+                free(p);
+                return st;
+            }
             if (!model_sampler_probs(s->logits + (size_t)n * (size_t)V, V, &s->sampler, p)) {
                 free(p);
                 return mt_fail(err, MT_E_NOMEM, "speculative sampling");
@@ -129,6 +147,10 @@ mt_status model_spec_accept(model_runtime *rt, model_spec_seq *s, int64_t len_be
                 n++;
         }
         if (acc) { /* every draft kept: one more token from the last row */
+            if ((st = proc_row(s, n, s->logits + (size_t)n * (size_t)V, err)) != MT_OK) {
+                free(p);
+                return st;
+            }
             if (!model_sampler_probs(s->logits + (size_t)n * (size_t)V, V, &s->sampler, p)) {
                 free(p);
                 return mt_fail(err, MT_E_NOMEM, "speculative sampling");
@@ -145,11 +167,15 @@ mt_status model_spec_accept(model_runtime *rt, model_spec_seq *s, int64_t len_be
     return model_seq_truncate(rt, s->seq, len_before + s->n_out, err);
 }
 
-/* The next draft from an MTP step's logits into s->draft / s->q. */
-static mt_status take_draft(model_spec_seq *s, const float *logits, mt_err *err)
+/* The next draft from an MTP step's logits (processed here, in place) into
+ * s->draft / s->q. */
+static mt_status take_draft(model_spec_seq *s, float *logits, mt_err *err)
 {
     int j = s->n_draft;
     double *q = s->q + (size_t)j * (size_t)s->vocab;
+    mt_status st = proc_row(s, j, logits, err);
+    if (st != MT_OK)
+        return st;
     if (greedy(&s->sampler)) {
         s->draft[j] = argmax_row(logits, s->vocab);
     } else {
@@ -269,6 +295,8 @@ mt_status model_spec_generate(model_runtime *rt, int seq, const int32_t *prompt,
     mt_status st = model_spec_seq_init(&s, seq, o->k, V, &o->sampler, o->rng, err);
     if (st != MT_OK)
         return st;
+    s.proc = o->proc;
+    s.gen = out;
     int chunk_max = o->prefill_chunk > 0 ? o->prefill_chunk : 256;
     int32_t *next = malloc(sizeof(int32_t) * (size_t)(chunk_max + 1));
     int32_t buf[MODEL_SPEC_MAX_STEPS + 1];
@@ -285,9 +313,13 @@ mt_status model_spec_generate(model_runtime *rt, int seq, const int32_t *prompt,
         if ((st = model_step(rt, &it, 1, err)) != MT_OK)
             break;
         bool last = p + c == n;
-        if (last)
+        if (last) {
+            if (o->proc.fn && (st = o->proc.fn(o->proc.ctx, out, 0, NULL, 0, s.logits, err)))
+                break;
             out[(*produced)++] = model_sample(s.logits, V, &o->sampler, o->rng);
+        }
         if (o->k > 0) {
+            s.n_gen = *produced;
             memcpy(next, prompt + p + 1, sizeof(int32_t) * (size_t)(c - 1));
             next[c - 1] = last ? out[0] : prompt[p + c];
             model_spec_catchup cu = {&s, next, c, 0, p, last};
@@ -312,9 +344,13 @@ mt_status model_spec_generate(model_runtime *rt, int seq, const int32_t *prompt,
         if ((st = model_step(rt, &it, 1, err)) != MT_OK)
             break;
         if (o->k == 0) { /* plain decoding */
+            if (o->proc.fn &&
+                (st = o->proc.fn(o->proc.ctx, out, *produced, NULL, 0, s.logits, err)))
+                break;
             out[(*produced)++] = model_sample(s.logits, V, &o->sampler, o->rng);
             continue;
         }
+        s.n_gen = *produced;
         if ((st = model_spec_accept(rt, &s, len, err)) != MT_OK)
             break;
         bool stop = false;
@@ -325,6 +361,7 @@ mt_status model_spec_generate(model_runtime *rt, int seq, const int32_t *prompt,
         if (stop || *produced >= o->max_tokens)
             break;
         model_spec_catchup cu = {&s, s.out, s.n_out, 0, len, true};
+        s.n_gen = *produced;
         st = model_spec_draft(rt, &cu, 1, err);
     }
 done:

@@ -38,6 +38,16 @@ typedef struct model_spec_seq {
     int k;                   /* drafts per round, 0..MODEL_SPEC_MAX_STEPS (0: plain decode) */
     model_sampler sampler;   /* the request's; q and p both come from it */
     mt_rng *rng;             /* draws of drafts, acceptance and residuals */
+    /* The caller's logit processing (bias, penalties, a grammar's mask),
+     * applied to every row before it is used: a verify row after the drafts
+     * accepted before it, a draft row after the drafts before it. gen/n_gen
+     * are the tokens generated so far, set by the caller before each
+     * model_spec_accept and model_spec_draft (the round's emitted tokens
+     * included by the draft). A draft the processing refuses (logit -inf)
+     * is never accepted: greedy, it is not the argmax; sampled, p(d) = 0. */
+    model_logits_proc proc;
+    const int32_t *gen;
+    int64_t n_gen;
     int32_t vocab;
     /* Drafts for the next round. */
     int n_draft;
@@ -95,6 +105,8 @@ typedef struct model_spec_gen_opts {
     model_sampler sampler;
     mt_rng *rng;
     int prefill_chunk;       /* prompt tokens per step; 0 = 256 */
+    model_logits_proc proc;  /* applied before every pick (plain and speculative); may be
+                              * zeroed */
 } model_spec_gen_opts;
 
 /* Prefills the prompt into the empty sequence seq and generates into

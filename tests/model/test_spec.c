@@ -286,3 +286,235 @@ Test(spec, sampler_probs_is_the_distribution_model_sample_draws_from)
     cr_assert(model_sampler_probs(lg, V, &g, p));
     cr_assert_eq(p[1], 1.0);
 }
+
+/* ---- the sampler's parameters against plain references written here ---------- */
+
+/* Bias, then repetition, frequency and presence penalties, the long way:
+ * counting every occurrence in the history for every token. */
+static void ref_process(const float *in, int V, const model_sampler *s, const int32_t *prompt,
+                        int np, const int32_t *gen, int ng, double *out)
+{
+    for (int t = 0; t < V; t++) {
+        double x = in[t];
+        for (int i = 0; i < s->n_bias; i++)
+            if (s->bias[i].id == t)
+                x += s->bias[i].bias;
+        int in_prompt = 0, n = 0;
+        for (int i = 0; i < np; i++)
+            in_prompt |= prompt[i] == t;
+        for (int i = 0; i < ng; i++)
+            n += gen[i] == t;
+        double rp = s->repetition_penalty;
+        if (rp > 0 && rp != 1 && (in_prompt || n))
+            x = x > 0 ? x / rp : x * rp;
+        if (n)
+            x -= s->frequency_penalty * n + s->presence_penalty;
+        out[t] = x;
+    }
+}
+
+/* model_sampler_probs' steps the long way: softmax of logits / T; sort;
+ * top-k; min-p against the top probability; top-p over what is left. */
+static void ref_probs(const double *x, int V, const model_sampler *s, double *p)
+{
+    int order[64], n = 0;
+    for (int t = 0; t < V; t++)
+        if (!isinf(x[t]))
+            order[n++] = t;
+    for (int i = 1; i < n; i++) /* insertion sort: descending, lower id first on ties */
+        for (int k = i; k > 0 && (x[order[k]] > x[order[k - 1]] ||
+                                  (x[order[k]] == x[order[k - 1]] && order[k] < order[k - 1]));
+             k--) {
+            int tmp = order[k];
+            order[k] = order[k - 1];
+            order[k - 1] = tmp;
+        }
+    if (s->top_k > 0 && s->top_k < n)
+        n = s->top_k;
+    double w[64], z = 0;
+    for (int i = 0; i < n; i++) /* logit / T in float, as a sampler of float logits */
+        w[i] = exp((double)((float)x[order[i]] / s->temperature) -
+                   (double)((float)x[order[0]] / s->temperature));
+    int keep = n;
+    for (int i = 0; i < n; i++)
+        if (w[i] / w[0] < s->min_p) {
+            keep = i;
+            break;
+        }
+    n = keep;
+    z = 0;
+    for (int i = 0; i < n; i++)
+        z += w[i];
+    if (s->top_p > 0 && s->top_p < 1) {
+        double a = 0;
+        for (int i = 0; i < n; i++) {
+            a += w[i] / z;
+            if (a >= s->top_p) {
+                n = i + 1;
+                break;
+            }
+        }
+        z = 0;
+        for (int i = 0; i < n; i++)
+            z += w[i];
+    }
+    for (int t = 0; t < V; t++)
+        p[t] = 0;
+    for (int i = 0; i < n; i++)
+        p[order[i]] = w[i] / z;
+}
+
+Test(spec, logit_bias_and_penalties_match_a_plain_reference)
+{
+    uint64_t seed = mt_seed_fresh();
+    mt_rng r;
+    mt_rng_seed(&r, seed);
+    enum { V = 40 };
+    for (int round = 0; round < 300; round++) {
+        float lg[V];
+        for (int t = 0; t < V; t++)
+            lg[t] = (float)((double)mt_rng_below(&r, 2001) / 200.0 - 5.0);
+        int32_t prompt[30], gen[30];
+        int np = (int)mt_rng_below(&r, 30), ng = (int)mt_rng_below(&r, 30);
+        for (int i = 0; i < np; i++)
+            prompt[i] = (int32_t)mt_rng_below(&r, V / 2); /* repeats are likely */
+        for (int i = 0; i < ng; i++)
+            gen[i] = (int32_t)mt_rng_below(&r, V / 2);
+        model_logit_bias bias[4];
+        int nb = (int)mt_rng_below(&r, 5);
+        for (int i = 0; i < nb; i++)
+            bias[i] = (model_logit_bias){(int32_t)mt_rng_below(&r, V + 3) - 1,
+                                         (float)((double)mt_rng_below(&r, 201) - 100.0) / 10.0f};
+        model_sampler s = {.temperature = 1, .top_p = 1, .bias = bias, .n_bias = nb,
+                           .presence_penalty = (float)mt_rng_below(&r, 5) * 0.5f - 1.0f,
+                           .frequency_penalty = (float)mt_rng_below(&r, 5) * 0.5f - 1.0f,
+                           .repetition_penalty = round % 3 ? 1.0f + (float)mt_rng_below(&r, 10) * 0.1f
+                                                           : 0.0f};
+        model_token_counts c;
+        mt_err err = MT_ERR_INIT;
+        cr_assert_eq(model_token_counts_init(&c, V, prompt, np, &err), MT_OK, "%s", err.msg);
+        for (int i = 0; i < ng; i++)
+            cr_assert_eq(model_token_counts_add(&c, gen[i], 1), MT_OK);
+        /* an add undone (a draft tried) changes nothing */
+        cr_assert_eq(model_token_counts_add(&c, 7, 1), MT_OK);
+        cr_assert_eq(model_token_counts_add(&c, 7, -1), MT_OK);
+        float got[V];
+        memcpy(got, lg, sizeof lg);
+        model_sampler_process(&s, &c, got, V);
+        double want[V];
+        ref_process(lg, V, &s, prompt, np, gen, ng, want);
+        for (int t = 0; t < V; t++)
+            cr_assert_float_eq(got[t], want[t], 1e-5 * (1 + fabs(want[t])),
+                               "seed %" PRIu64 " round %d token %d: %.7g, reference %.7g", seed,
+                               round, t, got[t], want[t]);
+        model_token_counts_release(&c);
+    }
+}
+
+Test(spec, min_p_top_k_top_p_match_a_plain_reference_and_the_draws)
+{
+    uint64_t seed = mt_seed_fresh();
+    mt_rng r;
+    mt_rng_seed(&r, seed);
+    enum { V = 12 };
+    for (int round = 0; round < 400; round++) {
+        float lg[V];
+        double x[V];
+        for (int t = 0; t < V; t++) {
+            lg[t] = (float)((double)mt_rng_below(&r, 801) / 100.0 - 4.0);
+            if (mt_rng_below(&r, 8) == 0)
+                lg[t] = -INFINITY; /* a grammar's mask */
+            x[t] = lg[t];
+        }
+        model_sampler s = {.temperature = 0.3f + (float)mt_rng_below(&r, 18) * 0.1f,
+                           .top_p = mt_rng_below(&r, 2) ? 1.0f : 0.3f + (float)mt_rng_below(&r, 7) * 0.1f,
+                           .top_k = (int)mt_rng_below(&r, 2) * (int)mt_rng_below(&r, V),
+                           .min_p = mt_rng_below(&r, 2) ? 0.0f : (float)mt_rng_below(&r, 9) * 0.1f};
+        if (s.top_k == 1)
+            s.top_k = 0;
+        double got[V], want[V];
+        cr_assert(model_sampler_probs(lg, V, &s, got));
+        ref_probs(x, V, &s, want);
+        for (int t = 0; t < V; t++)
+            cr_assert_float_eq(got[t], want[t], 1e-9, "seed %" PRIu64 " round %d token %d", seed,
+                               round, t);
+        if (round % 40)
+            continue;
+        /* the draws follow it */
+        enum { N = 40000 };
+        int count[V] = {0};
+        for (int i = 0; i < N; i++) {
+            int32_t t = model_sample(lg, V, &s, &r);
+            cr_assert(!isinf(lg[t]), "a masked token drawn");
+            count[t]++;
+        }
+        int df;
+        double chi = chi_square(count, want, V, N, &df);
+        /* 0.999 quantile of chi-square, df <= 11: at most 31.3 */
+        cr_assert_lt(chi, 31.3, "seed %" PRIu64 " round %d: chi-square %.2f (df %d)", seed, round,
+                     chi, df);
+    }
+}
+
+/* A processor that forbids every token whose id is 3 mod 5, and (to depend
+ * on the history) the token generated last. */
+static mt_status forbid_proc(void *ctx, const int32_t *gen, int64_t n_gen, const int32_t *extra,
+                             int n_extra, float *logits, mt_err *err)
+{
+    (void)err;
+    int32_t V = *(const int32_t *)ctx;
+    for (int32_t t = 3; t < V; t += 5)
+        logits[t] = -INFINITY;
+    int32_t last = n_extra ? extra[n_extra - 1] : n_gen ? gen[n_gen - 1] : -1;
+    if (last >= 0)
+        logits[last] = -INFINITY;
+    return MT_OK;
+}
+
+Test(spec, drafts_are_checked_against_the_callers_processing)
+{
+    char *dir = fw_tiny_dir();
+    model_runtime *rt = spec_open(dir, 3);
+    uint64_t seed = mt_seed_fresh();
+    mt_rng r;
+    mt_rng_seed(&r, seed);
+    int32_t V = model_runtime_vocab(rt);
+    for (int p = 0; p < 6; p++) {
+        int n = 1 + (int)mt_rng_below(&r, 30);
+        int32_t prompt[30], out[2][24];
+        for (int i = 0; i < n; i++)
+            prompt[i] = (int32_t)mt_rng_below(&r, (uint64_t)V);
+        for (int mode = 0; mode < 2; mode++) { /* greedy, then sampled */
+            int got[2];
+            for (int k = 0; k < 2; k++) {
+                mt_rng d;
+                mt_rng_seed(&d, seed + (uint64_t)p);
+                model_spec_gen_opts o = {
+                    .k = k ? 3 : 0, .max_tokens = 24,
+                    .sampler = {.temperature = mode ? 1.0f : 0.0f, .top_p = 1},
+                    .rng = &d, .prefill_chunk = 16, .proc = {forbid_proc, &V}};
+                int seq;
+                mt_err err = MT_ERR_INIT;
+                cr_assert_eq(model_seq_create(rt, &seq, &err), MT_OK);
+                model_spec_seq st;
+                cr_assert_eq(model_spec_generate(rt, seq, prompt, n, &o, out[k], &got[k], &st,
+                                                 &err),
+                             MT_OK, "%s", err.msg);
+                model_seq_free(rt, seq);
+                for (int i = 0; i < got[k]; i++) {
+                    cr_assert_neq(out[k][i] % 5, 3, "seed %" PRIu64 ": a forbidden token emitted",
+                                  seed);
+                    if (i)
+                        cr_assert_neq(out[k][i], out[k][i - 1], "seed %" PRIu64 ": a repeat", seed);
+                }
+            }
+            if (mode == 0) { /* greedy: speculation changes nothing */
+                cr_assert_eq(got[0], got[1]);
+                cr_assert_arr_eq(out[0], out[1], sizeof(int32_t) * (size_t)got[0],
+                                 "seed %" PRIu64 " prompt %d", seed, p);
+            }
+        }
+    }
+    model_runtime_close(rt);
+    fw_rm_dir(dir);
+}
