@@ -1,6 +1,7 @@
 /* cli.h: the `moetune` subcommands and the small helpers they share. Each
- * subcommand lives in its own cli/cmd_*.c, parses its own options, calls the
- * library and prints. Exit codes: 0 success, 1 failure, 2 usage error. */
+ * subcommand lives in its own cli/cmd_*.c: one option table (cli_opts.h)
+ * that both parses its argv and prints its --help, then calls the library
+ * and prints. Exit codes: 0 success, 1 failure, 2 usage error. */
 #ifndef MT_CLI_H
 #define MT_CLI_H
 
@@ -8,6 +9,7 @@
 #include <stdio.h>
 
 #include "common/status.h"
+#include "cli_opts.h"
 
 #define CLI_OK 0
 #define CLI_FAIL 1
@@ -29,20 +31,20 @@ int cmd_bench(int argc, char **argv);
 int cmd_isa(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 
-/* Option parsing: "--name value" or "--name=value". Returns the value and
- * advances *i, or NULL when argv[*i] is not that option. A missing value
- * prints a usage error and sets *bad. */
-const char *cli_opt(int argc, char **argv, int *i, const char *name, bool *bad);
-/* True (and advances nothing) when argv[i] is the flag. */
-bool cli_flag(const char *arg, const char *name);
-
 /* Prints "moetune <cmd>: <message>" to stderr. */
 void cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* Parses "1,2,4,8" into out (cap entries); returns the count or -1. */
-int cli_parse_int_list(const char *s, long long *out, int cap);
+/* The database a command opens without --db: $MOETUNE_DB when set and not
+ * empty, else "moetune.db"; and how help shows that default. */
+const char *cli_db_default(void);
+#define CLI_DB_DEFAULT_TEXT "$MOETUNE_DB or ./moetune.db"
 
-/* True when stdout is a terminal (progress bars) . */
-bool cli_is_tty(void);
+/* --act-quant's setter (cli_opt_set_fn): dst is a model_act_quant; "none",
+ * "mxfp4" or "int8" (model_act_quant_parse). */
+bool cli_set_act_quant(void *dst, const char *text, char *err, size_t cap);
+#define CLI_ACT_QUANT_ARG "none|mxfp4|int8"
+
+/* --kv-dtype's values: bf16 and fp8 as kern_dtype values. */
+extern const cli_choice cli_kv_dtypes[];
 
 #endif

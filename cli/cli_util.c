@@ -1,31 +1,13 @@
-/* cli_util.c: option parsing and printing helpers for the subcommands. */
+/* cli_util.c: helpers several subcommands share: the error line, the
+ * default database, and the option values more than one table takes
+ * (--act-quant, --kv-dtype). */
 #include "cli.h"
 
 #include <stdarg.h>
 #include <stdlib.h>
-#include <string.h>
-#include <unistd.h>
 
-const char *cli_opt(int argc, char **argv, int *i, const char *name, bool *bad)
-{
-    const char *a = argv[*i];
-    size_t n = strlen(name);
-    if (strncmp(a, name, n) != 0)
-        return NULL;
-    if (a[n] == '=')
-        return a + n + 1;
-    if (a[n] != 0)
-        return NULL;
-    if (*i + 1 >= argc) {
-        fprintf(stderr, "moetune: option %s needs a value\n", name);
-        *bad = true;
-        return NULL;
-    }
-    (*i)++;
-    return argv[*i];
-}
-
-bool cli_flag(const char *arg, const char *name) { return strcmp(arg, name) == 0; }
+#include "kernels/core/family.h"
+#include "model/plan/plan.h"
 
 void cli_error(const char *cmd, const char *fmt, ...)
 {
@@ -37,23 +19,22 @@ void cli_error(const char *cmd, const char *fmt, ...)
     va_end(ap);
 }
 
-int cli_parse_int_list(const char *s, long long *out, int cap)
+const char *cli_db_default(void)
 {
-    int n = 0;
-    const char *p = s;
-    while (*p) {
-        char *end;
-        long long v = strtoll(p, &end, 10);
-        if (end == p || n >= cap)
-            return -1;
-        out[n++] = v;
-        if (*end == ',')
-            end++;
-        else if (*end)
-            return -1;
-        p = end;
-    }
-    return n;
+    const char *env = getenv("MOETUNE_DB");
+    return env && *env ? env : "moetune.db";
 }
 
-bool cli_is_tty(void) { return isatty(1); }
+bool cli_set_act_quant(void *dst, const char *text, char *err, size_t cap)
+{
+    if (model_act_quant_parse(text, dst))
+        return true;
+    snprintf(err, cap, "none, mxfp4 or int8");
+    return false;
+}
+
+const cli_choice cli_kv_dtypes[] = {
+    {"bf16", KERN_DT_BF16},
+    {"fp8", KERN_DT_FP8E4M3},
+    {NULL, 0},
+};

@@ -21,7 +21,7 @@
 
 typedef struct check_opts {
     const char *device, *family, *arch, *shape;
-    long long m;
+    int64_t m;
     int samples;
     uint64_t seed;
     bool json;
@@ -31,58 +31,42 @@ typedef struct check_tally {
     int passed, failed, compiled, cache_hits;
 } check_tally;
 
-static void usage(void)
-{
-    printf("usage: moetune check [--device D] [--family F] [--arch A] [--shape KEY --m M]\n"
-           "                     [--samples N] [--seed S] [--json]\n"
-           "Runs every family's default config and N sampled configs (default 3) on its\n"
-           "small check cases against the plain C reference. With a GPU --arch and no GPU\n"
-           "(e.g. --device hip --arch gfx90a) it compiles the sample and prints registers,\n"
-           "LDS and spills; --json adds, on hip and cuda, each kernel's instruction mix\n"
-           "(\"mix\": matrix instructions vs FMA/VALU, memory, scratch; from llvm-objdump on\n"
-           "AMD, from the PTX on NVIDIA). Exit 0 only when everything passed; 2 for usage\n"
-           "errors.\n");
-}
-
 static int parse(int argc, char **argv, check_opts *o)
 {
-    bool bad = false;
-    const char *v;
-    o->device = "auto";
-    o->samples = 3;
     o->seed = mt_seed_fresh();
-    for (int i = 1; i < argc; i++) {
-        if (cli_flag(argv[i], "--json"))
-            o->json = true;
-        else if ((v = cli_opt(argc, argv, &i, "--device", &bad)))
-            o->device = v;
-        else if ((v = cli_opt(argc, argv, &i, "--family", &bad)))
-            o->family = v;
-        else if ((v = cli_opt(argc, argv, &i, "--arch", &bad)))
-            o->arch = v;
-        else if ((v = cli_opt(argc, argv, &i, "--shape", &bad)))
-            o->shape = v;
-        else if ((v = cli_opt(argc, argv, &i, "--m", &bad)))
-            o->m = atoll(v);
-        else if ((v = cli_opt(argc, argv, &i, "--samples", &bad)))
-            o->samples = atoi(v);
-        else if ((v = cli_opt(argc, argv, &i, "--seed", &bad)))
-            o->seed = strtoull(v, NULL, 0);
-        else if (cli_flag(argv[i], "--help")) {
-            usage();
-            return -1;
-        } else {
-            cli_error("check", "unknown option '%s'", argv[i]);
-            return CLI_USAGE;
-        }
-        if (bad)
-            return CLI_USAGE;
-    }
-    if (o->samples < 0 || o->samples > 64) {
-        cli_error("check", "--samples must be between 0 and 64");
-        return CLI_USAGE;
-    }
-    return 0;
+    const cli_opt opts[] = {
+        {.name = "--device", .type = CLI_OPT_STRING, .dst = &o->device, .arg = "D",
+         .def = "auto", .help = "cpu, emu, emu:wave32, hip, hip:N, cuda or auto"},
+        {.name = "--family", .type = CLI_OPT_STRING, .dst = &o->family, .arg = "F",
+         .help = "this kernel family only (moetune kernels lists them)"},
+        {.name = "--arch", .type = CLI_OPT_STRING, .dst = &o->arch, .arg = "A",
+         .help = "GPU arch (compile-only without such a GPU), or on cpu an x86-64 level"},
+        {.name = "--shape", .type = CLI_OPT_STRING, .dst = &o->shape, .arg = "KEY",
+         .help = "with --family: this shape (a key or preset) instead of the family's "
+                 "check cases"},
+        {.name = "--m", .type = CLI_OPT_INT64, .dst = &o->m, .arg = "M",
+         .help = "with --shape: rows (default: the shape's own M, else 1)"},
+        {.name = "--samples", .type = CLI_OPT_INT, .dst = &o->samples, .arg = "N",
+         .def = "3", .min = 0, .max = 64, .help = "sampled configs besides the default"},
+        {.name = "--seed", .type = CLI_OPT_UINT64, .dst = &o->seed, .arg = "S",
+         .def_text = "fresh, printed", .help = "sampling and input seed"},
+        {.name = "--json", .type = CLI_OPT_FLAG, .dst = &o->json,
+         .help = "machine-readable output; on hip and cuda with each kernel's "
+                 "instruction mix"},
+        {0},
+    };
+    const cli_cmd cmd = {
+        .name = "check", .opts = opts,
+        .usage = "check [--device D] [--family F] [--arch A] [--shape KEY --m M]\n"
+                 "      [--samples N] [--seed S] [--json]",
+        .about = "Runs every family's default config and N sampled configs on its small "
+                 "check cases against the plain C reference. With a GPU --arch and no GPU "
+                 "(e.g. --device hip --arch gfx90a) it compiles the sample and prints "
+                 "registers, LDS and spills; --json adds, on hip and cuda, each kernel's "
+                 "instruction mix (\"mix\": matrix instructions vs FMA/VALU, memory, "
+                 "scratch; from llvm-objdump on AMD, from the PTX on NVIDIA). Exit 0 only "
+                 "when everything passed; 2 for usage errors."};
+    return cli_opts_parse(&cmd, argc, argv, 1);
 }
 
 static void resources_text(const dev_code_info *info, char *out, size_t cap)
@@ -101,54 +85,81 @@ static void resources_text(const dev_code_info *info, char *out, size_t cap)
     }
 }
 
-/* The instruction mix of every kernel of code, for a GPU backend: AMD
- * from llvm-objdump's disassembly (device/isa_mix.h), NVIDIA from the PTX
- * NVRTC kept (device/ptx_mix.h). NULL where there is none (cpu, emu, no
- * llvm-objdump, a cache entry without PTX); *why then says why, or stays
- * empty on a backend that has no mix (cpu, emu). */
-static cJSON *mix_json(const dev_props *pr, const dev_code *code, char *why, size_t cap)
+static cJSON *ptx_func_json(const dev_ptx_func *f)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "kernel", f->name);
+    cJSON_AddStringToObject(o, "source", "ptx");
+    cJSON_AddNumberToObject(o, "instructions", f->total);
+    cJSON_AddNumberToObject(o, "mma", f->mma);
+    cJSON_AddNumberToObject(o, "fma", f->fma);
+    cJSON_AddNumberToObject(o, "alu", f->alu);
+    cJSON_AddNumberToObject(o, "global_load", f->ld_global);
+    cJSON_AddNumberToObject(o, "global_store", f->st_global);
+    cJSON_AddNumberToObject(o, "atomic", f->atomic);
+    cJSON_AddNumberToObject(o, "shared_load", f->ld_shared);
+    cJSON_AddNumberToObject(o, "shared_store", f->st_shared);
+    cJSON_AddNumberToObject(o, "local", f->local);
+    cJSON_AddNumberToObject(o, "barrier", f->barrier);
+    cJSON *kinds = cJSON_AddArrayToObject(o, "mma_kinds");
+    for (int k = 0; k < f->n_mma_kinds; k++)
+        cJSON_AddItemToArray(kinds, cJSON_CreateString(f->mma_kind[k]));
+    return o;
+}
+
+/* NVIDIA: the mix from the PTX NVRTC kept (device/ptx_mix.h). */
+static cJSON *ptx_mix_json(const dev_code *code, char *why, size_t cap)
 {
     const dev_code_info *info = dev_code_get_info(code);
-    cJSON *arr = NULL;
-    if (pr->backend == DEV_BACKEND_CUDA) {
-        const char *ptx = dev_code_get_text(code);
-        if (!ptx) {
-            snprintf(why, cap, "no PTX kept for this code object");
-            return NULL;
-        }
-        dev_ptx_report *rep = malloc(sizeof *rep);
-        if (!rep)
-            return NULL;
-        dev_ptx_parse(ptx, rep);
-        arr = cJSON_CreateArray();
-        for (int i = 0; i < info->n_kernels; i++) {
-            const dev_ptx_func *f = dev_ptx_find(rep, info->kernels[i].name);
-            if (!f)
-                continue;
-            cJSON *o = cJSON_CreateObject();
-            cJSON_AddStringToObject(o, "kernel", f->name);
-            cJSON_AddStringToObject(o, "source", "ptx");
-            cJSON_AddNumberToObject(o, "instructions", f->total);
-            cJSON_AddNumberToObject(o, "mma", f->mma);
-            cJSON_AddNumberToObject(o, "fma", f->fma);
-            cJSON_AddNumberToObject(o, "alu", f->alu);
-            cJSON_AddNumberToObject(o, "global_load", f->ld_global);
-            cJSON_AddNumberToObject(o, "global_store", f->st_global);
-            cJSON_AddNumberToObject(o, "atomic", f->atomic);
-            cJSON_AddNumberToObject(o, "shared_load", f->ld_shared);
-            cJSON_AddNumberToObject(o, "shared_store", f->st_shared);
-            cJSON_AddNumberToObject(o, "local", f->local);
-            cJSON_AddNumberToObject(o, "barrier", f->barrier);
-            cJSON *kinds = cJSON_AddArrayToObject(o, "mma_kinds");
-            for (int k = 0; k < f->n_mma_kinds; k++)
-                cJSON_AddItemToArray(kinds, cJSON_CreateString(f->mma_kind[k]));
-            cJSON_AddItemToArray(arr, o);
-        }
-        free(rep);
-        return arr;
-    }
-    if (pr->backend != DEV_BACKEND_HIP)
+    const char *ptx = dev_code_get_text(code);
+    if (!ptx) {
+        snprintf(why, cap, "no PTX kept for this code object");
         return NULL;
+    }
+    dev_ptx_report *rep = malloc(sizeof *rep);
+    if (!rep)
+        return NULL;
+    dev_ptx_parse(ptx, rep);
+    cJSON *arr = cJSON_CreateArray();
+    for (int i = 0; i < info->n_kernels; i++) {
+        const dev_ptx_func *f = dev_ptx_find(rep, info->kernels[i].name);
+        if (f)
+            cJSON_AddItemToArray(arr, ptx_func_json(f));
+    }
+    free(rep);
+    return arr;
+}
+
+static cJSON *isa_func_json(const dev_isa_func *f)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "kernel", f->name);
+    cJSON_AddStringToObject(o, "source", "disassembly");
+    cJSON_AddNumberToObject(o, "instructions", f->all.total);
+    cJSON_AddNumberToObject(o, "mma", f->all.n[DEV_ISA_MFMA]);
+    cJSON_AddNumberToObject(o, "valu", f->all.n[DEV_ISA_VALU]);
+    for (int c = DEV_ISA_SALU; c < DEV_ISA_N_CLASSES; c++)
+        cJSON_AddNumberToObject(o, dev_isa_class_name((dev_isa_class)c), f->all.n[c]);
+    cJSON *kinds = cJSON_AddArrayToObject(o, "mma_kinds");
+    for (int k = 0; k < f->n_mma_kinds; k++)
+        cJSON_AddItemToArray(kinds, cJSON_CreateString(f->mma_kind[k]));
+    if (f->hot >= 0) {
+        const dev_isa_loop *l = &f->loops[f->hot];
+        cJSON *h = cJSON_AddObjectToObject(o, "hot_loop");
+        cJSON_AddNumberToObject(h, "instructions", l->c.total);
+        cJSON_AddNumberToObject(h, "depth", l->depth);
+        for (int c = 0; c < DEV_ISA_N_CLASSES; c++)
+            cJSON_AddNumberToObject(h, c == DEV_ISA_MFMA ? "mma"
+                                                         : dev_isa_class_name((dev_isa_class)c),
+                                    l->c.n[c]);
+    }
+    return o;
+}
+
+/* AMD: the mix from llvm-objdump's disassembly (device/isa_mix.h). */
+static cJSON *isa_mix_json(const dev_props *pr, const dev_code *code, char *why, size_t cap)
+{
+    const dev_code_info *info = dev_code_get_info(code);
     size_t len = 0;
     const void *bytes = dev_code_get_bytes(code, &len);
     dev_isa_report *rep = malloc(sizeof *rep);
@@ -158,36 +169,27 @@ static cJSON *mix_json(const dev_props *pr, const dev_code *code, char *why, siz
         free(rep);
         return NULL;
     }
-    arr = cJSON_CreateArray();
+    cJSON *arr = cJSON_CreateArray();
     for (int i = 0; i < info->n_kernels; i++) {
         const dev_isa_func *f = dev_isa_find(rep, info->kernels[i].name);
-        if (!f)
-            continue;
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddStringToObject(o, "kernel", f->name);
-        cJSON_AddStringToObject(o, "source", "disassembly");
-        cJSON_AddNumberToObject(o, "instructions", f->all.total);
-        cJSON_AddNumberToObject(o, "mma", f->all.n[DEV_ISA_MFMA]);
-        cJSON_AddNumberToObject(o, "valu", f->all.n[DEV_ISA_VALU]);
-        for (int c = DEV_ISA_SALU; c < DEV_ISA_N_CLASSES; c++)
-            cJSON_AddNumberToObject(o, dev_isa_class_name((dev_isa_class)c), f->all.n[c]);
-        cJSON *kinds = cJSON_AddArrayToObject(o, "mma_kinds");
-        for (int k = 0; k < f->n_mma_kinds; k++)
-            cJSON_AddItemToArray(kinds, cJSON_CreateString(f->mma_kind[k]));
-        if (f->hot >= 0) {
-            const dev_isa_loop *l = &f->loops[f->hot];
-            cJSON *h = cJSON_AddObjectToObject(o, "hot_loop");
-            cJSON_AddNumberToObject(h, "instructions", l->c.total);
-            cJSON_AddNumberToObject(h, "depth", l->depth);
-            for (int c = 0; c < DEV_ISA_N_CLASSES; c++)
-                cJSON_AddNumberToObject(h, c == DEV_ISA_MFMA ? "mma"
-                                                             : dev_isa_class_name((dev_isa_class)c),
-                                        l->c.n[c]);
-        }
-        cJSON_AddItemToArray(arr, o);
+        if (f)
+            cJSON_AddItemToArray(arr, isa_func_json(f));
     }
     free(rep);
     return arr;
+}
+
+/* The instruction mix of every kernel of code, for a GPU backend. NULL
+ * where there is none (cpu, emu, no llvm-objdump, a cache entry without
+ * PTX); *why then says why, or stays empty on a backend that has no mix
+ * (cpu, emu). */
+static cJSON *mix_json(const dev_props *pr, const dev_code *code, char *why, size_t cap)
+{
+    if (pr->backend == DEV_BACKEND_CUDA)
+        return ptx_mix_json(code, why, cap);
+    if (pr->backend == DEV_BACKEND_HIP)
+        return isa_mix_json(pr, code, why, cap);
+    return NULL;
 }
 
 static cJSON *resources_json(const dev_code_info *info)
@@ -211,6 +213,83 @@ static cJSON *resources_json(const dev_code_info *info)
     return arr;
 }
 
+/* One config's outcome. */
+typedef struct check_result {
+    mt_status st;
+    mt_err err;
+    dev_code *code;            /* compile-only: the code object */
+    kern_exec *e;              /* otherwise: the kernel, which holds its code */
+    kern_problem *p;
+    const dev_code_info *info; /* the code's, NULL where it did not compile */
+    double ms;
+} check_result;
+
+/* What a row names: the family, shape, M and config checked. */
+typedef struct check_row {
+    const char *family, *shape, *config;
+    int64_t m;
+    bool is_default;
+} check_row;
+
+/* Runs compiled code on its problem and verifies it against the reference;
+ * r->code passes to r->e. */
+static void run_config(dev_device *d, const kern_family *f, const kern_shape *s, int64_t m,
+                       const kern_config *c, uint64_t seed, check_result *r)
+{
+    r->st = kern_exec_open_code(d, f, s, c, r->code, &r->e, &r->err); /* takes the code */
+    r->code = NULL;
+    r->info = r->e ? dev_code_get_info(kern_exec_code(r->e)) : NULL;
+    if (r->st == MT_OK)
+        r->st = kern_problem_create(d, f, s, m, seed ^ (uint64_t)m, &r->p, &r->err);
+    if (r->st == MT_OK)
+        r->st = kern_problem_run(r->p, r->e, &r->err);
+    if (r->st == MT_OK)
+        r->st = kern_problem_verify(r->p, &r->err);
+}
+
+static cJSON *row_json(const dev_props *pr, const check_row *w, const check_result *r,
+                       bool mix)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "family", w->family);
+    cJSON_AddStringToObject(o, "shape", w->shape);
+    cJSON_AddNumberToObject(o, "m", (double)w->m);
+    cJSON_AddStringToObject(o, "config", w->config);
+    cJSON_AddBoolToObject(o, "default", w->is_default);
+    const char *what = pr->compile_only ? "compiled" : "passed";
+    cJSON_AddStringToObject(o, "status", r->st == MT_OK ? what : mt_status_str(r->st));
+    if (r->st != MT_OK)
+        cJSON_AddStringToObject(o, "error", r->err.msg);
+    if (r->info) {
+        cJSON_AddBoolToObject(o, "cache_hit", r->info->cache_hit);
+        cJSON_AddNumberToObject(o, "compile_ms", r->info->compile_ms);
+        cJSON_AddItemToObject(o, "resources", resources_json(r->info));
+    }
+    const dev_code *mc = r->code ? r->code : r->e ? kern_exec_code(r->e) : NULL;
+    if (mix && mc) {
+        char why[512] = "";
+        cJSON *m = mix_json(pr, mc, why, sizeof why);
+        if (m)
+            cJSON_AddItemToObject(o, "mix", m);
+        else if (why[0])
+            cJSON_AddStringToObject(o, "mix_missing", why);
+    }
+    cJSON_AddNumberToObject(o, "ms", r->ms);
+    return o;
+}
+
+static void print_row(const dev_props *pr, const check_row *w, const check_result *r,
+                      const char *res)
+{
+    const char *what = pr->compile_only ? "compiled" : "passed";
+    printf("%-14s %-44s %5" PRId64 " %-40s %-8s %s %7.1f ms%s%s\n", w->family, w->shape, w->m,
+           w->config, r->st == MT_OK ? what : mt_status_str(r->st),
+           r->info && r->info->cache_hit ? "cached " : "       ", r->ms, res[0] ? "  " : "",
+           res);
+    if (r->st != MT_OK)
+        printf("    %s\n", r->err.msg);
+}
+
 /* Checks one (family, case, config); prints a row or adds a JSON object. */
 static void check_config(dev_device *d, const kern_family *f, const kern_impl *im,
                          const kern_shape *s, const char *shape_key, int64_t m,
@@ -220,71 +299,30 @@ static void check_config(dev_device *d, const kern_family *f, const kern_impl *i
     const dev_props *pr = dev_get_props(d);
     char ckey[256], res[512] = "";
     kern_config_key(im, c, ckey, sizeof ckey);
-    mt_err err = MT_ERR_INIT;
-    dev_code *code = NULL;
-    kern_exec *e = NULL;
-    kern_problem *p = NULL;
+    check_result r = {.err = MT_ERR_INIT};
     double t0 = mt_now_ms();
-    mt_status st = kern_compile(d, f, im, s, c, &code, &err);
-    const dev_code_info *info = code ? dev_code_get_info(code) : NULL;
-    if (info) {
+    r.st = kern_compile(d, f, im, s, c, &r.code, &r.err);
+    r.info = r.code ? dev_code_get_info(r.code) : NULL;
+    if (r.info) {
         t->compiled++;
-        t->cache_hits += info->cache_hit;
-        resources_text(info, res, sizeof res);
+        t->cache_hits += r.info->cache_hit;
+        resources_text(r.info, res, sizeof res);
     }
-    if (st == MT_OK && !pr->compile_only) {
-        st = kern_exec_open_code(d, f, s, c, code, &e, &err); /* takes the code */
-        code = NULL;
-        info = e ? dev_code_get_info(kern_exec_code(e)) : NULL;
-        if (st == MT_OK)
-            st = kern_problem_create(d, f, s, m, o->seed ^ (uint64_t)m, &p, &err);
-        if (st == MT_OK)
-            st = kern_problem_run(p, e, &err);
-        if (st == MT_OK)
-            st = kern_problem_verify(p, &err);
-    }
-    double ms = mt_now_ms() - t0;
-    if (st == MT_OK)
+    if (r.st == MT_OK && !pr->compile_only)
+        run_config(d, f, s, m, c, o->seed, &r);
+    r.ms = mt_now_ms() - t0;
+    if (r.st == MT_OK)
         t->passed++;
     else
         t->failed++;
-    const char *what = pr->compile_only ? "compiled" : "passed";
-    if (rows) {
-        cJSON *r = cJSON_CreateObject();
-        cJSON_AddStringToObject(r, "family", f->name);
-        cJSON_AddStringToObject(r, "shape", shape_key);
-        cJSON_AddNumberToObject(r, "m", (double)m);
-        cJSON_AddStringToObject(r, "config", ckey);
-        cJSON_AddBoolToObject(r, "default", is_default);
-        cJSON_AddStringToObject(r, "status", st == MT_OK ? what : mt_status_str(st));
-        if (st != MT_OK)
-            cJSON_AddStringToObject(r, "error", err.msg);
-        if (info) {
-            cJSON_AddBoolToObject(r, "cache_hit", info->cache_hit);
-            cJSON_AddNumberToObject(r, "compile_ms", info->compile_ms);
-            cJSON_AddItemToObject(r, "resources", resources_json(info));
-        }
-        const dev_code *mc = code ? code : e ? kern_exec_code(e) : NULL;
-        if (o->json && mc) {
-            char why[512] = "";
-            cJSON *mix = mix_json(pr, mc, why, sizeof why);
-            if (mix)
-                cJSON_AddItemToObject(r, "mix", mix);
-            else if (why[0])
-                cJSON_AddStringToObject(r, "mix_missing", why);
-        }
-        cJSON_AddNumberToObject(r, "ms", ms);
-        cJSON_AddItemToArray(rows, r);
-    } else {
-        printf("%-14s %-44s %5" PRId64 " %-40s %-8s %s %7.1f ms%s%s\n", f->name, shape_key, m,
-               ckey, st == MT_OK ? what : mt_status_str(st),
-               info && info->cache_hit ? "cached " : "       ", ms, res[0] ? "  " : "", res);
-        if (st != MT_OK)
-            printf("    %s\n", err.msg);
-    }
-    kern_problem_destroy(p);
-    kern_exec_close(e);
-    dev_code_free(code);
+    check_row w = {f->name, shape_key, ckey, m, is_default};
+    if (rows)
+        cJSON_AddItemToArray(rows, row_json(pr, &w, &r, o->json));
+    else
+        print_row(pr, &w, &r, res);
+    kern_problem_destroy(r.p);
+    kern_exec_close(r.e);
+    dev_code_free(r.code);
 }
 
 static int check_family(dev_device *d, const kern_family *f, const check_opts *o,
@@ -317,12 +355,36 @@ static int check_family(dev_device *d, const kern_family *f, const check_opts *o
     return CLI_OK;
 }
 
+/* The end of the run: the JSON document (rows inside; freed) or the totals. */
+static void print_summary(const dev_props *pr, const check_opts *o, const check_tally *t,
+                          cJSON *rows)
+{
+    if (!o->json) {
+        printf("%d passed, %d failed\n", t->passed, t->failed);
+        printf("compile cache: %d of %d compiles were cache hits\n", t->cache_hits,
+               t->compiled);
+        return;
+    }
+    cJSON *top = cJSON_CreateObject();
+    cJSON_AddStringToObject(top, "device", pr->spec);
+    cJSON_AddStringToObject(top, "arch", pr->arch);
+    cJSON_AddNumberToObject(top, "seed", (double)o->seed);
+    cJSON_AddNumberToObject(top, "passed", t->passed);
+    cJSON_AddNumberToObject(top, "failed", t->failed);
+    cJSON_AddNumberToObject(top, "cache_hits", t->cache_hits);
+    cJSON_AddItemToObject(top, "results", rows);
+    char *s = cJSON_Print(top);
+    puts(s);
+    free(s);
+    cJSON_Delete(top);
+}
+
 int cmd_check(int argc, char **argv)
 {
     check_opts o = {0};
     int rc = parse(argc, argv, &o);
     if (rc)
-        return rc < 0 ? CLI_OK : rc;
+        return rc == CLI_HELP ? CLI_OK : rc;
     if (o.family && !kern_family_find(o.family)) {
         cli_error("check", "unknown family '%s'", o.family);
         return CLI_USAGE;
@@ -349,23 +411,7 @@ int cmd_check(int argc, char **argv)
     for (int i = 0; all[i] && rc == CLI_OK; i++)
         if (!o.family || !strcmp(o.family, all[i]->name))
             rc = check_family(d, all[i], &o, rows, &t);
-    if (o.json) {
-        cJSON *top = cJSON_CreateObject();
-        cJSON_AddStringToObject(top, "device", pr->spec);
-        cJSON_AddStringToObject(top, "arch", pr->arch);
-        cJSON_AddNumberToObject(top, "seed", (double)o.seed);
-        cJSON_AddNumberToObject(top, "passed", t.passed);
-        cJSON_AddNumberToObject(top, "failed", t.failed);
-        cJSON_AddNumberToObject(top, "cache_hits", t.cache_hits);
-        cJSON_AddItemToObject(top, "results", rows);
-        char *s = cJSON_Print(top);
-        puts(s);
-        free(s);
-        cJSON_Delete(top);
-    } else {
-        printf("%d passed, %d failed\n", t.passed, t.failed);
-        printf("compile cache: %d of %d compiles were cache hits\n", t.cache_hits, t.compiled);
-    }
+    print_summary(pr, &o, &t, rows);
     dev_close(d);
     if (rc != CLI_OK)
         return rc;

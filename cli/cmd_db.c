@@ -1,7 +1,8 @@
 /* cmd_db.c: `moetune db show|best|export|import|merge|misses|check|gc`
  * (and `verify`, in cmd_db_verify.c):
- * inspect, ship, join and clean a tuning database. Thin: parses options,
- * calls db/, prints text or (--json) JSON. */
+ * inspect, ship, join and clean a tuning database. Thin: one option table
+ * for all of them (each reads what it needs), calls db/, prints text or
+ * (--json) JSON. */
 #define _GNU_SOURCE
 #include <cjson/cJSON.h>
 #include <inttypes.h>
@@ -29,99 +30,65 @@ typedef struct opts {
     char keep_buf[MAX_ITEMS][512];
 } opts;
 
-static void usage(FILE *f)
+/* --keep-hash FAMILY=HASH, repeatable: dst is the opts. */
+static bool set_keep_hash(void *dst, const char *v, char *err, size_t cap)
 {
-    fprintf(f,
-            "usage: moetune db <command> [--db FILE] [--json] [options]\n"
-            "\n"
-            "commands:\n"
-            "  show                     schema version, counts, devices and kernels\n"
-            "  best                     winners (the config the runtime uses) per device,\n"
-            "                           kernel, shape and M\n"
-            "  export [--out FILE]      the whole database as stable JSON (stdout by default)\n"
-            "  import FILE...           read exports into --db (merge rule applies)\n"
-            "  merge SRC.db...          merge other databases into --db; prints the rule\n"
-            "  misses                   lookups that found no tuned config, most frequent first\n"
-            "  check                    integrity check, and a list of the winners a\n"
-            "                           re-timing would cover (it times nothing)\n"
-            "  verify [--device D]      re-time winners against their runner-up and the\n"
-            "                           default on this device; mark those that no longer\n"
-            "                           win stale (`moetune db verify --help`)\n"
-            "  gc --current | --keep-hash FAMILY=HASH...\n"
-            "                           drop trials and winners of named families whose\n"
-            "                           source hash is not a kept one [--dry-run];\n"
-            "                           --current keeps the sources built into this moetune\n"
-            "                           (GPU and CPU) for every built-in family\n"
-            "\n"
-            "options:\n"
-            "  --db FILE      database (default $MOETUNE_DB or ./moetune.db)\n"
-            "  --json         machine-readable output\n"
-            "  --family F, --shape KEY, --m M, --device FINGERPRINT|NAME   filter best,\n"
-            "                 misses and check\n"
-            "\n"
-            "Lookup order at run time: exact M, nearest tuned M (log2, ties to the larger),\n"
-            "another device of the same arch (used, with a warning), stale source hash\n"
-            "(never used), miss (default config). See docs/DB.md.\n");
+    opts *o = dst;
+    const char *eq = strchr(v, '=');
+    if (!eq || eq == v || !eq[1] || o->nkeep >= MAX_ITEMS ||
+        strlen(v) >= sizeof o->keep_buf[0]) {
+        snprintf(err, cap, "needs FAMILY=HASH (at most %d of them)", MAX_ITEMS);
+        return false;
+    }
+    char *b = o->keep_buf[o->nkeep];
+    snprintf(b, sizeof o->keep_buf[0], "%s", v);
+    b[eq - v] = 0;
+    o->keep[o->nkeep++] = (db_keep_hash){b, b + (eq - v) + 1};
+    return true;
 }
 
-static int parse(int argc, char **argv, opts *o)
+static void print_commands(FILE *f);
+
+/* The options every db command but verify reads (each uses those it needs);
+ * argv[first] onwards. */
+static int parse(int argc, char **argv, int first, opts *o)
 {
     memset(o, 0, sizeof *o);
-    const char *env = getenv("MOETUNE_DB");
-    o->db_path = env && *env ? env : "moetune.db";
-    bool bad = false;
-    for (int i = 2; i < argc; i++) {
-        const char *v;
-        if ((v = cli_opt(argc, argv, &i, "--db", &bad)))
-            o->db_path = v;
-        else if ((v = cli_opt(argc, argv, &i, "--out", &bad)))
-            o->out = v;
-        else if ((v = cli_opt(argc, argv, &i, "--family", &bad)))
-            o->filter.family = v;
-        else if ((v = cli_opt(argc, argv, &i, "--shape", &bad)))
-            o->filter.shape_key = v;
-        else if ((v = cli_opt(argc, argv, &i, "--device", &bad)))
-            o->filter.device = v;
-        else if ((v = cli_opt(argc, argv, &i, "--m", &bad))) {
-            char *end;
-            o->filter.m = strtoll(v, &end, 10);
-            if (*end || o->filter.m < 1) {
-                cli_error("db", "--m needs a positive integer, got '%s'", v);
-                return CLI_USAGE;
-            }
-        } else if ((v = cli_opt(argc, argv, &i, "--keep-hash", &bad))) {
-            const char *eq = strchr(v, '=');
-            if (!eq || eq == v || !eq[1] || o->nkeep >= MAX_ITEMS ||
-                strlen(v) >= sizeof o->keep_buf[0]) {
-                cli_error("db", "--keep-hash needs FAMILY=HASH, got '%s'", v);
-                return CLI_USAGE;
-            }
-            char *b = o->keep_buf[o->nkeep];
-            snprintf(b, sizeof o->keep_buf[0], "%s", v);
-            b[eq - v] = 0;
-            o->keep[o->nkeep++] = (db_keep_hash){b, b + (eq - v) + 1};
-        } else if (cli_flag(argv[i], "--json"))
-            o->json = true;
-        else if (cli_flag(argv[i], "--dry-run"))
-            o->dry_run = true;
-        else if (cli_flag(argv[i], "--current"))
-            o->current = true;
-        else if (cli_flag(argv[i], "--help") || cli_flag(argv[i], "-h")) {
-            usage(stdout);
-            return -1;
-        } else if (argv[i][0] == '-' && argv[i][1]) {
-            cli_error("db", "unknown option '%s'", argv[i]);
-            return CLI_USAGE;
-        } else if (o->nitems < MAX_ITEMS)
-            o->items[o->nitems++] = argv[i];
-        else {
-            cli_error("db", "too many arguments");
-            return CLI_USAGE;
-        }
-        if (bad)
-            return CLI_USAGE;
-    }
-    return bad ? CLI_USAGE : CLI_OK;
+    o->db_path = cli_db_default();
+    const cli_opt table[] = {
+        {.name = "--db", .type = CLI_OPT_STRING, .dst = &o->db_path, .arg = "FILE",
+         .def_text = CLI_DB_DEFAULT_TEXT, .help = "the database"},
+        {.name = "--json", .type = CLI_OPT_FLAG, .dst = &o->json,
+         .help = "machine-readable output"},
+        {.name = "--family", .type = CLI_OPT_STRING, .dst = &o->filter.family, .arg = "F",
+         .help = "best, misses, check: this kernel family only"},
+        {.name = "--shape", .type = CLI_OPT_STRING, .dst = &o->filter.shape_key, .arg = "KEY",
+         .help = "best, misses, check: this shape only"},
+        {.name = "--m", .type = CLI_OPT_INT64, .dst = &o->filter.m, .arg = "M", .min = 1,
+         .max = HUGE_VAL, .help = "best, misses, check: this M only"},
+        {.name = "--device", .type = CLI_OPT_STRING, .dst = &o->filter.device,
+         .arg = "FINGERPRINT|NAME", .help = "best, misses, check: this device only"},
+        {.name = "--out", .type = CLI_OPT_STRING, .dst = &o->out, .arg = "FILE",
+         .def_text = "stdout", .help = "export: write here (atomically)"},
+        {.name = "--current", .type = CLI_OPT_FLAG, .dst = &o->current,
+         .help = "gc: keep the sources built into this moetune (GPU and CPU) for every "
+                 "built-in family"},
+        {.name = "--keep-hash", .type = CLI_OPT_CUSTOM, .dst = o, .set = set_keep_hash,
+         .arg = "FAMILY=HASH", .help = "gc: keep this source hash of the family; repeat for "
+                                       "each family and source"},
+        {.name = "--dry-run", .type = CLI_OPT_FLAG, .dst = &o->dry_run,
+         .help = "gc: count what would be dropped, drop nothing"},
+        {0},
+    };
+    const cli_cmd cmd = {
+        .name = "db", .opts = table, .usage = "db <command> [--db FILE] [--json] [options]",
+        .about = "Inspects, ships, joins and cleans a tuning database. Lookup order at run "
+                 "time: exact M, nearest tuned M (log2, ties to the larger), another device "
+                 "of the same arch (used, with a warning), stale source hash (never used), "
+                 "miss (default config). See docs/DB.md.",
+        .more = print_commands, .pos_arg = "[FILE...]", .pos = o->items,
+        .pos_cap = MAX_ITEMS, .n_pos = &o->nitems};
+    return cli_opts_parse(&cmd, argc, argv, first);
 }
 
 static void print_json(cJSON *j)
@@ -184,6 +151,40 @@ static int show_device(void *ctx, const db_device_row *d)
     return 0;
 }
 
+static void print_show(const opts *o, const db_stats *s)
+{
+    printf("database %s (schema %d)\n", o->db_path, s->schema_version);
+    printf("devices %" PRId64 ", kernels %" PRId64 ", sessions %" PRId64 ", winners %" PRId64
+           " (%" PRId64 " re-verified), misses %" PRId64 ", code objects %" PRId64 "\n",
+           s->devices, s->kernels, s->sessions, s->winners, s->winners_verified, s->misses,
+           s->code_objects);
+    printf("trials %" PRId64 ":", s->trials);
+    for (int i = 0; i < DB_TRIAL_STATUS_COUNT; i++)
+        printf(" %s %" PRId64, db_trial_status_str((db_trial_status)i), s->trials_by_status[i]);
+    printf("\ndevices:\n");
+}
+
+static cJSON *show_json(const opts *o, const db_stats *s, cJSON *devs)
+{
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "path", o->db_path);
+    cJSON_AddNumberToObject(j, "schema_version", s->schema_version);
+    cJSON_AddNumberToObject(j, "devices", (double)s->devices);
+    cJSON_AddNumberToObject(j, "kernels", (double)s->kernels);
+    cJSON_AddNumberToObject(j, "sessions", (double)s->sessions);
+    cJSON_AddNumberToObject(j, "trials", (double)s->trials);
+    cJSON *by = cJSON_AddObjectToObject(j, "trials_by_status");
+    for (int i = 0; i < DB_TRIAL_STATUS_COUNT; i++)
+        cJSON_AddNumberToObject(by, db_trial_status_str((db_trial_status)i),
+                                (double)s->trials_by_status[i]);
+    cJSON_AddNumberToObject(j, "winners", (double)s->winners);
+    cJSON_AddNumberToObject(j, "winners_verified", (double)s->winners_verified);
+    cJSON_AddNumberToObject(j, "misses", (double)s->misses);
+    cJSON_AddNumberToObject(j, "code_objects", (double)s->code_objects);
+    cJSON_AddItemToObject(j, "device_list", devs);
+    return j;
+}
+
 static int cmd_show(const opts *o)
 {
     mt_err e = MT_ERR_INIT;
@@ -196,42 +197,16 @@ static int cmd_show(const opts *o)
         return fail("show", &e);
     }
     cJSON *devs = o->json ? cJSON_CreateArray() : NULL;
-    if (!o->json) {
-        printf("database %s (schema %d)\n", o->db_path, s.schema_version);
-        printf("devices %" PRId64 ", kernels %" PRId64 ", sessions %" PRId64 ", winners %" PRId64
-               " (%" PRId64 " re-verified), misses %" PRId64 ", code objects %" PRId64 "\n",
-               s.devices, s.kernels, s.sessions, s.winners, s.winners_verified, s.misses,
-               s.code_objects);
-        printf("trials %" PRId64 ":", s.trials);
-        for (int i = 0; i < DB_TRIAL_STATUS_COUNT; i++)
-            printf(" %s %" PRId64, db_trial_status_str((db_trial_status)i), s.trials_by_status[i]);
-        printf("\ndevices:\n");
-    }
+    if (!o->json)
+        print_show(o, &s);
     mt_status st = db_devices_each(db, show_device, devs, &e);
     db_close(db);
     if (st != MT_OK) {
         cJSON_Delete(devs);
         return fail("show", &e);
     }
-    if (o->json) {
-        cJSON *j = cJSON_CreateObject();
-        cJSON_AddStringToObject(j, "path", o->db_path);
-        cJSON_AddNumberToObject(j, "schema_version", s.schema_version);
-        cJSON_AddNumberToObject(j, "devices", (double)s.devices);
-        cJSON_AddNumberToObject(j, "kernels", (double)s.kernels);
-        cJSON_AddNumberToObject(j, "sessions", (double)s.sessions);
-        cJSON_AddNumberToObject(j, "trials", (double)s.trials);
-        cJSON *by = cJSON_AddObjectToObject(j, "trials_by_status");
-        for (int i = 0; i < DB_TRIAL_STATUS_COUNT; i++)
-            cJSON_AddNumberToObject(by, db_trial_status_str((db_trial_status)i),
-                                    (double)s.trials_by_status[i]);
-        cJSON_AddNumberToObject(j, "winners", (double)s.winners);
-        cJSON_AddNumberToObject(j, "winners_verified", (double)s.winners_verified);
-        cJSON_AddNumberToObject(j, "misses", (double)s.misses);
-        cJSON_AddNumberToObject(j, "code_objects", (double)s.code_objects);
-        cJSON_AddItemToObject(j, "device_list", devs);
-        print_json(j);
-    }
+    if (o->json)
+        print_json(show_json(o, &s, devs));
     return CLI_OK;
 }
 
@@ -259,43 +234,48 @@ static void decision_text(const db_confirm *d, char *out, size_t cap)
         snprintf(out, cap, "%s (%.200s %s)", db_decision_str(d->decision), d->challenger_key, iv);
 }
 
+static cJSON *winner_json(const db_winner_row *w)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddItemToObject(o, "device", device_json(&w->device));
+    cJSON_AddStringToObject(o, "family", w->family);
+    cJSON_AddNumberToObject(o, "version", w->version);
+    cJSON_AddStringToObject(o, "source_hash", w->source_hash);
+    cJSON_AddStringToObject(o, "shape", w->shape_key);
+    cJSON_AddNumberToObject(o, "m", (double)w->m);
+    cJSON_AddStringToObject(o, "config_key", w->config_key);
+    cJSON *cfg = cJSON_Parse(w->config_json);
+    cJSON_AddItemToObject(o, "config", cfg ? cfg : cJSON_CreateString(w->config_json));
+    cJSON_AddNumberToObject(o, "time_ms", w->time_ms);
+    cJSON *ru = cJSON_Parse(w->runner_ups_json);
+    cJSON_AddItemToObject(o, "runner_ups", ru ? ru : cJSON_CreateArray());
+    if (w->verified_ms > 0) {
+        cJSON_AddNumberToObject(o, "verified_ms", (double)w->verified_ms);
+        cJSON_AddNumberToObject(o, "verified_time_ms", w->verified_time_ms);
+    }
+    cJSON_AddBoolToObject(o, "stale", w->stale);
+    if (w->origin)
+        cJSON_AddStringToObject(o, "origin", w->origin);
+    const db_confirm *d = &w->confirm;
+    cJSON_AddStringToObject(o, "decision", db_decision_str(d->decision));
+    if (d->challenger_key)
+        cJSON_AddStringToObject(o, "challenger", d->challenger_key);
+    if (d->rounds > 0) {
+        cJSON_AddNumberToObject(o, "ratio", d->ratio);
+        cJSON_AddNumberToObject(o, "ratio_lo", d->ratio_lo);
+        cJSON_AddNumberToObject(o, "ratio_hi", d->ratio_hi);
+        cJSON_AddNumberToObject(o, "confidence", d->confidence);
+        cJSON_AddNumberToObject(o, "rounds", d->rounds);
+    }
+    return o;
+}
+
 static int show_winner(void *ctx, const db_winner_row *w)
 {
     list_ctx *c = ctx;
     c->n++;
     if (c->arr) {
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddItemToObject(o, "device", device_json(&w->device));
-        cJSON_AddStringToObject(o, "family", w->family);
-        cJSON_AddNumberToObject(o, "version", w->version);
-        cJSON_AddStringToObject(o, "source_hash", w->source_hash);
-        cJSON_AddStringToObject(o, "shape", w->shape_key);
-        cJSON_AddNumberToObject(o, "m", (double)w->m);
-        cJSON_AddStringToObject(o, "config_key", w->config_key);
-        cJSON *cfg = cJSON_Parse(w->config_json);
-        cJSON_AddItemToObject(o, "config", cfg ? cfg : cJSON_CreateString(w->config_json));
-        cJSON_AddNumberToObject(o, "time_ms", w->time_ms);
-        cJSON *ru = cJSON_Parse(w->runner_ups_json);
-        cJSON_AddItemToObject(o, "runner_ups", ru ? ru : cJSON_CreateArray());
-        if (w->verified_ms > 0) {
-            cJSON_AddNumberToObject(o, "verified_ms", (double)w->verified_ms);
-            cJSON_AddNumberToObject(o, "verified_time_ms", w->verified_time_ms);
-        }
-        cJSON_AddBoolToObject(o, "stale", w->stale);
-        if (w->origin)
-            cJSON_AddStringToObject(o, "origin", w->origin);
-        const db_confirm *d = &w->confirm;
-        cJSON_AddStringToObject(o, "decision", db_decision_str(d->decision));
-        if (d->challenger_key)
-            cJSON_AddStringToObject(o, "challenger", d->challenger_key);
-        if (d->rounds > 0) {
-            cJSON_AddNumberToObject(o, "ratio", d->ratio);
-            cJSON_AddNumberToObject(o, "ratio_lo", d->ratio_lo);
-            cJSON_AddNumberToObject(o, "ratio_hi", d->ratio_hi);
-            cJSON_AddNumberToObject(o, "confidence", d->confidence);
-            cJSON_AddNumberToObject(o, "rounds", d->rounds);
-        }
-        cJSON_AddItemToArray(c->arr, o);
+        cJSON_AddItemToArray(c->arr, winner_json(w));
         return 0;
     }
     char vbuf[48] = "-";
@@ -542,6 +522,22 @@ static int current_hashes(const opts *o, db_keep_hash **keep, char (**hashes)[65
     return n;
 }
 
+static void print_gc(const opts *o, const db_gc_stats *s)
+{
+    if (!o->json) {
+        printf("%s %" PRId64 " stale kernel versions: %" PRId64 " trials, %" PRId64 " winners\n",
+               o->dry_run ? "would drop" : "dropped", s->kernels_removed, s->trials_removed,
+               s->winners_removed);
+        return;
+    }
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddBoolToObject(j, "dry_run", o->dry_run);
+    cJSON_AddNumberToObject(j, "kernels_removed", (double)s->kernels_removed);
+    cJSON_AddNumberToObject(j, "trials_removed", (double)s->trials_removed);
+    cJSON_AddNumberToObject(j, "winners_removed", (double)s->winners_removed);
+    print_json(j);
+}
+
 static int cmd_gc(const opts *o)
 {
     if (o->nkeep == 0 && !o->current) {
@@ -572,57 +568,80 @@ static int cmd_gc(const opts *o)
     free(hashes);
     if (st != MT_OK)
         return fail("gc", &e);
-    if (o->json) {
-        cJSON *j = cJSON_CreateObject();
-        cJSON_AddBoolToObject(j, "dry_run", o->dry_run);
-        cJSON_AddNumberToObject(j, "kernels_removed", (double)s.kernels_removed);
-        cJSON_AddNumberToObject(j, "trials_removed", (double)s.trials_removed);
-        cJSON_AddNumberToObject(j, "winners_removed", (double)s.winners_removed);
-        print_json(j);
-    } else {
-        printf("%s %" PRId64 " stale kernel versions: %" PRId64 " trials, %" PRId64 " winners\n",
-               o->dry_run ? "would drop" : "dropped", s.kernels_removed, s.trials_removed,
-               s.winners_removed);
-    }
+    print_gc(o, &s);
     return CLI_OK;
+}
+
+static int cmd_import(const opts *o) { return cmd_join(o, false); }
+static int cmd_merge(const opts *o) { return cmd_join(o, true); }
+
+/* The db commands: what help lists and what runs. verify reads its own
+ * options (cmd_db_verify.c). */
+static const struct db_command {
+    const char *name, *args, *help;
+    int (*fn)(const opts *o);
+    cli_cmd_fn own_argv; /* instead of fn: parses argv itself */
+    bool items;          /* takes FILE... arguments */
+} commands[] = {
+    {"show", NULL, "schema version, counts, devices and kernels", cmd_show, NULL, false},
+    {"best", NULL, "winners (the config the runtime uses) per device, kernel, shape and M",
+     cmd_best, NULL, false},
+    {"export", "[--out FILE]", "the whole database as stable JSON (stdout by default)",
+     cmd_export, NULL, false},
+    {"import", "FILE...", "read exports into --db (merge rule applies)", cmd_import, NULL, true},
+    {"merge", "SRC.db...", "merge other databases into --db; prints the rule", cmd_merge, NULL,
+     true},
+    {"misses", NULL, "lookups that found no tuned config, most frequent first", cmd_misses,
+     NULL, false},
+    {"check", NULL, "integrity check, and a list of the winners a re-timing would cover (it "
+                    "times nothing)", cmd_db_check, NULL, false},
+    {"verify", "[--device D]", "re-time winners against their runner-up and the default on "
+     "this device; mark those that no longer win stale (`moetune db verify --help`)", NULL,
+     cmd_db_verify, false},
+    {"gc", "--current | --keep-hash FAMILY=HASH...", "drop trials and winners of named "
+     "families whose source hash is not a kept one [--dry-run]", cmd_gc, NULL, false},
+    {NULL, NULL, NULL, NULL, NULL, false},
+};
+
+static void print_commands(FILE *f)
+{
+    fprintf(f, "commands:\n");
+    for (int i = 0; commands[i].name; i++) {
+        char left[128];
+        snprintf(left, sizeof left, "%s%s%s", commands[i].name, commands[i].args ? " " : "",
+                 commands[i].args ? commands[i].args : "");
+        cli_opts_help_row(f, left, commands[i].help);
+    }
 }
 
 int cmd_db(int argc, char **argv)
 {
-    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
-        !strcmp(argv[1], "help")) {
-        usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? CLI_USAGE : CLI_OK;
-    }
-    if (!strcmp(argv[1], "verify"))
-        return cmd_db_verify(argc, argv);
     opts o;
-    int rc = parse(argc, argv, &o);
-    if (rc < 0)
-        return CLI_OK;
-    if (rc != CLI_OK)
-        return rc;
-    const char *sub = argv[1];
-    if (strcmp(sub, "import") && strcmp(sub, "merge") && o.nitems > 0) {
-        cli_error("db", "%s takes no argument '%s'", sub, o.items[0]);
+    bool help = argc >= 2 && !strcmp(argv[1], "help");
+    if (argc < 2 || help || argv[1][0] == '-') {
+        /* no command first: the help, the option list, or a usage error */
+        char *ask[] = {argv[0], "--help"};
+        int rc = parse(help ? 2 : argc, help ? ask : argv, 1, &o);
+        if (rc == CLI_OK)
+            cli_error("db", "give a command first: moetune db <command> [options] "
+                            "(moetune db --help lists them)");
+        return rc == CLI_HELP ? CLI_OK : CLI_USAGE;
+    }
+    const struct db_command *c = commands;
+    while (c->name && strcmp(c->name, argv[1]))
+        c++;
+    if (!c->name) {
+        cli_error("db", "unknown command '%s' (moetune db --help lists them)", argv[1]);
         return CLI_USAGE;
     }
-    static const struct {
-        const char *name;
-        int (*fn)(const opts *o);
-    } table[] = {
-        {"show", cmd_show},     {"best", cmd_best},     {"export", cmd_export},
-        {"misses", cmd_misses}, {"check", cmd_db_check}, {"gc", cmd_gc},
-        {NULL, NULL},
-    };
-    for (int i = 0; table[i].name; i++)
-        if (!strcmp(sub, table[i].name))
-            return table[i].fn(&o);
-    if (!strcmp(sub, "import"))
-        return cmd_join(&o, false);
-    if (!strcmp(sub, "merge"))
-        return cmd_join(&o, true);
-    cli_error("db", "unknown command '%s'", sub);
-    usage(stderr);
-    return CLI_USAGE;
+    if (c->own_argv)
+        return c->own_argv(argc, argv);
+    int rc = parse(argc, argv, 2, &o);
+    if (rc != CLI_OK)
+        return rc == CLI_HELP ? CLI_OK : rc;
+    if (!c->items && o.nitems > 0) {
+        cli_error("db", "%s takes no argument '%s'", c->name, o.items[0]);
+        return CLI_USAGE;
+    }
+    return c->fn(&o);
 }

@@ -20,20 +20,44 @@ static void on_sigint(int sig)
     signal(SIGINT, SIG_DFL);
 }
 
-static void usage(FILE *f)
+static int parse(int argc, char **argv, tune_verify_opts *o, bool *json)
 {
-    fprintf(f,
-            "usage: moetune db verify [--db FILE] [--device D] [--family F] [--shape KEY]\n"
-            "                         [--m M] [--of FINGERPRINT|NAME] [--rounds R]\n"
-            "                         [--confidence P] [--json]\n"
-            "\n"
-            "Re-times each stored winner of this device's backend (tuned on this machine\n"
-            "or another) on device D (default auto) against its first runner-up and the\n"
-            "family's default config, R paired interleaved rounds each (default 10), and\n"
-            "marks it stale in the database when either is faster with confidence P\n"
-            "(default 0.95); otherwise it is marked verified. --of keeps the winners of\n"
-            "one tuned device. Winners of another backend or kernel source are skipped.\n"
-            "Exit status 0 when nothing is stale, 3 when some winner is stale, 1 on error.\n");
+    o->db_path = cli_db_default();
+    const cli_opt opts[] = {
+        {.name = "--db", .type = CLI_OPT_STRING, .dst = &o->db_path, .arg = "FILE",
+         .def_text = CLI_DB_DEFAULT_TEXT, .help = "the database (its winners are marked)"},
+        {.name = "--device", .type = CLI_OPT_STRING, .dst = &o->device, .arg = "D",
+         .def = "auto", .help = "the device to re-time on"},
+        {.name = "--family", .type = CLI_OPT_STRING, .dst = &o->filter.family, .arg = "F",
+         .help = "winners of this kernel family only"},
+        {.name = "--shape", .type = CLI_OPT_STRING, .dst = &o->filter.shape_key, .arg = "KEY",
+         .help = "winners of this shape only"},
+        {.name = "--m", .type = CLI_OPT_INT64, .dst = &o->filter.m, .arg = "M", .min = 1,
+         .max = HUGE_VAL, .help = "winners of this M only"},
+        {.name = "--of", .type = CLI_OPT_STRING, .dst = &o->filter.device,
+         .arg = "FINGERPRINT|NAME", .help = "the winners of one tuned device only"},
+        {.name = "--rounds", .type = CLI_OPT_INT, .dst = &o->rounds, .arg = "R", .def = "10",
+         .min = 2, .max = TUNE_CONFIRM_MAX_ROUNDS, .help = "paired interleaved rounds per "
+         "comparison"},
+        {.name = "--confidence", .type = CLI_OPT_DOUBLE, .dst = &o->confidence, .arg = "P",
+         .def = "0.95", .min = 0.5, .max = 1, .flags = CLI_OPT_MIN_OPEN | CLI_OPT_MAX_OPEN,
+         .help = "confidence of a stale verdict"},
+        {.name = "--json", .type = CLI_OPT_FLAG, .dst = json, .help = "machine-readable output"},
+        {0},
+    };
+    const cli_cmd cmd = {
+        .name = "db verify", .opts = opts,
+        .usage = "db verify [--db FILE] [--device D] [--family F] [--shape KEY]\n"
+                 "          [--m M] [--of FINGERPRINT|NAME] [--rounds R]\n"
+                 "          [--confidence P] [--json]",
+        .about = "Re-times each stored winner of this device's backend (tuned on this "
+                 "machine or another) on device D against its first runner-up and the "
+                 "family's default config, R paired interleaved rounds each, and marks it "
+                 "stale in the database when either is faster with confidence P; otherwise "
+                 "it is marked verified. Winners of another backend or kernel source are "
+                 "skipped. Exit status 0 when nothing is stale, 3 when some winner is stale, "
+                 "1 on error."};
+    return cli_opts_parse(&cmd, argc, argv, 2);
 }
 
 static cJSON *row_json(const tune_verify_row *r)
@@ -63,58 +87,32 @@ static cJSON *row_json(const tune_verify_row *r)
     return o;
 }
 
+static void print_json(const tune_verify_report *rep)
+{
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "device", rep->device_spec);
+    cJSON_AddStringToObject(j, "device_name", rep->device_name);
+    cJSON_AddNumberToObject(j, "verified", rep->verified);
+    cJSON_AddNumberToObject(j, "stale", rep->stale);
+    cJSON_AddNumberToObject(j, "skipped", rep->skipped);
+    cJSON *a = cJSON_AddArrayToObject(j, "winners");
+    for (int i = 0; i < rep->n; i++)
+        cJSON_AddItemToArray(a, row_json(&rep->rows[i]));
+    char *s = cJSON_Print(j);
+    if (s)
+        puts(s);
+    free(s);
+    cJSON_Delete(j);
+}
+
 int cmd_db_verify(int argc, char **argv)
 {
     tune_verify_opts o;
     tune_verify_opts_default(&o);
-    const char *env = getenv("MOETUNE_DB");
-    o.db_path = env && *env ? env : "moetune.db";
-    bool json = false, bad = false;
-    for (int i = 2; i < argc && !bad; i++) {
-        const char *v;
-        char *end;
-        if ((v = cli_opt(argc, argv, &i, "--db", &bad)))
-            o.db_path = v;
-        else if ((v = cli_opt(argc, argv, &i, "--device", &bad)))
-            o.device = v;
-        else if ((v = cli_opt(argc, argv, &i, "--family", &bad)))
-            o.filter.family = v;
-        else if ((v = cli_opt(argc, argv, &i, "--shape", &bad)))
-            o.filter.shape_key = v;
-        else if ((v = cli_opt(argc, argv, &i, "--of", &bad)))
-            o.filter.device = v;
-        else if ((v = cli_opt(argc, argv, &i, "--m", &bad))) {
-            o.filter.m = strtoll(v, &end, 10);
-            if (*end || o.filter.m < 1) {
-                cli_error("db verify", "--m needs a positive integer, got '%s'", v);
-                return CLI_USAGE;
-            }
-        } else if ((v = cli_opt(argc, argv, &i, "--rounds", &bad))) {
-            o.rounds = (int)strtol(v, &end, 10);
-            if (*end || o.rounds < 2 || o.rounds > TUNE_CONFIRM_MAX_ROUNDS) {
-                cli_error("db verify", "--rounds needs 2 to %d, got '%s'",
-                          TUNE_CONFIRM_MAX_ROUNDS, v);
-                return CLI_USAGE;
-            }
-        } else if ((v = cli_opt(argc, argv, &i, "--confidence", &bad))) {
-            o.confidence = strtod(v, &end);
-            if (*end || !(o.confidence > 0.5 && o.confidence < 1)) {
-                cli_error("db verify", "--confidence needs a value in (0.5, 1), got '%s'", v);
-                return CLI_USAGE;
-            }
-        } else if (cli_flag(argv[i], "--json"))
-            json = true;
-        else if (cli_flag(argv[i], "--help") || cli_flag(argv[i], "-h")) {
-            usage(stdout);
-            return CLI_OK;
-        } else {
-            cli_error("db verify", "unknown argument '%s'", argv[i]);
-            usage(stderr);
-            return CLI_USAGE;
-        }
-    }
-    if (bad)
-        return CLI_USAGE;
+    bool json = false;
+    int rc = parse(argc, argv, &o, &json);
+    if (rc)
+        return rc == CLI_HELP ? CLI_OK : rc;
     o.stop = &stop_flag;
     o.log = json ? NULL : stderr;
     struct sigaction sa = {0};
@@ -124,25 +122,11 @@ int cmd_db_verify(int argc, char **argv)
     mt_err err = MT_ERR_INIT;
     mt_status st = tune_verify(&o, &rep, &err);
     signal(SIGINT, SIG_DFL);
-    if (json && rep) {
-        cJSON *j = cJSON_CreateObject();
-        cJSON_AddStringToObject(j, "device", rep->device_spec);
-        cJSON_AddStringToObject(j, "device_name", rep->device_name);
-        cJSON_AddNumberToObject(j, "verified", rep->verified);
-        cJSON_AddNumberToObject(j, "stale", rep->stale);
-        cJSON_AddNumberToObject(j, "skipped", rep->skipped);
-        cJSON *a = cJSON_AddArrayToObject(j, "winners");
-        for (int i = 0; i < rep->n; i++)
-            cJSON_AddItemToArray(a, row_json(&rep->rows[i]));
-        char *s = cJSON_Print(j);
-        if (s)
-            puts(s);
-        free(s);
-        cJSON_Delete(j);
-    } else if (rep) {
+    if (json && rep)
+        print_json(rep);
+    else if (rep)
         printf("verified on %s (%s): %d still win, %d stale, %d skipped\n", rep->device_spec,
                rep->device_name, rep->verified, rep->stale, rep->skipped);
-    }
     int stale = rep ? rep->stale : 0;
     tune_verify_report_free(rep);
     if (st == MT_E_INTERRUPTED) {

@@ -16,69 +16,42 @@
 
 typedef struct isa_opts {
     const char *device, *arch, *family, *shape, *config;
-    long long m;
+    int64_t m;
     bool json;
 } isa_opts;
 
-static void usage(FILE *f)
-{
-    fprintf(f,
-            "usage: moetune isa --family F [--shape KEY] [--m M] [--config CFG]\n"
-            "                   [--device hip] [--arch gfx942] [--json]\n"
-            "Compiles family F at shape KEY (a preset or key; default: its first preset)\n"
-            "for M rows (default 1) with config CFG (\"BM=64,BN=64,...\" or JSON; default:\n"
-            "the family's default for that M on the device) and prints, per kernel\n"
-            "function, VGPRs/AGPRs/SGPRs, LDS, scratch, spills and occupancy, and on AMD\n"
-            "the instruction mix (matrix, VALU, SALU, global and LDS loads and stores,\n"
-            "waits, barriers) of the whole function and of its hot loop (the innermost\n"
-            "loop with the most matrix instructions, else the largest). Without a GPU\n"
-            "--arch makes the device compile-only (gfx90a/gfx908/gfx1030 through hipRTC,\n"
-            "gfx940-942 through clang-19; sm_XX with --device cuda, resources only).\n");
-}
-
 static int parse(int argc, char **argv, isa_opts *o)
 {
-    bool bad = false;
-    const char *v;
-    o->device = "hip";
-    o->m = 1;
-    for (int i = 1; i < argc && !bad; i++) {
-        if (cli_flag(argv[i], "--help") || cli_flag(argv[i], "-h")) {
-            usage(stdout);
-            return -1;
-        } else if (cli_flag(argv[i], "--json")) {
-            o->json = true;
-        } else if ((v = cli_opt(argc, argv, &i, "--device", &bad))) {
-            o->device = v;
-        } else if ((v = cli_opt(argc, argv, &i, "--arch", &bad))) {
-            o->arch = v;
-        } else if ((v = cli_opt(argc, argv, &i, "--family", &bad))) {
-            o->family = v;
-        } else if ((v = cli_opt(argc, argv, &i, "--shape", &bad))) {
-            o->shape = v;
-        } else if ((v = cli_opt(argc, argv, &i, "--config", &bad))) {
-            o->config = v;
-        } else if ((v = cli_opt(argc, argv, &i, "--m", &bad))) {
-            char *end;
-            o->m = strtoll(v, &end, 10);
-            if (*end || o->m < 1 || o->m > (1LL << 24)) {
-                cli_error("isa", "--m '%s' must be an integer in [1, 16777216]", v);
-                bad = true;
-            }
-        } else if (!bad) {
-            cli_error("isa", "unknown option '%s'", argv[i]);
-            bad = true;
-        }
-    }
-    if (!bad && !o->family) {
-        cli_error("isa", "--family F is required");
-        bad = true;
-    }
-    if (bad) {
-        usage(stderr);
-        return CLI_USAGE;
-    }
-    return 0;
+    const cli_opt opts[] = {
+        {.name = "--family", .type = CLI_OPT_STRING, .dst = &o->family, .arg = "F",
+         .flags = CLI_OPT_REQUIRED, .help = "kernel family (moetune kernels lists them)"},
+        {.name = "--shape", .type = CLI_OPT_STRING, .dst = &o->shape, .arg = "KEY",
+         .def_text = "the family's first preset", .help = "a preset or shape key"},
+        {.name = "--m", .type = CLI_OPT_INT64, .dst = &o->m, .arg = "M", .def = "1", .min = 1,
+         .max = 1 << 24, .help = "rows"},
+        {.name = "--config", .type = CLI_OPT_STRING, .dst = &o->config, .arg = "CFG",
+         .def_text = "the family's default for that M on the device",
+         .help = "\"BM=64,BN=64,...\" or JSON"},
+        {.name = "--device", .type = CLI_OPT_STRING, .dst = &o->device, .arg = "D",
+         .def = "hip", .help = "hip, hip:N or cuda"},
+        {.name = "--arch", .type = CLI_OPT_STRING, .dst = &o->arch, .arg = "A",
+         .help = "GPU arch; without such a GPU the device is compile-only (gfx90a/gfx908/"
+                 "gfx1030 through hipRTC, gfx940-942 through clang-19; sm_XX with --device "
+                 "cuda, resources only)"},
+        {.name = "--json", .type = CLI_OPT_FLAG, .dst = &o->json,
+         .help = "machine-readable output"},
+        {0},
+    };
+    const cli_cmd cmd = {
+        .name = "isa", .opts = opts,
+        .usage = "isa --family F [--shape KEY] [--m M] [--config CFG]\n"
+                 "    [--device hip] [--arch gfx942] [--json]",
+        .about = "Compiles family F at shape KEY for M rows with config CFG and prints, per "
+                 "kernel function, VGPRs/AGPRs/SGPRs, LDS, scratch, spills and occupancy, "
+                 "and on AMD the instruction mix (matrix, VALU, SALU, global and LDS loads "
+                 "and stores, waits, barriers) of the whole function and of its hot loop "
+                 "(the innermost loop with the most matrix instructions, else the largest)."};
+    return cli_opts_parse(&cmd, argc, argv, 1);
 }
 
 static cJSON *counts_json(const dev_isa_counts *c)
@@ -116,12 +89,151 @@ static long lds_blocks(const dev_kernel_res *r)
     return r->lds_bytes > 0 ? (long)(65536 / r->lds_bytes) : -1;
 }
 
+/* What cmd_isa compiled and what it found in the code object. */
+typedef struct isa_run {
+    const kern_family *f;
+    const dev_props *p;
+    char ckey[256], skey[KERN_KEY_MAX];
+    dev_code *code;
+    dev_isa_report rep;
+    bool have_mix;
+    mt_err merr; /* why there is no mix, on hip */
+} isa_run;
+
+/* Parses the shape and config (or takes the default), checks the config
+ * and compiles it into r->code; false after saying why. */
+static bool isa_compile(dev_device *d, const isa_opts *o, isa_run *r)
+{
+    const kern_impl *im = kern_family_impl(r->f, r->p->backend);
+    kern_shape s;
+    kern_config c;
+    mt_err err = MT_ERR_INIT;
+    char why[256] = "";
+    if (!im) {
+        cli_error("isa", "family %s has no implementation for %s", r->f->name, r->p->spec);
+        return false;
+    }
+    const char *shape = o->shape ? o->shape : r->f->presets[0].name;
+    if (kern_shape_parse(r->f, shape, &s, NULL, &err) != MT_OK ||
+        (o->config && kern_config_parse(im, o->config, &c, &err) != MT_OK)) {
+        cli_error("isa", "%s", err.msg);
+        return false;
+    }
+    if (!o->config)
+        im->default_config(&s, o->m, r->p, &c);
+    if (!kern_config_valid(r->f, im, &s, o->m, &c, r->p, why, sizeof why)) {
+        cli_error("isa", "config not valid for %s at M=%lld on %s: %s", r->f->name,
+                  (long long)o->m, r->p->spec, why);
+        return false;
+    }
+    kern_config_key(im, &c, r->ckey, sizeof r->ckey);
+    kern_shape_key(r->f, &s, true, r->skey, sizeof r->skey);
+    if (kern_compile(d, r->f, im, &s, &c, &r->code, &err) != MT_OK) {
+        cli_error("isa", "%s", err.msg);
+        return false;
+    }
+    return true;
+}
+
+static cJSON *kernel_json(const isa_run *r, const dev_kernel_res *k)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "name", k->name);
+    cJSON_AddNumberToObject(o, "vgprs", k->vgprs);
+    cJSON_AddNumberToObject(o, "agprs", k->agprs);
+    cJSON_AddNumberToObject(o, "sgprs", k->sgprs);
+    cJSON_AddNumberToObject(o, "spill_vgprs", k->spill_vgprs);
+    cJSON_AddNumberToObject(o, "spill_sgprs", k->spill_sgprs);
+    cJSON_AddNumberToObject(o, "lds_bytes", (double)k->lds_bytes);
+    cJSON_AddNumberToObject(o, "scratch_bytes", (double)k->private_bytes);
+    cJSON_AddNumberToObject(o, "waves_per_simd", k->waves_per_simd);
+    cJSON_AddNumberToObject(o, "lds_blocks_per_cu", (double)lds_blocks(k));
+    const dev_isa_func *fn = r->have_mix ? dev_isa_find(&r->rep, k->name) : NULL;
+    if (fn) {
+        cJSON_AddItemToObject(o, "all", counts_json(&fn->all));
+        cJSON_AddNumberToObject(o, "loops", fn->n_loops);
+        if (fn->hot >= 0) {
+            cJSON *h = counts_json(&fn->loops[fn->hot].c);
+            cJSON_AddNumberToObject(h, "depth", fn->loops[fn->hot].depth);
+            cJSON_AddItemToObject(o, "hot_loop", h);
+        }
+    }
+    return o;
+}
+
+static void print_json(const isa_run *r, int64_t m)
+{
+    const dev_code_info *info = dev_code_get_info(r->code);
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "family", r->f->name);
+    cJSON_AddStringToObject(j, "shape", r->skey);
+    cJSON_AddNumberToObject(j, "m", (double)m);
+    cJSON_AddStringToObject(j, "config", r->ckey);
+    cJSON_AddStringToObject(j, "device", r->p->spec);
+    cJSON_AddStringToObject(j, "arch", r->p->arch);
+    if (!r->have_mix)
+        cJSON_AddStringToObject(j, "mix_unavailable", r->p->backend == DEV_BACKEND_HIP
+                                                          ? r->merr.msg
+                                                          : "not an AMD code object");
+    cJSON *ks = cJSON_AddArrayToObject(j, "kernels");
+    for (int i = 0; i < info->n_kernels; i++)
+        cJSON_AddItemToArray(ks, kernel_json(r, &info->kernels[i]));
+    char *t = cJSON_Print(j);
+    printf("%s\n", t);
+    free(t);
+    cJSON_Delete(j);
+}
+
+static void print_kernel(const isa_run *r, const dev_kernel_res *k)
+{
+    printf("\n%s: vgpr %d, agpr %d, sgpr %d, spills %d/%d, LDS %" PRId64
+           " B, scratch %" PRId64 " B/lane, waves/SIMD by registers %d",
+           k->name, k->vgprs, k->agprs, k->sgprs, k->spill_vgprs, k->spill_sgprs,
+           k->lds_bytes, k->private_bytes, k->waves_per_simd);
+    if (lds_blocks(k) >= 0)
+        printf(", blocks/CU by LDS %ld", lds_blocks(k));
+    printf("\n");
+    const dev_isa_func *fn = r->have_mix ? dev_isa_find(&r->rep, k->name) : NULL;
+    if (!fn)
+        return;
+    counts_header();
+    counts_row("whole function", &fn->all);
+    if (fn->hot >= 0) {
+        char label[48];
+        snprintf(label, sizeof label, "hot loop (depth %d)", fn->loops[fn->hot].depth);
+        counts_row(label, &fn->loops[fn->hot].c);
+    }
+    printf("  %d loop%s\n", fn->n_loops, fn->n_loops == 1 ? "" : "s");
+}
+
+static void print_text(const isa_run *r, int64_t m)
+{
+    const dev_code_info *info = dev_code_get_info(r->code);
+    printf("%s %s M=%lld on %s (%s)\nconfig %s\n", r->f->name, r->skey, (long long)m,
+           r->p->spec, r->p->arch, r->ckey);
+    for (int i = 0; i < info->n_kernels; i++)
+        print_kernel(r, &info->kernels[i]);
+}
+
+/* The instruction mix of an AMD code object; on hip, why there is none
+ * goes to stderr for the text output. */
+static void find_mix(isa_run *r, bool json)
+{
+    size_t len = 0;
+    const void *bytes = dev_code_get_bytes(r->code, &len);
+    r->merr = (mt_err)MT_ERR_INIT;
+    r->have_mix = r->p->backend == DEV_BACKEND_HIP &&
+                  dev_isa_mix(bytes, len, r->p->arch, &r->rep, &r->merr) == MT_OK;
+    if (r->p->backend == DEV_BACKEND_HIP && !r->have_mix && !json)
+        fprintf(stderr, "moetune isa: %s\n", r->merr.msg);
+}
+
 int cmd_isa(int argc, char **argv)
 {
     isa_opts o = {0};
     int rc = parse(argc, argv, &o);
     if (rc)
-        return rc < 0 ? CLI_OK : rc;
+        return rc == CLI_HELP ? CLI_OK : rc;
     const kern_family *f = kern_family_find(o.family);
     if (!f) {
         cli_error("isa", "unknown family '%s' (moetune kernels lists them)", o.family);
@@ -134,121 +246,24 @@ int cmd_isa(int argc, char **argv)
         cli_error("isa", "%s", err.msg);
         return CLI_FAIL;
     }
-    const dev_props *p = dev_get_props(d);
-    const kern_impl *im = kern_family_impl(f, p->backend);
-    kern_shape s;
-    int64_t m = o.m;
-    kern_config c;
-    dev_code *code = NULL;
-    dev_isa_report rep;
-    bool have_mix = false;
-    char why[256] = "", ckey[256] = "", skey[KERN_KEY_MAX] = "";
+    isa_run *r = calloc(1, sizeof *r); /* the report is large for the stack */
     rc = CLI_FAIL;
-    if (!im) {
-        cli_error("isa", "family %s has no implementation for %s", f->name, p->spec);
-        goto out;
-    }
-    if (kern_shape_parse(f, o.shape ? o.shape : f->presets[0].name, &s, NULL, &err) != MT_OK) {
-        cli_error("isa", "%s", err.msg);
-        goto out;
-    }
-    if (o.config) {
-        if (kern_config_parse(im, o.config, &c, &err) != MT_OK) {
-            cli_error("isa", "%s", err.msg);
-            goto out;
-        }
+    if (!r) {
+        cli_error("isa", "out of memory");
     } else {
-        im->default_config(&s, m, p, &c);
-    }
-    if (!kern_config_valid(f, im, &s, m, &c, p, why, sizeof why)) {
-        cli_error("isa", "config not valid for %s at M=%lld on %s: %s", f->name, o.m, p->spec,
-                  why);
-        goto out;
-    }
-    kern_config_key(im, &c, ckey, sizeof ckey);
-    kern_shape_key(f, &s, true, skey, sizeof skey);
-    if (kern_compile(d, f, im, &s, &c, &code, &err) != MT_OK) {
-        cli_error("isa", "%s", err.msg);
-        goto out;
-    }
-    const dev_code_info *info = dev_code_get_info(code);
-    size_t len = 0;
-    const void *bytes = dev_code_get_bytes(code, &len);
-    mt_err merr = MT_ERR_INIT;
-    have_mix = p->backend == DEV_BACKEND_HIP &&
-               dev_isa_mix(bytes, len, p->arch, &rep, &merr) == MT_OK;
-    if (p->backend == DEV_BACKEND_HIP && !have_mix && !o.json)
-        fprintf(stderr, "moetune isa: %s\n", merr.msg);
-    if (o.json) {
-        cJSON *j = cJSON_CreateObject();
-        cJSON_AddStringToObject(j, "family", f->name);
-        cJSON_AddStringToObject(j, "shape", skey);
-        cJSON_AddNumberToObject(j, "m", (double)m);
-        cJSON_AddStringToObject(j, "config", ckey);
-        cJSON_AddStringToObject(j, "device", p->spec);
-        cJSON_AddStringToObject(j, "arch", p->arch);
-        if (!have_mix)
-            cJSON_AddStringToObject(j, "mix_unavailable",
-                                    p->backend == DEV_BACKEND_HIP ? merr.msg
-                                                                  : "not an AMD code object");
-        cJSON *ks = cJSON_AddArrayToObject(j, "kernels");
-        for (int i = 0; i < info->n_kernels; i++) {
-            const dev_kernel_res *r = &info->kernels[i];
-            cJSON *k = cJSON_CreateObject();
-            cJSON_AddStringToObject(k, "name", r->name);
-            cJSON_AddNumberToObject(k, "vgprs", r->vgprs);
-            cJSON_AddNumberToObject(k, "agprs", r->agprs);
-            cJSON_AddNumberToObject(k, "sgprs", r->sgprs);
-            cJSON_AddNumberToObject(k, "spill_vgprs", r->spill_vgprs);
-            cJSON_AddNumberToObject(k, "spill_sgprs", r->spill_sgprs);
-            cJSON_AddNumberToObject(k, "lds_bytes", (double)r->lds_bytes);
-            cJSON_AddNumberToObject(k, "scratch_bytes", (double)r->private_bytes);
-            cJSON_AddNumberToObject(k, "waves_per_simd", r->waves_per_simd);
-            cJSON_AddNumberToObject(k, "lds_blocks_per_cu", (double)lds_blocks(r));
-            const dev_isa_func *fn = have_mix ? dev_isa_find(&rep, r->name) : NULL;
-            if (fn) {
-                cJSON_AddItemToObject(k, "all", counts_json(&fn->all));
-                cJSON_AddNumberToObject(k, "loops", fn->n_loops);
-                if (fn->hot >= 0) {
-                    cJSON *h = counts_json(&fn->loops[fn->hot].c);
-                    cJSON_AddNumberToObject(h, "depth", fn->loops[fn->hot].depth);
-                    cJSON_AddItemToObject(k, "hot_loop", h);
-                }
-            }
-            cJSON_AddItemToArray(ks, k);
+        r->f = f;
+        r->p = dev_get_props(d);
+        if (isa_compile(d, &o, r)) {
+            find_mix(r, o.json);
+            if (o.json)
+                print_json(r, o.m);
+            else
+                print_text(r, o.m);
+            rc = CLI_OK;
         }
-        char *t = cJSON_Print(j);
-        printf("%s\n", t);
-        free(t);
-        cJSON_Delete(j);
-    } else {
-        printf("%s %s M=%lld on %s (%s)\nconfig %s\n", f->name, skey, o.m, p->spec, p->arch,
-               ckey);
-        for (int i = 0; i < info->n_kernels; i++) {
-            const dev_kernel_res *r = &info->kernels[i];
-            printf("\n%s: vgpr %d, agpr %d, sgpr %d, spills %d/%d, LDS %" PRId64
-                   " B, scratch %" PRId64 " B/lane, waves/SIMD by registers %d",
-                   r->name, r->vgprs, r->agprs, r->sgprs, r->spill_vgprs, r->spill_sgprs,
-                   r->lds_bytes, r->private_bytes, r->waves_per_simd);
-            if (lds_blocks(r) >= 0)
-                printf(", blocks/CU by LDS %ld", lds_blocks(r));
-            printf("\n");
-            const dev_isa_func *fn = have_mix ? dev_isa_find(&rep, r->name) : NULL;
-            if (!fn)
-                continue;
-            counts_header();
-            counts_row("whole function", &fn->all);
-            if (fn->hot >= 0) {
-                char label[48];
-                snprintf(label, sizeof label, "hot loop (depth %d)", fn->loops[fn->hot].depth);
-                counts_row(label, &fn->loops[fn->hot].c);
-            }
-            printf("  %d loop%s\n", fn->n_loops, fn->n_loops == 1 ? "" : "s");
-        }
+        dev_code_free(r->code);
     }
-    rc = CLI_OK;
-out:
-    dev_code_free(code);
+    free(r);
     dev_close(d);
     return rc;
 }

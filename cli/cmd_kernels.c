@@ -90,24 +90,20 @@ static void print_family(const kern_family *f, bool verbose)
 
 int cmd_kernels(int argc, char **argv)
 {
-    bool json = false, bad = false;
-    const char *family = NULL, *v;
-    for (int i = 1; i < argc; i++) {
-        if (cli_flag(argv[i], "--json"))
-            json = true;
-        else if ((v = cli_opt(argc, argv, &i, "--family", &bad)))
-            family = v;
-        else if (cli_flag(argv[i], "--help")) {
-            printf("usage: moetune kernels [--family F] [--json]\n"
-                   "Lists kernel families with their parameters and space sizes.\n");
-            return CLI_OK;
-        } else {
-            cli_error("kernels", "unknown option '%s'", argv[i]);
-            return CLI_USAGE;
-        }
-        if (bad)
-            return CLI_USAGE;
-    }
+    bool json = false;
+    const char *family = NULL;
+    const cli_opt opts[] = {
+        {.name = "--family", .type = CLI_OPT_STRING, .dst = &family, .arg = "F",
+         .help = "this family only, with its dims, presets and every parameter"},
+        {.name = "--json", .type = CLI_OPT_FLAG, .dst = &json, .help = "machine-readable output"},
+        {0},
+    };
+    const cli_cmd cmd = {
+        .name = "kernels", .usage = "kernels [--family F] [--json]", .opts = opts,
+        .about = "Lists kernel families with their parameters and space sizes."};
+    int rc = cli_opts_parse(&cmd, argc, argv, 1);
+    if (rc)
+        return rc == CLI_HELP ? CLI_OK : rc;
     const kern_family *const *all = kern_families();
     if (family && !kern_family_find(family)) {
         cli_error("kernels", "unknown family '%s'", family);

@@ -11,31 +11,53 @@
 #include "model/plan/mem_plan.h"
 #include "cli.h"
 
-static void usage(FILE *f)
-{
-    fprintf(f,
-            "usage: moetune plan --model DIR [--ranks N] [--ep N] [--tp N]\n"
-            "                    [--kv-dtype bf16|fp8] [--max-batch-tokens T]\n"
-            "                    [--mem-util F] [--json]\n"
-            "Reads DIR/config.json (no weights) and prints the memory per rank of a\n"
-            "deployment over N devices (default 1): routed experts expert-parallel over\n"
-            "--ep ranks (default N), attention data-parallel, or tensor-parallel over\n"
-            "--tp ranks, embedding and head vocabulary-parallel; the KV cache bytes per\n"
-            "token; the workspace of a T-token step (default 512); and, for MI300X,\n"
-            "MI355X and H200 at their nominal memory times F (default 0.90), the KV\n"
-            "tokens that fit per rank and across the deployment.\n");
-}
+typedef struct plan_cli {
+    const char *dir;
+    mem_plan_opts o;
+    int kv_fp8;
+    bool json;
+} plan_cli;
 
-static bool parse_int(const char *opt, const char *v, long long lo, long long hi, long long *out)
+static int parse(int argc, char **argv, plan_cli *c)
 {
-    char *end;
-    long long x = strtoll(v, &end, 10);
-    if (*v == '\0' || *end || x < lo || x > hi) {
-        cli_error("plan", "%s '%s': must be an integer in [%lld, %lld]", opt, v, lo, hi);
-        return false;
-    }
-    *out = x;
-    return true;
+    static const cli_choice kv[] = {{"bf16", 0}, {"fp8", 1}, {NULL, 0}};
+    const cli_opt opts[] = {
+        {.name = "--model", .type = CLI_OPT_STRING, .dst = &c->dir, .arg = "DIR",
+         .flags = CLI_OPT_REQUIRED, .help = "the checkpoint; only DIR/config.json is read"},
+        {.name = "--ranks", .type = CLI_OPT_INT, .dst = &c->o.ranks, .arg = "N", .def = "1",
+         .min = 1, .max = 4096, .help = "devices of the deployment"},
+        {.name = "--ep", .type = CLI_OPT_INT, .dst = &c->o.ep, .arg = "N", .min = 1,
+         .max = 4096, .def_text = "N of --ranks",
+         .help = "ranks the routed experts are split over"},
+        {.name = "--tp", .type = CLI_OPT_INT, .dst = &c->o.tp, .arg = "N", .min = 1,
+         .max = 4096, .def_text = "attention data-parallel",
+         .help = "ranks attention is tensor-parallel over"},
+        {.name = "--kv-dtype", .type = CLI_OPT_CHOICE, .dst = &c->kv_fp8, .choices = kv,
+         .def = "bf16", .help = "KV cache dtype"},
+        {.name = "--max-batch-tokens", .type = CLI_OPT_INT64, .dst = &c->o.max_batch_tokens,
+         .arg = "T", .min = 1, .max = 1 << 24, .def_text = "512",
+         .help = "tokens of the largest step (its workspace)"},
+        {.name = "--mem-util", .type = CLI_OPT_DOUBLE, .dst = &c->o.mem_util, .arg = "F",
+         .min = 0, .max = 1, .flags = CLI_OPT_MIN_OPEN, .def_text = "0.90",
+         .help = "the fraction of each device's nominal memory usable"},
+        {.name = "--json", .type = CLI_OPT_FLAG, .dst = &c->json,
+         .help = "machine-readable output"},
+        {0},
+    };
+    const cli_cmd cmd = {
+        .name = "plan", .opts = opts,
+        .usage = "plan --model DIR [--ranks N] [--ep N] [--tp N]\n"
+                 "     [--kv-dtype bf16|fp8] [--max-batch-tokens T] [--mem-util F] [--json]",
+        .about = "Reads DIR/config.json (no weights) and prints the memory per rank of a "
+                 "deployment over N devices: routed experts expert-parallel over --ep "
+                 "ranks, attention data-parallel, or tensor-parallel over --tp ranks, "
+                 "embedding and head vocabulary-parallel; the KV cache bytes per token; the "
+                 "workspace of a T-token step; and, for MI300X, MI355X and H200 at their "
+                 "nominal memory times F, the KV tokens that fit per rank and across the "
+                 "deployment."};
+    int rc = cli_opts_parse(&cmd, argc, argv, 1);
+    c->o.fp8_kv = c->kv_fp8 == 1;
+    return rc;
 }
 
 static void print_json(const mem_plan *p)
@@ -73,73 +95,25 @@ static void print_json(const mem_plan *p)
 
 int cmd_plan(int argc, char **argv)
 {
-    const char *dir = NULL;
-    mem_plan_opts o = {.ranks = 1};
-    bool json = false, bad = false;
-    long long x = 0;
-    const char *v;
-    for (int i = 1; i < argc && !bad; i++) {
-        if (cli_flag(argv[i], "--help") || cli_flag(argv[i], "-h")) {
-            usage(stdout);
-            return CLI_OK;
-        } else if (cli_flag(argv[i], "--json")) {
-            json = true;
-        } else if ((v = cli_opt(argc, argv, &i, "--model", &bad))) {
-            dir = v;
-        } else if ((v = cli_opt(argc, argv, &i, "--ranks", &bad))) {
-            bad = !parse_int("--ranks", v, 1, 4096, &x);
-            o.ranks = (int)x;
-        } else if ((v = cli_opt(argc, argv, &i, "--ep", &bad))) {
-            bad = !parse_int("--ep", v, 1, 4096, &x);
-            o.ep = (int)x;
-        } else if ((v = cli_opt(argc, argv, &i, "--tp", &bad))) {
-            bad = !parse_int("--tp", v, 1, 4096, &x);
-            o.tp = (int)x;
-        } else if ((v = cli_opt(argc, argv, &i, "--max-batch-tokens", &bad))) {
-            bad = !parse_int("--max-batch-tokens", v, 1, 1LL << 24, &x);
-            o.max_batch_tokens = x;
-        } else if ((v = cli_opt(argc, argv, &i, "--mem-util", &bad))) {
-            char *end;
-            o.mem_util = strtod(v, &end);
-            if (*v == '\0' || *end || !(o.mem_util > 0 && o.mem_util <= 1)) {
-                cli_error("plan", "--mem-util '%s': must be a number in (0, 1]", v);
-                bad = true;
-            }
-        } else if ((v = cli_opt(argc, argv, &i, "--kv-dtype", &bad))) {
-            if (!strcmp(v, "fp8"))
-                o.fp8_kv = true;
-            else if (strcmp(v, "bf16")) {
-                cli_error("plan", "--kv-dtype '%s': bf16 or fp8", v);
-                bad = true;
-            }
-        } else if (!bad) {
-            cli_error("plan", "unknown option '%s'", argv[i]);
-            bad = true;
-        }
-    }
-    if (!bad && !dir) {
-        cli_error("plan", "--model DIR is required");
-        bad = true;
-    }
-    if (bad) {
-        usage(stderr);
-        return CLI_USAGE;
-    }
+    plan_cli c = {0};
+    int rc = parse(argc, argv, &c);
+    if (rc)
+        return rc == CLI_HELP ? CLI_OK : rc;
     char path[4096];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    model_config *c = NULL;
+    snprintf(path, sizeof path, "%s/config.json", c.dir);
+    model_config *mc = NULL;
     mt_err err = {0};
     mem_plan p;
-    if (model_config_load(path, &c, &err) != MT_OK ||
-        mem_plan_compute(c, &o, &p, &err) != MT_OK) {
+    if (model_config_load(path, &mc, &err) != MT_OK ||
+        mem_plan_compute(mc, &c.o, &p, &err) != MT_OK) {
         cli_error("plan", "%s", err.msg);
-        model_config_destroy(c);
+        model_config_destroy(mc);
         return CLI_FAIL;
     }
-    if (json)
+    if (c.json)
         print_json(&p);
     else
-        mem_plan_print(&p, c, stdout);
-    model_config_destroy(c);
+        mem_plan_print(&p, mc, stdout);
+    model_config_destroy(mc);
     return CLI_OK;
 }

@@ -9,51 +9,84 @@
 #include "serve/serve_server.h"
 #include "cli.h"
 
-static void usage(FILE *f)
-{
-    fprintf(f,
-            "usage: moetune serve --model DIR [--db FILE] [--device D] [--host 127.0.0.1]\n"
-            "                     [--port 8080] [--max-batch N] [--kv-pages N]\n"
-            "                     [--max-batch-tokens N] [--threads N] [--max-cached N]\n"
-            "                     [--served-model-name NAME] [--max-body BYTES]\n"
-            "                     [--batch-invariant] [--speculative-steps K]\n"
-            "                     [--act-quant none|mxfp4|int8] [--ranks N [--tp]]\n"
-            "Serves the checkpoint in DIR over HTTP with OpenAI's API: POST /v1/completions,\n"
-            "POST /v1/chat/completions (streaming or not), GET /v1/models, GET /health,\n"
-            "GET /metrics (Prometheus), POST /tokenize, POST /detokenize. Kernels come from\n"
-            "the tuning database FILE (default configs without one). Requests are batched\n"
-            "continuously: --max-batch running requests at most (default 64), steps of at\n"
-            "most --max-batch-tokens tokens (default 512), --kv-pages KV pages of 16 tokens\n"
-            "(default: the runtime's), --max-cached finished sequences kept for prefix\n"
-            "reuse (default 64, 0 to turn the prefix cache off). --port 0 picks a free port.\n"
-            "--batch-invariant runs one config per kernel at every token count and no\n"
-            "split-K: a request's greedy output then does not change with the load.\n"
-            "--speculative-steps K (1-8) drafts K tokens per request and step with the\n"
-            "checkpoint's MTP layer and verifies them in the next step; the acceptance\n"
-            "rate is in /metrics and in each response's usage.speculative.\n"
-            "--act-quant overrides the checkpoint's activation quantization of the expert\n"
-            "GEMMs: none (a16w4), mxfp4 (a4w4) or int8 (a8w4, cpu devices only).\n"
-            "--ranks N runs under `mpirun -np N moetune serve --ranks N ...` (every rank\n"
-            "with the same options): each rank holds 1/N of the routed experts (expert\n"
-            "parallelism over MPI); rank 0 serves HTTP and schedules, and announces each\n"
-            "step to the other ranks, which serve their experts to it. A rank that dies\n"
-            "ends the whole job (mpirun's abort), server included. --tp adds tensor\n"
-            "parallelism: each rank also holds 1/N of the attention heads, of o_proj's\n"
-            "rows and of the vocabulary, runs every step with rank 0 and mirrors its\n"
-            "sequences.\n"
-            "Runs until SIGINT or SIGTERM.\n");
-}
+typedef struct serve_cli {
+    serve_server_opts o;
+    int ranks, max_body;
+    bool max_cached_given;
+} serve_cli;
 
-static bool int_opt(const char *v, const char *name, long lo, long hi, long *out)
+static int parse(int argc, char **argv, serve_cli *c)
 {
-    char *end;
-    long x = strtol(v, &end, 10);
-    if (!*v || *end || x < lo || x > hi) {
-        cli_error("serve", "%s '%s' must be an integer in [%ld, %ld]", name, v, lo, hi);
-        return false;
-    }
-    *out = x;
-    return true;
+    model_runtime_opts *rt = &c->o.engine.rt;
+    const cli_opt opts[] = {
+        {.name = "--model", .type = CLI_OPT_STRING, .dst = &rt->model_dir, .arg = "DIR",
+         .flags = CLI_OPT_REQUIRED, .help = "the checkpoint folder"},
+        {.name = "--db", .type = CLI_OPT_STRING, .dst = &rt->db_path, .arg = "FILE",
+         .def_text = "none: default configs", .help = "the tuning database kernels come from"},
+        {.name = "--device", .type = CLI_OPT_STRING, .dst = &rt->device, .arg = "D",
+         .def = "auto", .help = "cpu, emu, hip, hip:N, cuda or auto"},
+        {.name = "--host", .type = CLI_OPT_STRING, .dst = &c->o.host, .arg = "ADDR",
+         .def = "127.0.0.1", .help = "the address to listen on"},
+        {.name = "--port", .type = CLI_OPT_INT, .dst = &c->o.port, .arg = "N", .def = "8080",
+         .min = 0, .max = 65535, .help = "the port; 0 picks a free one"},
+        {.name = "--max-batch", .type = CLI_OPT_INT, .dst = &c->o.engine.max_batch, .arg = "N",
+         .min = 1, .max = 4096, .def_text = "64", .help = "running requests at most"},
+        {.name = "--kv-pages", .type = CLI_OPT_INT, .dst = &rt->kv_pages, .arg = "N", .min = 1,
+         .max = 1 << 30, .def_text = "the runtime's: 8 full contexts",
+         .help = "KV pages of 16 tokens"},
+        {.name = "--max-batch-tokens", .type = CLI_OPT_INT, .dst = &rt->max_batch_tokens,
+         .arg = "N", .min = 1, .max = 1 << 20, .def_text = "512",
+         .help = "tokens of a step at most"},
+        {.name = "--threads", .type = CLI_OPT_INT, .dst = &rt->threads, .arg = "N", .min = 0,
+         .max = 4096, .def_text = "0: all cores", .help = "cpu and emu threads"},
+        {.name = "--max-cached", .type = CLI_OPT_INT, .dst = &c->o.engine.max_cached,
+         .arg = "N", .min = 0, .max = 1 << 20, .def_text = "64", .given = &c->max_cached_given,
+         .help = "finished sequences kept for prefix reuse; 0 turns the prefix cache off"},
+        {.name = "--served-model-name", .type = CLI_OPT_STRING, .dst = &c->o.model_name,
+         .arg = "NAME", .def_text = "the model folder's name", .help = "the id in /v1/models"},
+        {.name = "--max-body", .type = CLI_OPT_INT, .dst = &c->max_body, .arg = "BYTES",
+         .min = 1024, .max = 1 << 30, .def_text = "8 MiB", .help = "request body limit"},
+        {.name = "--batch-invariant", .type = CLI_OPT_FLAG, .dst = &rt->batch_invariant,
+         .help = "one config per kernel at every token count and no split-K: a request's "
+                 "greedy output then does not change with the load"},
+        {.name = "--speculative-steps", .type = CLI_OPT_INT, .dst = &rt->speculative_steps,
+         .arg = "K", .min = 0, .max = MODEL_SPEC_MAX_STEPS, .def = "0",
+         .help = "draft K tokens per request and step with the checkpoint's MTP layer and "
+                 "verify them in the next step; the acceptance rate is in /metrics and in "
+                 "each response's usage.speculative"},
+        {.name = "--act-quant", .type = CLI_OPT_CUSTOM, .dst = &rt->act_quant,
+         .set = cli_set_act_quant, .given = &rt->act_quant_set, .arg = CLI_ACT_QUANT_ARG,
+         .def_text = "the checkpoint's Quark config",
+         .help = "activation quantization of the expert GEMMs: none (a16w4), mxfp4 (a4w4) "
+                 "or int8 (a8w4, cpu devices only)"},
+        {.name = "--ranks", .type = CLI_OPT_INT, .dst = &c->ranks, .arg = "N", .min = 1,
+         .max = 1 << 16,
+         .help = "run under `mpirun -np N moetune serve --ranks N ...` (every rank with the "
+                 "same options): each rank holds 1/N of the routed experts (expert "
+                 "parallelism over MPI); rank 0 serves HTTP and schedules, and announces "
+                 "each step to the other ranks, which serve their experts to it. A rank that "
+                 "dies ends the whole job (mpirun's abort), server included"},
+        {.name = "--tp", .type = CLI_OPT_FLAG, .dst = &rt->tp,
+         .help = "with --ranks: tensor parallelism too: each rank also holds 1/N of the "
+                 "attention heads, of o_proj's rows and of the vocabulary, runs every step "
+                 "with rank 0 and mirrors its sequences"},
+        {0},
+    };
+    const cli_cmd cmd = {
+        .name = "serve", .opts = opts,
+        .usage = "serve --model DIR [--db FILE] [--device D] [--host 127.0.0.1]\n"
+                 "      [--port 8080] [--max-batch N] [--kv-pages N]\n"
+                 "      [--max-batch-tokens N] [--threads N] [--max-cached N]\n"
+                 "      [--served-model-name NAME] [--max-body BYTES]\n"
+                 "      [--batch-invariant] [--speculative-steps K]\n"
+                 "      [--act-quant none|mxfp4|int8] [--ranks N [--tp]]",
+        .about = "Serves the checkpoint in DIR over HTTP with OpenAI's API: POST "
+                 "/v1/completions, POST /v1/chat/completions (streaming or not), GET "
+                 "/v1/models, GET /health, GET /metrics (Prometheus), POST /tokenize, POST "
+                 "/detokenize. Kernels come from the tuning database FILE (default configs "
+                 "without one). Requests are batched continuously. Runs until SIGINT or "
+                 "SIGTERM."};
+    return cli_opts_parse(&cmd, argc, argv, 1);
 }
 
 /* Ranks other than 0 of `serve --ranks N`: the same runtime, following
@@ -86,106 +119,37 @@ static int serve_follow(model_runtime_opts *o, mt_comm *comm)
     return st == MT_OK ? CLI_OK : CLI_FAIL;
 }
 
-int cmd_serve(int argc, char **argv)
+/* --ranks N: the MPI communicator of the job (*comm). Ranks other than 0
+ * follow rank 0 here and *done holds their exit code. */
+static int open_ranks(serve_cli *c, mt_comm **comm, bool *done)
 {
-    serve_server_opts o;
-    memset(&o, 0, sizeof o);
-    o.engine.rt.device = "auto";
-    o.host = "127.0.0.1";
-    o.port = 8080;
-    bool bad = false, cache_off = false;
-    const char *v;
-    long x, ranks = 0;
-    for (int i = 1; i < argc && !bad; i++) {
-        if (cli_flag(argv[i], "--help") || cli_flag(argv[i], "-h")) {
-            usage(stdout);
-            return CLI_OK;
-        } else if (cli_flag(argv[i], "--batch-invariant")) {
-            o.engine.rt.batch_invariant = true;
-        } else if (cli_flag(argv[i], "--tp")) {
-            o.engine.rt.tp = true;
-        } else if ((v = cli_opt(argc, argv, &i, "--model", &bad))) {
-            o.engine.rt.model_dir = v;
-        } else if ((v = cli_opt(argc, argv, &i, "--db", &bad))) {
-            o.engine.rt.db_path = v;
-        } else if ((v = cli_opt(argc, argv, &i, "--device", &bad))) {
-            o.engine.rt.device = v;
-        } else if ((v = cli_opt(argc, argv, &i, "--host", &bad))) {
-            o.host = v;
-        } else if ((v = cli_opt(argc, argv, &i, "--port", &bad))) {
-            bad = !int_opt(v, "--port", 0, 65535, &x);
-            o.port = (int)x;
-        } else if ((v = cli_opt(argc, argv, &i, "--act-quant", &bad))) {
-            o.engine.rt.act_quant_set = true;
-            if (!model_act_quant_parse(v, &o.engine.rt.act_quant)) {
-                cli_error("serve", "--act-quant '%s': none, mxfp4 or int8", v);
-                bad = true;
-            }
-        } else if ((v = cli_opt(argc, argv, &i, "--speculative-steps", &bad))) {
-            bad = !int_opt(v, "--speculative-steps", 0, MODEL_SPEC_MAX_STEPS, &x);
-            o.engine.rt.speculative_steps = (int)x;
-        } else if ((v = cli_opt(argc, argv, &i, "--max-batch", &bad))) {
-            bad = !int_opt(v, "--max-batch", 1, 4096, &x);
-            o.engine.max_batch = (int)x;
-        } else if ((v = cli_opt(argc, argv, &i, "--kv-pages", &bad))) {
-            bad = !int_opt(v, "--kv-pages", 1, 1L << 30, &x);
-            o.engine.rt.kv_pages = (int)x;
-        } else if ((v = cli_opt(argc, argv, &i, "--max-batch-tokens", &bad))) {
-            bad = !int_opt(v, "--max-batch-tokens", 1, 1L << 20, &x);
-            o.engine.rt.max_batch_tokens = (int)x;
-        } else if ((v = cli_opt(argc, argv, &i, "--threads", &bad))) {
-            bad = !int_opt(v, "--threads", 0, 4096, &x);
-            o.engine.rt.threads = (int)x;
-        } else if ((v = cli_opt(argc, argv, &i, "--max-cached", &bad))) {
-            bad = !int_opt(v, "--max-cached", 0, 1 << 20, &x);
-            o.engine.max_cached = (int)x;
-            cache_off = x == 0;
-        } else if ((v = cli_opt(argc, argv, &i, "--served-model-name", &bad))) {
-            o.model_name = v;
-        } else if ((v = cli_opt(argc, argv, &i, "--ranks", &bad))) {
-            bad = !int_opt(v, "--ranks", 1, 1 << 16, &ranks);
-        } else if ((v = cli_opt(argc, argv, &i, "--max-body", &bad))) {
-            bad = !int_opt(v, "--max-body", 1024, 1L << 30, &x);
-            o.max_body = (size_t)x;
-        } else if (!bad) {
-            cli_error("serve", "unknown option '%s'", argv[i]);
-            bad = true;
-        }
-    }
-    if (bad || !o.engine.rt.model_dir) {
-        if (!bad)
-            cli_error("serve", "--model DIR is required");
-        usage(stderr);
-        return CLI_USAGE;
-    }
-    if (cache_off)
-        o.engine.max_cached = -1;
-    mt_comm *comm = NULL;
     mt_err err = MT_ERR_INIT;
-    if (o.engine.rt.tp && !ranks) {
-        cli_error("serve", "--tp splits the model over the --ranks N of mpirun");
-        return CLI_USAGE;
+    if (mt_comm_open("mpi", comm, &err) != MT_OK) {
+        cli_error("serve", "--ranks: %s", err.msg);
+        return CLI_FAIL;
     }
-    if (ranks) {
-        if (mt_comm_open("mpi", &comm, &err) != MT_OK) {
-            cli_error("serve", "--ranks: %s", err.msg);
-            return CLI_FAIL;
-        }
-        if (mt_comm_size(comm) != ranks) {
-            cli_error("serve", "--ranks %ld, but mpirun started %d ranks", ranks,
-                      mt_comm_size(comm));
-            mt_comm_close(comm);
-            return CLI_FAIL;
-        }
-        o.engine.rt.comm = comm;
-        o.engine.rt.comm_lead = true;
-        if (mt_comm_rank(comm) != 0) {
-            int rc = serve_follow(&o.engine.rt, comm);
-            mt_comm_close(comm);
-            return rc;
-        }
+    if (mt_comm_size(*comm) != c->ranks) {
+        cli_error("serve", "--ranks %d, but mpirun started %d ranks", c->ranks,
+                  mt_comm_size(*comm));
+        mt_comm_close(*comm);
+        *comm = NULL;
+        return CLI_FAIL;
     }
+    c->o.engine.rt.comm = *comm;
+    c->o.engine.rt.comm_lead = true;
+    if (mt_comm_rank(*comm) != 0) {
+        *done = true;
+        int rc = serve_follow(&c->o.engine.rt, *comm);
+        mt_comm_close(*comm);
+        *comm = NULL;
+        return rc;
+    }
+    return CLI_OK;
+}
 
+/* Starts the server, waits for the model, then for SIGINT or SIGTERM. */
+static int run_server(const serve_server_opts *o)
+{
     /* Every thread started from here on inherits the mask, so only sigwait
      * below sees the signals. */
     sigset_t sigs;
@@ -193,15 +157,14 @@ int cmd_serve(int argc, char **argv)
     sigaddset(&sigs, SIGINT);
     sigaddset(&sigs, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
-
     serve_server *s = NULL;
-    if (serve_server_start(&o, &s, &err)) {
+    mt_err err = MT_ERR_INIT;
+    if (serve_server_start(o, &s, &err)) {
         cli_error("serve", "%s", err.msg);
-        mt_comm_close(comm);
         return CLI_FAIL;
     }
-    fprintf(stderr, "moetune serve: listening on http://%s:%d (loading %s on %s)\n", o.host,
-            serve_server_port(s), o.engine.rt.model_dir, o.engine.rt.device);
+    fprintf(stderr, "moetune serve: listening on http://%s:%d (loading %s on %s)\n", o->host,
+            serve_server_port(s), o->engine.rt.model_dir, o->engine.rt.device);
     int rc = CLI_OK;
     if (serve_engine_wait_ready(serve_server_engine(s), 1e9, &err) == MT_OK) {
         const serve_model_info *in = serve_engine_info(serve_server_engine(s));
@@ -218,6 +181,28 @@ int cmd_serve(int argc, char **argv)
         rc = CLI_FAIL;
     }
     serve_server_stop(s); /* with --ranks: closing the runtime stops the other ranks */
+    return rc;
+}
+
+int cmd_serve(int argc, char **argv)
+{
+    serve_cli c;
+    memset(&c, 0, sizeof c);
+    int rc = parse(argc, argv, &c);
+    if (rc)
+        return rc == CLI_HELP ? CLI_OK : rc;
+    if (c.max_cached_given && c.o.engine.max_cached == 0)
+        c.o.engine.max_cached = -1; /* 0 given: no prefix cache; 0 unset: the default */
+    c.o.max_body = (size_t)c.max_body;
+    if (c.o.engine.rt.tp && !c.ranks) {
+        cli_error("serve", "--tp splits the model over the --ranks N of mpirun");
+        return CLI_USAGE;
+    }
+    mt_comm *comm = NULL;
+    bool done = false;
+    if (c.ranks && ((rc = open_ranks(&c, &comm, &done)) != CLI_OK || done))
+        return rc;
+    rc = run_server(&c.o);
     mt_comm_close(comm);
     return rc;
 }
