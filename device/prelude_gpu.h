@@ -39,6 +39,19 @@
  *   MT_NIB_OF(h, k)           that nibble (0..7): 2k + h on AMD and emu,
  *                             4h + k on NVIDIA (each platform's selector
  *                             layout, so the selectors cost one mask)
+ *   mt_f32_to_fp8e4m3(v) -> code8 (RNE, saturating to 448; NaN 0x7f)
+ *   mt_ldexpf(x, e)           x * 2^e, exactly (subnormal and overflow results
+ *                             rounded once)
+ *   mt_async16_begin(lds, g, &hold), mt_async16_end(lds, hold), mt_async_wait()
+ *                             a 16-byte copy from global to shared memory in
+ *                             two halves, so a kernel can issue the next
+ *                             slice's copies before it computes on this one:
+ *                             NVIDIA cp.async (begin copies, wait waits, end
+ *                             does nothing), elsewhere a load into hold
+ *                             (begin) and a store from it (end); both
+ *                             addresses 16-byte aligned. Call, per thread:
+ *                             begin for each copy, other work, wait, end for
+ *                             each copy, then __syncthreads()
  *   mt_u32x4                  four 32-bit words (.x .y .z .w), 16 bytes
  *   mt_load16(p), mt_load16_nt(p) -> mt_u32x4: one 16-byte global load from
  *                             p (16-byte aligned; emu traps otherwise); _nt
@@ -105,6 +118,24 @@ MT__FN mt_u32x4 mt_load16_nt(const void *p)
 {
     return __builtin_nontemporal_load((const mt_u32x4 *)p);
 }
+#define mt_ldexpf(x, e) __builtin_amdgcn_ldexpf((x), (e))
+/* v_perm_b32: byte n of the result is byte sel[n] of hi:lo (0..3 lo) */
+MT__FN unsigned mt__perm(unsigned hi, unsigned lo, unsigned sel)
+{
+    return __builtin_amdgcn_perm(hi, lo, sel);
+}
+/* The staged copy: a global load into registers, then a store to LDS. */
+MT__FN void mt_async16_begin(void *lds, const void *g, mt_u32x4 *hold)
+{
+    (void)lds;
+    *hold = mt_load16(g);
+}
+MT__FN void mt_async16_end(void *lds, mt_u32x4 hold) { *(mt_u32x4 *)lds = hold; }
+MT__FN void mt_async_wait(void) {}
+/* fp8 (e4m3) MFMA: CDNA3 and CDNA4. */
+#if defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__) || defined(__gfx950__)
+#define MT__MMA8 1
+#endif
 /* MFMA with bf16_1k operands: gfx90a (CDNA2) and CDNA3/CDNA4. */
 #if defined(__gfx90a__) || defined(__gfx940__) || defined(__gfx941__) ||                 \
     defined(__gfx942__) || defined(__gfx950__)
@@ -162,9 +193,45 @@ MT__FN unsigned mt_nib_lut4(unsigned lo, unsigned hi, unsigned w, int h)
 typedef uint4 mt_u32x4;
 MT__FN mt_u32x4 mt_load16(const void *p) { return *(const uint4 *)p; }
 MT__FN mt_u32x4 mt_load16_nt(const void *p) { return __ldg((const uint4 *)p); }
-/* mma.sync with bf16 operands: sm_80 and later. */
+#define mt_ldexpf(x, e) ldexpf((x), (e))
+/* prmt.b32 (default mode): byte n of the result is byte sel[n] & 7 of b:a
+ * (0..3 a), or that byte's sign bit replicated when sel[n] & 8. */
+MT__FN unsigned mt__prmt(unsigned a, unsigned b, unsigned sel)
+{
+    unsigned d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
+#if __CUDA_ARCH__ >= 800
+/* cp.async: the copy runs in the background, straight to shared memory;
+ * mt_async_wait waits for all of this thread's. */
+MT__FN void mt_async16_begin(void *lds, const void *g, mt_u32x4 *hold)
+{
+    (void)hold;
+    unsigned a = (unsigned)__cvta_generic_to_shared(lds);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(a), "l"(g) : "memory");
+}
+MT__FN void mt_async16_end(void *lds, mt_u32x4 hold)
+{
+    (void)lds;
+    (void)hold;
+}
+MT__FN void mt_async_wait(void) { asm volatile("cp.async.wait_all;" ::: "memory"); }
+#else
+MT__FN void mt_async16_begin(void *lds, const void *g, mt_u32x4 *hold)
+{
+    (void)lds;
+    *hold = mt_load16(g);
+}
+MT__FN void mt_async16_end(void *lds, mt_u32x4 hold) { *(mt_u32x4 *)lds = hold; }
+MT__FN void mt_async_wait(void) {}
+#endif
+/* mma.sync with bf16 operands: sm_80 and later; with e4m3: sm_89 on. */
 #if __CUDA_ARCH__ >= 800
 #define MT__MMA_LAYOUT 2
+#endif
+#if __CUDA_ARCH__ >= 890
+#define MT__MMA8 2
 #endif
 
 #else
@@ -235,6 +302,32 @@ MT_DEVICE float mt_fp8e4m3_to_f32(unsigned c)
     if (e == 0u) /* subnormal: mm * 2^-9 */
         return mt_uint_as_float(s | mt_float_as_uint((float)mm * 0.001953125f));
     return mt_uint_as_float(s | ((e + 120u) << 23) | (mm << 20));
+}
+
+/* The e4m3fn code of v: round to nearest, ties to even; a magnitude past
+ * 448 (infinity too) saturates to 448, as the vendors' .satfinite
+ * conversions; NaN gives 0x7f. Exact for every value e4m3 holds. */
+MT_DEVICE unsigned mt_f32_to_fp8e4m3(float v)
+{
+    const unsigned u = mt_float_as_uint(v), s = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u)
+        return 0x7fu;
+    if (a >= 0x43e00000u) /* 448 */
+        return s | 0x7eu;
+    const int e = (int)(a >> 23) - 127;
+    if (e < -6) { /* subnormal: a multiple of 2^-9, rounded to even */
+        const float f = mt_uint_as_float(a) * 512.0f;
+        unsigned m = (unsigned)f;
+        const float r = f - (float)m;
+        if (r > 0.5f || (r == 0.5f && (m & 1u)))
+            m++;
+        return s | m; /* 8 is 2^-6, the smallest normal: the same code */
+    }
+    const unsigned keep = (a >> 20) & 7u, rest = a & 0xfffffu;
+    unsigned code = ((unsigned)(e + 7) << 3) | keep;
+    if (rest > 0x80000u || (rest == 0x80000u && (keep & 1u)))
+        code++;
+    return s | (code > 0x7eu ? 0x7eu : code);
 }
 
 /* ---- matrix fragments (MFMA on AMD, mma.sync on NVIDIA, emulated on emu) --
@@ -491,6 +584,179 @@ MT__MMA_COMMON(16)
 #endif
 #if defined(MT__MMA_LAYOUT) && MT__MMA_LAYOUT == 1
 MT__MMA_COMMON(32)
+#endif
+
+/* ---- 8-bit matrix fragments: fp8 e4m3 operands, f32 accumulator ---------
+ * One MMA multiplies a 16 x 32 tile of A by a 32 x MT_MMA8_N tile of B:
+ * AMD v_mfma_f32_16x16x32_fp8_fp8 (CDNA3 on; N 16), NVIDIA
+ * mma.sync.m16n8k32.e4m3 (sm_89 on; N 8), emu: the vendor's by wave size.
+ * K = 32 is one MXFP4 block: the kernels fill each operand from 8-element
+ * groups of K, "pairs" of two 32-bit words, and never need to know where a
+ * pair's bytes sit in the instruction: A and B filled from the same group
+ * with the same slot order multiply element by element.
+ *
+ *   MT_MMA8_HAVE           1 where the instruction exists; the names below
+ *                          exist only then
+ *   MT_MMA8_M, _N, _K      16, 16 (AMD) or 8 (NVIDIA), 32
+ *   MT_MMA8_A_PAIRS        pairs a lane holds of A (1 AMD, 2 NVIDIA); of B
+ *                          it holds one
+ *   mt_mma8_kgroup()       the 8-element group of K (0..3) of all of this
+ *                          lane's pairs
+ *   mt_mma8_row_a(i)       the row of A (0..15) of this lane's pair i
+ *   mt_mma8_col_b()        the column of B (0..N-1) of this lane's pair
+ *   MT_MMA8_SLOT(e)        the byte (0..7; 0..3 in the first word) that
+ *                          element e of a group takes in a pair: AMD puts
+ *                          the even elements first (the low nibbles of
+ *                          packed MXFP4), NVIDIA keeps the order
+ *   mt_mma8_set_a(&a, i, w0, w1), mt_mma8_set_b(&b, w0, w1)
+ *   mt_mma8_expand(w, lo, hi, &w0, &w1)  the pair of the 8 E2M1 codes of w
+ *                          (element e in nibble e): each code's magnitude
+ *                          (its low 3 bits) looked up in the 8-byte table
+ *                          hi:lo (lo: magnitudes 0..3), its bit 3 as the
+ *                          e4m3 sign; about 8 instructions on either vendor
+ *   mt_mma8_load_a(p, ld)  A from a row-major 16 x 32 byte tile whose every
+ *                          8-byte group is in slot order (p 8-byte aligned,
+ *                          ld a multiple of 8)
+ *   mt_mma8_load_b_packed4(p, ld, bstride, out)  out[j] = this lane's word
+ *                          of packed MXFP4 (8 nibbles: group kgroup) of
+ *                          column col_b's 16-byte block j, where column n's
+ *                          block j is at p + n*ld + j*bstride: one ldmatrix
+ *                          .x4 on NVIDIA (16-byte aligned rows), four
+ *                          LDS reads on AMD
+ *   mt_mma8_acc            the accumulator (as mt_mma_acc of shape 16):
+ *                          acc.x[i] is element (mt_mma8_acc_row(i),
+ *                          mt_mma8_acc_col(i)); mt_mma8_acc_zero()
+ *   mt_mma8_fp8(a, b, acc) -> acc + a x b: products exact, f32 sums (the
+ *                          vendors do not document the order) */
+#if defined(MT__MMA8)
+#define MT_MMA8_HAVE 1
+#define MT_MMA8_M 16
+#define MT_MMA8_K 32
+typedef mt__mma_acc_16 mt_mma8_acc;
+#define mt_mma8_acc_zero() mt__mma_acc_zero_16()
+#define mt_mma8_acc_row(i) mt__mma_acc_row_16(i)
+#define mt_mma8_acc_col(i) mt__mma_acc_col_16(i)
+#define mt_mma8_fp8(a, b, acc) mt__mma8_fp8((a), (b), (acc), __FILE__, __LINE__)
+#define mt_mma8_load_a(p, ld) mt__mma8_load_a((p), (ld), __FILE__, __LINE__)
+#if MT__MMA8 == 1
+/* AMD: a lane holds elements 8*(lane/16) .. +7 of K of row (A) or column
+ * (B) lane % 16, in its two registers in order. */
+#define MT_MMA8_N 16
+#define MT_MMA8_A_PAIRS 1
+#define MT_MMA8_SLOT(e) (((e) & 1) * 4 + ((e) >> 1))
+typedef struct mt_mma8_a { unsigned x[2]; } mt_mma8_a;
+typedef struct mt_mma8_b { unsigned x[2]; } mt_mma8_b;
+MT__FN int mt_mma8_kgroup(void) { return mt_lane_id() / 16; }
+MT__FN int mt_mma8_row_a(int i) { return mt_lane_id() % 16 + 0 * i; }
+MT__FN int mt_mma8_col_b(void) { return mt_lane_id() % 16; }
+MT__FN void mt_mma8_set_a(mt_mma8_a *a, int i, unsigned w0, unsigned w1)
+{
+    (void)i;
+    a->x[0] = w0;
+    a->x[1] = w1;
+}
+MT__FN void mt_mma8_expand(unsigned w, unsigned lo, unsigned hi, unsigned *w0, unsigned *w1)
+{
+    *w0 = mt__perm(hi, lo, w & 0x07070707u) | ((w << 4) & 0x80808080u);
+    *w1 = mt__perm(hi, lo, (w >> 4) & 0x07070707u) | (w & 0x80808080u);
+}
+MT__FN void mt_mma8_load_b_packed4(const unsigned char *p, int ld, int bstride, unsigned *out)
+{
+    const unsigned char *q = p + mt_mma8_col_b() * ld + 4 * mt_mma8_kgroup();
+    for (int j = 0; j < 4; j++)
+        out[j] = *(const unsigned *)(q + j * bstride);
+}
+MT__FN mt_mma8_acc mt__mma8_fp8(mt_mma8_a a, mt_mma8_b b, mt_mma8_acc c, const char *f, int l)
+{
+    mt_mma8_acc d;
+#if defined(MT_EMU)
+    mt__emu_mma(MT_EMU_MMA_FP8_16X16X32, &a, &b, c.x, d.x, f, l);
+#else
+    (void)f;
+    (void)l;
+    long av = (long)((unsigned long)a.x[0] | (unsigned long)a.x[1] << 32);
+    long bv = (long)((unsigned long)b.x[0] | (unsigned long)b.x[1] << 32);
+    d.x = __builtin_amdgcn_mfma_f32_16x16x32_fp8_fp8(av, bv, c.x, 0, 0, 0);
+#endif
+    return d;
+}
+#else
+/* NVIDIA: g = lane / 4 and t = lane % 4; A's registers a0..a3 hold rows g,
+ * g+8, g, g+8 at K 4t..4t+3 (a0, a1) and 16+4t.. (a2, a3); B's b0, b1 K
+ * 4t.. and 16+4t.. of column g. A pair's first word goes to the first
+ * range, its second to the second. */
+#define MT_MMA8_N 8
+#define MT_MMA8_A_PAIRS 2
+#define MT_MMA8_SLOT(e) (e)
+typedef struct mt_mma8_a { unsigned x[4]; } mt_mma8_a;
+typedef struct mt_mma8_b { unsigned x[2]; } mt_mma8_b;
+MT__FN int mt_mma8_kgroup(void) { return mt_lane_id() % 4; }
+MT__FN int mt_mma8_row_a(int i) { return mt_lane_id() / 4 + 8 * i; }
+MT__FN int mt_mma8_col_b(void) { return mt_lane_id() / 4; }
+MT__FN void mt_mma8_set_a(mt_mma8_a *a, int i, unsigned w0, unsigned w1)
+{
+    a->x[i] = w0;
+    a->x[2 + i] = w1;
+}
+MT__FN void mt_mma8_expand(unsigned w, unsigned lo, unsigned hi, unsigned *w0, unsigned *w1)
+{
+    /* prmt takes four 4-bit selectors from the low half of its third
+     * operand: the magnitudes, then each sign bit as selector 0 or 1 of
+     * the bytes 0x00, 0x80 */
+    const unsigned v = w >> 16;
+    *w0 = mt__prmt(lo, hi, w & 0x7777u) | mt__prmt(0x8000u, 0u, (w >> 3) & 0x1111u);
+    *w1 = mt__prmt(lo, hi, v & 0x7777u) | mt__prmt(0x8000u, 0u, (v >> 3) & 0x1111u);
+}
+#if defined(MT_EMU)
+#define mt_mma8_load_b_packed4(p, ld, bs, out)                                 \
+    mt__ldsm4((p) + (mt_lane_id() % 8) * (ld) + (mt_lane_id() / 8) * (bs), (out), __FILE__, \
+              __LINE__)
+#else
+MT__FN void mt_mma8_load_b_packed4(const unsigned char *p, int ld, int bstride, unsigned *out)
+{
+    const int l = mt_lane_id();
+    unsigned a = (unsigned)__cvta_generic_to_shared(p + (l % 8) * ld + (l / 8) * bstride);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(out[0]), "=r"(out[1]), "=r"(out[2]), "=r"(out[3])
+                 : "r"(a));
+}
+#endif
+MT__FN mt_mma8_acc mt__mma8_fp8(mt_mma8_a a, mt_mma8_b b, mt_mma8_acc c, const char *f, int l)
+{
+    mt_mma8_acc d;
+#if defined(MT_EMU)
+    mt__emu_mma(MT_EMU_MMA_E4M3_16X8X32, &a, &b, c.x, d.x, f, l);
+#else
+    (void)f;
+    (void)l;
+    asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, "
+        "{%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};"
+        : "=f"(d.x[0]), "=f"(d.x[1]), "=f"(d.x[2]), "=f"(d.x[3])
+        : "r"(a.x[0]), "r"(a.x[1]), "r"(a.x[2]), "r"(a.x[3]), "r"(b.x[0]), "r"(b.x[1]),
+          "f"(c.x[0]), "f"(c.x[1]), "f"(c.x[2]), "f"(c.x[3]));
+#endif
+    return d;
+}
+#endif
+MT__FN void mt_mma8_set_b(mt_mma8_b *b, unsigned w0, unsigned w1)
+{
+    b->x[0] = w0;
+    b->x[1] = w1;
+}
+MT__FN mt_mma8_a mt__mma8_load_a(const unsigned char *p, int ld, const char *f, int l)
+{
+    mt_mma8_a a;
+    MT__MMA_CHECK(p, (ld) & 7 ? 1 : 0, "mt_mma8_load_a: the tile must start 8-byte aligned and "
+                  "ld be a multiple of 8", f, l);
+    const int q = 8 * mt_mma8_kgroup();
+    for (int i = 0; i < MT_MMA8_A_PAIRS; i++) {
+        const unsigned *w = (const unsigned *)MT__ALIGNED8(p + mt_mma8_row_a(i) * ld + q);
+        mt_mma8_set_a(&a, i, w[0], w[1]);
+    }
+    return a;
+}
+#else
+#define MT_MMA8_HAVE 0
 #endif
 
 #endif

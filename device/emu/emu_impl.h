@@ -125,8 +125,10 @@ typedef struct emu_mma_info {
     const char *name;      /* the vendor's instruction */
     int m, n, k;           /* D (m x n) += A (m x k) x B (k x n) */
     int wave;              /* lanes taking part: 64 (AMD) or 32 (NVIDIA) */
-    int a_elems, b_elems;  /* 16-bit elements of A and B per lane */
-    int c_regs;            /* f32 registers of C and D per lane */
+    int a_elems, b_elems;  /* elements of A and B per lane */
+    int c_regs;            /* 32-bit registers of C and D per lane */
+    int elem_bytes;        /* 2 (bf16) or 1 (fp8 e4m3, int8) */
+    bool int_acc;          /* C and D are int32 (int8 operands), else f32 */
 } emu_mma_info;
 
 typedef enum emu_mma_operand { EMU_MMA_A = 0, EMU_MMA_B = 1, EMU_MMA_C = 2 } emu_mma_operand;
@@ -142,6 +144,11 @@ bool emu_mma_layout(int shape, emu_mma_operand op, int lane, int elem, int *row,
  * d holds its part of C + A x B; otherwise (a missing lane, lanes that
  * disagree on the shape, a shape of another wave size) nothing is written. */
 int emu_mma_run(int ws, const struct mt_emu_mma_lane *const *lanes);
+/* For tests only: from now on, in this process, elements (lane0, e0) and
+ * (lane1, e1) of operand op of shape trade places in the layout every MMA
+ * of that shape uses (emu_mma_layout reports the swapped table too); shape
+ * 0 turns it off. Shows that a one-cell layout mistake fails the checks. */
+void emu_mma_debug_swap(int shape, emu_mma_operand op, int lane0, int e0, int lane1, int e1);
 
 /* ---- signals (emu_signal.c) ----------------------------------------------
  * A worker thread announces itself with emu_sig_set_worker; while it runs a

@@ -4,19 +4,30 @@
  * forms the whole product once, from the vendor's lane/register layout of
  * the instruction, and writes each lane's own D registers back.
  *
- * Arithmetic: a product of two bf16 is exact in f32 (8 + 8 significant
- * bits), and D = C + sum over k of the products is accumulated in f32 in
- * increasing k. The hardware's summation order and internal precision are
- * not documented; kernels compare with a tolerance anyway.
+ * Arithmetic:
+ *   bf16 and fp8 e4m3 operands: a product of two is exact in f32 (8 + 8 or
+ *     4 + 4 significant bits), and D = C + sum over k of the products is
+ *     accumulated in f32 in increasing k. Neither vendor documents the
+ *     order or the internal precision of the sum (AMD's MI300 ISA guide and
+ *     NVIDIA's PTX ISA say only that the result is f32), so kernels compare
+ *     with a tolerance of a few f32 roundings of the sum of magnitudes;
+ *   int8 operands: D = C + sum of the products in 32-bit two's complement,
+ *     wrapping as the hardware does without saturation: exact, bit for bit.
+ * An e4m3 operand follows OCP fp8 e4m3fn (bias 7, subnormals, 0x7f and
+ * 0xff NaN, no infinities); a NaN operand makes its products NaN.
  *
  * Layouts (lane l, element e of a lane's A or B registers counted in
- * register order, low half first; register i of C/D):
- *   AMD MFMA, one block: AMD Instinct MI200 / MI300 ISA guides and the AMD
- *     Matrix Instruction Calculator (github.com/ROCm/amd_matrix_instruction_
- *     calculator, --register-layout), checked against it for every element;
- *   NVIDIA mma.sync: PTX ISA, section "Matrix Fragments for mma.m16n8k16
- *     with floating point type" (groupID = l >> 2, threadID_in_group = l % 4).
- * tests/test_mma_layout.c pins entries of those tables. */
+ * register order, lowest bits first; register i of C/D):
+ *   AMD MFMA: AMD Instinct MI200 / MI300 ISA guides and the AMD Matrix
+ *     Instruction Calculator (github.com/ROCm/amd_matrix_instruction_
+ *     calculator, --register-layout);
+ *   NVIDIA mma.sync: PTX ISA, "Matrix Fragments for mma.m16n8k16 with
+ *     floating point type" and "... for mma.m16n8k32" (groupID = l >> 2,
+ *     threadID_in_group = l % 4).
+ * tests/device/test_mma_layout.c checks every cell of every table against
+ * the vendors' formulas written out independently there. emu_mma_debug_swap
+ * exchanges two cells of one table, so tests can show that a one-cell
+ * mistake fails the kernels' checks. */
 #include "emu_impl.h"
 
 #include <assert.h>
@@ -24,10 +35,14 @@
 
 typedef void (*rc_fn)(int lane, int e, int *row, int *col);
 
+typedef enum elem_type { EL_BF16, EL_FP8, EL_I8 } elem_type;
+
 typedef struct mma_shape {
     const char *name;
     int m, n, k, wave;
     int a_elems, b_elems, c_regs;
+    elem_type el;
+    bool int_acc; /* C and D are int32 */
     rc_fn a, b, c;
 } mma_shape;
 
@@ -44,6 +59,11 @@ static void c_32x32(int l, int i, int *r, int *c)
     *r = i % 4 + 4 * (l / 32) + 8 * (i / 4);
     *c = l % 32;
 }
+
+/* ---- AMD v_mfma_{f32_16x16x32_fp8_fp8, i32_16x16x32_i8}: eight 8-bit
+ * elements (two registers) of consecutive k per lane ------------------- */
+static void a_16x16x32(int l, int e, int *r, int *c) { *r = l % 16; *c = 8 * (l / 16) + e; }
+static void b_16x16x32(int l, int e, int *r, int *c) { *r = 8 * (l / 16) + e; *c = l % 16; }
 
 /* ---- NVIDIA mma.m16n8k16 .bf16 ---------------------------------------- */
 static void a_16x8x16(int l, int e, int *r, int *c)
@@ -62,19 +82,70 @@ static void c_16x8(int l, int i, int *r, int *c)
     *c = 2 * (l % 4) + (i & 1);
 }
 
-#define N_SHAPES (MT_EMU_MMA_BF16_16X8X16 + 1)
+/* ---- NVIDIA mma.m16n8k32 with 8-bit operands (.e4m3, .s8): A a0..a15 in
+ * four registers (rows g, g+8, g, g+8; columns 4t.. then 16+4t..), B
+ * b0..b7 in two (k 4t.. then 16+4t..) --------------------------------- */
+static void a_16x8x32(int l, int e, int *r, int *c)
+{
+    *r = l / 4 + 8 * (e / 4 % 2);
+    *c = 4 * (l % 4) + e % 4 + 16 * (e / 8);
+}
+static void b_16x8x32(int l, int e, int *r, int *c)
+{
+    *r = 4 * (l % 4) + e % 4 + 16 * (e / 4);
+    *c = l / 4;
+}
+
+#define N_SHAPES (MT_EMU_MMA_S8_16X8X32 + 1)
 static const mma_shape shapes[N_SHAPES] = {
     [MT_EMU_MMA_BF16_16X16X16] = {"v_mfma_f32_16x16x16bf16_1k", 16, 16, 16, 64, 4, 4, 4,
-                                  a_16x16x16, b_16x16x16, c_16x16},
-    [MT_EMU_MMA_BF16_32X32X8] = {"v_mfma_f32_32x32x8bf16_1k", 32, 32, 8, 64, 4, 4, 16,
-                                 a_32x32x8, b_32x32x8, c_32x32},
+                                  EL_BF16, false, a_16x16x16, b_16x16x16, c_16x16},
+    [MT_EMU_MMA_BF16_32X32X8] = {"v_mfma_f32_32x32x8bf16_1k", 32, 32, 8, 64, 4, 4, 16, EL_BF16,
+                                 false, a_32x32x8, b_32x32x8, c_32x32},
     [MT_EMU_MMA_BF16_16X8X16] = {"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", 16,
-                                 8, 16, 32, 8, 4, 4, a_16x8x16, b_16x8x16, c_16x8},
+                                 8, 16, 32, 8, 4, 4, EL_BF16, false, a_16x8x16, b_16x8x16,
+                                 c_16x8},
+    [MT_EMU_MMA_FP8_16X16X32] = {"v_mfma_f32_16x16x32_fp8_fp8", 16, 16, 32, 64, 8, 8, 4,
+                                 EL_FP8, false, a_16x16x32, b_16x16x32, c_16x16},
+    [MT_EMU_MMA_I8_16X16X32] = {"v_mfma_i32_16x16x32_i8", 16, 16, 32, 64, 8, 8, 4, EL_I8,
+                                true, a_16x16x32, b_16x16x32, c_16x16},
+    [MT_EMU_MMA_E4M3_16X8X32] = {"mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32", 16,
+                                 8, 32, 32, 16, 8, 4, EL_FP8, false, a_16x8x32, b_16x8x32,
+                                 c_16x8},
+    [MT_EMU_MMA_S8_16X8X32] = {"mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32", 16, 8, 32,
+                               32, 16, 8, 4, EL_I8, true, a_16x8x32, b_16x8x32, c_16x8},
 };
 
 static const mma_shape *shape_get(int s)
 {
     return s > 0 && s < N_SHAPES && shapes[s].name ? &shapes[s] : NULL;
+}
+
+/* ---- test hook: one swapped pair of cells -------------------------------- */
+
+static struct {
+    _Atomic int shape; /* 0: none */
+    int op, lane0, e0, lane1, e1;
+} swap;
+
+void emu_mma_debug_swap(int shape, emu_mma_operand op, int lane0, int e0, int lane1, int e1)
+{
+    swap.op = (int)op;
+    swap.lane0 = lane0, swap.e0 = e0, swap.lane1 = lane1, swap.e1 = e1;
+    swap.shape = shape;
+}
+
+/* The layout with the test hook's swap applied. */
+static void place(const mma_shape *s, int sid, emu_mma_operand op, int lane, int e, int *r,
+                  int *c)
+{
+    if (swap.shape == sid && swap.op == (int)op) {
+        if (lane == swap.lane0 && e == swap.e0)
+            lane = swap.lane1, e = swap.e1;
+        else if (lane == swap.lane1 && e == swap.e1)
+            lane = swap.lane0, e = swap.e0;
+    }
+    (op == EMU_MMA_A ? s->a : op == EMU_MMA_B ? s->b : s->c)(lane, e, r, c);
 }
 
 bool emu_mma_shape(int shape, emu_mma_info *out)
@@ -83,7 +154,7 @@ bool emu_mma_shape(int shape, emu_mma_info *out)
     if (!s)
         return false;
     *out = (emu_mma_info){s->name, s->m, s->n, s->k, s->wave, s->a_elems, s->b_elems,
-                          s->c_regs};
+                          s->c_regs, s->el == EL_BF16 ? 2 : 1, s->int_acc};
     return true;
 }
 
@@ -92,35 +163,42 @@ bool emu_mma_layout(int shape, emu_mma_operand op, int lane, int elem, int *row,
     const mma_shape *s = shape_get(shape);
     if (!s || lane < 0 || lane >= s->wave || elem < 0)
         return false;
-    switch (op) {
-    case EMU_MMA_A:
-        if (elem >= s->a_elems)
-            return false;
-        s->a(lane, elem, row, col);
-        return true;
-    case EMU_MMA_B:
-        if (elem >= s->b_elems)
-            return false;
-        s->b(lane, elem, row, col);
-        return true;
-    case EMU_MMA_C:
-        if (elem >= s->c_regs)
-            return false;
-        s->c(lane, elem, row, col);
-        return true;
-    }
-    return false;
+    int n = op == EMU_MMA_A ? s->a_elems : op == EMU_MMA_B ? s->b_elems
+          : op == EMU_MMA_C ? s->c_regs : 0;
+    if (elem >= n)
+        return false;
+    place(s, shape, op, lane, elem, row, col);
+    return true;
 }
 
-/* Element e of a lane's A or B registers, as f32. */
-static float elem_f32(const void *regs, int e)
+/* OCP fp8 e4m3fn as f32 (exact). */
+static float fp8_f32(uint8_t v)
 {
-    uint16_t h;
-    memcpy(&h, (const char *)regs + 2 * e, 2);
-    uint32_t u = (uint32_t)h << 16;
+    unsigned e = (v >> 3) & 15u, m = v & 7u;
     float f;
-    memcpy(&f, &u, 4);
-    return f;
+    if (e == 15u && m == 7u)
+        f = __builtin_nanf("");
+    else if (e == 0)
+        f = (float)m * 0x1p-9f;
+    else
+        f = (float)(8u + m) * 0x1p-3f * __builtin_ldexpf(1.0f, (int)e - 7);
+    return (v & 0x80u) ? -f : f;
+}
+
+/* Element e of a lane's A or B registers, as f32 (bf16, fp8) or as an
+ * integer in the float (int8: exact). */
+static float elem_f32(const mma_shape *s, const void *regs, int e)
+{
+    if (s->el == EL_BF16) {
+        uint16_t h;
+        memcpy(&h, (const char *)regs + 2 * e, 2);
+        uint32_t u = (uint32_t)h << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    uint8_t b = ((const uint8_t *)regs)[e];
+    return s->el == EL_FP8 ? fp8_f32(b) : (float)(int8_t)b;
 }
 
 int emu_mma_run(int ws, const struct mt_emu_mma_lane *const *lanes)
@@ -137,35 +215,44 @@ int emu_mma_run(int ws, const struct mt_emu_mma_lane *const *lanes)
     const mma_shape *s = shape_get(sid);
     if (!s || s->wave != ws)
         return MT_EMU_MMA_E_WAVE;
-    /* The largest tiles: 32x32 C, 32x8 A, 8x32 B (16x16 A for 16x8x16). */
-    float a[32 * 16], b[16 * 32], c[32 * 32];
-    assert(s->m * s->k <= 32 * 16 && s->k * s->n <= 16 * 32 && s->m * s->n <= 32 * 32);
+    /* The largest tiles: 32x32 C, 32x8 A, 8x32 B, 16x32 A, 32x16 B. */
+    float a[512], b[512];
+    union { float f[1024]; uint32_t i[1024]; } c;
+    assert(s->m * s->k <= 512 && s->k * s->n <= 512 && s->m * s->n <= 1024);
     int r, col;
     for (int l = 0; l < ws; l++) {
         for (int e = 0; e < s->a_elems; e++) {
-            s->a(l, e, &r, &col);
-            a[r * s->k + col] = elem_f32(lanes[l]->a, e);
+            place(s, sid, EMU_MMA_A, l, e, &r, &col);
+            a[r * s->k + col] = elem_f32(s, lanes[l]->a, e);
         }
         for (int e = 0; e < s->b_elems; e++) {
-            s->b(l, e, &r, &col);
-            b[r * s->n + col] = elem_f32(lanes[l]->b, e);
+            place(s, sid, EMU_MMA_B, l, e, &r, &col);
+            b[r * s->n + col] = elem_f32(s, lanes[l]->b, e);
         }
         for (int i = 0; i < s->c_regs; i++) {
-            s->c(l, i, &r, &col);
-            c[r * s->n + col] = lanes[l]->c[i];
+            place(s, sid, EMU_MMA_C, l, i, &r, &col);
+            memcpy(&c.i[r * s->n + col], (const char *)lanes[l]->c + 4 * i, 4);
         }
     }
     for (int i = 0; i < s->m; i++)
         for (int j = 0; j < s->n; j++) {
-            float acc = c[i * s->n + j];
-            for (int kk = 0; kk < s->k; kk++)
-                acc += a[i * s->k + kk] * b[kk * s->n + j];
-            c[i * s->n + j] = acc;
+            if (s->int_acc) {
+                uint32_t acc = c.i[i * s->n + j];
+                for (int kk = 0; kk < s->k; kk++)
+                    acc += (uint32_t)(int32_t)a[i * s->k + kk] *
+                           (uint32_t)(int32_t)b[kk * s->n + j];
+                c.i[i * s->n + j] = acc;
+            } else {
+                float acc = c.f[i * s->n + j];
+                for (int kk = 0; kk < s->k; kk++)
+                    acc += a[i * s->k + kk] * b[kk * s->n + j];
+                c.f[i * s->n + j] = acc;
+            }
         }
     for (int l = 0; l < ws; l++)
         for (int i = 0; i < s->c_regs; i++) {
-            s->c(l, i, &r, &col);
-            lanes[l]->d[i] = c[r * s->n + col];
+            place(s, sid, EMU_MMA_C, l, i, &r, &col);
+            memcpy((char *)lanes[l]->d + 4 * i, &c.i[r * s->n + col], 4);
         }
     return MT_EMU_MMA_OK;
 }

@@ -24,7 +24,7 @@
 #include <stdint.h>
 
 /* Bumped whenever the structs or the table below change. */
-#define MT_EMU_ABI 2
+#define MT_EMU_ABI 3
 
 typedef struct uint3 { unsigned x, y, z; } uint3;
 
@@ -54,23 +54,28 @@ enum {
     MT_EMU_MMA = 7,
 };
 
-/* Matrix instructions the emulator executes (device/emu_mma.c), each with
- * its vendor's lane/register layout: the wave64 ones are AMD MFMA, the
- * wave32 one NVIDIA mma.sync. */
+/* Matrix instructions the emulator executes (device/emu/emu_mma.c), each
+ * with its vendor's lane/register layout: the wave64 ones are AMD MFMA, the
+ * wave32 ones NVIDIA mma.sync. Append only. */
 enum {
     MT_EMU_MMA_BF16_16X16X16 = 1, /* v_mfma_f32_16x16x16bf16_1k */
     MT_EMU_MMA_BF16_32X32X8 = 2,  /* v_mfma_f32_32x32x8bf16_1k */
     MT_EMU_MMA_BF16_16X8X16 = 3,  /* mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 */
+    MT_EMU_MMA_FP8_16X16X32 = 4,  /* v_mfma_f32_16x16x32_fp8_fp8 (gfx940+) */
+    MT_EMU_MMA_I8_16X16X32 = 5,   /* v_mfma_i32_16x16x32_i8 (gfx940+) */
+    MT_EMU_MMA_E4M3_16X8X32 = 6,  /* mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 */
+    MT_EMU_MMA_S8_16X8X32 = 7,    /* mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 */
 };
 
 /* What one lane hands in to a wave-collective MMA: its A and B registers
- * (16-bit elements in register order, low half first), its C registers,
- * and where its D registers go. */
+ * (elements of 16 or 8 bits in register order, low bits first), its C
+ * registers (f32, or int32 for the integer shapes), and where its D
+ * registers go. */
 struct mt_emu_mma_lane {
     int shape;
     const void *a, *b;
-    const float *c;
-    float *d;
+    const void *c;
+    void *d;
 };
 
 /* Outcomes of rt->mma. */
@@ -259,17 +264,19 @@ static inline int mt_lane_id(void)
 
 #if defined(MT_EMU_WAVE) && MT_EMU_WAVE == 64
 #define MT__MMA_LAYOUT 1
+#define MT__MMA8 1
 typedef unsigned short mt__mma_v4[4];
 typedef float mt__mma_f4[4];
 typedef float mt__mma_f16[16];
 #elif defined(MT_EMU_WAVE) && MT_EMU_WAVE == 32
 #define MT__MMA_LAYOUT 2
+#define MT__MMA8 2
 #endif
 #define MT__FN static inline
 #define MT__ALIGNED8(p) (p)
 
-static inline void mt__emu_mma(int shape, const void *a, const void *b, const float *c,
-                               float *d, const char *file, int line)
+static inline void mt__emu_mma(int shape, const void *a, const void *b, const void *c,
+                               void *d, const char *file, int line)
 {
     struct mt_emu_mma_lane ln = {shape, a, b, c, d};
     MT__FENCE();
@@ -328,6 +335,72 @@ static inline mt_u32x4 mt__load16(const void *p, const char *file, int line)
 }
 #define mt_load16(p) mt__load16((p), __FILE__, __LINE__)
 #define mt_load16_nt(p) mt__load16((p), __FILE__, __LINE__)
+
+/* ---- the byte permutes the 8-bit fragments' expansion runs through
+ * (prelude_gpu.h's mt__perm, AMD v_perm_b32, and mt__prmt, NVIDIA
+ * prmt.b32 in its default mode), executed with the instructions' own
+ * semantics so that the expansion's arithmetic is what the GPU runs. ---- */
+static inline unsigned mt__perm(unsigned hi, unsigned lo, unsigned sel)
+{
+    uint64_t v = (uint64_t)hi << 32 | lo;
+    unsigned r = 0;
+    for (int n = 0; n < 4; n++) {
+        unsigned s = (sel >> (8 * n)) & 0xffu, b;
+        if (s < 8)
+            b = (unsigned)(v >> (8 * s)) & 0xffu;
+        else if (s < 12) /* the sign of byte 1, 3, 5 or 7 of hi:lo, replicated */
+            b = (unsigned)((v >> (16 * (s - 8) + 15)) & 1u) * 0xffu;
+        else
+            b = s == 12 ? 0x00u : 0xffu;
+        r |= b << (8 * n);
+    }
+    return r;
+}
+static inline unsigned mt__prmt(unsigned a, unsigned b, unsigned sel)
+{
+    uint64_t v = (uint64_t)b << 32 | a;
+    unsigned r = 0;
+    for (int n = 0; n < 4; n++) {
+        unsigned s = (sel >> (4 * n)) & 0xfu;
+        unsigned byte = (unsigned)(v >> (8 * (s & 7u))) & 0xffu;
+        if (s & 8u)
+            byte = (byte & 0x80u) ? 0xffu : 0x00u;
+        r |= byte << (8 * n);
+    }
+    return r;
+}
+#define mt_ldexpf(x, e) ldexpf((x), (e))
+
+/* ---- staged copies (prelude_gpu.h's mt_async16_*): a 16-byte load into
+ * registers, then a 16-byte store; both addresses must be 16-byte
+ * aligned, as a GPU's 16-byte accesses and cp.async need. ----------------- */
+static inline void mt__async16_begin(void *lds, const void *g, mt_u32x4 *hold,
+                                     const char *file, int line)
+{
+    if ((uintptr_t)lds & 15u)
+        mt__rt->trap("mt_async16: the shared-memory address must be 16-byte aligned", file,
+                     line);
+    *hold = mt__load16(g, file, line);
+}
+#define mt_async16_begin(l, g, h) mt__async16_begin((l), (g), (h), __FILE__, __LINE__)
+static inline void mt_async16_end(void *lds, mt_u32x4 hold) { memcpy(lds, &hold, 16); }
+static inline void mt_async_wait(void) {}
+
+/* ---- ldmatrix (.x4, 16-bit elements) for wave32: lane l hands in the
+ * address of row l % 8 of matrix l / 8 (16 bytes, 16-byte aligned) and
+ * receives, in word j, bytes 4 (l % 4) .. + 3 of row l / 4 of matrix j:
+ * the rows travel between the lanes by shuffles, as they do on the GPU. */
+static inline void mt__ldsm4(const void *row, unsigned out[4], const char *file, int line)
+{
+    if ((uintptr_t)row & 15u)
+        mt__rt->trap("mt_mma8_load_b_packed4: every row must be 16-byte aligned (ldmatrix)",
+                     file, line);
+    int l = mt_lane_id();
+    for (int j = 0; j < 4; j++) {
+        uint64_t a = mt__warp(MT_EMU_SHFL_IDX, (uint64_t)(uintptr_t)row, 8 * j + l / 4, 32);
+        memcpy(&out[j], (const unsigned char *)(uintptr_t)a + 4 * (l % 4), 4);
+    }
+}
 
 /* ---- math ---------------------------------------------------------------- */
 #define mt_expf(x) expf(x)

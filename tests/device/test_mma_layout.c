@@ -1,10 +1,15 @@
-/* test_mma_layout.c: the matrix fragments (mt_mma_* of prelude_gpu.h) on the
- * emu backend. Entries of the vendors' lane/register tables are pinned, both
- * in the emulator's MMA (device/emu_mma.c) and in what the prelude's loads
- * and accumulator positions give a kernel; random products through a kernel
- * are compared with a plain C matmul; the fragments' misuses (a partial or
- * diverged wave, a misaligned tile, a shape the wave size lacks) fail
- * loudly. wave64 is AMD MFMA's layout, wave32 NVIDIA mma.sync's. */
+/* test_mma_layout.c: the matrix fragments (mt_mma_* and mt_mma8_* of
+ * prelude_gpu.h) on the emu backend. Every (lane, element) cell of every A,
+ * B and accumulator layout is checked against the vendors' published
+ * formulas, written out independently below (vendor_cell), both in the
+ * emulator's MMA (device/emu/emu_mma.c) and in what the prelude's loads and
+ * accumulator positions give a kernel; a few cells are also pinned as the
+ * vendors' own tables name them. Random products through kernels are
+ * compared with a plain C matmul; a layout mistake made in the prelude
+ * alone, or in the emulator alone, fails those products; the fragments'
+ * misuses (a partial or diverged wave, a misaligned tile, a shape the wave
+ * size lacks) fail loudly. wave64 is AMD MFMA's layout, wave32 NVIDIA
+ * mma.sync's. */
 #include <criterion/criterion.h>
 #include <inttypes.h>
 #include <math.h>
@@ -119,6 +124,137 @@ static void check_bijection(int id)
             }
         free(seen);
     }
+}
+
+/* ---- the vendors' formulas, cell by cell ----------------------------------
+ * AMD (Matrix Instruction Calculator, "-i <instruction> --matrix-layout"):
+ * each matrix element names its lane and item:
+ *   16x16x16 bf16_1k, 16x16x32 fp8/i8:  A[i][k]: lane i + 16 floor(k/kl),
+ *     item k mod kl; B[k][j]: lane j + 16 floor(k/kl), item k mod kl, with kl
+ *     the items a lane holds (4 for bf16, 8 for the 8-bit types);
+ *     D[i][j]: lane j + 16 floor(i/4), register i mod 4;
+ *   32x32x8 bf16_1k: A[i][k]: lane i + 32 floor(k/4), item k mod 4;
+ *     B[k][j]: lane j + 32 floor(k/4); D[i][j]: lane j + 32 floor((i mod
+ *     8)/4), register (i mod 4) + 4 floor(i/8).
+ * NVIDIA (PTX ISA, matrix fragments of mma.m16n8k16 (16-bit A/B) and
+ * mma.m16n8k32 (8-bit A/B)): with groupID g = lane >> 2 and t = lane % 4,
+ * each fragment element names its row and column:
+ *   m16n8k16 A a_i: row g for i in {0,1,4,5}, else g + 8; col 2t + (i & 1),
+ *     + 8 for i >= 4;  B b_i: row 2t + (i & 1), + 8 for i >= 2; col g;
+ *   m16n8k32 A a_i: row g for i in {0..3, 8..11}, else g + 8; col 4t +
+ *     (i & 3), + 16 for i >= 8;  B b_i: row 4t + (i & 3), + 16 for i >= 4;
+ *     col g;
+ *   C/D c_i (both): row g for i < 2, else g + 8; col 2t + (i & 1).
+ * vendor_cell answers (lane, element) -> (row, col): the AMD direction is
+ * searched over the matrix, so the two sides are written differently. */
+static bool amd_forward(int id, emu_mma_operand op, int row, int col, int *lane, int *item)
+{
+    const int big = id == MT_EMU_MMA_BF16_32X32X8, kl = id == MT_EMU_MMA_BF16_16X16X16 ? 4 : big ? 4 : 8;
+    const int w = big ? 32 : 16;
+    if (op == EMU_MMA_A) {
+        *lane = row + w * (col / kl), *item = col % kl;
+    } else if (op == EMU_MMA_B) {
+        *lane = col + w * (row / kl), *item = row % kl;
+    } else if (big) {
+        *lane = col + 32 * ((row % 8) / 4), *item = row % 4 + 4 * (row / 8);
+    } else {
+        *lane = col + 16 * (row / 4), *item = row % 4;
+    }
+    return true;
+}
+
+static bool vendor_cell(int id, emu_mma_operand op, int lane, int elem, int *row, int *col)
+{
+    const int g = lane >> 2, t = lane % 4;
+    switch (id) {
+    case MT_EMU_MMA_BF16_16X16X16:
+    case MT_EMU_MMA_BF16_32X32X8:
+    case MT_EMU_MMA_FP8_16X16X32:
+    case MT_EMU_MMA_I8_16X16X32: {
+        const int big = id == MT_EMU_MMA_BF16_32X32X8;
+        const int M = big ? 32 : 16, N = M, K = big ? 8 : id == MT_EMU_MMA_BF16_16X16X16 ? 16 : 32;
+        const int rows = op == EMU_MMA_B ? K : M, cols = op == EMU_MMA_A ? K : N;
+        for (int r = 0; r < rows; r++)
+            for (int c = 0; c < cols; c++) {
+                int l, it;
+                amd_forward(id, op, r, c, &l, &it);
+                if (l == lane && it == elem) {
+                    *row = r, *col = c;
+                    return true;
+                }
+            }
+        return false;
+    }
+    case MT_EMU_MMA_BF16_16X8X16:
+        if (op == EMU_MMA_A)
+            *row = g + ((elem == 2 || elem == 3 || elem >= 6) ? 8 : 0),
+            *col = 2 * t + (elem & 1) + (elem >= 4 ? 8 : 0);
+        else if (op == EMU_MMA_B)
+            *row = 2 * t + (elem & 1) + (elem >= 2 ? 8 : 0), *col = g;
+        else
+            *row = g + (elem >= 2 ? 8 : 0), *col = 2 * t + (elem & 1);
+        return true;
+    case MT_EMU_MMA_E4M3_16X8X32:
+    case MT_EMU_MMA_S8_16X8X32:
+        if (op == EMU_MMA_A)
+            *row = g + ((elem % 8) >= 4 ? 8 : 0), *col = 4 * t + (elem & 3) + (elem >= 8 ? 16 : 0);
+        else if (op == EMU_MMA_B)
+            *row = 4 * t + (elem & 3) + (elem >= 4 ? 16 : 0), *col = g;
+        else
+            *row = g + (elem >= 2 ? 8 : 0), *col = 2 * t + (elem & 1);
+        return true;
+    }
+    return false;
+}
+
+static const int all_shapes[] = {MT_EMU_MMA_BF16_16X16X16, MT_EMU_MMA_BF16_32X32X8,
+                                 MT_EMU_MMA_BF16_16X8X16,  MT_EMU_MMA_FP8_16X16X32,
+                                 MT_EMU_MMA_I8_16X16X32,   MT_EMU_MMA_E4M3_16X8X32,
+                                 MT_EMU_MMA_S8_16X8X32};
+
+/* Cells where the emulator's table and the vendor's formula disagree. */
+static int emulator_mismatches(int id, char *first, size_t cap)
+{
+    emu_mma_info in;
+    cr_assert(emu_mma_shape(id, &in));
+    const int per[3] = {in.a_elems, in.b_elems, in.c_regs};
+    int bad = 0;
+    for (int op = 0; op < 3; op++)
+        for (int l = 0; l < in.wave; l++)
+            for (int e = 0; e < per[op]; e++) {
+                int r = -1, c = -1, vr = -2, vc = -2;
+                cr_assert(emu_mma_layout(id, (emu_mma_operand)op, l, e, &r, &c));
+                cr_assert(vendor_cell(id, (emu_mma_operand)op, l, e, &vr, &vc),
+                          "shape %d op %d lane %d element %d: no cell in the vendor's table", id,
+                          op, l, e);
+                if ((r != vr || c != vc) && bad++ == 0)
+                    snprintf(first, cap, "%s operand %c lane %d element %d: emu (%d,%d), vendor "
+                             "(%d,%d)", in.name, "ABD"[op], l, e, r, c, vr, vc);
+            }
+    return bad;
+}
+
+Test(mma_layout, every_cell_of_every_emulator_table_is_the_vendors)
+{
+    for (size_t i = 0; i < sizeof all_shapes / sizeof *all_shapes; i++) {
+        char first[256] = "";
+        cr_assert_eq(emulator_mismatches(all_shapes[i], first, sizeof first), 0, "%s", first);
+        check_bijection(all_shapes[i]);
+    }
+}
+
+Test(mma_layout, a_one_cell_swap_in_the_emulator_is_caught)
+{
+    /* accumulator columns 1 and 2 of row 0 (lanes 1 and 2 on AMD), two K
+     * rows of B in lanes 32..47 */
+    char first[256] = "";
+    emu_mma_debug_swap(MT_EMU_MMA_BF16_16X16X16, EMU_MMA_C, 1, 0, 2, 0);
+    int bad = emulator_mismatches(MT_EMU_MMA_BF16_16X16X16, first, sizeof first);
+    emu_mma_debug_swap(MT_EMU_MMA_FP8_16X16X32, EMU_MMA_B, 33, 1, 33, 2);
+    int bad8 = emulator_mismatches(MT_EMU_MMA_FP8_16X16X32, first, sizeof first);
+    emu_mma_debug_swap(0, EMU_MMA_A, 0, 0, 0, 0);
+    cr_assert_eq(bad, 2, "the swap of two accumulator cells shows as 2 cells, got %d", bad);
+    cr_assert_eq(bad8, 2, "the swap of two B cells shows as 2 cells, got %d", bad8);
 }
 
 Test(mma_layout, emulator_matches_amd_16x16x16_bf16_1k)
@@ -237,25 +373,25 @@ static void check_kernel_layout(const shape_case *sc)
     td_download(d, fb, gb, nb * 2);
     td_download(d, fbt, gbt, nb * 2);
     td_download(d, rc, grc, nc * 2 * sizeof(int));
-    /* Every element agrees with the emulator's MMA... */
+    /* Every element is where the vendor's formula puts it... */
     for (int l = 0; l < in.wave; l++) {
         int r, c;
         for (int e = 0; e < in.a_elems; e++) {
-            emu_mma_layout(sc->id, EMU_MMA_A, l, e, &r, &c);
+            vendor_cell(sc->id, EMU_MMA_A, l, e, &r, &c);
             cr_assert_eq(fa[l * in.a_elems + e], r * 64 + c, "A lane %d element %d", l, e);
         }
         for (int e = 0; e < in.b_elems; e++) {
-            emu_mma_layout(sc->id, EMU_MMA_B, l, e, &r, &c);
+            vendor_cell(sc->id, EMU_MMA_B, l, e, &r, &c);
             cr_assert_eq(fb[l * in.b_elems + e], r * 64 + c, "B lane %d element %d", l, e);
             cr_assert_eq(fbt[l * in.b_elems + e], r * 64 + c, "B^T lane %d element %d", l, e);
         }
         for (int i = 0; i < in.c_regs; i++) {
-            emu_mma_layout(sc->id, EMU_MMA_C, l, i, &r, &c);
+            vendor_cell(sc->id, EMU_MMA_C, l, i, &r, &c);
             cr_assert(rc[(l * in.c_regs + i) * 2] == r && rc[(l * in.c_regs + i) * 2 + 1] == c,
                       "acc lane %d register %d", l, i);
         }
     }
-    /* ...and with the vendor's table. */
+    /* ...and at the cells the vendor's table names. */
     for (int i = 0; i < sc->na; i++) {
         const pin *p = &sc->a[i];
         cr_assert_eq(fa[p->lane * in.a_elems + p->elem], p->row * 64 + p->col, "A %s",
@@ -398,6 +534,305 @@ Test(mma_layout, random_product_16x8x16_on_wave32)
 {
     check_product(&nv16, 0);
     check_product(&nv16, 1);
+}
+
+/* ---- 8-bit fragments (mt_mma8_*) ---------------------------------------- */
+
+/* A from two byte tiles (its own row; its own column); B's packed words
+ * and their expansion from N columns of 4 blocks, whose every word encodes
+ * (column, block, word) in its 8 sign bits and each nibble's element in its
+ * magnitude; and the accumulator positions. */
+static const char frag8_body[] =
+    "MT_KERNEL void frag8_layout(unsigned char *far, unsigned char *fak, unsigned *braw,\n"
+    "                            unsigned char *bexp, int *acc_rc, const unsigned *bmem)\n"
+    "{\n"
+    "    __shared__ __attribute__((aligned(16))) unsigned char ar[16 * 32];\n"
+    "    __shared__ __attribute__((aligned(16))) unsigned char ak[16 * 32];\n"
+    "    __shared__ __attribute__((aligned(16))) unsigned bs[MT_MMA8_N * 16];\n"
+    "    for (int i = threadIdx.x; i < 16 * 32; i += blockDim.x) {\n"
+    "        ar[i] = (unsigned char)(i / 32);\n"
+    "        ak[i] = (unsigned char)(i % 32);\n"
+    "    }\n"
+    "    for (int i = threadIdx.x; i < MT_MMA8_N * 16; i += blockDim.x)\n"
+    "        bs[i] = bmem[i];\n"
+    "    __syncthreads();\n"
+    "    const int l = mt_lane_id();\n"
+    "    mt_mma8_a a = mt_mma8_load_a(ar, 32);\n"
+    "    memcpy(far + l * sizeof a, &a, sizeof a);\n"
+    "    a = mt_mma8_load_a(ak, 32);\n"
+    "    memcpy(fak + l * sizeof a, &a, sizeof a);\n"
+    "    unsigned raw[4];\n"
+    "    mt_mma8_load_b_packed4((const unsigned char *)bs, 64, 16, raw);\n"
+    "    for (int j = 0; j < 4; j++) {\n"
+    "        unsigned w0, w1;\n"
+    "        mt_mma8_b b;\n"
+    "        braw[l * 4 + j] = raw[j];\n"
+    "        mt_mma8_expand(raw[j], 0x03020100u, 0x07060504u, &w0, &w1);\n"
+    "        mt_mma8_set_b(&b, w0, w1);\n"
+    "        memcpy(bexp + (l * 4 + j) * 8, &b, 8);\n"
+    "    }\n"
+    "    for (int i = 0; i < 4; i++) {\n"
+    "        acc_rc[(l * 4 + i) * 2] = mt_mma8_acc_row(i);\n"
+    "        acc_rc[(l * 4 + i) * 2 + 1] = mt_mma8_acc_col(i);\n"
+    "    }\n"
+    "}\n";
+
+/* The prelude's contract of where a pair lands: slot s of group q of K
+ * (s < 4 the first word) takes MMA column kpos8(q, s) of A and row of B. */
+static int kpos8(int wave, int q, int s)
+{
+    return wave == 64 ? 8 * q + s : s < 4 ? 4 * q + s : 16 + 4 * q + s - 4;
+}
+
+/* Element e of a group takes slot slot8(e) (prelude_gpu.h's MT_MMA8_SLOT). */
+static int slot8(int wave, int e) { return wave == 64 ? (e & 1) * 4 + (e >> 1) : e; }
+
+static unsigned code8(int n, int j, int d) { return (unsigned)(n | j << 4 | d << 6); }
+
+/* The packed word d of column n's block j: nibble e holds e, with bit e of
+ * code8(n, j, d) as its sign. */
+static unsigned packed_word(int n, int j, int d)
+{
+    unsigned w = 0, c = code8(n, j, d);
+    for (int e = 0; e < 8; e++)
+        w |= ((unsigned)e | ((c >> e) & 1u) << 3) << (4 * e);
+    return w;
+}
+
+static void check_frag8_layout(int wave)
+{
+    const int id = wave == 64 ? MT_EMU_MMA_FP8_16X16X32 : MT_EMU_MMA_E4M3_16X8X32;
+    emu_mma_info in;
+    cr_assert(emu_mma_shape(id, &in));
+    dev_device *d = open_emu(wave);
+    dev_module *m = td_build(d, "frag8_layout.hip", frag8_body, NULL, 0, true);
+    dev_kernel *k = td_kernel(m, "frag8_layout", "pppppp");
+    const int N = in.n, W = in.wave;
+    unsigned *bmem = malloc((size_t)N * 16 * 4);
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < 4; j++)
+            for (int dd = 0; dd < 4; dd++)
+                bmem[n * 16 + j * 4 + dd] = packed_word(n, j, dd);
+    size_t na = (size_t)W * in.a_elems;
+    void *gar = td_alloc(d, na), *gak = td_alloc(d, na), *graw = td_alloc(d, (size_t)W * 16),
+         *gexp = td_alloc(d, (size_t)W * 32), *grc = td_alloc(d, (size_t)W * 4 * 2 * 4),
+         *gmem = td_upload(d, bmem, (size_t)N * 16 * 4);
+    void *args[] = {&gar, &gak, &graw, &gexp, &grc, &gmem};
+    td_launch(d, k, (dev_dim3){1, 1, 1}, (dev_dim3){(unsigned)W, 1, 1}, 0, args);
+    unsigned char *far = malloc(na), *fak = malloc(na), *bexp = malloc((size_t)W * 32);
+    unsigned *braw = malloc((size_t)W * 16);
+    int *rc = malloc((size_t)W * 4 * 2 * 4);
+    td_download(d, far, gar, na);
+    td_download(d, fak, gak, na);
+    td_download(d, braw, graw, (size_t)W * 16);
+    td_download(d, bexp, gexp, (size_t)W * 32);
+    td_download(d, rc, grc, (size_t)W * 4 * 2 * 4);
+    for (int l = 0; l < W; l++) {
+        /* A: every byte of the lane's registers holds the memory cell its
+         * vendor position asks for (row as is; column through the pairs). */
+        for (int e = 0; e < in.a_elems; e++) {
+            int r, c;
+            vendor_cell(id, EMU_MMA_A, l, e, &r, &c);
+            int q = -1, sl = -1;
+            for (int qq = 0; qq < 4; qq++)
+                for (int ss = 0; ss < 8; ss++)
+                    if (kpos8(wave, qq, ss) == c)
+                        q = qq, sl = ss;
+            cr_assert_eq(far[l * in.a_elems + e], r, "A lane %d byte %d: row", l, e);
+            cr_assert_eq(fak[l * in.a_elems + e], 8 * q + sl, "A lane %d byte %d: column", l, e);
+        }
+        /* B: the word of block j is (its column, block j, its group), and
+         * each expanded byte is the element the slot order puts there. */
+        for (int j = 0; j < 4; j++) {
+            unsigned w = braw[l * 4 + j], c = 0;
+            for (int e = 0; e < 8; e++) {
+                cr_assert_eq((w >> (4 * e)) & 7u, (unsigned)e, "B lane %d block %d", l, j);
+                c |= ((w >> (4 * e + 3)) & 1u) << e;
+            }
+            const int n = (int)(c & 15u), jj = (int)(c >> 4 & 3u), q = (int)(c >> 6);
+            cr_assert_eq(jj, j, "B lane %d: block %d holds block %d's word", l, j, jj);
+            for (int e = 0; e < in.b_elems; e++) {
+                int r, col;
+                vendor_cell(id, EMU_MMA_B, l, e, &r, &col);
+                cr_assert_eq(n, col, "B lane %d: column %d, the vendor's %d", l, n, col);
+                unsigned byte = bexp[(l * 4 + j) * 8 + e];
+                const int el = (int)(byte & 7u);
+                cr_assert_eq(slot8(wave, el), e, "B lane %d byte %d: element %d", l, e, el);
+                cr_assert_eq(kpos8(wave, q, e), r, "B lane %d byte %d: K row %d, the vendor's %d",
+                             l, e, kpos8(wave, q, e), r);
+                cr_assert_eq(byte >> 7, (c >> el) & 1u, "B lane %d byte %d: sign", l, e);
+                cr_assert_eq(byte & 0x78u, 0u, "B lane %d byte %d: %#x", l, e, byte);
+            }
+        }
+        for (int i = 0; i < 4; i++) {
+            int r, c;
+            vendor_cell(id, EMU_MMA_C, l, i, &r, &c);
+            cr_assert(rc[(l * 4 + i) * 2] == r && rc[(l * 4 + i) * 2 + 1] == c,
+                      "acc lane %d register %d", l, i);
+        }
+    }
+    free(bmem);
+    free(far);
+    free(fak);
+    free(braw);
+    free(bexp);
+    free(rc);
+    void *bufs[] = {gar, gak, graw, gexp, grc, gmem};
+    for (int i = 0; i < 6; i++)
+        dev_free(d, bufs[i]);
+    dev_module_unload(m);
+    dev_close(d);
+}
+
+Test(mma_layout, prelude_fragments_match_amd_16x16x32_fp8_on_wave64) { check_frag8_layout(64); }
+Test(mma_layout, prelude_fragments_match_nvidia_m16n8k32_e4m3_on_wave32) { check_frag8_layout(32); }
+
+/* d = c + a x b over KS blocks of K: a as fp8 bytes [16][32 KS] with every
+ * 8-byte group in slot order, b as packed MXFP4 [N][16 KS] expanded with
+ * the magnitude table (tlo, thi). BREAK 1 swaps the two words of lane 5's
+ * B pair after the expansion: a mistake in the prelude alone. */
+static const char prod8_body[] =
+    "MT_KERNEL void mma8_tile(float *d, const unsigned char *a, const unsigned char *b,\n"
+    "                         const float *c, unsigned tlo, unsigned thi)\n"
+    "{\n"
+    "    __shared__ __attribute__((aligned(16))) unsigned char as[16 * 32 * KS];\n"
+    "    __shared__ __attribute__((aligned(16))) unsigned char bs[MT_MMA8_N * 16 * KS];\n"
+    "    for (int i = threadIdx.x; i < 16 * 32 * KS; i += blockDim.x)\n"
+    "        as[i] = a[i];\n"
+    "    for (int i = threadIdx.x; i < MT_MMA8_N * 16 * KS; i += blockDim.x)\n"
+    "        bs[i] = b[i];\n"
+    "    __syncthreads();\n"
+    "    mt_mma8_acc acc;\n"
+    "    for (int i = 0; i < 4; i++)\n"
+    "        acc.x[i] = c[mt_mma8_acc_row(i) * MT_MMA8_N + mt_mma8_acc_col(i)];\n"
+    "    for (int s0 = 0; s0 < KS; s0 += 4) {\n"
+    "        unsigned raw[4];\n"
+    "        mt_mma8_load_b_packed4(bs + s0 * 16, 16 * KS, 16, raw);\n"
+    "        for (int s = s0; s < s0 + 4; s++) {\n"
+    "            mt_mma8_a fa = mt_mma8_load_a(as + s * 32, 32 * KS);\n"
+    "            unsigned w0, w1;\n"
+    "            mt_mma8_expand(raw[s - s0], tlo, thi, &w0, &w1);\n"
+    "            if (BREAK && mt_lane_id() == 5) {\n"
+    "                unsigned t = w0;\n"
+    "                w0 = w1;\n"
+    "                w1 = t;\n"
+    "            }\n"
+    "            mt_mma8_b fb;\n"
+    "            mt_mma8_set_b(&fb, w0, w1);\n"
+    "            acc = mt_mma8_fp8(fa, fb, acc);\n"
+    "        }\n"
+    "    }\n"
+    "    for (int i = 0; i < 4; i++)\n"
+    "        d[mt_mma8_acc_row(i) * MT_MMA8_N + mt_mma8_acc_col(i)] = acc.x[i];\n"
+    "}\n";
+
+#define KS8 8
+
+static double fp8_value(unsigned v)
+{
+    unsigned e = (v >> 3) & 15u, mm = v & 7u;
+    double f = e ? ldexp(8.0 + mm, (int)e - 10) : ldexp((double)mm, -9);
+    return (v & 0x80u) ? -f : f;
+}
+
+/* Cells of the product that miss the plain matmul. */
+static int product8_mismatches(int wave, int brk, uint64_t seed)
+{
+    const int N = wave == 64 ? 16 : 8, K = 32 * KS8;
+    mt_rng rng;
+    mt_rng_seed(&rng, seed);
+    unsigned char *a = malloc((size_t)16 * K), *b = malloc((size_t)N * K / 2);
+    float *c = malloc((size_t)16 * N * 4), *d = malloc((size_t)16 * N * 4);
+    double *av = malloc(sizeof(double) * 16 * K), *bv = malloc(sizeof(double) * K * N);
+    unsigned char tab[8];
+    tab[0] = 0;
+    for (int i = 1; i < 8; i++) /* finite e4m3 magnitudes */
+        tab[i] = (unsigned char)(1 + mt_rng_below(&rng, 0x7e));
+    unsigned tlo = (unsigned)tab[0] | (unsigned)tab[1] << 8 | (unsigned)tab[2] << 16 |
+                   (unsigned)tab[3] << 24,
+             thi = (unsigned)tab[4] | (unsigned)tab[5] << 8 | (unsigned)tab[6] << 16 |
+                   (unsigned)tab[7] << 24;
+    for (int i = 0; i < 16; i++)
+        for (int k = 0; k < K; k++) {
+            unsigned v = (unsigned)mt_rng_below(&rng, 256);
+            if ((v & 0x7fu) == 0x7fu)
+                v &= 0xfeu; /* not NaN */
+            av[i * K + k] = fp8_value(v);
+            a[i * K + (k & ~7) + slot8(wave, k & 7)] = (unsigned char)v;
+        }
+    for (int n = 0; n < N; n++)
+        for (int k = 0; k < K; k++) {
+            unsigned code = (unsigned)mt_rng_below(&rng, 16);
+            bv[k * N + n] = (code & 8u ? -1 : 1) * fp8_value(tab[code & 7u]);
+            unsigned char *p = &b[n * K / 2 + k / 2];
+            *p = (unsigned char)((k & 1) ? (*p & 0x0fu) | code << 4 : (*p & 0xf0u) | code);
+        }
+    for (int i = 0; i < 16 * N; i++)
+        c[i] = mt_rng_uniform(&rng, -4.0f, 4.0f);
+    dev_device *dv = open_emu(wave);
+    char ks[8], br[8];
+    snprintf(ks, sizeof ks, "%d", KS8);
+    snprintf(br, sizeof br, "%d", brk);
+    dev_define defs[] = {{"KS", ks}, {"BREAK", br}};
+    dev_module *m = td_build(dv, "mma8_tile.hip", prod8_body, defs, 2, true);
+    dev_kernel *k = td_kernel(m, "mma8_tile", "ppppuu");
+    void *gd = td_alloc(dv, (size_t)16 * N * 4), *ga = td_upload(dv, a, (size_t)16 * K),
+         *gb = td_upload(dv, b, (size_t)N * K / 2), *gc = td_upload(dv, c, (size_t)16 * N * 4);
+    void *args[] = {&gd, &ga, &gb, &gc, &tlo, &thi};
+    td_launch(dv, k, (dev_dim3){1, 1, 1}, (dev_dim3){(unsigned)wave, 1, 1}, 0, args);
+    td_download(dv, d, gd, (size_t)16 * N * 4);
+    int bad = 0;
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < N; j++) {
+            double want = c[i * N + j], mag = fabs(want);
+            for (int kk = 0; kk < K; kk++) {
+                double p = av[i * K + kk] * bv[kk * N + j];
+                want += p;
+                mag += fabs(p);
+            }
+            bad += !(fabs(d[i * N + j] - want) <= 1e-6 * mag + 1e-30);
+        }
+    free(a);
+    free(b);
+    free(c);
+    free(d);
+    free(av);
+    free(bv);
+    dev_free(dv, gd);
+    dev_free(dv, ga);
+    dev_free(dv, gb);
+    dev_free(dv, gc);
+    dev_module_unload(m);
+    dev_close(dv);
+    return bad;
+}
+
+Test(mma_layout, random_fp8_products_of_packed_mxfp4_on_both_wave_sizes)
+{
+    for (int wave = 32; wave <= 64; wave *= 2) {
+        uint64_t seed = mt_seed_fresh();
+        int bad = product8_mismatches(wave, 0, seed);
+        cr_assert_eq(bad, 0, "wave%d seed %" PRIu64 ": %d cells off the plain matmul", wave,
+                     seed, bad);
+    }
+}
+
+Test(mma_layout, a_mistake_in_the_prelude_alone_or_the_emulator_alone_fails_the_product)
+{
+    for (int wave = 32; wave <= 64; wave *= 2) {
+        uint64_t seed = mt_seed_fresh();
+        cr_assert_gt(product8_mismatches(wave, 1, seed), 0, "wave%d: prelude swap unseen", wave);
+        /* two K rows of B in one lane; then two accumulator columns */
+        int id = wave == 64 ? MT_EMU_MMA_FP8_16X16X32 : MT_EMU_MMA_E4M3_16X8X32;
+        int lane = wave == 64 ? 33 : 9;
+        emu_mma_debug_swap(id, EMU_MMA_B, lane, 1, lane, 2);
+        int bad_b = product8_mismatches(wave, 0, seed);
+        emu_mma_debug_swap(id, EMU_MMA_C, 1, 0, 2, 0);
+        int bad_c = product8_mismatches(wave, 0, seed);
+        emu_mma_debug_swap(0, EMU_MMA_A, 0, 0, 0, 0);
+        cr_assert_gt(bad_b, 0, "wave%d: emulator B swap unseen", wave);
+        cr_assert_gt(bad_c, 0, "wave%d: emulator accumulator swap unseen", wave);
+    }
 }
 
 /* ---- misuse fails loudly ------------------------------------------------ */
