@@ -28,6 +28,9 @@
  *   MT_UNROLL                 before a loop of constant trip count: unroll it
  *                             fully (a register array indexed in a rolled
  *                             loop lives in scratch); nothing on emu
+ *   MT_NOUNROLL               before a loop: keep it rolled (a stream whose
+ *                             body is already unrolled by hand); nothing on
+ *                             emu
  *   mt_opaque_u32(x)          x, as a value the compiler cannot see through:
  *                             work on it stays where it is written (e.g. is
  *                             not hoisted out of a loop to hold more
@@ -102,6 +105,7 @@ MT__FN int mt_lane_id(void)
 }
 #define MT_LAUNCH_OCC(t, w) __launch_bounds__(t, w)
 #define MT_UNROLL _Pragma("unroll")
+#define MT_NOUNROLL _Pragma("unroll 1")
 MT__FN unsigned mt_opaque_u32(unsigned x)
 {
     __asm__ volatile("" : "+v"(x));
@@ -180,6 +184,7 @@ MT__FN int mt_lane_id(void)
 }
 #define MT_LAUNCH_OCC(t, w) __launch_bounds__(t, ((w) * 128 + (t) - 1) / (t))
 #define MT_UNROLL _Pragma("unroll")
+#define MT_NOUNROLL _Pragma("unroll 1")
 MT__FN unsigned mt_opaque_u32(unsigned x)
 {
     asm volatile("" : "+r"(x));

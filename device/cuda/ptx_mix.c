@@ -20,6 +20,9 @@ static void opcode(const char *s, char *op, size_t cap)
 static void count(dev_ptx_func *f, const char *op)
 {
     f->total++;
+    f->ldmatrix += starts(op, "ldmatrix");
+    f->cp_async += starts(op, "cp.async") && !starts(op, "cp.async.wait") &&
+                   !starts(op, "cp.async.commit");
     if (starts(op, "mma.") || starts(op, "wgmma.mma_async")) {
         f->mma++;
         for (int i = 0; i < f->n_mma_kinds; i++)

@@ -27,6 +27,8 @@ typedef struct dev_ptx_func {
     int local;        /* ld.local/st.local: spills or stack arrays */
     int barrier;      /* bar.*, barrier.* */
     int branch;       /* bra, call, ret, exit */
+    int ldmatrix;     /* ldmatrix* (also in ld_shared) */
+    int cp_async;     /* cp.async copies, not their waits (also in ld_global) */
     int n_mma_kinds;
     char mma_kind[DEV_PTX_MAX_MMA_KINDS][64];
     int mma_kind_n[DEV_PTX_MAX_MMA_KINDS];

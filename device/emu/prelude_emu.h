@@ -307,6 +307,7 @@ static inline void mt__mma_check(const void *p, int ld, const char *what, const 
 /* ---- code-shape hints (prelude_gpu.h's MT_UNROLL, mt_opaque_u32): no
  * meaning on the CPU. ------------------------------------------------------ */
 #define MT_UNROLL
+#define MT_NOUNROLL
 static inline unsigned mt_opaque_u32(unsigned x) { return x; }
 
 /* ---- byte permute (prelude_gpu.h's mt_nib_lut4), AMD's nibble order --- */

@@ -79,6 +79,7 @@ typedef struct insn {
     uint64_t addr;
     uint64_t target; /* branch target; UINT64_MAX when none */
     dev_isa_class cls;
+    bool vm0;        /* s_waitcnt vmcnt(0): waits for every vector-memory access */
 } insn;
 
 typedef struct func_buf {
@@ -93,6 +94,19 @@ static void count_range(const insn *v, int first, int last, dev_isa_counts *c)
         c->n[v[i].cls]++;
         c->total++;
     }
+}
+
+/* Full vector-memory waits from first up to the first matrix instruction
+ * of [first, last] (0 when there is none). */
+static int vm0_before_mma(const insn *v, int first, int last)
+{
+    int n = 0;
+    for (int i = first; i <= last; i++) {
+        if (v[i].cls == DEV_ISA_MFMA)
+            return n;
+        n += v[i].vm0;
+    }
+    return 0;
 }
 
 static int index_of(const func_buf *b, uint64_t addr)
@@ -120,6 +134,7 @@ static void finish_func(const func_buf *b, dev_isa_func *f)
         l->first = first;
         l->last = i;
         count_range(b->v, first, i, &l->c);
+        l->vm0_before_mma = vm0_before_mma(b->v, first, i);
     }
     for (int i = 0; i < f->n_loops; i++) {
         dev_isa_loop *l = &f->loops[i];
@@ -140,10 +155,29 @@ static void finish_func(const func_buf *b, dev_isa_func *f)
             f->hot = i;
         }
     }
-    if (best_mma == 0)
-        for (int i = 0; i < f->n_loops; i++)
-            if (f->hot < 0 || f->loops[i].c.total > f->loops[f->hot].c.total)
-                f->hot = i;
+    if (best_mma > 0)
+        return;
+    /* No matrix instructions: a memory-streaming kernel's hot loop is the
+     * innermost one that holds at least half of the most global loads any
+     * loop holds (an outer loop around it also counts the loads of what
+     * it does once per pass, e.g. a decode of activations); without loads,
+     * the largest loop. */
+    int most_ld = 0;
+    for (int i = 0; i < f->n_loops; i++)
+        most_ld = f->loops[i].c.n[DEV_ISA_GLOBAL_LOAD] > most_ld
+                      ? f->loops[i].c.n[DEV_ISA_GLOBAL_LOAD]
+                      : most_ld;
+    for (int i = 0; i < f->n_loops; i++) {
+        const dev_isa_loop *l = &f->loops[i], *h = f->hot >= 0 ? &f->loops[f->hot] : NULL;
+        int ld = l->c.n[DEV_ISA_GLOBAL_LOAD];
+        bool better = most_ld > 0
+                          ? 2 * ld >= most_ld &&
+                                (!h || l->depth > h->depth ||
+                                 (l->depth == h->depth && ld > h->c.n[DEV_ISA_GLOBAL_LOAD]))
+                          : !h || l->c.total > h->c.total;
+        if (better)
+            f->hot = i;
+    }
 }
 
 /* "0000000000001d00 <name>:" → true with the address and the name. */
@@ -189,6 +223,7 @@ static bool insn_line(const char *line, uint64_t fstart, insn *out, char *mn_out
         return false;
     out->addr = a;
     out->cls = dev_isa_classify(mn);
+    out->vm0 = out->cls == DEV_ISA_WAIT && strstr(p, "vmcnt(0)") && strstr(p, "vmcnt(0)") < cm;
     snprintf(mn_out, cap, "%s", mn);
     out->target = UINT64_MAX;
     if (out->cls == DEV_ISA_BRANCH && (starts(mn, "s_branch") || starts(mn, "s_cbranch"))) {

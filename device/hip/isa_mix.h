@@ -3,7 +3,9 @@
  * counted by class (matrix, vector ALU, scalar ALU, global and LDS memory,
  * scratch, waits, barriers) over the whole function and over each loop
  * (a backward branch and its target), with the "hot" loop picked out: the
- * innermost loop with the most matrix instructions, else the largest one.
+ * innermost loop with the most matrix instructions; without any, the
+ * innermost loop holding at least half of the most global loads a loop
+ * holds (a memory stream); without loads, the largest loop.
  *
  * The disassembly comes from llvm-objdump (llvm-objdump-19 first, then
  * llvm-objdump on PATH); dev_isa_parse works on its text, so the counting
@@ -56,6 +58,10 @@ typedef struct dev_isa_loop {
     int first, last;   /* instruction indices in the function, inclusive */
     int depth;         /* 1 outermost; loops nested inside others are deeper */
     dev_isa_counts c;
+    /* s_waitcnt vmcnt(0) (a wait for every global access in flight) between
+     * the loop's head and its first matrix instruction: nonzero means this
+     * step's matrix work waits on memory issued for it (0 without MFMA) */
+    int vm0_before_mma;
 } dev_isa_loop;
 
 typedef struct dev_isa_func {

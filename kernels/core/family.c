@@ -493,10 +493,16 @@ bool kern_mma_tile(const dev_props *p, int mma, int *tm, int *tn, int *tk)
         have = !strncmp(p->arch, "sm_", 3) && atoi(p->arch + 3) >= 80;
     else
         have = p->backend == DEV_BACKEND_EMU;
-    if (!have || (mma == 2 && !wave64) || mma < 1 || mma > 2)
+    if (mma == 3) { /* fp8 e4m3 operands: CDNA3 on, Ada/Hopper on */
+        if (p->backend == DEV_BACKEND_HIP)
+            have = !strncmp(p->arch, "gfx94", 5) || !strcmp(p->arch, "gfx950");
+        else if (p->backend == DEV_BACKEND_CUDA)
+            have = have && atoi(p->arch + 3) >= 89;
+    }
+    if (!have || (mma == 2 && !wave64) || mma < 1 || mma > 3)
         return false;
     *tm = mma == 2 ? 32 : 16;
     *tn = mma == 2 ? 32 : wave64 ? 16 : 8;
-    *tk = mma == 2 ? 8 : 16;
+    *tk = mma == 2 ? 8 : mma == 3 ? 32 : 16;
     return true;
 }

@@ -230,7 +230,9 @@ void kern_space_point(const kern_impl *im, uint64_t idx, kern_config *c);
  * MT_MMA_SHAPE 16, 2: 32) on p, as prelude_gpu.h defines it; false where p
  * has no such instruction (AMD MFMA bf16_1k on gfx90a/gfx94x/gfx950 and emu
  * wave64: 16x16x16, 32x32x8; NVIDIA mma.sync on sm_80+ and emu wave32:
- * 16x8x16 only). Shared by every family with an MMA parameter. */
+ * 16x8x16 only); mma 3 the fp8 e4m3 tile (16x16x32 on CDNA3/CDNA4 and emu
+ * wave64, 16x8x32 on sm_89+ and emu wave32). Shared by every family with an
+ * MMA parameter. */
 bool kern_mma_tile(const dev_props *p, int mma, int *tm, int *tn, int *tk);
 
 /* Value of parameter `name` in c, or `dflt` when the impl has none. */

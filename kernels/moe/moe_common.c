@@ -568,7 +568,7 @@ static const int g_splitk[] = {1, 2, 4, 8};
 static const int g_groupm[] = {1, 4, 8};
 static const int g_vec[] = {1, 4, 8};
 static const int g_unroll[] = {1, 2, 4};
-static const int g_mma[] = {0, 1, 2};
+static const int g_mma[] = {0, 1, 2, 3};
 static const int g_gemv[] = {0, 1, 2, 4};
 
 const kern_param_desc moe_gpu_params[MOE_GPU_NPARAMS] = {
@@ -581,11 +581,12 @@ const kern_param_desc moe_gpu_params[MOE_GPU_NPARAMS] = {
     [MOE_GPU_GROUPM] = {"GROUP_M", g_groupm, 3, "row tiles grouped in the launch order"},
     [MOE_GPU_VEC] = {"VEC", g_vec, 3, "bytes per weight load"},
     [MOE_GPU_UNROLL] = {"UNROLL", g_unroll, 3, "k steps unrolled in the inner loop (MMA: 1)"},
-    [MOE_GPU_MMA] = {"MMA", g_mma, 3, "0 scalar FMAs; 1, 2 matrix instructions, the "
-                     "platform's small (16-row) or large (32x32x8, AMD) tile"},
+    [MOE_GPU_MMA] = {"MMA", g_mma, 4, "0 scalar FMAs; 1, 2 bf16 matrix instructions, the "
+                     "platform's small (16-row) or large (32x32x8, AMD) tile; 3 fp8 e4m3 ones "
+                     "(a4w4: MXFP4 folded into fp8 by row, K 32 a block; tiles and GEMV=1)"},
     [MOE_GPU_GEMV] = {"GEMV", g_gemv, 4, "0 tiles; R > 0 the decode path: no padding rows, "
-                      "R pairs of an expert per pass, 16-byte weight loads, split K over lanes "
-                      "and blocks"},
+                      "R pairs of an expert per pass (MMA=3: GEMV=1, 16 a pass), 16-byte "
+                      "weight loads, split K over lanes and blocks"},
 };
 
 /* Row pitch padding (bf16 elements) of the MMA path's shared tiles, as
@@ -596,6 +597,15 @@ static int mma_pad(int ws) { return ws == 64 ? 4 : 8; }
 size_t moe_gpu_shared(const kern_config *cfg, int wr, int ws)
 {
     const int *v = cfg->v;
+    size_t wrows = (size_t)(wr * v[MOE_GPU_BN]);
+    if (v[MOE_GPU_MMA] == 3) { /* fp8 tables and the weight rows' references */
+        size_t fixed = 32 * 4 + wrows * 4;
+        if (v[MOE_GPU_GEMV])
+            return fixed;
+        size_t bk = (size_t)v[MOE_GPU_BK];
+        return fixed + 2 * ((size_t)v[MOE_GPU_BM] * (bk + 16) + wrows * (bk / 2 + 16) +
+                            wrows * (bk / 32));
+    }
     if (v[MOE_GPU_GEMV]) /* registers and shuffles only */
         return 0;
     size_t rows = (size_t)(v[MOE_GPU_BM] + wr * v[MOE_GPU_BN]);
@@ -620,6 +630,12 @@ static bool mma_valid(const int *v, const dev_props *p, int wr, char *why, size_
                  v[MOE_GPU_UNROLL]);
         return false;
     }
+    if (mma == 3 && (v[MOE_GPU_BK] < 128 || v[MOE_GPU_STAGES] != 2)) {
+        snprintf(why, cap, "MMA=3: BK=%d, STAGES=%d (the fp8 tiles take BK 128 or 256, four "
+                 "blocks of 32 a weight load, and two shared buffers)", v[MOE_GPU_BK],
+                 v[MOE_GPU_STAGES]);
+        return false;
+    }
     int wn = BN / tn < W ? BN / tn : W, wm = wn ? W / wn : 0;
     if (BN % tn || W % wn || BM % (wm * tm) || v[MOE_GPU_BK] % tk) {
         snprintf(why, cap, "MMA=%d: WAVES=%d waves of %dx%dx%d fragments do not tile the "
@@ -641,10 +657,35 @@ static bool mma_valid(const int *v, const dev_props *p, int wr, char *why, size_
  * and the registers a lane holds: R pairs' activations of its KPL blocks
  * of 32 (bf16 pairs: 16 words a block) and UNROLL rows of 16-byte weight
  * loads and scales (x2 in stage 1). */
-static bool gemv_valid(int64_t k, const int *v, int ws, int wr, char *why, size_t cap)
+static bool gemv_valid(int64_t k, const int *v, const dev_props *p, int wr, char *why,
+                       size_t cap)
 {
+    const int ws = p->warp_size;
     static const int fixed[] = {MOE_GPU_BM, MOE_GPU_BK, MOE_GPU_STAGES, MOE_GPU_GROUPM,
                                 MOE_GPU_VEC, MOE_GPU_MMA};
+    if (v[MOE_GPU_MMA] == 3) { /* the decode path on fp8 instructions */
+        int tm, tn, tk;
+        if (!kern_mma_tile(p, 3, &tm, &tn, &tk)) {
+            snprintf(why, cap, "MMA=3: %s has no fp8 matrix instructions", p->arch);
+            return false;
+        }
+        if (v[MOE_GPU_GEMV] != 1 || v[MOE_GPU_BN] != v[MOE_GPU_WAVES] * tn ||
+            (k / v[MOE_GPU_SPLITK]) % (128 * v[MOE_GPU_UNROLL])) {
+            snprintf(why, cap, "GEMV=%d with MMA=3: takes GEMV=1 (16 pairs a pass), BN = WAVES "
+                     "x %d (a wave's columns) and K/SPLITK a multiple of 128 x UNROLL (steps "
+                     "of 4 blocks, UNROLL loaded at once)", v[MOE_GPU_GEMV], tn);
+            return false;
+        }
+        for (size_t i = 0; i + 1 < sizeof fixed / sizeof fixed[0]; i++) {
+            const kern_param_desc *d = &moe_gpu_params[fixed[i]];
+            if (v[fixed[i]] != d->values[0]) {
+                snprintf(why, cap, "GEMV=1, MMA=3: %s=%d, the decode path takes %s=%d", d->name,
+                         v[fixed[i]], d->name, d->values[0]);
+                return false;
+            }
+        }
+        return true;
+    }
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
         const kern_param_desc *d = &moe_gpu_params[fixed[i]];
         if (v[fixed[i]] != d->values[0]) {
@@ -671,10 +712,15 @@ int64_t moe_gemv_blocks(int64_t npairs, int64_t n_experts, int64_t n, const kern
     return segs * (n / cfg->v[MOE_GPU_BN]);
 }
 
-bool moe_gpu_valid(int64_t k, int64_t n, int64_t bm, bool up, int comb, const kern_config *cfg,
-                   const dev_props *p, char *why, size_t cap)
+bool moe_gpu_valid(int64_t k, int64_t n, int64_t bm, bool up, int comb, bool a4,
+                   const kern_config *cfg, const dev_props *p, char *why, size_t cap)
 {
     const int *v = cfg->v;
+    if (v[MOE_GPU_MMA] == 3 && !a4) {
+        snprintf(why, cap, "MMA=3 is the a4w4 path (a=mxfp4): other activations are not folded "
+                 "into fp8");
+        return false;
+    }
     int BM = v[MOE_GPU_BM], BN = v[MOE_GPU_BN], BK = v[MOE_GPU_BK];
     int T = v[MOE_GPU_WAVES] * p->warp_size, wr = up ? 2 : 1, sk = v[MOE_GPU_SPLITK];
     if (bm % BM) {
@@ -692,7 +738,7 @@ bool moe_gpu_valid(int64_t k, int64_t n, int64_t bm, bool up, int comb, const ke
         return false;
     }
     if (v[MOE_GPU_GEMV]) {
-        if (!gemv_valid(k, v, p->warp_size, wr, why, cap))
+        if (!gemv_valid(k, v, p, wr, why, cap))
             return false;
     } else if (v[MOE_GPU_MMA]) {
         if (!mma_valid(v, p, wr, why, cap))
@@ -728,8 +774,8 @@ bool moe_gpu_valid(int64_t k, int64_t n, int64_t bm, bool up, int comb, const ke
 /* The first valid point of the space with MMA=mma, smallest tiles first
  * (BM varies fastest; parameters after MMA at their first value); false
  * when there is none. */
-static bool gpu_first_valid(int64_t k, int64_t n, int64_t bm, bool up, int comb, int mma,
-                            const dev_props *p, kern_config *cfg)
+static bool gpu_first_valid(int64_t k, int64_t n, int64_t bm, bool up, int comb, bool a4,
+                            int mma, const dev_props *p, kern_config *cfg)
 {
     char why[256];
     uint64_t total = 1;
@@ -744,7 +790,7 @@ static bool gpu_first_valid(int64_t k, int64_t n, int64_t bm, bool up, int comb,
         cfg->v[MOE_GPU_MMA] = mma;
         for (int i = MOE_GPU_MMA + 1; i < MOE_GPU_NPARAMS; i++) /* the tile paths' values */
             cfg->v[i] = moe_gpu_params[i].values[0];
-        if (moe_gpu_valid(k, n, bm, up, comb, cfg, p, why, sizeof why))
+        if (moe_gpu_valid(k, n, bm, up, comb, a4, cfg, p, why, sizeof why))
             return true;
     }
     return false;
@@ -756,13 +802,33 @@ static bool gpu_first_valid(int64_t k, int64_t n, int64_t bm, bool up, int comb,
  * stage 1 UNROLL 1 (gate and up of a row: at GLM-5.2 6 loads of 16 bytes
  * in flight per lane), stage 2 UNROLL 4, and the smallest SPLITK whose
  * registers fit (NVIDIA's 32 lanes hold twice the blocks of AMD's 64). */
-static bool gemv_default(int64_t k, int64_t n, int64_t bm, bool up, int comb, int64_t npairs,
-                         int64_t n_experts, const dev_props *p, kern_config *cfg)
+static bool gemv_default(int64_t k, int64_t n, int64_t bm, bool up, int comb, bool a4,
+                         int64_t npairs, int64_t n_experts, const dev_props *p, kern_config *cfg)
 {
     double e = (double)n_experts, np = (double)npairs;
     double per = np / (e * (1.0 - pow(1.0 - 1.0 / e, np)));
     if (!(per <= 2.0))
         return false;
+    int tm, tn, tk;
+    if (a4 && kern_mma_tile(p, 3, &tm, &tn, &tk)) {
+        /* fp8 instructions: a wave a column group, 4 waves; stage 1 two
+         * 16-byte loads ahead (gate and up), stage 2 four; K split until
+         * the grid has about 8 blocks of 4 waves per 64 lanes of 16-byte
+         * loads in flight... simply: the smallest split whose grid reaches
+         * 1024 blocks, as long as K/SPLITK stays a multiple of 128 */
+        int64_t segs = npairs < n_experts ? npairs : n_experts;
+        int bn = 4 * tn;
+        for (int sk = 1; sk <= 8; sk *= 2) {
+            /* BM, BN, BK, WAVES, STAGES, SPLITK, GROUP_M, VEC, UNROLL, MMA, GEMV */
+            int v[MOE_GPU_NPARAMS] = {16, bn, 32, 4, 1, sk, 1, 1, up ? 2 : 4, 3, 1};
+            memcpy(cfg->v, v, sizeof v);
+            char why[256];
+            bool ok = moe_gpu_valid(k, n, bm, up, comb, a4, cfg, p, why, sizeof why);
+            if (ok && (segs * (n / bn) * sk >= 1024 || sk == 8 ||
+                       (k / (2 * sk)) % 128 != 0))
+                return true;
+        }
+    }
     static const int sks[] = {1, 2, 4, 8};
     const int rs[] = {per > 1.5 ? 2 : 1, 1}, us[] = {up ? 1 : 4, 1};
     char why[256];
@@ -772,7 +838,7 @@ static bool gemv_default(int64_t k, int64_t n, int64_t bm, bool up, int comb, in
                 /* BM, BN, BK, WAVES, STAGES, SPLITK, GROUP_M, VEC, UNROLL, MMA, GEMV */
                 int v[MOE_GPU_NPARAMS] = {16, 16, 32, 4, 1, sks[si], 1, 1, us[ui], 0, rs[ri]};
                 memcpy(cfg->v, v, sizeof v);
-                if (moe_gpu_valid(k, n, bm, up, comb, cfg, p, why, sizeof why))
+                if (moe_gpu_valid(k, n, bm, up, comb, a4, cfg, p, why, sizeof why))
                     return true;
             }
     return false;
@@ -791,15 +857,33 @@ static bool gemv_default(int64_t k, int64_t n, int64_t bm, bool up, int comb, in
  * STAGES 2, VEC 8 (16-byte weight rows of 16 values, one scale each),
  * GROUP_M 8, SPLITK 1. A candidate that validity refuses falls through to
  * the first valid MMA config, and only then to the scalar default. */
-void moe_gpu_default(int64_t k, int64_t n, int64_t bm, bool up, int comb, int64_t npairs,
-                     int64_t n_experts, const dev_props *p, kern_config *cfg)
+void moe_gpu_default(int64_t k, int64_t n, int64_t bm, bool up, int comb, bool a4,
+                     int64_t npairs, int64_t n_experts, const dev_props *p, kern_config *cfg)
 {
     double per_expert = (double)npairs / (double)(n_experts < npairs ? n_experts : npairs);
     char why[256];
     cfg->n = MOE_GPU_NPARAMS;
-    if (gemv_default(k, n, bm, up, comb, npairs, n_experts, p, cfg))
+    if (gemv_default(k, n, bm, up, comb, a4, npairs, n_experts, p, cfg))
         return;
     int tm, tn, tk;
+    if (a4 && kern_mma_tile(p, 3, &tm, &tn, &tk)) {
+        /* fp8 tiles: BN 64 (x2 in stage 1) of 4 column groups on AMD, BK
+         * 128 (four blocks a weight load), BM by the rows an expert gets;
+         * 8 waves where the 128-row tile's 58 KB of shared memory leave room
+         * for one block a CU (2 waves a SIMD), else 4 */
+        int want = per_expert >= 128 ? 128 : per_expert >= 64 ? 64 : per_expert >= 32 ? 32 : 16;
+        while (want > 16 && bm % want)
+            want /= 2;
+        for (; want >= 16; want /= 2) {
+            const int waves[] = {want >= 64 && tn == 16 ? 8 : 4, 4, 2};
+            for (int wi = 0; wi < 3; wi++) {
+                int v[MOE_GPU_NPARAMS] = {want, 64, 128, waves[wi], 2, 1, 8, 8, 1, 3, 0};
+                memcpy(cfg->v, v, sizeof v);
+                if (moe_gpu_valid(k, n, bm, up, comb, a4, cfg, p, why, sizeof why))
+                    return;
+            }
+        }
+    }
     int mma = kern_mma_tile(p, 1, &tm, &tn, &tk) ? 1 : 0;
     if (mma) {
         int big = kern_mma_tile(p, 2, &tm, &tn, &tk);
@@ -815,11 +899,11 @@ void moe_gpu_default(int64_t k, int64_t n, int64_t bm, bool up, int comb, int64_
             memcpy(v1, v2, sizeof v2);
         }
         memcpy(cfg->v, v1, sizeof v1);
-        if (moe_gpu_valid(k, n, bm, up, comb, cfg, p, why, sizeof why))
+        if (moe_gpu_valid(k, n, bm, up, comb, a4, cfg, p, why, sizeof why))
             return;
-        if (prefill && big && gpu_first_valid(k, n, bm, up, comb, 2, p, cfg))
+        if (prefill && big && gpu_first_valid(k, n, bm, up, comb, a4, 2, p, cfg))
             return;
-        if (gpu_first_valid(k, n, bm, up, comb, 1, p, cfg))
+        if (gpu_first_valid(k, n, bm, up, comb, a4, 1, p, cfg))
             return;
     }
     int want_bm = per_expert >= 64 ? 64 : per_expert >= 32 ? 32 : 16;
@@ -827,16 +911,18 @@ void moe_gpu_default(int64_t k, int64_t n, int64_t bm, bool up, int comb, int64_
         want_bm /= 2;
     int v0[MOE_GPU_NPARAMS] = {want_bm, 64, 32, 2, 2, 1, 8, 4, 4, 0};
     memcpy(cfg->v, v0, sizeof v0);
-    if (moe_gpu_valid(k, n, bm, up, comb, cfg, p, why, sizeof why) ||
-        gpu_first_valid(k, n, bm, up, comb, 0, p, cfg))
+    if (moe_gpu_valid(k, n, bm, up, comb, a4, cfg, p, why, sizeof why) ||
+        gpu_first_valid(k, n, bm, up, comb, a4, 0, p, cfg))
         return;
     memcpy(cfg->v, v0, sizeof v0); /* nothing fits this device: validity says why */
 }
 
 size_t moe_gpu_act_offset(size_t before) { return (before + 255) / 256 * 256; }
 
-size_t moe_gpu_act_bytes(int64_t rows, int64_t k)
+size_t moe_gpu_act_bytes(int64_t rows, int64_t k, const kern_config *cfg)
 {
+    if (cfg->v[MOE_GPU_MMA] == 3) /* e4m3 codes [rows, k], references int32 [rows] */
+        return (size_t)rows * (size_t)(k + 4);
     return (size_t)rows * (size_t)(k / 2 + k / 32);
 }
 
@@ -844,14 +930,26 @@ mt_status moe_gpu_act_quant(const kern_ctx *c, const void *src, int64_t rows, in
                             size_t before, void **q, void **s, mt_err *err)
 {
     unsigned char *base = (unsigned char *)c->scratch + moe_gpu_act_offset(before);
+    void *x = (void *)(uintptr_t)src;
+    int32_t n = (int32_t)rows;
+    dev_kernel *kq;
+    if (c->cfg->v[MOE_GPU_MMA] == 3) {
+        *q = base;
+        *s = base + (size_t)rows * (size_t)k;
+        mt_status st = kern_get(c, "moe_act_q8", "pppi", &kq, err);
+        if (st != MT_OK)
+            return st;
+        int waves = c->cfg->v[MOE_GPU_WAVES];
+        void *args[] = {&x, q, s, &n};
+        return dev_launch(c->dev, kq, (dev_dim3){kern_cdiv(rows, waves), 1, 1},
+                          (dev_dim3){(unsigned)(waves * c->props->warp_size), 1, 1}, 0, args,
+                          err);
+    }
     *q = base;
     *s = base + (size_t)rows * (size_t)(k / 2);
-    dev_kernel *kq;
     mt_status st = kern_get(c, "moe_act_quant", "pppi", &kq, err);
     if (st != MT_OK)
         return st;
-    void *x = (void *)(uintptr_t)src;
-    int32_t n = (int32_t)rows;
     void *args[] = {&x, q, s, &n};
     return dev_launch(c->dev, kq, (dev_dim3){kern_cdiv(rows * (k / 32), 256), 1, 1},
                       (dev_dim3){256, 1, 1}, 0, args, err);

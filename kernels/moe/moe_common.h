@@ -173,7 +173,8 @@ bool moe_cpu_one_stream_fills(const dev_props *p);
 size_t moe_cpu_act_bytes(int64_t rows, int64_t k);
 
 /* The GPU GEMM parameters (moe_gemm.hip). MMA: 0 scalar f32 FMAs, 1 and 2
- * the prelude's matrix fragments (MT_MMA_SHAPE 16 and 32). GEMV = R > 0:
+ * the prelude's bf16 matrix fragments (MT_MMA_SHAPE 16 and 32), 3 its fp8
+ * ones (mt_mma8_*, a4w4 only). GEMV = R > 0:
  * the decode path (no tiles, R pairs of an expert per pass); it uses BN,
  * WAVES, SPLITK and UNROLL (rows in flight per lane group) and needs the
  * tile-only parameters at their first values. */
@@ -185,25 +186,29 @@ extern const kern_param_desc moe_gpu_params[MOE_GPU_NPARAMS];
  * stage 1 (gate and up). */
 size_t moe_gpu_shared(const kern_config *cfg, int wr, int ws);
 /* Validity for reduction length k, n output rows per expert, layout tile
- * height bm, stage 1 (up) or 2, combine path comb (stage 2). */
-bool moe_gpu_valid(int64_t k, int64_t n, int64_t bm, bool up, int comb, const kern_config *cfg,
-                   const dev_props *p, char *why, size_t cap);
+ * height bm, stage 1 (up) or 2, combine path comb (stage 2), a4: a4w4
+ * activations (MMA=3 takes only those). */
+bool moe_gpu_valid(int64_t k, int64_t n, int64_t bm, bool up, int comb, bool a4,
+                   const kern_config *cfg, const dev_props *p, char *why, size_t cap);
 /* Grid blocks along x of the decode path (GEMV > 0): one per possible
  * expert segment (min(npairs, E)) per BN-row slice of n. */
 int64_t moe_gemv_blocks(int64_t npairs, int64_t n_experts, int64_t n, const kern_config *cfg);
 /* A valid default (the decode path for few pairs per expert, small tiles
  * for decode, larger for prefill). */
-void moe_gpu_default(int64_t k, int64_t n, int64_t bm, bool up, int comb, int64_t npairs,
-                     int64_t n_experts, const dev_props *p, kern_config *cfg);
+void moe_gpu_default(int64_t k, int64_t n, int64_t bm, bool up, int comb, bool a4,
+                     int64_t npairs, int64_t n_experts, const dev_props *p, kern_config *cfg);
 /* Extra defines: MT_WS (the device's wave size) and MOE_UP. */
 int moe_gpu_defines(bool up, const dev_props *p, dev_define *out, char (*buf)[64], int cap);
-/* a4w4 on GPUs: the scratch bytes moe_act_quant writes for rows x k
- * activations (E2M1 codes [rows, k/2], then E8M0 scales [rows, k/32]),
- * placed after `before` bytes of other scratch (rounded up to 256). */
+/* a4w4 on GPUs: the scratch bytes the activation pre-pass writes for rows
+ * x k activations, placed after `before` bytes of other scratch (rounded up
+ * to 256): moe_act_quant's E2M1 codes [rows, k/2] and E8M0 scales [rows,
+ * k/32], or for MMA=3 moe_act_q8's folded e4m3 codes [rows, k] and row
+ * references (int32 [rows]). */
 size_t moe_gpu_act_offset(size_t before);
-size_t moe_gpu_act_bytes(int64_t rows, int64_t k);
-/* Launches moe_act_quant on src [rows, k] (bf16, device) into c->scratch
- * at moe_gpu_act_offset(before); *q and *s receive the codes and scales. */
+size_t moe_gpu_act_bytes(int64_t rows, int64_t k, const kern_config *cfg);
+/* Launches the config's pre-pass on src [rows, k] (bf16, device) into
+ * c->scratch at moe_gpu_act_offset(before); *q and *s receive the codes and
+ * the scales (MMA=3: the row references). */
 mt_status moe_gpu_act_quant(const kern_ctx *c, const void *src, int64_t rows, int64_t k,
                             size_t before, void **q, void **s, mt_err *err);
 

@@ -182,9 +182,9 @@ static const kern_case cases[] = {
     {"H=384,I=256,E=8,topk=2,a=bf16,comb=0,wl=1,bm=64,skew=2", 64},
 };
 
-/* 2: the MMA parameter; 3: GEMV (the decode path) */
+/* 2: the MMA parameter; 3: GEMV (the decode path); 4: MMA=3 (fp8) */
 const kern_family fam_moe_gemm_down =
-    MG_FAMILY(down, "moe_gemm_down", 3,
+    MG_FAMILY(down, "moe_gemm_down", 4,
               "MoE stage 2: y += w * (h Wd^T) per routed pair (atomics) or per-pair rows",
               dims, presets, cases, buffers, fill, reference, cost, cpu_run, cpu_order_varies,
               gpu_run, gpu_order_varies);

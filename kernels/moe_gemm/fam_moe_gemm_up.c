@@ -195,8 +195,8 @@ static const kern_case cases[] = {
     {"H=256,I=128,E=4,topk=2,a=bf16,cat=1,wl=1,bm=128,skew=0", 67},
 };
 
-/* 2: the MMA parameter; 3: GEMV (the decode path) */
+/* 2: the MMA parameter; 3: GEMV (the decode path); 4: MMA=3 (fp8) */
 const kern_family fam_moe_gemm_up =
-    MG_FAMILY(up, "moe_gemm_up", 3,
+    MG_FAMILY(up, "moe_gemm_up", 4,
               "MoE stage 1: h = silu(x Wg^T) * (x Wu^T) per routed pair, MXFP4 weights",
               dims, presets, cases, buffers, fill, reference, cost, cpu_run, NULL, gpu_run, NULL);

@@ -277,7 +277,7 @@ MT_DEVICE void g_down_out(float *out, int p, int n, float wk, float acc)
 }
 #endif
 
-#if MMA
+#if MMA == 1 || MMA == 2
 #if !MT_MMA_HAVE
 #error "MMA needs matrix instructions, which this target does not have"
 #endif
@@ -701,6 +701,475 @@ MT_DEVICE void v_down_out(float *out, float *partial, const float *topk_w, int n
 #endif
 #endif
 
+#if MMA == 3
+/* ---- MXFP4 on fp8 matrix instructions (MMA = 3, a4w4) ----------------------
+ * An E2M1 value times a power of two is exact in fp8 e4m3 while the result
+ * stays within e4m3's range. Each row of activations (moe_act_q8, once per
+ * launch) and each weight row (the tile's or wave's prologue, over the K
+ * range it multiplies) takes as its reference c the largest E8M0 code of its
+ * blocks; a block of code s is stored as E2M1 x 2^(s - c + Q8_F). Q8_F = 6
+ * keeps the largest value (6 x 64 = 384) below e4m3's 448, and every block
+ * down to 14 binades below its row's largest is exact (2^-9, e4m3's least
+ * subnormal, is half of E2M1's 0.5 at s - c = -14); blocks further down
+ * are flushed to zero: less than 2^-14 of the row's largest block, well
+ * inside the family's tolerance. So one fp32 accumulator runs across all
+ * of K with no per-block work, and the epilogue scales each result once by
+ * 2^((c_row - 127 - Q8_F) + (c_n - 127 - Q8_F)). A row with a NaN block
+ * (code 255) has c = 255 and gives NaN, as the reference does.
+ *
+ * The table of tables: q8 table i (i = 1..15) holds the e4m3 codes of the
+ * eight E2M1 magnitudes times 2^(i - 9); table 0 is all zeros (flushed).
+ * A block of code s in a row of reference c uses table s - c + 15, clamped
+ * to 0. Its bytes feed mt_mma8_expand as the magnitude table. */
+#if !MT_MMA8_HAVE
+#error "MMA=3 needs fp8 matrix instructions (gfx940+, sm_89+)"
+#endif
+#if S_a != 3
+#error "MMA=3 is the a4w4 path (a=mxfp4)"
+#endif
+#define Q8_F 6
+#define Q8_NKB (G_K / 32 / SPLITK) /* 32-blocks of a split's K range */
+
+/* Table i as its two words (magnitudes 0..3, 4..7). */
+MT_DEVICE unsigned q8_table_word(int i, int hi)
+{
+    unsigned w = 0;
+    for (int m = 0; m < 4; m++) {
+        float v = i ? mt_ldexpf(mt_e2m1_to_f32((unsigned)(4 * hi + m)), i - 9) : 0.0f;
+        w |= mt_f32_to_fp8e4m3(v) << (8 * m);
+    }
+    return w;
+}
+
+/* Fills the 16 tables (32 words); the caller synchronizes before use. */
+MT_DEVICE void q8_tables_fill(unsigned *tab)
+{
+    for (int i = threadIdx.x; i < 32; i += G_T)
+        tab[i] = q8_table_word(i / 2, i % 2);
+}
+
+/* Table index of block code s in a row of reference code c. */
+MT_DEVICE int q8_index(unsigned s, int c)
+{
+    int i = (int)s - c + 15;
+    return i < 0 ? 0 : i;
+}
+
+/* The scale 2^e of a row pair's result, or NaN for a row with a NaN block. */
+MT_DEVICE float q8_out(float acc, int cm, int cn)
+{
+    if (cm == 255 || cn == 255)
+        return mt_uint_as_float(0x7fc00000u);
+    return mt_ldexpf(acc, cm + cn - 2 * (127 + Q8_F));
+}
+
+/* The largest E8M0 code of n scale bytes at s (255 when one is 255). */
+MT_DEVICE int q8_row_max(const unsigned char *s, int n)
+{
+    int c = 0;
+    if (n % 4 == 0) {
+        const unsigned *w = (const unsigned *)s;
+        for (int i = 0; i < n / 4; i++) {
+            unsigned v = w[i];
+            for (int b = 0; b < 4; b++) {
+                int x = (int)((v >> (8 * b)) & 0xffu);
+                c = x > c ? x : c;
+            }
+        }
+    } else {
+        for (int i = 0; i < n; i++)
+            c = s[i] > c ? s[i] : c;
+    }
+    return c;
+}
+
+/* a4w4's pre-pass of the 8-bit paths: quantizes activation rows [rows,
+ * G_K] (bf16) to MXFP4 by the "even" rule, exactly as moe_act_quant, and
+ * stores them as e4m3 codes folded by the row's reference scale (q, [rows,
+ * G_K] bytes, every 8-element group in MT_MMA8_SLOT order) with the
+ * reference codes (cm, [rows]). One wave a row: Q8_BPL blocks a lane, the
+ * row's largest code by shuffles. Grid: x = rows / WAVES. */
+#define Q8_BPL ((G_K / 32 + MT_WS - 1) / MT_WS)
+MT_KERNEL void moe_act_q8(const mt_bf16 *x, unsigned char *q, int *cm, int rows)
+{
+    __shared__ unsigned tab[32];
+    q8_tables_fill(tab);
+    __syncthreads();
+    const int lane = threadIdx.x % MT_WS;
+    const long long row = (long long)blockIdx.x * WAVES + threadIdx.x / MT_WS;
+    if (row >= rows)
+        return;
+    const mt_bf16 *src = x + row * G_K;
+    unsigned code[Q8_BPL];
+    int c = 0;
+    MT_UNROLL
+    for (int i = 0; i < Q8_BPL; i++) {
+        const int kb = lane + i * MT_WS;
+        code[i] = 0;
+        if (kb < G_K / 32) {
+            float amax = 0.0f;
+            int nan = 0;
+            for (int j = 0; j < 32; j++) {
+                float f = mt_bf16_to_f32(src[kb * 32 + j]), a = f < 0.0f ? -f : f;
+                nan |= f != f;
+                amax = a > amax ? a : amax;
+            }
+            unsigned r = (mt_float_as_uint(amax) + 0x200000u) & 0xff800000u;
+            int e = (int)(r >> 23) - 129;
+            code[i] = nan ? 255u : (unsigned)(e < -127 ? 0 : e > 127 ? 254 : e + 127);
+            c = (int)code[i] > c ? (int)code[i] : c;
+        }
+    }
+    for (int off = MT_WS / 2; off > 0; off /= 2) {
+        int o = mt_shfl_xor_i32(c, off);
+        c = o > c ? o : c;
+    }
+    if (lane == 0)
+        cm[row] = c;
+    MT_UNROLL
+    for (int i = 0; i < Q8_BPL; i++) {
+        const int kb = lane + i * MT_WS;
+        if (kb >= G_K / 32)
+            continue;
+        const int ex = 127 - (int)(code[i] == 255u ? 127u : code[i]);
+        const float inv = ex == -127 ? mt_uint_as_float(0x00400000u)
+                                     : mt_uint_as_float((unsigned)(ex + 127) << 23);
+        const int t = q8_index(code[i], c);
+        const unsigned lo = tab[2 * t], hi = tab[2 * t + 1];
+        unsigned *dst = (unsigned *)(q + row * G_K + kb * 32);
+        for (int g = 0; g < 4; g++) {
+            unsigned char b[8];
+            for (int e = 0; e < 8; e++) {
+                unsigned n = g_e2m1_code(mt_bf16_to_f32(src[kb * 32 + 8 * g + e]) * inv);
+                unsigned mag = ((n & 4u ? hi : lo) >> (8 * (n & 3u))) & 0xffu;
+                b[MT_MMA8_SLOT(e)] = (unsigned char)(mag | (n & 8u) << 4);
+            }
+            dst[2 * g] = (unsigned)b[0] | (unsigned)b[1] << 8 | (unsigned)b[2] << 16 |
+                         (unsigned)b[3] << 24;
+            dst[2 * g + 1] = (unsigned)b[4] | (unsigned)b[5] << 8 | (unsigned)b[6] << 16 |
+                             (unsigned)b[7] << 24;
+        }
+    }
+}
+
+/* The reference codes of the weight rows a block multiplies: row r <
+ * G_WR*BN is row n0 + r % BN of W0/S0 (r < BN) or W1/S1, over the split's
+ * K range; into cn[r]. The caller synchronizes. */
+MT_DEVICE void q8_weight_refs(int *cn, const unsigned char *s0, const unsigned char *s1, int n0)
+{
+    const int kb0 = blockIdx.y * Q8_NKB;
+    for (int r = threadIdx.x; r < G_WR * BN; r += G_T) {
+        const unsigned char *s = (r < BN ? s0 : s1) + (long long)(n0 + r % BN) * (G_K / 32);
+        cn[r] = q8_row_max(s + kb0, Q8_NKB);
+    }
+}
+
+#if !GEMV
+/* ---- the tile path ---------------------------------------------------------
+ * Waves across BN (as many as it has fragment columns), the rest down BM;
+ * a wave owns Q8_TM x Q8_TN fragments (x2 in stage 1). A K step is BK =
+ * 32 x Q8_BLK: the block's copies of the next step (activation codes,
+ * packed weights: mt_async16, 16 bytes each; their scales: plain loads)
+ * are issued before the matrix instructions of this one, and land in the
+ * other of two shared buffers. Shared rows are padded by 16 bytes (the
+ * copies' alignment; spreads the fragment reads over the banks). */
+#define Q8_WN (WAVES < BN / MT_MMA8_N ? WAVES : BN / MT_MMA8_N)
+#define Q8_WM (WAVES / Q8_WN)
+#define Q8_TM (BM / (Q8_WM * MT_MMA8_M))
+#define Q8_TN (BN / (Q8_WN * MT_MMA8_N))
+#define Q8_BLK (BK / 32)
+#define Q8_LDA (BK + 16)      /* bytes per activation row */
+#define Q8_LDW (BK / 2 + 16)  /* bytes per packed weight row */
+#define Q8_ACH (BM * BK / 16) /* 16-byte copies of a step's activations */
+#define Q8_WCH (G_WR * BN * Q8_BLK) /* ... and of its weights */
+#define Q8_ACP ((Q8_ACH + G_T - 1) / G_T) /* a thread's */
+#define Q8_WCP ((Q8_WCH + G_T - 1) / G_T)
+#define Q8_SCP ((G_WR * BN + G_T - 1) / G_T) /* a thread's weight rows of scales */
+
+/* The scale bytes of one weight row for one step (Q8_BLK of them, <= 8). */
+MT_DEVICE unsigned long long q8_scales(const unsigned char *s)
+{
+    unsigned long long v = 0;
+    for (int i = 0; i < Q8_BLK; i++)
+        v |= (unsigned long long)s[i] << (8 * i);
+    return v;
+}
+
+#define Q8_MAINLOOP(AQ, ACM, ROWDIV, W0, S0, W1, S1)                                         \
+    __shared__ __attribute__((aligned(16))) unsigned char xs[2][BM * Q8_LDA];                \
+    __shared__ __attribute__((aligned(16))) unsigned char ws[2][G_WR * BN * Q8_LDW];         \
+    __shared__ unsigned char ss[2][G_WR * BN * Q8_BLK];                                      \
+    __shared__ unsigned q8_tab[32];                                                          \
+    __shared__ int q8_cn[G_WR * BN];                                                         \
+    q8_tables_fill(q8_tab);                                                                  \
+    q8_weight_refs(q8_cn, S0, S1, n0);                                                       \
+    const int wave = threadIdx.x / MT_WS;                                                    \
+    const int wm = wave / Q8_WN, wn = wave % Q8_WN;                                          \
+    mt_mma8_acc acc[G_WR][Q8_TM][Q8_TN];                                                     \
+    MT_UNROLL                                                                                \
+    for (int q = 0; q < G_WR; q++)                                                           \
+        MT_UNROLL                                                                            \
+        for (int i = 0; i < Q8_TM; i++)                                                      \
+            MT_UNROLL                                                                        \
+            for (int j = 0; j < Q8_TN; j++)                                                  \
+                acc[q][i][j] = mt_mma8_acc_zero();                                           \
+    /* this thread's copies: source rows fixed over K, offsets per step */                   \
+    const unsigned char *asrc[Q8_ACP], *wsrc[Q8_WCP], *ssrc[Q8_SCP];                         \
+    int adst[Q8_ACP], wdst[Q8_WCP], sdst[Q8_SCP];                                            \
+    MT_UNROLL                                                                                \
+    for (int c = 0; c < Q8_ACP; c++) {                                                       \
+        const int ch = threadIdx.x + c * G_T, r = ch / (BK / 16), col = ch % (BK / 16);      \
+        int p = ch < Q8_ACH ? sorted[row0 + r] : npairs;                                     \
+        p = p < npairs ? p : 0; /* padding rows: any row; their results are dropped */       \
+        asrc[c] = (AQ) + (long long)(p / (ROWDIV)) * G_K + blockIdx.y * (G_K / SPLITK) +     \
+                  16 * col;                                                                  \
+        adst[c] = ch < Q8_ACH ? r * Q8_LDA + 16 * col : -1;                                  \
+    }                                                                                        \
+    MT_UNROLL                                                                                \
+    for (int c = 0; c < Q8_WCP; c++) {                                                       \
+        const int ch = threadIdx.x + c * G_T, r = ch / Q8_BLK, col = ch % Q8_BLK;            \
+        const int rr = ch < Q8_WCH ? r : 0;                                                  \
+        wsrc[c] = (rr < BN ? (W0) : (W1)) + (long long)(n0 + rr % BN) * (G_K / 2) +          \
+                  blockIdx.y * (G_K / 2 / SPLITK) + 16 * col;                                \
+        wdst[c] = ch < Q8_WCH ? r * Q8_LDW + 16 * col : -1;                                  \
+    }                                                                                        \
+    MT_UNROLL                                                                                \
+    for (int c = 0; c < Q8_SCP; c++) {                                                       \
+        const int r = threadIdx.x + c * G_T, rr = r < G_WR * BN ? r : 0;                     \
+        ssrc[c] = (rr < BN ? (S0) : (S1)) + (long long)(n0 + rr % BN) * (G_K / 32) +         \
+                  blockIdx.y * Q8_NKB;                                                       \
+        sdst[c] = r < G_WR * BN ? r * Q8_BLK : -1;                                           \
+    }                                                                                        \
+    const int nk = G_K / SPLITK / BK;                                                        \
+    mt_u32x4 ahold[Q8_ACP], whold[Q8_WCP];                                                   \
+    unsigned long long shold[Q8_SCP];                                                        \
+    /* step 0's copies, then a step t's copies of step t + 1 */                              \
+    MT_UNROLL                                                                                \
+    for (int c = 0; c < Q8_ACP; c++)                                                         \
+        if (Q8_ACH % G_T == 0 || adst[c] >= 0)                                               \
+            mt_async16_begin(xs[0] + adst[c], asrc[c], &ahold[c]);                           \
+    MT_UNROLL                                                                                \
+    for (int c = 0; c < Q8_WCP; c++)                                                         \
+        if (Q8_WCH % G_T == 0 || wdst[c] >= 0)                                               \
+            mt_async16_begin(ws[0] + wdst[c], wsrc[c], &whold[c]);                           \
+    MT_UNROLL                                                                                \
+    for (int c = 0; c < Q8_SCP; c++)                                                         \
+        shold[c] = q8_scales(ssrc[c]); /* a valid row for every thread */                    \
+    mt_async_wait();                                                                         \
+    MT_UNROLL                                                                                \
+    for (int c = 0; c < Q8_ACP; c++)                                                         \
+        if (Q8_ACH % G_T == 0 || adst[c] >= 0)                                               \
+            mt_async16_end(xs[0] + adst[c], ahold[c]);                                       \
+    MT_UNROLL                                                                                \
+    for (int c = 0; c < Q8_WCP; c++)                                                         \
+        if (Q8_WCH % G_T == 0 || wdst[c] >= 0)                                               \
+            mt_async16_end(ws[0] + wdst[c], whold[c]);                                       \
+    MT_UNROLL                                                                                \
+    for (int c = 0; c < Q8_SCP; c++)                                                         \
+        if (sdst[c] >= 0)                                                                    \
+            MT_UNROLL                                                                        \
+            for (int i = 0; i < Q8_BLK; i++)                                                 \
+                ss[0][sdst[c] + i] = (unsigned char)(shold[c] >> (8 * i));                   \
+    __syncthreads();                                                                         \
+    /* a B pair's column is fixed: its reference, for the table index */                     \
+    int bcn[G_WR][Q8_TN];                                                                    \
+    MT_UNROLL                                                                                \
+    for (int q = 0; q < G_WR; q++)                                                           \
+        MT_UNROLL                                                                            \
+        for (int j = 0; j < Q8_TN; j++)                                                      \
+            bcn[q][j] = q8_cn[q * BN + (wn * Q8_TN + j) * MT_MMA8_N + mt_mma8_col_b()];      \
+    for (int t = 0; t < nk; t++) {                                                           \
+        const int b = t % 2, nb = 1 - b;                                                     \
+        const int more = t + 1 < nk;                                                         \
+        if (more) {                                                                          \
+            MT_UNROLL                                                                        \
+            for (int c = 0; c < Q8_ACP; c++)                                                 \
+                if (Q8_ACH % G_T == 0 || adst[c] >= 0)                                       \
+                    mt_async16_begin(xs[nb] + adst[c], asrc[c] + (t + 1) * BK, &ahold[c]);   \
+            MT_UNROLL                                                                        \
+            for (int c = 0; c < Q8_WCP; c++)                                                 \
+                if (Q8_WCH % G_T == 0 || wdst[c] >= 0)                                       \
+                    mt_async16_begin(ws[nb] + wdst[c], wsrc[c] + (t + 1) * (BK / 2),         \
+                                     &whold[c]);                                             \
+            MT_UNROLL                                                                        \
+            for (int c = 0; c < Q8_SCP; c++)                                                 \
+                shold[c] = q8_scales(ssrc[c] + (t + 1) * Q8_BLK);                            \
+        }                                                                                    \
+        const unsigned char *xb = xs[b] + wm * Q8_TM * MT_MMA8_M * Q8_LDA;                   \
+        MT_UNROLL                                                                            \
+        for (int q = 0; q < G_WR; q++)                                                       \
+            MT_UNROLL                                                                        \
+            for (int j = 0; j < Q8_TN; j++) {                                                \
+                const int col = q * BN + (wn * Q8_TN + j) * MT_MMA8_N;                       \
+                /* B: the column's packed words of the step's blocks, by 4 */                \
+                MT_UNROLL                                                                    \
+                for (int k4 = 0; k4 < Q8_BLK; k4 += 4) {                                     \
+                    unsigned raw[4];                                                         \
+                    mt_mma8_load_b_packed4(ws[b] + col * Q8_LDW + 16 * k4, Q8_LDW, 16, raw); \
+                    MT_UNROLL                                                                \
+                    for (int kb = k4; kb < k4 + 4; kb++) {                                   \
+                        const unsigned sc = ss[b][(col + mt_mma8_col_b()) * Q8_BLK + kb];    \
+                        const int ti = q8_index(sc, bcn[q][j]);                              \
+                        unsigned w0, w1;                                                     \
+                        mt_mma8_expand(raw[kb - k4], q8_tab[2 * ti], q8_tab[2 * ti + 1], &w0, \
+                                       &w1);                                                 \
+                        mt_mma8_b fb;                                                        \
+                        mt_mma8_set_b(&fb, w0, w1);                                          \
+                        MT_UNROLL                                                            \
+                        for (int i = 0; i < Q8_TM; i++) {                                    \
+                            mt_mma8_a fa =                                                   \
+                                mt_mma8_load_a(xb + i * MT_MMA8_M * Q8_LDA + 32 * kb, Q8_LDA); \
+                            acc[q][i][j] = mt_mma8_fp8(fa, fb, acc[q][i][j]);                \
+                        }                                                                    \
+                    }                                                                        \
+                }                                                                            \
+            }                                                                                \
+        if (more) {                                                                          \
+            mt_async_wait();                                                                 \
+            MT_UNROLL                                                                        \
+            for (int c = 0; c < Q8_ACP; c++)                                                 \
+                if (Q8_ACH % G_T == 0 || adst[c] >= 0)                                       \
+                    mt_async16_end(xs[nb] + adst[c], ahold[c]);                              \
+            MT_UNROLL                                                                        \
+            for (int c = 0; c < Q8_WCP; c++)                                                 \
+                if (Q8_WCH % G_T == 0 || wdst[c] >= 0)                                       \
+                    mt_async16_end(ws[nb] + wdst[c], whold[c]);                              \
+            MT_UNROLL                                                                        \
+            for (int c = 0; c < Q8_SCP; c++)                                                 \
+                if (sdst[c] >= 0)                                                            \
+                    MT_UNROLL                                                                \
+                    for (int i = 0; i < Q8_BLK; i++)                                         \
+                        ss[nb][sdst[c] + i] = (unsigned char)(shold[c] >> (8 * i));          \
+        }                                                                                    \
+        __syncthreads();                                                                     \
+    }                                                                                        \
+    const int *cmr = (const int *)(ACM);
+
+/* Row (in the tile) and column (in the block's BN) of register r of
+ * fragment (i, j) for this lane. */
+#define Q8_ROW(i, r) (wm * Q8_TM * MT_MMA8_M + (i) * MT_MMA8_M + mt_mma8_acc_row(r))
+#define Q8_COL(j, r) (wn * Q8_TN * MT_MMA8_N + (j) * MT_MMA8_N + mt_mma8_acc_col(r))
+#endif
+
+#if GEMV
+/* ---- the decode path on fp8 instructions (GEMV = 1, MMA = 3) ---------------
+ * As GEMV's: a block takes one expert segment and BN weight rows (x2 in
+ * stage 1), the split blockIdx.y of K, and walks the segment's real pairs,
+ * here 16 at a time as the rows of A. A wave owns MT_MMA8_N of the BN rows;
+ * a K step is 4 blocks of 32: a lane loads one 16-byte block of its column
+ * (block kgroup of the step; mt_load16_nt, read once) and its scale, and
+ * word d of that load, expanded through its block's folded table, is the B
+ * pair of the step's matrix instruction d. The A pair of instruction d is
+ * the same block's 8 elements 8d .. 8d+7 of its row, so instruction d
+ * multiplies matching elements of four blocks (one per kgroup), all folded
+ * to their rows' references. UNROLL steps are loaded before any is used. */
+#define W8_NSTEP (Q8_NKB / 4)
+
+/* This lane's A rows of a pass (pair rows rowbase .. + nrows - 1): the
+ * folded activation codes of their K range, or NULL past the pass's rows. */
+MT_DEVICE void w8_act_rows(const unsigned char *aq, const int *sorted, int rowbase, int nrows,
+                           int npairs, int rowdiv, const unsigned char **rows)
+{
+    const int kb = blockIdx.y * Q8_NKB + mt_mma8_kgroup();
+    MT_UNROLL
+    for (int i = 0; i < MT_MMA8_A_PAIRS; i++) {
+        const int r = mt_mma8_row_a(i);
+        const int p = r < nrows ? sorted[rowbase + r] : npairs;
+        rows[i] = p < npairs ? aq + (long long)(p / rowdiv) * G_K + kb * 32 : 0;
+    }
+}
+
+/* The A pair words of step st's four instructions (zero for no row). */
+MT_DEVICE void w8_act(const unsigned char *const *rows, int st, unsigned *w)
+{
+    MT_UNROLL
+    for (int i = 0; i < MT_MMA8_A_PAIRS; i++) {
+        mt_u32x4 v0 = {0u, 0u, 0u, 0u}, v1 = {0u, 0u, 0u, 0u};
+        if (rows[i]) {
+            v0 = mt_load16(rows[i] + st * 128);
+            v1 = mt_load16(rows[i] + st * 128 + 16);
+        }
+        w[8 * i + 0] = v0.x, w[8 * i + 1] = v0.y, w[8 * i + 2] = v0.z, w[8 * i + 3] = v0.w;
+        w[8 * i + 4] = v1.x, w[8 * i + 5] = v1.y, w[8 * i + 6] = v1.z, w[8 * i + 7] = v1.w;
+    }
+}
+
+#define W8_MAINLOOP(AQ, ACM, ROWDIV, W0, S0, W1, S1, EMIT)                                   \
+    __shared__ unsigned q8_tab[32];                                                          \
+    __shared__ int q8_cn[G_WR * BN];                                                         \
+    q8_tables_fill(q8_tab);                                                                  \
+    q8_weight_refs(q8_cn, S0, S1, n0);                                                       \
+    __syncthreads();                                                                         \
+    const int wave = threadIdx.x / MT_WS;                                                    \
+    const int wcol = wave * MT_MMA8_N + mt_mma8_col_b(); /* the lane's B column in BN */     \
+    const int kb0 = blockIdx.y * Q8_NKB + mt_mma8_kgroup();                                  \
+    const unsigned char *wp[G_WR], *sp[G_WR];                                                \
+    int cn[G_WR];                                                                            \
+    for (int q = 0; q < G_WR; q++) {                                                         \
+        const long long n = n0 + wcol;                                                       \
+        wp[q] = (q ? (W1) : (W0)) + n * (G_K / 2) + (long long)kb0 * 16;                     \
+        sp[q] = (q ? (S1) : (S0)) + n * (G_K / 32) + kb0;                                    \
+        cn[q] = q8_cn[q * BN + wcol];                                                        \
+    }                                                                                        \
+    const int *cmr = (const int *)(ACM);                                                     \
+    for (int r0 = 0; r0 < seglen; r0 += MT_MMA8_M) {                                         \
+        if (sorted[row0 + r0] >= npairs) /* the segment's padding: no pairs follow */        \
+            break;                                                                           \
+        const int nrows = seglen - r0 < MT_MMA8_M ? seglen - r0 : MT_MMA8_M;                 \
+        const unsigned char *arows[MT_MMA8_A_PAIRS];                                         \
+        w8_act_rows((AQ), sorted, row0 + r0, nrows, npairs, (ROWDIV), arows);                \
+        mt_mma8_acc acc[G_WR];                                                               \
+        for (int q = 0; q < G_WR; q++)                                                       \
+            acc[q] = mt_mma8_acc_zero();                                                     \
+        MT_NOUNROLL                                                                          \
+        for (int s0 = 0; s0 < W8_NSTEP; s0 += UNROLL) {                                      \
+            mt_u32x4 wv[UNROLL][G_WR];                                                       \
+            unsigned sv[UNROLL][G_WR];                                                       \
+            MT_UNROLL                                                                        \
+            for (int u = 0; u < UNROLL; u++)                                                 \
+                MT_UNROLL                                                                    \
+                for (int q = 0; q < G_WR; q++) {                                             \
+                    wv[u][q] = mt_load16_nt(wp[q] + (long long)(s0 + u) * 64);               \
+                    sv[u][q] = sp[q][(s0 + u) * 4];                                          \
+                }                                                                            \
+            MT_UNROLL                                                                        \
+            for (int u = 0; u < UNROLL; u++) {                                               \
+                unsigned aw[8 * MT_MMA8_A_PAIRS];                                            \
+                w8_act(arows, s0 + u, aw);                                                   \
+                MT_UNROLL                                                                    \
+                for (int q = 0; q < G_WR; q++) {                                             \
+                    const int ti = q8_index(sv[u][q], cn[q]);                                \
+                    const unsigned tlo = q8_tab[2 * ti], thi = q8_tab[2 * ti + 1];           \
+                    MT_UNROLL                                                                \
+                    for (int d = 0; d < 4; d++) {                                            \
+                        unsigned w0, w1;                                                     \
+                        mt_mma8_expand(V_WORD(wv[u][q], d), tlo, thi, &w0, &w1);             \
+                        mt_mma8_b fb;                                                        \
+                        mt_mma8_set_b(&fb, w0, w1);                                          \
+                        mt_mma8_a fa;                                                        \
+                        MT_UNROLL                                                            \
+                        for (int i = 0; i < MT_MMA8_A_PAIRS; i++)                            \
+                            mt_mma8_set_a(&fa, i, aw[8 * i + 2 * d], aw[8 * i + 2 * d + 1]); \
+                        acc[q] = mt_mma8_fp8(fa, fb, acc[q]);                                \
+                    }                                                                        \
+                }                                                                            \
+            }                                                                                \
+        }                                                                                    \
+        MT_UNROLL                                                                            \
+        for (int rg = 0; rg < 4; rg++) {                                                     \
+            const int r = mt_mma8_acc_row(rg);                                               \
+            const int p = r < nrows ? sorted[row0 + r0 + r] : npairs;                        \
+            if (p >= npairs)                                                                 \
+                continue;                                                                    \
+            const int cm = cmr[p / (ROWDIV)];                                                \
+            const int c = wave * MT_MMA8_N + mt_mma8_acc_col(rg);                            \
+            EMIT(p, n0 + c, q8_out(acc[0].x[rg], cm, q8_cn[c]),                              \
+                 q8_out(acc[G_WR - 1].x[rg], cm, q8_cn[(G_WR - 1) * BN + c]));               \
+        }                                                                                    \
+    }
+#endif
+#endif
+
 #if GEMV
 #define G_BOUNDS MT_LAUNCH_OCC(G_T, V_OCC)
 #else
@@ -727,8 +1196,13 @@ MT_KERNEL G_BOUNDS void moe_gemm_up(
     const long long e = ex;
     const unsigned char *w0 = wg + e * wstride, *w1 = wu + e * wstride;
     const unsigned char *s0 = sg + e * sstride, *s1 = su + e * sstride;
+#if MMA == 3
+#define W8_UP_EMIT(P, N, G, U) g_up_out(h, partial, npairs, (P), (N), (G), (U))
+    W8_MAINLOOP(xq, xqs, S_topk, w0, s0, w1, s1, W8_UP_EMIT)
+#else
 #define V_UP_EMIT(P, N, G, U) g_up_out(h, partial, npairs, (P), (N), (G), (U))
     V_MAINLOOP(x, xq, xqs, S_topk, w0, s0, w1, s1, V_UP_EMIT)
+#endif
 #else
     int pid_m, pid_n;
     if (!g_tile(sorted, total, npairs, ntm, &pid_m, &pid_n))
@@ -739,6 +1213,24 @@ MT_KERNEL G_BOUNDS void moe_gemm_up(
     const unsigned char *s0 = sg + e * sstride, *s1 = su + e * sstride;
 #endif
 #if GEMV
+#elif MMA == 3
+    (void)x;
+    Q8_MAINLOOP(xq, xqs, S_topk, w0, s0, w1, s1)
+    MT_UNROLL
+    for (int i = 0; i < Q8_TM; i++)
+        MT_UNROLL
+        for (int rg = 0; rg < 4; rg++) {
+            int p = sorted[row0 + Q8_ROW(i, rg)];
+            if (p >= npairs)
+                continue;
+            const int cm = cmr[p / S_topk];
+            MT_UNROLL
+            for (int j = 0; j < Q8_TN; j++) {
+                const int c = Q8_COL(j, rg);
+                g_up_out(h, partial, npairs, p, n0 + c, q8_out(acc[0][i][j].x[rg], cm, q8_cn[c]),
+                         q8_out(acc[1][i][j].x[rg], cm, q8_cn[BN + c]));
+            }
+        }
 #elif MMA
     Q_MAINLOOP(x, xq, xqs, S_topk, w0, s0, w1, s1)
     for (int i = 0; i < Q_TM; i++)
@@ -799,7 +1291,11 @@ MT_KERNEL G_BOUNDS void moe_gemm_down(
     const long long e = ex;
     const unsigned char *w0 = wd + e * wstride, *s0 = sd + e * sstride;
 #define V_DOWN_EMIT(P, N, A, A1) v_down_out(out, partial, topk_w, npairs, (P), (N), (A))
+#if MMA == 3
+    W8_MAINLOOP(hq, hqs, 1, w0, s0, w0, s0, V_DOWN_EMIT)
+#else
     V_MAINLOOP(hin, hq, hqs, 1, w0, s0, w0, s0, V_DOWN_EMIT)
+#endif
 #else
     (void)partial;
     int pid_m, pid_n;
@@ -810,6 +1306,24 @@ MT_KERNEL G_BOUNDS void moe_gemm_down(
     const unsigned char *w0 = wd + e * wstride, *s0 = sd + e * sstride;
 #endif
 #if GEMV
+#elif MMA == 3
+    (void)hin;
+    Q8_MAINLOOP(hq, hqs, 1, w0, s0, w0, s0)
+    MT_UNROLL
+    for (int i = 0; i < Q8_TM; i++)
+        MT_UNROLL
+        for (int rg = 0; rg < 4; rg++) {
+            int p = sorted[row0 + Q8_ROW(i, rg)];
+            if (p >= npairs)
+                continue;
+            const int cm = cmr[p];
+            const float wk = topk_w[p];
+            MT_UNROLL
+            for (int j = 0; j < Q8_TN; j++) {
+                const int c = Q8_COL(j, rg);
+                g_down_out(out, p, n0 + c, wk, q8_out(acc[0][i][j].x[rg], cm, q8_cn[c]));
+            }
+        }
 #elif MMA
     Q_MAINLOOP(hin, hq, hqs, 1, w0, s0, w0, s0)
     for (int i = 0; i < Q_TM; i++)

@@ -93,14 +93,15 @@ static bool gpu_valid(const kern_shape *s, bool up, const kern_config *cfg, cons
         return false;
     }
     return moe_gpu_valid(mg_k(s, up), mg_n(s, up), s->v[MG_D_BM], up,
-                         up ? 0 : (int)s->v[MG_D_COMB], cfg, p, why, cap);
+                         up ? 0 : (int)s->v[MG_D_COMB], s->v[MG_D_A] == KERN_DT_MXFP4, cfg, p,
+                         why, cap);
 }
 
 static void gpu_default(const kern_shape *s, int64_t m, bool up, const dev_props *p,
                         kern_config *cfg)
 {
     moe_gpu_default(mg_k(s, up), mg_n(s, up), s->v[MG_D_BM], up, up ? 0 : (int)s->v[MG_D_COMB],
-                    m * s->v[MG_D_TOPK], s->v[MG_D_E], p, cfg);
+                    s->v[MG_D_A] == KERN_DT_MXFP4, m * s->v[MG_D_TOPK], s->v[MG_D_E], p, cfg);
 }
 
 bool mg_gpu_partials(const kern_shape *s, bool up, const kern_config *cfg)
@@ -124,7 +125,7 @@ static size_t gpu_scratch(const kern_shape *s, int64_t m, bool up, const kern_co
     size_t part = partial_bytes(s, m, up, cfg);
     if (s->v[MG_D_A] != KERN_DT_MXFP4)
         return part;
-    return moe_gpu_act_offset(part) + moe_gpu_act_bytes(mg_act_rows(s, m, up), mg_k(s, up));
+    return moe_gpu_act_offset(part) + moe_gpu_act_bytes(mg_act_rows(s, m, up), mg_k(s, up), cfg);
 }
 
 /* The callbacks of each stage, side by side: the first of each pair

@@ -67,13 +67,34 @@ static const char *const DISASM =
     "\tv_add_f32_e32 v0, v1, v2                // 000000002000: 02000501\n"
     "\tv_add_f32_e32 v0, v1, v2                // 000000002004: 02000501\n"
     "\ts_cbranch_scc1 65534                    // 000000002008: BF85FFFE <k2+0x4>\n"
-    "\ts_endpgm                                // 00000000200C: BF810000\n";
+    "\ts_endpgm                                // 00000000200C: BF810000\n"
+    "\n"
+    "0000000000004000 <k4>:\n"
+    "\tglobal_load_dwordx4 v[0:3], v[4:5], off // 000000004000: DC5C8000 007F0004\n"
+    "\ts_waitcnt vmcnt(0) lgkmcnt(0)           // 000000004008: BF8C0070\n"
+    "\tv_mfma_f32_16x16x16bf16_1k a[0:3], v[8:9], v[10:11], a[0:3] // 00000000400C: D3E10000 04021508\n"
+    "\ts_waitcnt vmcnt(0)                      // 000000004014: BF8C0F70\n"
+    "\ts_cbranch_scc0 65531                    // 000000004018: BF84FFFB <k4>\n"
+    "\ts_endpgm                                // 00000000401C: BF810000\n"
+    "\n"
+    "0000000000003000 <k3>:\n"
+    "\tglobal_load_dwordx4 v[0:3], v[4:5], off // 000000003000: DC5C8000 007F0004\n"
+    "\tv_add_f32_e32 v0, v1, v2                // 000000003008: 02000501\n"
+    "\tv_add_f32_e32 v0, v1, v2                // 00000000300C: 02000501\n"
+    "\tv_add_f32_e32 v0, v1, v2                // 000000003010: 02000501\n"
+    "\tv_add_f32_e32 v0, v1, v2                // 000000003014: 02000501\n"
+    "\tglobal_load_dwordx4 v[0:3], v[4:5], off // 000000003018: DC5C8000 007F0004\n"
+    "\tglobal_load_dword v6, v[4:5], off       // 000000003020: DC508000 067F0004\n"
+    "\tv_fma_f32 v0, v1, v2, v3                // 000000003028: D1CB0000 040E0501\n"
+    "\ts_cbranch_vccnz 65531                   // 000000003030: BF87FFFB <k3+0x18>\n"
+    "\ts_cbranch_scc0 65522                    // 000000003034: BF84FFF2 <k3>\n"
+    "\ts_endpgm                                // 000000003038: BF810000\n";
 
 Test(isa_mix, functions_loops_and_the_hot_loop_are_found)
 {
     dev_isa_report r;
     dev_isa_parse(DISASM, &r);
-    cr_assert_eq(r.n_funcs, 2);
+    cr_assert_eq(r.n_funcs, 4);
     const dev_isa_func *k1 = dev_isa_find(&r, "k1"), *k2 = dev_isa_find(&r, "k2");
     cr_assert(k1 && k2);
     cr_assert_eq(k1->all.total, 13);
@@ -92,6 +113,7 @@ Test(isa_mix, functions_loops_and_the_hot_loop_are_found)
     cr_assert_eq(hot->c.n[DEV_ISA_MFMA], 2);
     cr_assert_eq(hot->c.n[DEV_ISA_LDS_READ], 1);
     cr_assert_eq(hot->depth, 2);
+    cr_assert_eq(hot->vm0_before_mma, 0);
     const dev_isa_loop *outer = &k1->loops[1 - k1->hot];
     cr_assert_eq(outer->depth, 1);
     cr_assert_eq(outer->c.total, 8);
@@ -99,6 +121,20 @@ Test(isa_mix, functions_loops_and_the_hot_loop_are_found)
     cr_assert_eq(k2->n_loops, 1);
     cr_assert_eq(k2->hot, 0, "without matrix instructions the largest loop is hot");
     cr_assert_eq(k2->loops[0].c.n[DEV_ISA_VALU], 1);
+    /* k3: an outer pass (activation loads and their decode) around the
+     * weight stream: the stream is hot, though the pass is larger. */
+    const dev_isa_func *k3 = dev_isa_find(&r, "k3");
+    cr_assert_not_null(k3);
+    cr_assert_eq(k3->n_loops, 2);
+    cr_assert_geq(k3->hot, 0);
+    cr_assert_eq(k3->loops[k3->hot].depth, 2, "the inner loop streams");
+    cr_assert_eq(k3->loops[k3->hot].c.n[DEV_ISA_GLOBAL_LOAD], 2);
+    /* k4: the loop waits for its own load before its matrix instruction
+     * (the wait after it does not count) */
+    const dev_isa_func *k4 = dev_isa_find(&r, "k4");
+    cr_assert_not_null(k4);
+    cr_assert_eq(k4->n_loops, 1);
+    cr_assert_eq(k4->loops[0].vm0_before_mma, 1);
     /* Nothing to count. */
     dev_isa_parse("", &r);
     cr_assert_eq(r.n_funcs, 0);

@@ -130,7 +130,7 @@ Test(mma_defaults, valid_everywhere_and_on_matrix_instructions_where_the_device_
  * to be mma, and test_mma_util.h checks the code object (only matrix
  * instructions starting with mfma[mma - 1], no scratch, no spills). */
 static void amd_default(const char *arch, const char *fname, const char *shape, int64_t m,
-                        int mma, const char *const mfma[2])
+                        int mma, const char *const mfma[3])
 {
     dev_device *d = mma_open_or_skip("hip", arch);
     const kern_family *f = fam(fname);
@@ -145,10 +145,11 @@ static void amd_default(const char *arch, const char *fname, const char *shape, 
     mma_compile_amd(f, kernel_of(fname), arch, shape, m, key, mfma[mma - 1]);
 }
 
-static const char *const mfma_cdna2[2] = {"v_mfma_f32_16x16x16bf16_1k",
-                                          "v_mfma_f32_32x32x8bf16_1k"};
-/* CDNA3 spells the same instructions without the _1k. */
-static const char *const mfma_cdna3[2] = {"v_mfma_f32_16x16x16_bf16", "v_mfma_f32_32x32x8_bf16"};
+static const char *const mfma_cdna2[3] = {"v_mfma_f32_16x16x16bf16_1k",
+                                          "v_mfma_f32_32x32x8bf16_1k", NULL};
+/* CDNA3 spells the same instructions without the _1k, and has fp8 ones. */
+static const char *const mfma_cdna3[3] = {"v_mfma_f32_16x16x16_bf16", "v_mfma_f32_32x32x8_bf16",
+                                          "v_mfma_f32_16x16x32_fp8_fp8"};
 
 Test(mma_defaults, hiprtc_gfx90a_defaults_build_mfma_without_scratch, .timeout = 300)
 {
@@ -161,7 +162,10 @@ Test(mma_defaults, clang_gfx942_defaults_build_mfma_without_scratch, .timeout = 
 {
     amd_default("gfx942", "gemm", "glm5.2-kv_a", 4096, 2, mfma_cdna3);
     amd_default("gfx942", "moe_gemm_up", "glm5.2-a16", 256, 1, mfma_cdna3);
-    amd_default("gfx942", "moe_gemm_down", "glm5.2-rows", 4096, 2, mfma_cdna3);
+    amd_default("gfx942", "moe_gemm_down", "H=6144,I=2048,E=256,topk=8,a=bf16,comb=1,bm=128,skew=0",
+                4096, 2, mfma_cdna3);
+    amd_default("gfx942", "moe_gemm_down", "glm5.2-rows", 4096, 3, mfma_cdna3);
+    amd_default("gfx942", "moe_gemm_up", "glm5.2", 4096, 3, mfma_cdna3);
 }
 
 /* ---- compile-only: NVIDIA ----------------------------------------------- */

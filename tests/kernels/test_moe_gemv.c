@@ -281,8 +281,9 @@ static int count_in_disassembly(const void *code, size_t len, const char *arch, 
 }
 
 /* The default at GLM-5.2, M=1, for arch: the decode path, no scratch, no
- * spills, 16-byte global loads, no matrix instructions. */
-static void amd_default(const char *arch, const char *fname, const char *shape)
+ * spills, 16-byte global loads, and matrix instructions exactly where it
+ * takes the fp8 path (MMA=3: a4w4 on CDNA3), none on the bf16 decode. */
+static void amd_default(const char *arch, const char *fname, const char *shape, int mma)
 {
     const kern_family *f = fam(fname);
     dev_device *d = mma_open_or_skip("hip", arch);
@@ -294,6 +295,8 @@ static void amd_default(const char *arch, const char *fname, const char *shape)
     char key[256];
     kern_config_key(f->gpu, &c, key, sizeof key);
     cr_assert_gt(kern_config_get(f->gpu, &c, "GEMV", 0), 0, "%s %s: default %s", arch, fname,
+                 key);
+    cr_assert_eq(kern_config_get(f->gpu, &c, "MMA", -1), mma, "%s %s: default %s", arch, fname,
                  key);
     dev_code *code = NULL;
     mt_err err = MT_ERR_INIT;
@@ -308,7 +311,10 @@ static void amd_default(const char *arch, const char *fname, const char *shape)
     int x4 = count_in_disassembly(bytes, len, arch, "global_load_dwordx4");
     if (x4 >= 0) {
         cr_expect_gt(x4, 0, "%s %s %s: no global_load_dwordx4", arch, fname, key);
-        cr_expect_eq(count_in_disassembly(bytes, len, arch, "v_mfma"), 0);
+        if (mma == 3)
+            cr_expect_gt(count_in_disassembly(bytes, len, arch, "v_mfma_f32_16x16x32_fp8"), 0);
+        else
+            cr_expect_eq(count_in_disassembly(bytes, len, arch, "v_mfma"), 0);
     }
     cr_log_info("%s %s %s M=1 %s: VGPR %d AGPR %d waves/SIMD %d, %d global_load_dwordx4",
                 arch, fname, shape, key, r->vgprs, r->agprs, r->waves_per_simd, x4);
@@ -321,12 +327,13 @@ static void amd_default(const char *arch, const char *fname, const char *shape)
  * loads in flight per row. */
 Test(moe_gemv, hiprtc_gfx90a_builds_16_byte_loads_without_scratch, .timeout = 300)
 {
-    amd_default("gfx90a", "moe_gemm_down", "glm5.2");
+    amd_default("gfx90a", "moe_gemm_down", "glm5.2", 0);
 }
 
 Test(moe_gemv, clang_gfx942_builds_16_byte_loads_without_scratch, .timeout = 300)
 {
-    amd_default("gfx942", "moe_gemm_up", "glm5.2");
+    amd_default("gfx942", "moe_gemm_up", "glm5.2-a16", 0);
+    amd_default("gfx942", "moe_gemm_up", "glm5.2", 3);
 }
 
 /* NVRTC: no local memory; the PTX (kept with the cubin; absent on a cache
