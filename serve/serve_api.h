@@ -9,6 +9,7 @@
 #include <stddef.h>
 
 #include "serve_engine.h"
+#include "serve_logits.h"
 #include "serve_metrics.h"
 #include "serve_request.h"
 
@@ -25,6 +26,7 @@ typedef struct serve_api_ctx {
     double keepalive_s;    /* SSE keep-alive comment period */
     atomic_ullong next_id; /* mixed into response ids (with random bits) */
     atomic_int port;       /* the listening port (finding a client's socket) */
+    serve_constraints *constraints; /* structured outputs: vocabulary index, grammars */
 } serve_api_ctx;
 
 /* Endpoint handlers; each returns the HTTP status it answered with and

@@ -9,6 +9,7 @@
 #include "serve_engine.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +19,7 @@
 #include "common/clock.h"
 #include "model/format/chat.h"
 #include "model/spec.h"
+#include "serve_logits.h"
 #include "serve_prefix.h"
 #include "serve_sched.h"
 
@@ -38,7 +40,11 @@ struct serve_gen {
     int32_t *top_id; /* [max_tokens][n_top] */
     float *top_lp;
     serve_gen *follow; /* a reference */
+    model_logit_bias *bias;     /* the sampler's logit bias (owned) */
+    serve_logits *constraints;  /* may be NULL */
     /* Engine thread only. */
+    model_token_counts counts;  /* with penalties: prompt and generated tokens */
+    bool counted;
     mt_rng rng;
     int seq;
     int64_t n_tokens;   /* prompt + generated */
@@ -116,6 +122,9 @@ static void gen_free(serve_gen *g)
     if (g->sp)
         model_spec_seq_release(g->sp);
     free(g->sp);
+    free(g->bias);
+    serve_logits_destroy(g->constraints);
+    model_token_counts_release(&g->counts);
     serve_gen *f = g->follow;
     free(g);
     serve_gen_release(f);
@@ -344,6 +353,9 @@ static void fill_sreq(serve_engine *e)
     }
 }
 
+static mt_status gen_process(void *ctx, const int32_t *gen, int64_t n_gen, const int32_t *extra,
+                             int n_extra, float *logits, mt_err *err);
+
 /* Admits waiting requests, oldest first, while the policy allows. */
 static void admit(serve_engine *e)
 {
@@ -423,6 +435,8 @@ static void admit(serve_engine *e)
             g->sp = NULL; /* out of memory: this request decodes plainly */
         }
         if (g->sp) { /* a new sequence: no drafts yet, its MTP cache as the fork left it */
+            g->sp->proc = (model_logits_proc){gen_process, g};
+            g->sp->gen = g->tokens + g->n_prompt;
             g->sp->seq = seq;
             g->sp->n_draft = 0;
             g->sp->mtp_behind = false;
@@ -475,6 +489,30 @@ static void make_room(serve_engine *e)
     }
 }
 
+/* The request's logit processing before a pick (model_logits_proc): the
+ * sampler's bias and penalties (drafts counted while they apply), then its
+ * constraints. */
+static mt_status gen_process(void *ctx, const int32_t *gen, int64_t n_gen, const int32_t *extra,
+                             int n_extra, float *logits, mt_err *err)
+{
+    serve_gen *g = ctx;
+    int32_t vocab = g->e->info.vocab;
+    if (g->counted) {
+        int added = 0;
+        for (; added < n_extra; added++)
+            if (model_token_counts_add(&g->counts, extra[added], 1) != MT_OK)
+                break;
+        model_sampler_process(&g->sampler, &g->counts, logits, vocab);
+        for (int i = 0; i < added; i++)
+            model_token_counts_add(&g->counts, extra[i], -1);
+    } else if (g->sampler.n_bias) {
+        model_sampler_process(&g->sampler, NULL, logits, vocab);
+    }
+    if (g->constraints)
+        return serve_logits_apply(g->constraints, gen, n_gen, extra, n_extra, logits, vocab, err);
+    return MT_OK;
+}
+
 /* Publishes one generated token chosen from logits (vocab floats);
  * share: this token's part of the time since the last publication. */
 static void emit(serve_engine *e, serve_gen *g, int32_t tok, const float *logits, uint64_t now,
@@ -486,6 +524,8 @@ static void emit(serve_engine *e, serve_gen *g, int32_t tok, const float *logits
                        g->top_id + at * g->n_top, g->top_lp + at * g->n_top);
     }
     g->tokens[g->n_tokens++] = tok;
+    if (g->counted)
+        model_token_counts_add(&g->counts, tok, 1); /* out of memory: a penalty missed */
     int64_t gen = g->n_tokens - g->n_prompt;
     double ttft = -1;
     if (gen == 1) {
@@ -614,8 +654,12 @@ static void run_step(serve_engine *e)
             model_spec_seq *sp = g->sp;
             sp->n_draft = rows - 1;
             int64_t d0 = sp->drafted, a0 = sp->accepted;
+            sp->n_gen = g->n_tokens - g->n_prompt;
             if (model_spec_accept(e->rt, sp, start, &err) != MT_OK) {
-                sp->n_out = 1; /* cannot happen (truncation within the step's tokens) */
+                /* out of memory (or a constraint's failure): one plain pick */
+                sp->n_out = 1;
+                gen_process(g, g->tokens + g->n_prompt, g->n_tokens - g->n_prompt, NULL, 0,
+                            sp->logits, NULL);
                 sp->out[0] = model_sample(sp->logits, e->info.vocab, &g->sampler, &g->rng);
             }
             if (e->metrics)
@@ -630,6 +674,7 @@ static void run_step(serve_engine *e)
                     break;
             }
             new_tokens += kept;
+            sp->n_gen = g->n_tokens - g->n_prompt; /* the drafts follow the emitted tokens */
             g->n_computed = start + kept;
             if (kept < sp->n_out)
                 model_seq_truncate(e->rt, g->seq, g->n_computed, NULL);
@@ -639,12 +684,18 @@ static void run_step(serve_engine *e)
             g->n_computed += rows;
             if (e->items[k].logits) {
                 int32_t tok = -1;
+                /* A constraint's failure is not expected (it only masks); the
+                 * pick then goes on with what was applied. */
+                gen_process(g, g->tokens + g->n_prompt, g->n_tokens - g->n_prompt, NULL, 0,
+                            g->logits, &err);
                 if (e->hook)
                     tok = e->hook(e->hook_ctx, g->tokens, g->n_prompt, g->n_tokens - g->n_prompt);
-                if (tok < 0 || tok >= e->info.vocab)
+                if (tok < 0 || tok >= e->info.vocab || isinf(g->logits[tok]) || isnan(g->logits[tok]))
                     tok = model_sample(g->logits, e->info.vocab, &g->sampler, &g->rng);
                 emit(e, g, tok, g->logits, now, 1);
                 new_tokens++;
+                if (g->sp)
+                    g->sp->n_gen = g->n_tokens - g->n_prompt;
             }
             /* The MTP layer reads the chunk too (the token after its last
              * position: the next prompt token, or the one just sampled). */
@@ -948,6 +999,16 @@ mt_status serve_engine_wait_ready(serve_engine *e, double timeout_s, mt_err *err
 
 const serve_model_info *serve_engine_info(const serve_engine *e) { return &e->info; }
 
+/* A request that failed before its locks were made. */
+static void gen_free_partial(serve_gen *g)
+{
+    free(g->tokens);
+    free(g->lp);
+    free(g->top_id);
+    free(g->top_lp);
+    free(g);
+}
+
 mt_status serve_engine_submit(serve_engine *e, const serve_gen_params *p, serve_gen **out,
                               serve_error *err)
 {
@@ -991,6 +1052,20 @@ mt_status serve_engine_submit(serve_engine *e, const serve_gen_params *p, serve_
         free(g);
         return serve_reject(err, 500, NULL, NULL, "out of memory for the request");
     }
+    if (p->sampler.n_bias > 0 &&
+        !(g->bias = malloc((size_t)p->sampler.n_bias * sizeof *g->bias))) {
+        gen_free_partial(g);
+        return serve_reject(err, 500, NULL, NULL, "out of memory for the request");
+    }
+    if (model_sampler_penalized(&p->sampler)) {
+        mt_err me = MT_ERR_INIT;
+        if (model_token_counts_init(&g->counts, in->vocab, p->prompt, p->n_prompt, &me) != MT_OK) {
+            free(g->bias);
+            gen_free_partial(g);
+            return serve_reject(err, 500, NULL, NULL, "token counts: %s", me.msg);
+        }
+        g->counted = true;
+    }
     g->want_lp = p->logprobs;
     g->n_top = n_top;
     memcpy(g->tokens, p->prompt, (size_t)p->n_prompt * sizeof *g->tokens);
@@ -998,6 +1073,13 @@ mt_status serve_engine_submit(serve_engine *e, const serve_gen_params *p, serve_
     g->n_prompt = g->n_tokens = p->n_prompt;
     g->max_tokens = p->max_tokens;
     g->sampler = p->sampler;
+    if (g->bias) {
+        memcpy(g->bias, p->sampler.bias, (size_t)p->sampler.n_bias * sizeof *g->bias);
+        g->sampler.bias = g->bias;
+    } else {
+        g->sampler.bias = NULL;
+        g->sampler.n_bias = 0;
+    }
     g->ignore_eos = p->ignore_eos;
     g->spec_k = p->spec_set ? p->spec_steps : MODEL_SPEC_MAX_STEPS; /* capped at admission */
     g->chat = p->chat;
@@ -1021,6 +1103,7 @@ mt_status serve_engine_submit(serve_engine *e, const serve_gen_params *p, serve_
         gen_free(g);
         return serve_reject(err, 503, NULL, NULL, "the server is shutting down");
     }
+    g->constraints = p->logits; /* taken over: the request is queued */
     if (e->sub_tail)
         e->sub_tail->next = g;
     else

@@ -37,8 +37,9 @@ typedef struct serve_gen serve_gen;
 /* Test-only: called on the engine thread before each token is sampled, with
  * the request's prompt and generated tokens (tokens[0..n_prompt+n_generated));
  * a return value in [0, vocab) is taken as the token instead of a sample
- * (its logprobs are still those of the logits), anything else samples as
- * usual. Lets a test script the model's output token by token. */
+ * (its logprobs are still those of the logits) unless the request's logit
+ * processing refused it (its logit -inf: then it samples), anything else
+ * samples as usual. Lets a test script the model's output token by token. */
 typedef int32_t (*serve_sample_hook)(void *ctx, const int32_t *tokens, int64_t n_prompt,
                                      int64_t n_generated);
 
@@ -93,11 +94,19 @@ mt_status serve_engine_wait_ready(serve_engine *e, double timeout_s, mt_err *err
 /* Valid once READY; immutable afterwards. */
 const serve_model_info *serve_engine_info(const serve_engine *e);
 
+struct serve_logits;
+
 typedef struct serve_gen_params {
     const int32_t *prompt; /* copied */
     int64_t n_prompt;
     int64_t max_tokens;    /* >= 1 */
-    model_sampler sampler;
+    model_sampler sampler; /* its logit bias is copied; its penalties count the prompt and the
+                            * generated tokens */
+    /* The request's token constraints (serve_logits.h), applied after the
+     * sampler's logit processing before every pick (plain, scripted by the
+     * hook, and speculative: drafts included); may be NULL. The engine takes
+     * it over when submit succeeds (and destroys it with the request). */
+    struct serve_logits *logits;
     bool has_seed;
     uint64_t seed;
     bool ignore_eos;

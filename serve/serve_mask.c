@@ -302,6 +302,14 @@ void serve_vocab_destroy(serve_vocab *v)
 }
 
 int32_t serve_vocab_size(const serve_vocab *v) { return v->n; }
+
+const char *serve_vocab_token(const serve_vocab *v, int32_t id, size_t *len)
+{
+    if (id < 0 || id >= v->n || !v->text[id])
+        return NULL;
+    *len = (size_t)(v->off[id + 1] - v->off[id]);
+    return v->bytes + v->off[id];
+}
 size_t serve_mask_words(const serve_vocab *v) { return v->words; }
 
 /* ---- masks ------------------------------------------------------------------------ */
@@ -461,8 +469,10 @@ static void evict(serve_mask_cache *c, size_t entry_bytes)
 }
 
 bool serve_mask_get(serve_vocab *v, const serve_grammar *g, serve_mask_cache *c,
-                    const serve_gstate *s, uint64_t *mask)
+                    const serve_gstate *s, uint64_t *mask, bool *hit)
 {
+    if (hit)
+        *hit = false;
     if (!c)
         return serve_mask_compute(v, g, s, mask);
     uint64_t h = serve_grammar_state_hash(s);
@@ -476,6 +486,8 @@ bool serve_mask_get(serve_vocab *v, const serve_grammar *g, serve_mask_cache *c,
             lru_front(c, e);
             c->hits++;
             pthread_mutex_unlock(&c->mu);
+            if (hit)
+                *hit = true;
             return acc;
         }
     c->misses++;

@@ -42,6 +42,8 @@ mt_status serve_vocab_from_tokenizer(const model_tokenizer *tok, int32_t vocab,
 void serve_vocab_destroy(serve_vocab *v);
 
 int32_t serve_vocab_size(const serve_vocab *v);
+/* Token id's bytes (*len of them), or NULL for a token that is no text. */
+const char *serve_vocab_token(const serve_vocab *v, int32_t id, size_t *len);
 /* 64-bit words in a mask (bit i of word i / 64: token i). */
 size_t serve_mask_words(const serve_vocab *v);
 
@@ -55,9 +57,10 @@ bool serve_mask_compute(serve_vocab *v, const serve_grammar *g, const serve_gsta
  * most max_bytes of masks (0: 32 MiB). */
 mt_status serve_mask_cache_create(size_t max_bytes, serve_mask_cache **out, mt_err *err);
 void serve_mask_cache_destroy(serve_mask_cache *c);
-/* serve_mask_compute through the cache (c may be NULL: no cache). */
+/* serve_mask_compute through the cache (c may be NULL: no cache); *hit
+ * (may be NULL) says whether the cache had it. */
 bool serve_mask_get(serve_vocab *v, const serve_grammar *g, serve_mask_cache *c,
-                    const serve_gstate *s, uint64_t *mask);
+                    const serve_gstate *s, uint64_t *mask, bool *hit);
 /* Lookups answered from the cache and computed, so far. */
 void serve_mask_cache_stats(serve_mask_cache *c, uint64_t *hits, uint64_t *misses);
 

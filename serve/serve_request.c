@@ -510,6 +510,8 @@ static mt_status get_tools(cJSON *root, serve_request *r, serve_error *e)
         const cJSON *props =
             cJSON_IsObject(params) ? cJSON_GetObjectItemCaseSensitive(params, "properties") : NULL;
         r->tools[i].name = ns;
+        r->tools[i].index = i;
+        r->tools[i].parameters = cJSON_IsObject(params) ? params : NULL;
         r->tools[i].properties = cJSON_IsObject(props) ? props : NULL;
         serve_buf b = SERVE_BUF_INIT;
         if (tojson(&b, t) != MT_OK || !(r->tools[i].text = serve_buf_detach(&b, NULL))) {
@@ -530,6 +532,9 @@ static mt_status get_tool_choice(const cJSON *v, serve_request *r, serve_error *
         for (int i = 0; i < 3; i++)
             if (!strcmp(v->valuestring, names[i])) {
                 r->tool_choice = (serve_tool_choice)i;
+                if (r->tool_choice == SERVE_TOOL_REQUIRED && r->n_tools == 0)
+                    return serve_reject(e, 400, "tool_choice", NULL,
+                                        "'tool_choice' is 'required' but no tools are given");
                 return MT_OK;
             }
         return serve_reject(e, 400, "tool_choice", NULL,
@@ -744,6 +749,76 @@ static mt_status get_stop(const cJSON *v, serve_request *r, serve_error *e)
     return MT_OK;
 }
 
+/* logit_bias: {"<token id>": bias, ...}. */
+static mt_status get_logit_bias(const cJSON *v, const serve_limits *lim, serve_request *r,
+                                serve_error *e)
+{
+    if (cJSON_IsNull(v))
+        return MT_OK;
+    if (!cJSON_IsObject(v))
+        return bad(e, "logit_bias", "'%s' must be an object of token ids to biases%s", "");
+    int n = cJSON_GetArraySize(v);
+    if (n > SERVE_MAX_LOGIT_BIAS)
+        return serve_reject(e, 400, "logit_bias", NULL,
+                            "'logit_bias' has %d entries; at most %d are allowed", n,
+                            SERVE_MAX_LOGIT_BIAS);
+    if (n == 0)
+        return MT_OK;
+    if (!(r->logit_bias = calloc((size_t)n, sizeof *r->logit_bias)))
+        return oom(e, "logit_bias");
+    const cJSON *b;
+    cJSON_ArrayForEach(b, v)
+    {
+        char p[128];
+        pname(p, sizeof p, "logit_bias.%.64s", b->string);
+        char *end;
+        long id = strtol(b->string, &end, 10);
+        if (!*b->string || *end || id < 0 || id >= lim->vocab)
+            return serve_reject(e, 400, p, NULL,
+                                "'%s': the key must be a token id in [0, %d)", p, (int)lim->vocab);
+        float bias = 0; /* gcc -O3 cannot see that serve_reject never returns MT_OK */
+        MT_CHECK(get_float(b, p, -100, 100, false, &bias, e));
+        r->logit_bias[r->n_logit_bias++] = (model_logit_bias){(int32_t)id, bias};
+    }
+    return MT_OK;
+}
+
+/* response_format: {"type": "text"} | {"type": "json_object"} |
+ * {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}. */
+static mt_status get_response_format(cJSON *v, serve_request *r, serve_error *e)
+{
+    if (cJSON_IsNull(v))
+        return MT_OK;
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(v, "type");
+    if (!cJSON_IsObject(v) || !cJSON_IsString(t))
+        return bad(e, "response_format", "'%s' must be an object with a type%s", "");
+    if (!strcmp(t->valuestring, "text"))
+        return MT_OK;
+    if (!strcmp(t->valuestring, "json_object")) {
+        r->format = SERVE_FORMAT_JSON_OBJECT;
+        return MT_OK;
+    }
+    if (strcmp(t->valuestring, "json_schema"))
+        return serve_reject(e, 400, "response_format.type", NULL,
+                            "'response_format.type' is '%.64s'; it must be text, json_object or "
+                            "json_schema",
+                            t->valuestring);
+    cJSON *js = cJSON_GetObjectItemCaseSensitive(v, "json_schema");
+    if (!cJSON_IsObject(js))
+        return bad(e, "response_format.json_schema", "'%s' must be an object with a schema%s",
+                   "");
+    const cJSON *strict = cJSON_GetObjectItemCaseSensitive(js, "strict");
+    if (strict && !cJSON_IsNull(strict) && !cJSON_IsBool(strict))
+        return bad(e, "response_format.json_schema.strict", "'%s' must be true or false%s", "");
+    const cJSON *sch = cJSON_GetObjectItemCaseSensitive(js, "schema");
+    if (sch && !cJSON_IsNull(sch) && !cJSON_IsObject(sch) && !cJSON_IsBool(sch))
+        return bad(e, "response_format.json_schema.schema", "'%s' must be a JSON schema%s", "");
+    r->format = SERVE_FORMAT_JSON_SCHEMA;
+    if (sch && !cJSON_IsNull(sch))
+        r->schema = cJSON_DetachItemFromObjectCaseSensitive(js, "schema");
+    return MT_OK;
+}
+
 static mt_status parse_fields(serve_api api, cJSON *root, const serve_limits *lim,
                               serve_request *r, serve_error *e)
 {
@@ -812,6 +887,20 @@ static mt_status parse_fields(serve_api api, cJSON *root, const serve_limits *li
         MT_CHECK(get_int(v, "top_k", -1, 2147483647.0, &k, e));
         r->top_k = k < 0 ? 0 : (int)k;
     }
+    if ((v = FIELD("min_p")) && !cJSON_IsNull(v))
+        MT_CHECK(get_float(v, "min_p", 0, 1, false, &r->min_p, e));
+    if ((v = FIELD("presence_penalty")) && !cJSON_IsNull(v))
+        MT_CHECK(get_float(v, "presence_penalty", -2, 2, false, &r->presence_penalty, e));
+    if ((v = FIELD("frequency_penalty")) && !cJSON_IsNull(v))
+        MT_CHECK(get_float(v, "frequency_penalty", -2, 2, false, &r->frequency_penalty, e));
+    if ((v = FIELD("repetition_penalty")) && !cJSON_IsNull(v))
+        MT_CHECK(get_float(v, "repetition_penalty", 0, 10, true, &r->repetition_penalty, e));
+    if ((v = FIELD("logit_bias")))
+        MT_CHECK(get_logit_bias(v, lim, r, e));
+    if ((v = FIELD("response_format")))
+        MT_CHECK(get_response_format((cJSON *)v, r, e));
+    if ((v = FIELD("parallel_tool_calls")) && !cJSON_IsNull(v))
+        MT_CHECK(get_bool(v, "parallel_tool_calls", &r->parallel_tool_calls, e));
     if ((v = FIELD("seed")) && !cJSON_IsNull(v)) {
         int64_t s;
         MT_CHECK(get_int(v, "seed", -MAX_SAFE_INT, MAX_SAFE_INT, &s, e));
@@ -886,6 +975,8 @@ mt_status serve_request_parse(serve_api api, const char *body, size_t len,
     out->max_tokens = -1;
     out->temperature = 1.0f;
     out->top_p = 1.0f;
+    out->repetition_penalty = 1.0f;
+    out->parallel_tool_calls = true;
     out->include_usage = false;
     out->add_generation_prompt = true;
     out->enable_thinking = false;
@@ -986,6 +1077,8 @@ void serve_request_release(serve_request *r)
     cJSON_Delete(r->tools_json);
     for (int i = 0; i < r->n_stop; i++)
         free(r->stop[i]);
+    free(r->logit_bias);
+    cJSON_Delete(r->schema);
     serve_api api = r->api;
     memset(r, 0, sizeof *r);
     r->api = api;

@@ -11,14 +11,22 @@
  *   - a known field has the wrong type or is out of range: max_tokens (and
  *     its chat alias max_completion_tokens) an integer in [1, max_context],
  *     temperature in [0, 2], top_p in (0, 1], top_k -1, 0 (off) or more,
+ *     min_p in [0, 1], presence_penalty and frequency_penalty in [-2, 2],
+ *     repetition_penalty in (0, 10], logit_bias an object of at most
+ *     SERVE_MAX_LOGIT_BIAS token ids (as strings, in the vocabulary) to
+ *     numbers in [-100, 100], parallel_tool_calls a boolean, response_format
+ *     {"type": "text" | "json_object" | "json_schema", "json_schema":
+ *     {"schema": ..., "strict": ...}} (the schema itself is checked when
+ *     compiled, serve_grammar.h),
  *     seed an integer with |seed| <= 2^53, stop a string or a list of at most
  *     SERVE_MAX_STOP non-empty strings of at most SERVE_MAX_STOP_LEN bytes,
  *     n in [1, SERVE_MAX_N], best_of in [n, SERVE_MAX_N] (not with stream
  *     when larger than n), logprobs (chat: true/false, with top_logprobs in
  *     [0, SERVE_MAX_TOP_LOGPROBS]; completions: an integer in that range);
  *   - tools: a list of {"type": "function", "function": {"name", ...}} with
- *     distinct names, parameters (when given) an object; tool_choice "auto", "none", "required" or
- *     {"type": "function", "function": {"name": a listed tool}}; assistant
+ *     distinct names, parameters (when given) an object; tool_choice "auto",
+ *     "none", "required" (with tools) or {"type": "function", "function":
+ *     {"name": a listed tool}}; assistant
  *     messages' tool_calls with arguments a JSON object text;
  *   - the prompt: a string, a list of token ids (each in [0, vocab)), or a
  *     list holding exactly one of those; chat messages a non-empty list of
@@ -45,6 +53,7 @@
 #include <stdint.h>
 
 #include "model/format/chat.h"
+#include "model/runtime.h"
 #include "model/format/tokenizer.h"
 #include "serve_error.h"
 
@@ -65,14 +74,24 @@ typedef enum serve_api {
 
 typedef enum serve_tool_choice {
     SERVE_TOOL_AUTO = 0,
-    SERVE_TOOL_NONE = 1,
-    SERVE_TOOL_REQUIRED = 2, /* rendered like auto: no constrained decoding here */
-    SERVE_TOOL_NAMED = 3,    /* only the named tool is rendered and parsed */
+    SERVE_TOOL_NONE = 1,     /* no tools rendered or parsed; the tool-call token refused */
+    SERVE_TOOL_REQUIRED = 2, /* the output is forced into calls (structured outputs) */
+    SERVE_TOOL_NAMED = 3,    /* only the named tool is rendered, parsed and forced */
 } serve_tool_choice;
+
+typedef enum serve_format {
+    SERVE_FORMAT_TEXT = 0,
+    SERVE_FORMAT_JSON_OBJECT = 1, /* any JSON object */
+    SERVE_FORMAT_JSON_SCHEMA = 2, /* JSON valid against schema */
+} serve_format;
+
+#define SERVE_MAX_LOGIT_BIAS 1024
 
 /* A tool as the request gave it (pointers into serve_request.tools_json). */
 typedef struct serve_request_tool {
     const char *name;
+    int index;                      /* its place in the request's tools list */
+    const struct cJSON *parameters; /* function.parameters (an object), or NULL */
     const struct cJSON *properties; /* function.parameters.properties, or NULL */
     char *text; /* the tool's JSON as GLM's template writes it (tojson) */
 } serve_request_tool;
@@ -103,6 +122,9 @@ typedef struct serve_request {
     bool separate_reasoning;   /* false: reasoning stays in content (sglang's key) */
     bool include_reasoning;    /* false: reasoning is dropped (vLLM's key) */
     bool add_generation_prompt; /* chat; default true */
+    bool parallel_tool_calls;   /* default true; false: at most one call */
+    serve_format format;        /* response_format */
+    struct cJSON *schema;       /* json_schema's schema (owned); NULL: any JSON value */
     bool enable_thinking;       /* chat_template_kwargs.enable_thinking; default false */
 
     /* Generation. */
@@ -110,6 +132,11 @@ typedef struct serve_request {
     float temperature;  /* default 1 */
     float top_p;        /* default 1 */
     int top_k;          /* 0 = off */
+    float min_p;        /* 0 = off */
+    float presence_penalty, frequency_penalty; /* OpenAI's, [-2, 2]; 0 = off */
+    float repetition_penalty; /* vLLM's, (0, 10]; 1 = off */
+    model_logit_bias *logit_bias; /* n_logit_bias entries (owned), ids in [0, vocab) */
+    int n_logit_bias;
     bool has_seed;
     uint64_t seed;
     char *stop[SERVE_MAX_STOP];

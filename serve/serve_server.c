@@ -246,6 +246,10 @@ mt_status serve_server_start(const serve_server_opts *o, serve_server **out, mt_
         free(s);
         return st;
     }
+    if ((st = serve_constraints_create(&s->api.constraints, err))) {
+        serve_server_stop(s);
+        return st;
+    }
     serve_engine_opts eo = o->engine;
     eo.metrics = s->api.metrics;
     if ((st = serve_engine_start(&eo, &s->api.engine, err))) {
@@ -293,6 +297,7 @@ void serve_server_stop(serve_server *s)
     }
     serve_engine_destroy(s->api.engine);
     serve_metrics_destroy(s->api.metrics);
+    serve_constraints_destroy(s->api.constraints);
     free(s);
 }
 

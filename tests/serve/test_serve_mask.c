@@ -154,7 +154,7 @@ static int compare_along_walks(const tv *v, serve_vocab *sv, const serve_grammar
                              (unsigned long long)seed, w, step, k, (unsigned long long)got[k],
                              (unsigned long long)want[k]);
             cr_assert_eq(acc, serve_grammar_accepting(g, &s));
-            bool acc2 = serve_mask_get(sv, g, cache, &s, cached);
+            bool acc2 = serve_mask_get(sv, g, cache, &s, cached, NULL);
             cr_assert_eq(acc2, acc);
             cr_assert_arr_eq(cached, want, words * 8);
             checked++;
