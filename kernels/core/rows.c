@@ -2,6 +2,7 @@
  * row-wise families (see rows.h). */
 #include "rows.h"
 
+#include <assert.h>
 #include <stdio.h>
 
 static const int threads_v[] = {64, 128, 256};
@@ -42,6 +43,20 @@ int kern_rows_default_threads(bool wide, const dev_props *p)
     return t;
 }
 
+void kern_rows_gpu_config(int64_t n, const dev_props *p, kern_config *c)
+{
+    c->n = 2;
+    c->v[0] = kern_rows_default_threads(n >= 1024, p);
+    c->v[1] = 1;
+}
+
+void kern_rows_gpu_default(const kern_shape *s, int64_t m, const dev_props *p,
+                           kern_config *c)
+{
+    (void)m;
+    kern_rows_gpu_config(s->v[0], p, c);
+}
+
 void kern_rows_cpu_default(const kern_shape *s, int64_t m, const dev_props *p,
                            kern_config *c)
 {
@@ -62,4 +77,32 @@ mt_status kern_rows_launch(const kern_ctx *c, const char *name, const char *sig,
     dev_dim3 grid = {kern_cdiv(c->m, rows), 1, 1};
     dev_dim3 block = {gpu ? (unsigned)kern_config_get(c->impl, c->cfg, "THREADS", 64) : 1, 1, 1};
     return dev_launch(c->dev, k, grid, block, 0, args, err);
+}
+
+mt_status kern_rows_run_ints(const kern_ctx *c, const int *ints, int n_ints, mt_err *err)
+{
+    kern_buf_desc b[KERN_MAX_BUFS];
+    int nb = c->fam->buffers(c->shape, c->m, b, KERN_MAX_BUFS);
+    assert(nb > 0 && nb <= KERN_MAX_BUFS && n_ints >= 0 && n_ints <= KERN_ROWS_MAX_INTS);
+    int v[1 + KERN_ROWS_MAX_INTS] = {(int)c->m};
+    void *args[KERN_MAX_BUFS + 1 + KERN_ROWS_MAX_INTS];
+    char sig[KERN_MAX_BUFS + 1 + KERN_ROWS_MAX_INTS + 1];
+    int n = 0;
+    for (int i = 0; i < nb; i++, n++) {
+        args[n] = (void *)&c->bufs[i];
+        sig[n] = 'p';
+    }
+    for (int i = 0; i <= n_ints; i++, n++) {
+        if (i > 0)
+            v[i] = ints[i - 1];
+        args[n] = &v[i];
+        sig[n] = 'i';
+    }
+    sig[n] = 0;
+    return kern_rows_launch(c, c->fam->name, sig, args, err);
+}
+
+mt_status kern_rows_run(const kern_ctx *c, mt_err *err)
+{
+    return kern_rows_run_ints(c, NULL, 0, err);
 }

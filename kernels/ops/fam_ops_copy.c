@@ -99,19 +99,10 @@ static void cost(const kern_shape *s, int64_t m, double *flops, double *bytes)
     *bytes = (double)m * (double)s->v[D_N] * (double)(esz(s->v[D_S]) + esz(s->v[D_D]));
 }
 
-static mt_status run(const kern_ctx *c, mt_err *err)
-{
-    int m = (int)c->m;
-    void *args[] = {(void *)&c->bufs[B_SRC], (void *)&c->bufs[B_DST], &m};
-    return kern_rows_launch(c, "ops_copy", "ppi", args, err);
-}
-
 static void gpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern_config *c)
 {
     (void)m;
-    c->n = 2;
-    c->v[0] = kern_rows_default_threads(s->v[D_N] >= 1024, p);
-    c->v[1] = 1;
+    kern_rows_gpu_config(s->v[D_N], p, c);
 }
 
 static const kern_impl gpu_impl = {
@@ -120,7 +111,7 @@ static const kern_impl gpu_impl = {
     .n_params = KERN_ROWS_GPU_N_PARAMS,
     .valid = kern_rows_gpu_valid,
     .default_config = gpu_default,
-    .run = run,
+    .run = kern_rows_run,
 };
 
 static const int cpu_rows_v[] = {1, 4, 16, 64};
@@ -139,13 +130,11 @@ static const kern_impl cpu_impl = {
     .params = cpu_params,
     .n_params = 1,
     .default_config = cpu_default,
-    .run = run,
+    .run = kern_rows_run,
 };
 
 static const kern_case cases[] = {
-    {"tiny", 1},
-    {"tiny", 5},
-    {"SW=40,SO=0,N=40,DW=40,DO=0,s=bf16,d=f32", 3},
+    {"tiny", 1}, {"tiny", 5}, {"SW=40,SO=0,N=40,DW=40,DO=0,s=bf16,d=f32", 3},
     {"SW=7,SO=2,N=5,DW=19,DO=11,s=bf16,d=bf16", 4},
     {"SW=300,SO=100,N=200,DW=260,DO=60,s=f32,d=f32", 2},
 };

@@ -74,57 +74,18 @@ static void cost(const kern_shape *s, int64_t m, double *flops, double *bytes)
     *bytes = (double)m * ((double)s->v[D_N] * 8.0 + 4.0);
 }
 
+/* The kernel takes V after the buffers and M. */
 static mt_status run(const kern_ctx *c, mt_err *err)
 {
-    int m = (int)c->m, v = (int)c->shape->v[D_V];
-    void *args[] = {(void *)&c->bufs[B_TABLE], (void *)&c->bufs[B_IDS], (void *)&c->bufs[B_XF],
-                    (void *)&c->bufs[B_XB], &m, &v};
-    return kern_rows_launch(c, "ops_embed", "ppppii", args, err);
+    int v = (int)c->shape->v[D_V];
+    return kern_rows_run_ints(c, &v, 1, err);
 }
-
-static void gpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern_config *c)
-{
-    (void)m;
-    c->n = 2;
-    c->v[0] = kern_rows_default_threads(s->v[D_N] >= 1024, p);
-    c->v[1] = 1;
-}
-
-static const kern_impl gpu_impl = {
-    .source = "ops_embed.hip",
-    .params = kern_rows_gpu_params,
-    .n_params = KERN_ROWS_GPU_N_PARAMS,
-    .valid = kern_rows_gpu_valid,
-    .default_config = gpu_default,
-    .run = run,
-};
-
-static const kern_impl cpu_impl = {
-    .source = "ops_embed.cpu",
-    .params = kern_rows_cpu_params,
-    .n_params = KERN_ROWS_CPU_N_PARAMS,
-    .default_config = kern_rows_cpu_default,
-    .run = run,
-};
 
 static const kern_case cases[] = {
     {"tiny", 1}, {"tiny", 7}, {"N=33,V=5", 3},
 };
 
-const kern_family fam_ops_embed = {
-    .name = "ops_embed",
-    .version = 1,
-    .summary = "row gather of a bf16 table by id into f32 and bf16 rows (embedding)",
-    .dims = dims,
-    .n_dims = D_COUNT,
-    .presets = presets,
-    .n_presets = sizeof presets / sizeof presets[0],
-    .gpu = &gpu_impl,
-    .cpu = &cpu_impl,
-    .buffers = buffers,
-    .fill = fill,
-    .reference = reference,
-    .cost = cost,
-    .cases = cases,
-    .n_cases = sizeof cases / sizeof cases[0],
-};
+const kern_family fam_ops_embed = KERN_ROWS_FAMILY(
+    "ops_embed", 1, "row gather of a bf16 table by id into f32 and bf16 rows (embedding)",
+    KERN_ROWS_GPU_IMPL("ops_embed.hip", kern_rows_gpu_default, run),
+    KERN_ROWS_CPU_IMPL("ops_embed.cpu", run));

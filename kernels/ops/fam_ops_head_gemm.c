@@ -187,10 +187,7 @@ static const kern_impl cpu_impl = {
 };
 
 static const kern_case cases[] = {
-    {"tiny", 1},
-    {"tiny", 7},
-    {"H=3,K=20,KA=20,N=17,NO=17", 5},
-    {"H=2,K=192,KA=256,N=70,NO=90", 2},
+    {"tiny", 1}, {"tiny", 7}, {"H=3,K=20,KA=20,N=17,NO=17", 5}, {"H=2,K=192,KA=256,N=70,NO=90", 2},
 };
 
 const kern_family fam_ops_head_gemm = {

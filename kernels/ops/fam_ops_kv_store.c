@@ -119,15 +119,6 @@ static void cost(const kern_shape *s, int64_t m, double *flops, double *bytes)
     *bytes = (double)m * (w * (2.0 + (double)attn_kv_esize((kern_dtype)s->v[D_KV])) + 4.0);
 }
 
-static mt_status run(const kern_ctx *c, mt_err *err)
-{
-    int m = (int)c->m;
-    void *args[] = {(void *)&c->bufs[B_A], (void *)&c->bufs[B_B], (void *)&c->bufs[B_ROWS],
-                    (void *)&c->bufs[B_POOL], (void *)&c->bufs[B_SCALE], &m};
-    /* no ROWS parameter: one token per block (per work item on the cpu) */
-    return kern_rows_launch(c, "ops_kv_store", "pppppi", args, err);
-}
-
 static const int threads_v[] = {32, 64, 128, 256};
 static const kern_param_desc gpu_params[] = {
     {"THREADS", threads_v, 4, "threads per token"},
@@ -140,13 +131,15 @@ static void gpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern
     c->v[0] = kern_rows_default_threads(s->v[D_W1] + s->v[D_W2] >= 256, p);
 }
 
+/* run: kern_rows_run; no ROWS parameter: one token per block (per work
+ * item on the cpu). */
 static const kern_impl gpu_impl = {
     .source = "ops_kv_store.hip",
     .params = gpu_params,
     .n_params = 1,
     .valid = kern_rows_gpu_valid,
     .default_config = gpu_default,
-    .run = run,
+    .run = kern_rows_run,
 };
 
 static const int cpu_one_v[] = {1};
@@ -168,15 +161,11 @@ static const kern_impl cpu_impl = {
     .params = cpu_params,
     .n_params = 1,
     .default_config = cpu_default,
-    .run = run,
+    .run = kern_rows_run,
 };
 
 static const kern_case cases[] = {
-    {"tiny", 1},
-    {"tiny", 9},
-    {"glm5.2-fp8", 3},
-    {"tiny-index", 5},
-    {"W1=20,W2=6,kv=fp8,P=13", 13},
+    {"tiny", 1}, {"tiny", 9}, {"glm5.2-fp8", 3}, {"tiny-index", 5}, {"W1=20,W2=6,kv=fp8,P=13", 13},
 };
 
 const kern_family fam_ops_kv_store = {

@@ -62,55 +62,9 @@ static void cost(const kern_shape *s, int64_t m, double *flops, double *bytes)
     *bytes = (double)m * (double)s->v[D_N] * 14.0;
 }
 
-static mt_status run(const kern_ctx *c, mt_err *err)
-{
-    int m = (int)c->m;
-    void *args[] = {(void *)&c->bufs[B_RESID], (void *)&c->bufs[B_DELTA], (void *)&c->bufs[B_XB],
-                    &m};
-    return kern_rows_launch(c, "ops_residual", "pppi", args, err);
-}
-
-static void gpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern_config *c)
-{
-    (void)m;
-    c->n = 2;
-    c->v[0] = kern_rows_default_threads(s->v[D_N] >= 1024, p);
-    c->v[1] = 1;
-}
-
-static const kern_impl gpu_impl = {
-    .source = "ops_residual.hip",
-    .params = kern_rows_gpu_params,
-    .n_params = KERN_ROWS_GPU_N_PARAMS,
-    .valid = kern_rows_gpu_valid,
-    .default_config = gpu_default,
-    .run = run,
-};
-
-static const kern_impl cpu_impl = {
-    .source = "ops_residual.cpu",
-    .params = kern_rows_cpu_params,
-    .n_params = KERN_ROWS_CPU_N_PARAMS,
-    .default_config = kern_rows_cpu_default,
-    .run = run,
-};
-
 static const kern_case cases[] = {{"tiny", 1}, {"tiny", 6}, {"N=77", 3}};
 
-const kern_family fam_ops_residual = {
-    .name = "ops_residual",
-    .version = 1,
-    .summary = "residual add of f32 rows, plus the bf16 copy of the sum",
-    .dims = dims,
-    .n_dims = D_COUNT,
-    .presets = presets,
-    .n_presets = sizeof presets / sizeof presets[0],
-    .gpu = &gpu_impl,
-    .cpu = &cpu_impl,
-    .buffers = buffers,
-    .fill = fill,
-    .reference = reference,
-    .cost = cost,
-    .cases = cases,
-    .n_cases = sizeof cases / sizeof cases[0],
-};
+const kern_family fam_ops_residual = KERN_ROWS_FAMILY(
+    "ops_residual", 1, "residual add of f32 rows, plus the bf16 copy of the sum",
+    KERN_ROWS_GPU_IMPL("ops_residual.hip", kern_rows_gpu_default, kern_rows_run),
+    KERN_ROWS_CPU_IMPL("ops_residual.cpu", kern_rows_run));

@@ -61,54 +61,9 @@ static void cost(const kern_shape *s, int64_t m, double *flops, double *bytes)
     *bytes = (double)m * (double)s->v[D_I] * 10.0;
 }
 
-static mt_status run(const kern_ctx *c, mt_err *err)
-{
-    int m = (int)c->m;
-    void *args[] = {(void *)&c->bufs[B_X], (void *)&c->bufs[B_H], &m};
-    return kern_rows_launch(c, "ops_silu_mul", "ppi", args, err);
-}
-
-static void gpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern_config *c)
-{
-    (void)m;
-    c->n = 2;
-    c->v[0] = kern_rows_default_threads(s->v[D_I] >= 1024, p);
-    c->v[1] = 1;
-}
-
-static const kern_impl gpu_impl = {
-    .source = "ops_silu_mul.hip",
-    .params = kern_rows_gpu_params,
-    .n_params = KERN_ROWS_GPU_N_PARAMS,
-    .valid = kern_rows_gpu_valid,
-    .default_config = gpu_default,
-    .run = run,
-};
-
-static const kern_impl cpu_impl = {
-    .source = "ops_silu_mul.cpu",
-    .params = kern_rows_cpu_params,
-    .n_params = KERN_ROWS_CPU_N_PARAMS,
-    .default_config = kern_rows_cpu_default,
-    .run = run,
-};
-
 static const kern_case cases[] = {{"tiny", 1}, {"tiny", 5}, {"I=45", 3}};
 
-const kern_family fam_ops_silu_mul = {
-    .name = "ops_silu_mul",
-    .version = 1,
-    .summary = "SwiGLU activation: bf16(silu(gate) * up) from a fused f32 gate/up row",
-    .dims = dims,
-    .n_dims = D_COUNT,
-    .presets = presets,
-    .n_presets = sizeof presets / sizeof presets[0],
-    .gpu = &gpu_impl,
-    .cpu = &cpu_impl,
-    .buffers = buffers,
-    .fill = fill,
-    .reference = reference,
-    .cost = cost,
-    .cases = cases,
-    .n_cases = sizeof cases / sizeof cases[0],
-};
+const kern_family fam_ops_silu_mul = KERN_ROWS_FAMILY(
+    "ops_silu_mul", 1, "SwiGLU activation: bf16(silu(gate) * up) from a fused f32 gate/up row",
+    KERN_ROWS_GPU_IMPL("ops_silu_mul.hip", kern_rows_gpu_default, kern_rows_run),
+    KERN_ROWS_CPU_IMPL("ops_silu_mul.cpu", kern_rows_run));

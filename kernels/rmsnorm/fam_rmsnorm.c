@@ -8,6 +8,7 @@
 #include "common/numeric.h"
 #include "common/rng.h"
 #include "kernels/core/family.h"
+#include "kernels/core/rows.h"
 
 enum { D_N, D_EPS, D_COUNT };
 
@@ -67,18 +68,14 @@ static void gpu_default(const kern_shape *s, int64_t m, const dev_props *p,
     c->v[1] = 1;
 }
 
-static mt_status gpu_run(const kern_ctx *c, mt_err *err)
+/* Both backends: kern_rows_launch (THREADS and ROWS on GPUs, ROWS on the
+ * cpu). */
+static mt_status run(const kern_ctx *c, mt_err *err)
 {
-    dev_kernel *k;
-    mt_status st = kern_get(c, "rmsnorm_bf16", "pppif", &k, err);
-    if (st != MT_OK)
-        return st;
     int m = (int)c->m;
     float eps = eps_of(c->shape);
     void *args[] = {(void *)&c->bufs[2], (void *)&c->bufs[0], (void *)&c->bufs[1], &m, &eps};
-    int rows = c->cfg->v[1];
-    dev_dim3 grid = {kern_cdiv(m, rows), 1, 1}, block = {(unsigned)c->cfg->v[0], 1, 1};
-    return dev_launch(c->dev, k, grid, block, 0, args, err);
+    return kern_rows_launch(c, "rmsnorm_bf16", "pppif", args, err);
 }
 
 static void cpu_default(const kern_shape *s, int64_t m, const dev_props *p,
@@ -89,26 +86,13 @@ static void cpu_default(const kern_shape *s, int64_t m, const dev_props *p,
     c->v[0] = m >= 64 * p->compute_units ? 16 : 1;
 }
 
-static mt_status cpu_run(const kern_ctx *c, mt_err *err)
-{
-    dev_kernel *k;
-    mt_status st = kern_get(c, "rmsnorm_bf16", "pppif", &k, err);
-    if (st != MT_OK)
-        return st;
-    int m = (int)c->m;
-    float eps = eps_of(c->shape);
-    void *args[] = {(void *)&c->bufs[2], (void *)&c->bufs[0], (void *)&c->bufs[1], &m, &eps};
-    dev_dim3 grid = {kern_cdiv(m, c->cfg->v[0]), 1, 1}, block = {1, 1, 1};
-    return dev_launch(c->dev, k, grid, block, 0, args, err);
-}
-
 static const kern_impl gpu_impl = {
     .source = "rmsnorm.hip",
     .params = gpu_params,
     .n_params = 2,
     .valid = gpu_valid,
     .default_config = gpu_default,
-    .run = gpu_run,
+    .run = run,
 };
 
 static const kern_impl cpu_impl = {
@@ -116,7 +100,7 @@ static const kern_impl cpu_impl = {
     .params = cpu_params,
     .n_params = 1,
     .default_config = cpu_default,
-    .run = cpu_run,
+    .run = run,
 };
 
 static int buffers(const kern_shape *s, int64_t m, kern_buf_desc *out, int cap)
@@ -174,20 +158,5 @@ static const kern_case cases[] = {
     {"tiny", 1}, {"tiny", 3}, {"tiny", 17}, {"N=1000,eps_e=6", 5}, {"N=33,eps_e=5", 2},
 };
 
-const kern_family fam_rmsnorm = {
-    .name = "rmsnorm",
-    .version = 1,
-    .summary = "bf16 RMSNorm over rows (block reduction)",
-    .dims = dims,
-    .n_dims = D_COUNT,
-    .presets = presets,
-    .n_presets = sizeof presets / sizeof presets[0],
-    .gpu = &gpu_impl,
-    .cpu = &cpu_impl,
-    .buffers = buffers,
-    .fill = fill,
-    .reference = reference,
-    .cost = cost,
-    .cases = cases,
-    .n_cases = sizeof cases / sizeof cases[0],
-};
+const kern_family fam_rmsnorm =
+    KERN_ROWS_FAMILY("rmsnorm", 1, "bf16 RMSNorm over rows (block reduction)", &gpu_impl, &cpu_impl);

@@ -24,6 +24,7 @@
 #include "common/rng.h"
 #include "kernels/attn/attn_common.h"
 #include "kernels/core/family.h"
+#include "kernels/core/rows.h"
 
 enum { D_H, D_HD, D_ROFF, D_R, D_LN, D_THETA, D_P, D_COUNT };
 
@@ -213,18 +214,11 @@ static const kern_param_desc cpu_params[] = {
     {"TB", cpu_tb_v, 4, "tokens per work item"},
 };
 
-static void cpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern_config *c)
-{
-    (void)s;
-    c->n = 1;
-    c->v[0] = m >= 16 * (int64_t)p->compute_units ? 16 : 1;
-}
-
 static const kern_impl cpu_impl = {
     .source = "rope.cpu",
     .params = cpu_params,
     .n_params = 1,
-    .default_config = cpu_default,
+    .default_config = kern_rows_cpu_default, /* TB: tokens are the rows */
     .run = run,
 };
 
