@@ -224,8 +224,10 @@ Test(serve_agent, tool_call_streams_once_complete_with_its_arguments)
     free(raw);
 }
 
-/* The official client, non-streaming and streaming (tests/node). */
-Test(serve_agent, openai_npm_client_runs_the_tool_round_trip)
+/* Runs tests/node/SCRIPT with the official `openai` npm client (installed
+ * into the build folder on first use) against the server; out gets its
+ * output. Skips the test when node is absent. */
+static void run_node(const char *script, const char *args, char *out, size_t cap)
 {
     if (system("command -v node >/dev/null 2>&1") != 0) {
         cr_log_info("node is not installed: the openai npm client test is skipped");
@@ -243,18 +245,33 @@ Test(serve_agent, openai_npm_client_runs_the_tool_round_trip)
              dir, dir, dir);
     int rc = system(cmd);
     cr_assert_eq(rc, 0, "npm install openai failed (see %s/npm.log)", dir);
-    snprintf(cmd, sizeof cmd, "cp '%s/tests/node/tool_roundtrip.mjs' '%s/' && "
-                              "node '%s/tool_roundtrip.mjs' %s 2>&1",
-             MOETUNE_SOURCE_DIR, dir, dir, T.url_text);
+    snprintf(cmd, sizeof cmd, "cp '%s/tests/node/%s' '%s/' && node '%s/%s' %s 2>&1",
+             MOETUNE_SOURCE_DIR, script, dir, dir, script, args);
     FILE *p = popen(cmd, "r");
     cr_assert_not_null(p);
-    char out[8192];
-    size_t n = fread(out, 1, sizeof out - 1, p);
+    size_t n = fread(out, 1, cap - 1, p);
     out[n] = 0;
     rc = pclose(p);
     cr_log_info("%s", out);
-    cr_assert(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "node: %s", out);
+    cr_assert(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "node %s: %s", script, out);
+}
+
+/* The official client, non-streaming and streaming (tests/node). */
+Test(serve_agent, openai_npm_client_runs_the_tool_round_trip)
+{
+    char out[8192];
+    run_node("tool_roundtrip.mjs", T.url_text, out, sizeof out);
     cr_assert_not_null(strstr(out, "n = 2 ok"), "%s", out);
+}
+
+/* chat.completions.stream, runTools (plain and streamed), models.retrieve
+ * and a 50 MB body that must be one 413, not a reset the SDK retries. */
+Test(serve_agent, openai_npm_client_streams_runs_tools_retrieves_and_gets_a_413)
+{
+    char out[8192], args[600];
+    snprintf(args, sizeof args, "%s '%s'", T.url_text, strrchr(T.dir, '/') + 1);
+    run_node("agent_checks.mjs", args, out, sizeof out);
+    cr_assert_not_null(strstr(out, "agent checks ok"), "%s", out);
 }
 
 /* ---- logprobs ------------------------------------------------------------------------ */
