@@ -670,16 +670,48 @@ bool serve_grammar_accepting(const serve_grammar *g, const serve_gstate *s)
     return true;
 }
 
-int serve_grammar_in_string(const serve_grammar *g, const serve_gstate *s, uint32_t *room)
+int serve_grammar_in_string(const serve_grammar *g, const serve_gstate *s, uint32_t *room,
+                            uint32_t *need, uint8_t *pending)
 {
     if (s->depth == 0)
         return 0;
     const serve_gframe *f = &s->f[s->depth - 1];
     const gnode *nd = &g->nodes[f->node];
-    if ((nd->kind != K_STR && nd->kind != K_RAW) || f->phase != S_BODY || f->u8)
+    if ((nd->kind != K_STR && nd->kind != K_RAW) || f->phase != S_BODY)
         return 0;
     *room = nd->max == NO_LIMIT ? NO_LIMIT : nd->max - f->n;
+    *need = f->n < nd->min ? nd->min - f->n : 0;
+    *pending = f->u8;
     return nd->kind == K_STR ? 1 : 2;
+}
+
+void serve_grammar_string_advance(const serve_grammar *g, serve_gstate *s, uint32_t chars)
+{
+    (void)g;
+    serve_gframe *f = &s->f[s->depth - 1];
+    f->u8 = 0;
+    f->n += chars;
+}
+
+/* u8 codes (remaining | range << 2) of the pending classes 1-7. */
+static const uint8_t utf8_codes[SERVE_GRAMMAR_UTF8_CLASSES] = {0, 1, 2, 2 | 1 << 2, 2 | 2 << 2,
+                                                               3, 3 | 3 << 2, 3 | 4 << 2};
+
+int serve_grammar_utf8_class(uint8_t pending)
+{
+    for (int c = 0; c < SERVE_GRAMMAR_UTF8_CLASSES; c++)
+        if (utf8_codes[c] == pending)
+            return c;
+    return 0;
+}
+
+void serve_grammar_utf8_expect(int c, int *bytes, uint8_t *lo, uint8_t *hi)
+{
+    static const uint8_t los[5] = {0x80, 0xA0, 0x80, 0x90, 0x80};
+    static const uint8_t his[5] = {0xBF, 0xBF, 0x9F, 0xBF, 0x8F};
+    *bytes = utf8_codes[c] & 3;
+    *lo = los[utf8_codes[c] >> 2];
+    *hi = his[utf8_codes[c] >> 2];
 }
 
 uint64_t serve_grammar_state_hash(const serve_gstate *s)

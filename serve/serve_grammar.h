@@ -104,10 +104,22 @@ bool serve_grammar_feed(const serve_grammar *g, serve_gstate *s, const char *p, 
 bool serve_grammar_accepting(const serve_grammar *g, const serve_gstate *s);
 
 /* The fast path of serve_mask.h: when the state is inside the body of a
- * string that any text can continue (no escape or character pending),
- * returns 1 for a JSON string, 2 for a raw tool-argument string, and sets
- * *room to the characters it may still hold (UINT32_MAX: no limit); else 0. */
-int serve_grammar_in_string(const serve_grammar *g, const serve_gstate *s, uint32_t *room);
+ * string (no escape pending), returns 1 for a JSON string, 2 for a raw
+ * tool-argument string, and sets *room to the characters it may still hold
+ * (UINT32_MAX: no limit), *need to those it must still get before it may
+ * close, and *pending to the UTF-8 continuation bytes it waits for (and
+ * their range, coded as serve_grammar_utf8_class says); else 0. */
+int serve_grammar_in_string(const serve_grammar *g, const serve_gstate *s, uint32_t *room,
+                            uint32_t *need, uint8_t *pending);
+/* In such a state: as if chars more characters (valid UTF-8 completing the
+ * pending one, none of them special) were read. */
+void serve_grammar_string_advance(const serve_grammar *g, serve_gstate *s, uint32_t chars);
+/* The continuation states of a UTF-8 character in a string body: class 0
+ * none pending, 1-7 the others (SERVE_GRAMMAR_UTF8_CLASSES in all); the
+ * bytes expected and the range of the next one for class c. */
+#define SERVE_GRAMMAR_UTF8_CLASSES 8
+int serve_grammar_utf8_class(uint8_t pending);
+void serve_grammar_utf8_expect(int c, int *bytes, uint8_t *lo, uint8_t *hi);
 
 /* A hash of the state (equal states hash equal; used to cache masks). */
 uint64_t serve_grammar_state_hash(const serve_gstate *s);

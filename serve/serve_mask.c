@@ -15,8 +15,23 @@ typedef struct tnode {
     uint8_t byte;
 } tnode;
 
-/* String bodies (serve_grammar_in_string kinds 1 JSON, 2 raw). */
-enum { KINDS = 3 };
+/* String bodies (serve_grammar_in_string kinds 1 JSON, 2 raw), by the
+ * UTF-8 continuation they wait for (serve_grammar_utf8_class). */
+enum { KINDS = 3, CLASSES = SERVE_GRAMMAR_UTF8_CLASSES };
+
+/* A token that may leave a string body: `chars` characters inside the
+ * string, then a special byte at `off` ('"' or '\\' in JSON, '<' in raw
+ * text). Tokens whose bytes from `off` on are equal and whose fate does not
+ * depend on the string's count (a closing quote, a "</" terminator) share a
+ * group, decided once per mask; the others (escapes, a '<' of content) are
+ * stepped alone. */
+typedef struct xent {
+    const char *sfx;  /* the token's bytes from off on (in the vocabulary's storage) */
+    uint32_t sfx_len;
+    int32_t id;
+    uint32_t chars, off;
+    uint32_t group;   /* UINT32_MAX: alone */
+} xent;
 
 struct serve_vocab {
     int32_t n;
@@ -28,15 +43,19 @@ struct serve_vocab {
     uint32_t n_nodes;
     int32_t *ids;
     uint32_t max_len; /* longest token, in bytes */
-    /* Per string kind: in[k][r * words ...] the tokens that stay inside the
-     * string with at most r characters (r <= max_chars[k]); exits[k] the
-     * tokens that may leave it (checked one by one). */
-    uint64_t *in[KINDS];
-    uint32_t max_chars[KINDS];
-    int32_t *exits[KINDS];
-    int32_t n_exits[KINDS];
-    pthread_mutex_t mu; /* guards scratch */
+    /* Per string kind and class: in[k][c][r * words ...] the tokens that
+     * stay inside the string with at most r characters (r <= max_chars);
+     * exits the tokens that may leave it. */
+    uint64_t *in[KINDS][CLASSES];
+    uint32_t max_chars[KINDS][CLASSES];
+    xent *exits[KINDS][CLASSES];
+    int32_t n_exits[KINDS][CLASSES];
+    uint32_t n_groups[KINDS][CLASSES], max_groups;
+    pthread_mutex_t mu;    /* guards the scratch below */
     serve_gstate *scratch; /* max_len + 1 states for the trie walk */
+    uint32_t *memo_gen;    /* per group: the mask computation that decided it */
+    uint8_t *memo_ok;
+    uint32_t gen;
 };
 
 /* ---- building ------------------------------------------------------------------ */
@@ -111,27 +130,37 @@ static mt_status build_trie(serve_vocab *v, const bsort *t, uint32_t nt, mt_err 
     return MT_OK;
 }
 
-/* Whether token bytes p[0..n) stay inside a string of kind k from a body
- * with no character pending, and its length in characters. */
-static bool stays_in(int k, const uint8_t *p, uint32_t n, uint32_t *chars)
+enum { SCAN_BAD = 0, SCAN_IN = 1, SCAN_EXIT = 2 };
+
+static bool special_byte(int k, uint8_t b) { return k == 1 ? b == '"' || b == '\\' : b == '<'; }
+
+/* Token bytes p[0..n) read in a string body of kind k that waits for the
+ * UTF-8 continuation of class cls: SCAN_IN when they all stay inside
+ * (*chars characters), SCAN_EXIT when a special byte comes at *at after
+ * *chars characters, SCAN_BAD when the string refuses them before. */
+static int scan(int k, int cls, const uint8_t *p, uint32_t n, uint32_t *chars, uint32_t *at)
 {
+    int pending;
+    uint8_t lo, hi;
+    serve_grammar_utf8_expect(cls, &pending, &lo, &hi);
     uint32_t c = 0;
-    int pending = 0;
-    uint8_t lo = 0x80, hi = 0xBF;
     for (uint32_t i = 0; i < n; i++) {
         uint8_t b = p[i];
         if (pending) {
             if (b < lo || b > hi)
-                return false;
+                return SCAN_BAD;
             pending--;
             lo = 0x80;
             hi = 0xBF;
             continue;
         }
-        if (k == 1 && (b == '"' || b == '\\' || b < 0x20))
-            return false;
-        if (k == 2 && (b == '<' || b == 0))
-            return false;
+        if (special_byte(k, b)) {
+            *chars = c;
+            *at = i;
+            return SCAN_EXIT;
+        }
+        if ((k == 1 && b < 0x20) || (k == 2 && b == 0))
+            return SCAN_BAD;
         c++;
         if (b < 0x80)
             continue;
@@ -142,62 +171,101 @@ static bool stays_in(int k, const uint8_t *p, uint32_t n, uint32_t *chars)
         else if (b >= 0xF0 && b <= 0xF4)
             pending = 3, lo = b == 0xF0 ? 0x90 : 0x80, hi = b == 0xF4 ? 0x8F : 0xBF;
         else
-            return false;
+            return SCAN_BAD;
     }
     *chars = c;
-    return true;
-}
-
-static bool may_exit(int k, const uint8_t *p, uint32_t n)
-{
-    for (uint32_t i = 0; i < n; i++)
-        if (k == 1 ? p[i] == '"' || p[i] == '\\' : p[i] == '<')
-            return true;
-    return false;
+    return SCAN_IN;
 }
 
 static void set_bit(uint64_t *m, int32_t i) { m[i >> 6] |= 1ull << (i & 63); }
+
+/* Whether an exit's fate is the same for every count that lets its prefix
+ * in: a JSON closing quote, or a raw "</" (the terminator). */
+static bool groupable(int k, const uint8_t *p, uint32_t n, uint32_t at)
+{
+    return k == 1 ? p[at] == '"' : at + 1 < n && p[at + 1] == '/';
+}
+
+/* Groupable exits first, by their bytes from off on; the rest after. */
+static int xent_cmp(const void *a, const void *b)
+{
+    const xent *x = a, *y = b;
+    if ((x->group == UINT32_MAX) != (y->group == UINT32_MAX))
+        return x->group == UINT32_MAX ? 1 : -1;
+    uint32_t n = x->sfx_len < y->sfx_len ? x->sfx_len : y->sfx_len;
+    int c = n ? memcmp(x->sfx, y->sfx, n) : 0;
+    if (c)
+        return c;
+    return x->sfx_len < y->sfx_len ? -1 : x->sfx_len > y->sfx_len;
+}
+
+static mt_status build_class(serve_vocab *v, int k, int cls, uint32_t *chars, mt_err *err)
+{
+    uint32_t maxc = 0;
+    int32_t ne = 0;
+    for (int32_t i = 0; i < v->n; i++) {
+        const uint8_t *p = (const uint8_t *)v->bytes + v->off[i];
+        uint32_t n = (uint32_t)(v->off[i + 1] - v->off[i]), at;
+        chars[i] = UINT32_MAX;
+        if (!v->text[i] || !n)
+            continue;
+        int r = scan(k, cls, p, n, &chars[i], &at);
+        if (r == SCAN_IN)
+            maxc = chars[i] > maxc ? chars[i] : maxc;
+        else if (r == SCAN_EXIT)
+            ne++;
+        if (r != SCAN_IN)
+            chars[i] = r == SCAN_EXIT ? UINT32_MAX - 1 : UINT32_MAX;
+    }
+    v->max_chars[k][cls] = maxc;
+    v->in[k][cls] = calloc(((size_t)maxc + 1) * v->words, sizeof(uint64_t));
+    v->exits[k][cls] = malloc(((size_t)ne + 1) * sizeof(xent));
+    if (!v->in[k][cls] || !v->exits[k][cls])
+        return mt_fail(err, MT_E_NOMEM, "vocabulary index (string masks)");
+    xent *x = v->exits[k][cls];
+    int32_t nx = 0;
+    for (int32_t i = 0; i < v->n; i++) {
+        if (chars[i] < UINT32_MAX - 1) {
+            set_bit(v->in[k][cls] + (size_t)chars[i] * v->words, i);
+        } else if (chars[i] == UINT32_MAX - 1) {
+            const uint8_t *p = (const uint8_t *)v->bytes + v->off[i];
+            uint32_t n = (uint32_t)(v->off[i + 1] - v->off[i]), c, at;
+            scan(k, cls, p, n, &c, &at);
+            x[nx++] = (xent){(const char *)p + at, n - at, i, c, at,
+                             groupable(k, p, n, at) ? 0 : UINT32_MAX};
+        }
+    }
+    for (uint32_t r = 1; r <= maxc; r++) /* at most r characters: cumulative */
+        for (size_t w = 0; w < v->words; w++)
+            v->in[k][cls][r * v->words + w] |= v->in[k][cls][(r - 1) * v->words + w];
+    qsort(x, (size_t)nx, sizeof *x, xent_cmp);
+    uint32_t groups = 0;
+    for (int32_t i = 0; i < nx && x[i].group != UINT32_MAX; i++) {
+        if (i > 0 && xent_cmp(&x[i - 1], &x[i]))
+            groups++;
+        x[i].group = groups;
+    }
+    v->n_exits[k][cls] = nx;
+    v->n_groups[k][cls] = nx && x[0].group != UINT32_MAX ? groups + 1 : 0;
+    if (v->n_groups[k][cls] > v->max_groups)
+        v->max_groups = v->n_groups[k][cls];
+    return MT_OK;
+}
 
 static mt_status build_strings(serve_vocab *v, mt_err *err)
 {
     uint32_t *chars = malloc((size_t)v->n * sizeof *chars);
     if (!chars)
         return mt_fail(err, MT_E_NOMEM, "vocabulary index");
-    for (int k = 1; k < KINDS; k++) {
-        uint32_t maxc = 0;
-        int32_t ne = 0;
-        for (int32_t i = 0; i < v->n; i++) {
-            const uint8_t *p = (const uint8_t *)v->bytes + v->off[i];
-            uint32_t n = (uint32_t)(v->off[i + 1] - v->off[i]);
-            chars[i] = UINT32_MAX;
-            if (!v->text[i] || !n)
-                continue;
-            if (stays_in(k, p, n, &chars[i]))
-                maxc = chars[i] > maxc ? chars[i] : maxc;
-            else if (may_exit(k, p, n))
-                ne++;
-        }
-        v->max_chars[k] = maxc;
-        v->in[k] = calloc(((size_t)maxc + 1) * v->words, sizeof(uint64_t));
-        v->exits[k] = malloc(((size_t)ne + 1) * sizeof(int32_t));
-        if (!v->in[k] || !v->exits[k]) {
-            free(chars);
-            return mt_fail(err, MT_E_NOMEM, "vocabulary index (string masks)");
-        }
-        for (int32_t i = 0; i < v->n; i++) {
-            const uint8_t *p = (const uint8_t *)v->bytes + v->off[i];
-            uint32_t n = (uint32_t)(v->off[i + 1] - v->off[i]);
-            if (chars[i] != UINT32_MAX)
-                set_bit(v->in[k] + (size_t)chars[i] * v->words, i);
-            else if (v->text[i] && n && may_exit(k, p, n))
-                v->exits[k][v->n_exits[k]++] = i;
-        }
-        for (uint32_t r = 1; r <= maxc; r++) /* at most r characters: cumulative */
-            for (size_t w = 0; w < v->words; w++)
-                v->in[k][r * v->words + w] |= v->in[k][(r - 1) * v->words + w];
-    }
+    mt_status st = MT_OK;
+    for (int k = 1; k < KINDS && st == MT_OK; k++)
+        for (int c = 0; c < CLASSES && st == MT_OK; c++)
+            st = build_class(v, k, c, chars, err);
     free(chars);
-    return MT_OK;
+    if (st == MT_OK && (!(v->memo_gen = calloc((size_t)v->max_groups + 1, sizeof *v->memo_gen)) ||
+                        !(v->memo_ok = calloc((size_t)v->max_groups + 1, 1))))
+        st = mt_fail(err, MT_E_NOMEM, "vocabulary index");
+    return st;
 }
 
 mt_status serve_vocab_create(int32_t n, const char *const *bytes, const uint32_t *lens,
@@ -292,10 +360,13 @@ void serve_vocab_destroy(serve_vocab *v)
     free(v->text);
     free(v->nodes);
     free(v->ids);
-    for (int k = 0; k < KINDS; k++) {
-        free(v->in[k]);
-        free(v->exits[k]);
-    }
+    for (int k = 0; k < KINDS; k++)
+        for (int c = 0; c < CLASSES; c++) {
+            free(v->in[k][c]);
+            free(v->exits[k][c]);
+        }
+    free(v->memo_gen);
+    free(v->memo_ok);
     free(v->scratch);
     pthread_mutex_destroy(&v->mu);
     free(v);
@@ -339,22 +410,53 @@ static void walk(serve_vocab *v, const serve_grammar *g, uint32_t node, uint32_t
     }
 }
 
+/* The mask of a state inside a string body: the precomputed in-string
+ * tokens of its class that fit its room, and the exits that go on. */
+static void string_mask(serve_vocab *v, const serve_grammar *g, const serve_gstate *s, int k,
+                        uint32_t room, uint32_t need, uint8_t pending, uint64_t *mask)
+{
+    int cls = serve_grammar_utf8_class(pending);
+    uint32_t r = room < v->max_chars[k][cls] ? room : v->max_chars[k][cls];
+    memcpy(mask, v->in[k][cls] + (size_t)r * v->words, v->words * sizeof *mask);
+    if (++v->gen == 0) { /* wrapped: forget every decision */
+        memset(v->memo_gen, 0, ((size_t)v->max_groups + 1) * sizeof *v->memo_gen);
+        v->gen = 1;
+    }
+    serve_gstate *t = &v->scratch[0];
+    const xent *x = v->exits[k][cls];
+    for (int32_t i = 0; i < v->n_exits[k][cls]; i++) {
+        if (x[i].chars > room)
+            continue;
+        bool ok;
+        if (x[i].group != UINT32_MAX) {
+            if (x[i].chars < need)
+                continue; /* the string may not close yet */
+            uint32_t gi = x[i].group;
+            if (v->memo_gen[gi] != v->gen) {
+                copy_state(t, s);
+                serve_grammar_string_advance(g, t, x[i].chars);
+                v->memo_ok[gi] = serve_grammar_feed(g, t, x[i].sfx, x[i].sfx_len);
+                v->memo_gen[gi] = v->gen;
+            }
+            ok = v->memo_ok[gi];
+        } else {
+            copy_state(t, s);
+            ok = serve_grammar_feed(g, t, x[i].sfx - x[i].off, x[i].off + x[i].sfx_len);
+        }
+        if (ok)
+            set_bit(mask, x[i].id);
+    }
+}
+
 bool serve_mask_compute(serve_vocab *v, const serve_grammar *g, const serve_gstate *s,
                         uint64_t *mask)
 {
-    uint32_t room;
-    int k = serve_grammar_in_string(g, s, &room);
+    uint32_t room, need;
+    uint8_t pending;
+    int k = serve_grammar_in_string(g, s, &room, &need, &pending);
     pthread_mutex_lock(&v->mu);
     if (k) {
-        uint32_t r = room < v->max_chars[k] ? room : v->max_chars[k];
-        memcpy(mask, v->in[k] + (size_t)r * v->words, v->words * sizeof *mask);
-        serve_gstate *t = &v->scratch[0];
-        for (int32_t i = 0; i < v->n_exits[k]; i++) {
-            int32_t id = v->exits[k][i];
-            copy_state(t, s);
-            if (serve_grammar_feed(g, t, v->bytes + v->off[id], v->off[id + 1] - v->off[id]))
-                set_bit(mask, id);
-        }
+        string_mask(v, g, s, k, room, need, pending, mask);
     } else {
         memset(mask, 0, v->words * sizeof *mask);
         copy_state(&v->scratch[0], s);
@@ -369,17 +471,29 @@ void serve_mask_apply(const uint64_t *mask, float *logits, int32_t vocab)
     size_t words = ((size_t)vocab + 63) / 64;
     for (size_t w = 0; w < words; w++) {
         uint64_t m = mask[w];
+        size_t base = w * 64, n = base + 64 < (size_t)vocab ? 64 : (size_t)vocab - base;
+        if (n < 64)
+            m |= ~0ull << n; /* past the vocabulary: nothing to do */
         if (m == ~0ull)
             continue;
-        size_t base = w * 64, end = base + 64 < (size_t)vocab ? base + 64 : (size_t)vocab;
-        if (!m) {
-            for (size_t i = base; i < end; i++)
-                logits[i] = -INFINITY;
+        float *l = logits + base;
+        int ones = __builtin_popcountll(m & (n < 64 ? ~(~0ull << n) : ~0ull));
+        if (ones <= 8) { /* mostly refused: fill the word's range, put the few back */
+            float keep[8];
+            int at[8], k = 0;
+            for (uint64_t x = m & (n < 64 ? ~(~0ull << n) : ~0ull); x; x &= x - 1) {
+                at[k] = __builtin_ctzll(x);
+                keep[k] = l[at[k]];
+                k++;
+            }
+            for (size_t i = 0; i < n; i++)
+                l[i] = -INFINITY;
+            for (int i = 0; i < k; i++)
+                l[at[i]] = keep[i];
             continue;
         }
-        for (size_t i = base; i < end; i++)
-            if (!((m >> (i - base)) & 1))
-                logits[i] = -INFINITY;
+        for (uint64_t z = ~m; z; z &= z - 1) /* the refused ones */
+            l[__builtin_ctzll(z)] = -INFINITY;
     }
 }
 

@@ -147,8 +147,9 @@ static int compare_along_walks(const tv *v, serve_vocab *sv, const serve_grammar
         for (int step = 0; step < 60; step++) {
             brute(v, g, &s, want, words);
             bool acc = serve_mask_compute(sv, g, &s, got);
-            uint32_t room;
-            *in_string += serve_grammar_in_string(g, &s, &room) != 0;
+            uint32_t room, need;
+            uint8_t pending;
+            *in_string += serve_grammar_in_string(g, &s, &room, &need, &pending) != 0;
             for (size_t k = 0; k < words; k++)
                 cr_assert_eq(got[k], want[k], "seed %llu walk %d step %d: word %zu %llx, brute %llx",
                              (unsigned long long)seed, w, step, k, (unsigned long long)got[k],
