@@ -28,7 +28,7 @@ typedef struct check_opts {
 } check_opts;
 
 typedef struct check_tally {
-    int passed, failed, compiled, cache_hits;
+    int passed, failed, refused, compiled, cache_hits;
 } check_tally;
 
 static int parse(int argc, char **argv, check_opts *o)
@@ -47,7 +47,9 @@ static int parse(int argc, char **argv, check_opts *o)
         {.name = "--m", .type = CLI_OPT_INT64, .dst = &o->m, .arg = "M",
          .help = "with --shape: rows (default: the shape's own M, else 1)"},
         {.name = "--samples", .type = CLI_OPT_INT, .dst = &o->samples, .arg = "N",
-         .def = "3", .min = 0, .max = 64, .help = "sampled configs besides the default"},
+         .def = "3", .min = 0, .max = 32, .help = "sampled configs besides the code paths "
+                                                  "(every M bucket's default, every MMA and "
+                                                  "GEMV mode the space has)"},
         {.name = "--seed", .type = CLI_OPT_UINT64, .dst = &o->seed, .arg = "S",
          .def_text = "fresh, printed", .help = "sampling and input seed"},
         {.name = "--json", .type = CLI_OPT_FLAG, .dst = &o->json,
@@ -59,8 +61,11 @@ static int parse(int argc, char **argv, check_opts *o)
         .name = "check", .opts = opts,
         .usage = "check [--device D] [--family F] [--arch A] [--shape KEY --m M]\n"
                  "      [--samples N] [--seed S] [--json]",
-        .about = "Runs every family's default config and N sampled configs on its small "
-                 "check cases against the plain C reference. With a GPU --arch and no GPU "
+        .about = "Runs every family's configs on its small check cases against the plain C "
+                 "reference: the default, the default of every M bucket the runtime selects "
+                 "for, a config of every matrix and decode mode (MMA, GEMV) valid there, and "
+                 "N more at random. A case the device cannot run (the default config is not "
+                 "valid there) is refused with the reason. With a GPU --arch and no GPU "
                  "(e.g. --device hip --arch gfx90a) it compiles the sample and prints "
                  "registers, LDS and spills; --json adds, on hip and cuda, each kernel's "
                  "instruction mix (\"mix\": matrix instructions vs FMA/VALU, memory, "
@@ -325,6 +330,24 @@ static void check_config(dev_device *d, const kern_family *f, const kern_impl *i
     dev_code_free(r.code);
 }
 
+/* A case this device cannot run: one row, neither passed nor failed. */
+static void refuse_case(const kern_family *f, const char *skey, int64_t m, const char *why,
+                        cJSON *rows, check_tally *t)
+{
+    t->refused++;
+    if (rows) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "family", f->name);
+        cJSON_AddStringToObject(o, "shape", skey);
+        cJSON_AddNumberToObject(o, "m", (double)m);
+        cJSON_AddStringToObject(o, "status", "refused");
+        cJSON_AddStringToObject(o, "error", why);
+        cJSON_AddItemToArray(rows, o);
+        return;
+    }
+    printf("%-14s %-44s %5" PRId64 " refused: %s\n", f->name, skey, m, why);
+}
+
 static int check_family(dev_device *d, const kern_family *f, const check_opts *o,
                         cJSON *rows, check_tally *t)
 {
@@ -346,9 +369,12 @@ static int check_family(dev_device *d, const kern_family *f, const check_opts *o
         int64_t m = o->shape ? (o->m > 0 ? o->m : (km > 0 ? km : 1)) : cases[ci].m;
         char skey[KERN_KEY_MAX];
         kern_shape_key(f, &s, true, skey, sizeof skey);
-        kern_config cfgs[65];
-        int n = kern_space_sample(f, im, &s, m, pr, o->seed + (uint64_t)ci * 7919u, true,
-                                  cfgs, o->samples + 1);
+        kern_config cfgs[64];
+        char refused[256];
+        int n = kern_space_sample_paths(f, im, &s, m, pr, o->seed + (uint64_t)ci * 7919u,
+                                        o->samples, cfgs, 64, refused, sizeof refused);
+        if (n == 0)
+            refuse_case(f, skey, m, refused, rows, t);
         for (int k = 0; k < n; k++)
             check_config(d, f, im, &s, skey, m, &cfgs[k], k == 0, o, rows, t);
     }
@@ -360,7 +386,7 @@ static void print_summary(const dev_props *pr, const check_opts *o, const check_
                           cJSON *rows)
 {
     if (!o->json) {
-        printf("%d passed, %d failed\n", t->passed, t->failed);
+        printf("%d passed, %d failed, %d cases refused\n", t->passed, t->failed, t->refused);
         printf("compile cache: %d of %d compiles were cache hits\n", t->cache_hits,
                t->compiled);
         return;
@@ -371,6 +397,7 @@ static void print_summary(const dev_props *pr, const check_opts *o, const check_
     cJSON_AddNumberToObject(top, "seed", (double)o->seed);
     cJSON_AddNumberToObject(top, "passed", t->passed);
     cJSON_AddNumberToObject(top, "failed", t->failed);
+    cJSON_AddNumberToObject(top, "refused", t->refused);
     cJSON_AddNumberToObject(top, "cache_hits", t->cache_hits);
     cJSON_AddItemToObject(top, "results", rows);
     char *s = cJSON_Print(top);

@@ -155,6 +155,7 @@ static cJSON *kernel_json(const isa_run *r, const dev_kernel_res *k)
         if (fn->hot >= 0) {
             cJSON *h = counts_json(&fn->loops[fn->hot].c);
             cJSON_AddNumberToObject(h, "depth", fn->loops[fn->hot].depth);
+            cJSON_AddNumberToObject(h, "vmcnt0_before_mfma", fn->loops[fn->hot].vm0_before_mma);
             cJSON_AddItemToObject(o, "hot_loop", h);
         }
     }
@@ -203,7 +204,12 @@ static void print_kernel(const isa_run *r, const dev_kernel_res *k)
         snprintf(label, sizeof label, "hot loop (depth %d)", fn->loops[fn->hot].depth);
         counts_row(label, &fn->loops[fn->hot].c);
     }
-    printf("  %d loop%s\n", fn->n_loops, fn->n_loops == 1 ? "" : "s");
+    printf("  %d loop%s", fn->n_loops, fn->n_loops == 1 ? "" : "s");
+    if (fn->hot >= 0 && fn->loops[fn->hot].c.n[DEV_ISA_MFMA])
+        printf("; hot loop: %.2f VALU per matrix instruction, %d vmcnt(0) ahead of the first",
+               (double)fn->loops[fn->hot].c.n[DEV_ISA_VALU] / fn->loops[fn->hot].c.n[DEV_ISA_MFMA],
+               fn->loops[fn->hot].vm0_before_mma);
+    printf("\n");
 }
 
 static void print_text(const isa_run *r, int64_t m)

@@ -250,6 +250,17 @@ int kern_space_sample(const kern_family *f, const kern_impl *im, const kern_shap
                       int64_t m, const dev_props *p, uint64_t seed,
                       bool include_default, kern_config *out, int cap);
 
+/* The configs `moetune check` runs on a case, every code path first: the
+ * default at m (out[0]), the defaults of the runtime's M buckets that are
+ * valid at m, for each mode parameter (MMA, GEMV) a config of every value
+ * that has a valid one, then n_random more at random; distinct, at most
+ * cap. Returns 0, with the reason in refused (may be NULL), when the
+ * default is not valid: the backend cannot run the shape (an impl refuses,
+ * say, the cpu kernels' weight layout). Deterministic for a seed. */
+int kern_space_sample_paths(const kern_family *f, const kern_impl *im, const kern_shape *s,
+                            int64_t m, const dev_props *p, uint64_t seed, int n_random,
+                            kern_config *out, int cap, char *refused, size_t rcap);
+
 /* Builds the compile request of a config: source, and the automatic plus
  * the impl's defines. Storage for the strings lives in *defs. */
 typedef struct kern_defines {

@@ -811,22 +811,33 @@ static bool gemv_default(int64_t k, int64_t n, int64_t bm, bool up, int comb, bo
         return false;
     int tm, tn, tk;
     if (a4 && kern_mma_tile(p, 3, &tm, &tn, &tk)) {
-        /* fp8 instructions: a wave a column group, 4 waves; stage 1 two
-         * 16-byte loads ahead (gate and up), stage 2 four; K split until
-         * the grid has about 8 blocks of 4 waves per 64 lanes of 16-byte
-         * loads in flight... simply: the smallest split whose grid reaches
-         * 1024 blocks, as long as K/SPLITK stays a multiple of 128 */
+        /* fp8 instructions: a wave a column group of the instruction's
+         * width, 4 waves; loads in flight per lane: stage 1 two steps
+         * (gate and up: 4 loads of 16 bytes), stage 2 four; K split until
+         * the grid has 1024 blocks (4096 waves to stream from), as far as
+         * the split keeps whole steps of 128 */
         int64_t segs = npairs < n_experts ? npairs : n_experts;
-        int bn = 4 * tn;
-        for (int sk = 1; sk <= 8; sk *= 2) {
-            /* BM, BN, BK, WAVES, STAGES, SPLITK, GROUP_M, VEC, UNROLL, MMA, GEMV */
-            int v[MOE_GPU_NPARAMS] = {16, bn, 32, 4, 1, sk, 1, 1, up ? 2 : 4, 3, 1};
-            memcpy(cfg->v, v, sizeof v);
-            char why[256];
-            bool ok = moe_gpu_valid(k, n, bm, up, comb, a4, cfg, p, why, sizeof why);
-            if (ok && (segs * (n / bn) * sk >= 1024 || sk == 8 ||
-                       (k / (2 * sk)) % 128 != 0))
-                return true;
+        const int bn = 4 * tn, unrolls[] = {up ? 2 : 4, 2, 1};
+        bool found = false;
+        kern_config best;
+        for (int sk = 1; sk <= 8; sk *= 2)
+            for (int ui = 0; ui < 3; ui++) {
+                /* BM, BN, BK, WAVES, STAGES, SPLITK, GROUP_M, VEC, UNROLL, MMA, GEMV */
+                int v[MOE_GPU_NPARAMS] = {16, bn, 32, 4, 1, sk, 1, 1, unrolls[ui], 3, 1};
+                memcpy(cfg->v, v, sizeof v);
+                char why[256];
+                if (!moe_gpu_valid(k, n, bm, up, comb, a4, cfg, p, why, sizeof why))
+                    continue;
+                if (segs * (n / bn) * sk >= 1024)
+                    return true;
+                if (!found)
+                    best = *cfg;
+                found = true;
+                break;
+            }
+        if (found) { /* the grid stays small: the smallest valid split */
+            *cfg = best;
+            return true;
         }
     }
     static const int sks[] = {1, 2, 4, 8};

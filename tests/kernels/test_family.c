@@ -115,6 +115,69 @@ Test(kern_space, sample_is_valid_distinct_and_deterministic)
     }
 }
 
+static int param_index(const kern_impl *im, const char *name)
+{
+    for (int i = 0; i < im->n_params; i++)
+        if (!strcmp(im->params[i].name, name))
+            return i;
+    return -1;
+}
+
+/* check's sample: every M bucket's default valid at the case's M, every
+ * MMA and GEMV value the space has a valid config of, then the random
+ * ones; a shape the device cannot run is refused with the reason. */
+Test(kern_space, check_sample_covers_every_mode_and_bucket_default)
+{
+    const kern_family *f = kern_family_find("moe_gemm_up");
+    cr_assert_not_null(f);
+    static const int64_t buckets[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024,
+                                      2048, 4096};
+    for (int ws = 32; ws <= 64; ws *= 2) {
+        dev_props p = {.backend = DEV_BACKEND_EMU, .warp_size = ws, .max_threads_per_block = 1024,
+                       .shared_mem_per_block = 65536, .static_shared_per_block = 65536};
+        snprintf(p.arch, sizeof p.arch, "emu");
+        kern_shape s;
+        cr_assert_eq(kern_shape_parse(f, "tiny", &s, NULL, NULL), MT_OK);
+        kern_config c[64], d[64];
+        char why[256];
+        int n = kern_space_sample_paths(f, f->gpu, &s, 17, &p, 7, 5, c, 64, why, sizeof why);
+        cr_assert_gt(n, 5, "%s", why);
+        cr_assert_eq(kern_space_sample_paths(f, f->gpu, &s, 17, &p, 7, 5, d, 64, NULL, 0), n);
+        cr_assert_eq(memcmp(c, d, sizeof(kern_config) * (size_t)n), 0, "not deterministic");
+        int mma = param_index(f->gpu, "MMA"), gemv = param_index(f->gpu, "GEMV");
+        cr_assert(mma >= 0 && gemv >= 0);
+        bool seen_mma[4] = {0}, seen_gemv[5] = {0};
+        for (int i = 0; i < n; i++) {
+            cr_assert(kern_config_valid(f, f->gpu, &s, 17, &c[i], &p, why, sizeof why), "%s",
+                      why);
+            seen_mma[c[i].v[mma]] = true;
+            seen_gemv[c[i].v[gemv]] = true;
+        }
+        for (int v = 0; v < 4; v++)
+            cr_assert(seen_mma[v] || (v == 2 && ws == 32), "wave%d: no MMA=%d config", ws, v);
+        for (int v = 0; v < 5; v++)
+            cr_assert(seen_gemv[v] || v == 3, "wave%d: no GEMV=%d config", ws, v);
+        /* the default of every bucket that is valid at M=17 is among them */
+        for (size_t b = 0; b < sizeof buckets / sizeof buckets[0]; b++) {
+            kern_config dc;
+            f->gpu->default_config(&s, buckets[b], &p, &dc);
+            if (!kern_config_valid(f, f->gpu, &s, 17, &dc, &p, why, sizeof why))
+                continue;
+            bool in = false;
+            for (int i = 0; i < n && !in; i++)
+                in = !memcmp(c[i].v, dc.v, sizeof(int) * (size_t)dc.n);
+            cr_assert(in, "wave%d: the default at M=%lld is not checked", ws,
+                      (long long)buckets[b]);
+        }
+        /* the cpu kernels' weight layout: refused, with the reason */
+        cr_assert_eq(kern_shape_parse(f, "H=256,I=128,E=16,topk=4,a=mxfp4,cat=1,wl=1,bm=128,"
+                                         "skew=0", &s, NULL, NULL), MT_OK);
+        cr_assert_eq(kern_space_sample_paths(f, f->gpu, &s, 1, &p, 7, 5, c, 64, why,
+                                             sizeof why), 0);
+        cr_assert(strstr(why, "wl=1"), "%s", why);
+    }
+}
+
 Test(kern_defines, params_and_tuning_dims_become_macros)
 {
     const kern_family *f = gemm();
