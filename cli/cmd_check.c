@@ -47,7 +47,7 @@ static int parse(int argc, char **argv, check_opts *o)
         {.name = "--m", .type = CLI_OPT_INT64, .dst = &o->m, .arg = "M",
          .help = "with --shape: rows (default: the shape's own M, else 1)"},
         {.name = "--samples", .type = CLI_OPT_INT, .dst = &o->samples, .arg = "N",
-         .def = "3", .min = 0, .max = 32, .help = "sampled configs besides the code paths "
+         .def = "3", .min = 0, .max = 64, .help = "sampled configs besides the code paths "
                                                   "(every M bucket's default, every MMA and "
                                                   "GEMV mode the space has)"},
         {.name = "--seed", .type = CLI_OPT_UINT64, .dst = &o->seed, .arg = "S",
@@ -369,10 +369,10 @@ static int check_family(dev_device *d, const kern_family *f, const check_opts *o
         int64_t m = o->shape ? (o->m > 0 ? o->m : (km > 0 ? km : 1)) : cases[ci].m;
         char skey[KERN_KEY_MAX];
         kern_shape_key(f, &s, true, skey, sizeof skey);
-        kern_config cfgs[64];
+        kern_config cfgs[128]; /* the code paths (a few dozen at most) and the samples */
         char refused[256];
         int n = kern_space_sample_paths(f, im, &s, m, pr, o->seed + (uint64_t)ci * 7919u,
-                                        o->samples, cfgs, 64, refused, sizeof refused);
+                                        o->samples, cfgs, 128, refused, sizeof refused);
         if (n == 0)
             refuse_case(f, skey, m, refused, rows, t);
         for (int k = 0; k < n; k++)

@@ -256,7 +256,9 @@ int kern_space_sample(const kern_family *f, const kern_impl *im, const kern_shap
  * that has a valid one, then n_random more at random; distinct, at most
  * cap. Returns 0, with the reason in refused (may be NULL), when the
  * default is not valid: the backend cannot run the shape (an impl refuses,
- * say, the cpu kernels' weight layout). Deterministic for a seed. */
+ * say, the cpu kernels' weight layout). The code paths are the same for
+ * every seed (a stream fixed by family, shape and M); the random ones are
+ * deterministic for a seed. */
 int kern_space_sample_paths(const kern_family *f, const kern_impl *im, const kern_shape *s,
                             int64_t m, const dev_props *p, uint64_t seed, int n_random,
                             kern_config *out, int cap, char *refused, size_t rcap);

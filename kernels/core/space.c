@@ -100,8 +100,18 @@ int kern_space_sample_paths(const kern_family *f, const kern_impl *im, const ker
         im->default_config(s, buckets[b], p, &c);
         n = add_valid(f, im, s, m, p, &c, out, n, cap);
     }
+    /* The code paths are the same on every run (a fixed stream per family,
+     * shape and M: a second run compiles nothing new); the random ones
+     * follow the seed. */
     mt_rng r;
-    mt_rng_seed(&r, seed);
+    char key[KERN_KEY_MAX];
+    kern_shape_key(f, s, false, key, sizeof key);
+    uint64_t h = 1469598103934665603ull ^ (uint64_t)m;
+    for (const char *q = f->name; *q; q++)
+        h = (h ^ (unsigned char)*q) * 1099511628211ull;
+    for (const char *q = key; *q; q++)
+        h = (h ^ (unsigned char)*q) * 1099511628211ull;
+    mt_rng_seed(&r, h);
     uint64_t size = kern_space_size(im);
     for (size_t mp = 0; mp < sizeof mode_params / sizeof mode_params[0]; mp++)
         for (int pi = 0; pi < im->n_params; pi++) {
@@ -123,6 +133,7 @@ int kern_space_sample_paths(const kern_family *f, const kern_impl *im, const ker
                 }
             }
         }
+    mt_rng_seed(&r, seed);
     for (int tries = 0, want = n + n_random; tries < 50 * (n_random + 1) && n < want; tries++) {
         kern_space_point(im, mt_rng_below(&r, size), &c);
         n = add_valid(f, im, s, m, p, &c, out, n, cap);
