@@ -692,122 +692,6 @@ static serve_outcome run_stream(const reply *r, choice_run *runs, int n_runs,
     return oc;
 }
 
-/* ---- constraints ------------------------------------------------------------------ */
-
-/* What a request asks of its tokens, as serve_logits options (lo points into
- * *sp and the request); want false when it asks nothing. */
-typedef struct constraint_spec {
-    serve_logits_opts lo;
-    serve_grammar_opts go;
-    serve_grammar_tool *tools;
-    char **tool_params;
-    cJSON *any_value; /* json_schema without a schema: any value */
-    serve_buf key;
-    int32_t stops[MODEL_MAX_EOS + 3];
-    int32_t forbid[1];
-    bool want;
-} constraint_spec;
-
-static void constraint_spec_release(constraint_spec *cs)
-{
-    for (int i = 0; cs->tool_params && i < cs->go.n_tools; i++)
-        free(cs->tool_params[i]);
-    free(cs->tool_params);
-    free(cs->tools);
-    cJSON_Delete(cs->any_value);
-    serve_buf_release(&cs->key);
-}
-
-static mt_status key_json(serve_buf *b, const cJSON *v)
-{
-    char *j = v ? cJSON_PrintUnformatted(v) : NULL;
-    mt_status st = serve_buf_puts(b, j ? j : "null");
-    free(j);
-    return st;
-}
-
-static mt_status constraint_spec_make(serve_api_ctx *a, const serve_request *req, serve_api api,
-                                      const serve_model_info *in, constraint_spec *cs,
-                                      serve_error *e)
-{
-    memset(cs, 0, sizeof *cs);
-    bool chat = api == SERVE_API_CHAT;
-    bool calls = chat && req->n_tools > 0 &&
-                 (req->tool_choice == SERVE_TOOL_REQUIRED || req->tool_choice == SERVE_TOOL_NAMED);
-    bool json = !calls && req->format != SERVE_FORMAT_TEXT;
-    cs->lo.after = cs->lo.then_forbid = -1;
-    int ns = 0;
-    for (int i = 0; i < in->n_eos; i++)
-        cs->stops[ns++] = in->eos[i];
-    for (int i = 0; chat && i < in->n_chat_stop; i++)
-        cs->stops[ns++] = in->chat_stop[i];
-    cs->lo.stops = cs->stops;
-    cs->lo.n_stops = ns;
-    int32_t call_tok = in->tok ? model_tokenizer_token_id(in->tok, "<tool_call>") : -1;
-    int32_t call_end = in->tok ? model_tokenizer_token_id(in->tok, "</tool_call>") : -1;
-    if (chat && req->tool_choice == SERVE_TOOL_NONE && call_tok >= 0) {
-        cs->forbid[0] = call_tok; /* no raw call in the content */
-        cs->lo.forbid = cs->forbid;
-        cs->lo.n_forbid = 1;
-        cs->want = true;
-    }
-    if (chat && !calls && req->n_tools > 0 && !req->parallel_tool_calls && call_tok >= 0 &&
-        call_end >= 0) {
-        cs->lo.after = call_end; /* one call at most */
-        cs->lo.then_forbid = call_tok;
-        cs->want = true;
-    }
-    if (!calls && !json)
-        return MT_OK;
-    cs->want = true;
-    if (!(cs->lo.vocab = serve_constraints_vocab(a->constraints, in->tok, in->vocab, e)))
-        return e->err.status ? e->err.status : MT_E_IO;
-    /* Thinking opened by the prompt: the answer comes after "</think>". */
-    cs->go.prefix = chat && req->enable_thinking && req->add_generation_prompt &&
-                            req->separate_reasoning
-                        ? "</think>"
-                        : NULL;
-    mt_status st = serve_buf_printf(&cs->key, "%c|%s|", calls ? 'T' : 'J',
-                                    cs->go.prefix ? cs->go.prefix : "");
-    if (calls) {
-        int n = req->n_tools;
-        cs->tools = calloc((size_t)n, sizeof *cs->tools);
-        cs->tool_params = calloc((size_t)n, sizeof *cs->tool_params);
-        if (!cs->tools || !cs->tool_params)
-            return serve_reject(e, 500, NULL, NULL, "out of memory");
-        cs->go.n_tools = n;
-        cs->go.parallel = req->parallel_tool_calls;
-        st = st ? st : serve_buf_printf(&cs->key, "%d|", (int)req->parallel_tool_calls);
-        for (int i = 0; i < n && st == MT_OK; i++) {
-            cs->tools[i] = (serve_grammar_tool){req->tools[i].name, req->tools[i].parameters};
-            char p[64];
-            snprintf(p, sizeof p, "tools[%d].function.parameters", req->tools[i].index);
-            if (!(cs->tool_params[i] = strdup(p)))
-                st = MT_E_NOMEM;
-            st = st ? st : serve_buf_printf(&cs->key, "%s\x1f", req->tools[i].name);
-            st = st ? st : key_json(&cs->key, req->tools[i].parameters);
-            st = st ? st : serve_buf_puts(&cs->key, "\x1e");
-        }
-        cs->go.tools = cs->tools;
-        cs->go.tool_params = (const char *const *)cs->tool_params;
-    } else {
-        cs->go.param = "response_format.json_schema.schema";
-        if (req->format == SERVE_FORMAT_JSON_SCHEMA) {
-            if (!req->schema && !(cs->any_value = cJSON_CreateTrue()))
-                return serve_reject(e, 500, NULL, NULL, "out of memory");
-            cs->go.schema = req->schema ? req->schema : cs->any_value;
-            st = st ? st : key_json(&cs->key, cs->go.schema);
-        } else {
-            st = st ? st : serve_buf_puts(&cs->key, "json_object");
-        }
-    }
-    if (st != MT_OK)
-        return serve_reject(e, 500, NULL, NULL, "out of memory");
-    cs->lo.grammar = &cs->go;
-    cs->lo.key = cs->key.data;
-    return MT_OK;
-}
-
 /* cap - 1 random hex digits (ids unique across restarts: 96 bits from the
  * kernel; should that fail, the clock and a counter, mixed). */
 static void random_hex(serve_api_ctx *a, char *out, size_t cap)
@@ -858,7 +742,7 @@ int serve_api_generate(serve_api_ctx *a, struct mg_connection *c, serve_api api)
     int n_runs = 0;
     serve_glmout_tool tools_buf[1];
     serve_glmout_tool *tools = tools_buf;
-    constraint_spec cons;
+    serve_logits_spec cons;
     memset(&cons, 0, sizeof cons);
     if (serve_http_body(c, a->max_body, &body, &n, &e))
         goto fail;
@@ -900,7 +784,16 @@ int serve_api_generate(serve_api_ctx *a, struct mg_connection *c, serve_api api)
         serve_reject(&e, 500, NULL, NULL, "out of memory");
         goto fail;
     }
-    if (constraint_spec_make(a, &req, api, in, &cons, &e))
+    int32_t stops[MODEL_MAX_EOS + 3];
+    int n_stops = 0;
+    for (int i = 0; i < in->n_eos; i++)
+        stops[n_stops++] = in->eos[i];
+    for (int i = 0; api == SERVE_API_CHAT && i < in->n_chat_stop; i++)
+        stops[n_stops++] = in->chat_stop[i];
+    if (serve_logits_spec_make(&req, api == SERVE_API_CHAT, in->tok, stops, n_stops, &cons, &e))
+        goto fail;
+    if (cons.lo.grammar &&
+        !(cons.lo.vocab = serve_constraints_vocab(a->constraints, in->tok, in->vocab, &e)))
         goto fail;
     for (int i = 0; i < req.best_of; i++) {
         choice_run *run = &runs[i];
@@ -964,7 +857,7 @@ int serve_api_generate(serve_api_ctx *a, struct mg_connection *c, serve_api api)
     free(runs);
     if (tools != tools_buf)
         free(tools);
-    constraint_spec_release(&cons);
+    serve_logits_spec_release(&cons);
     count(a, api, oc);
     serve_request_release(&req);
     free(ids);
@@ -978,7 +871,7 @@ fail:
     free(runs);
     if (tools != tools_buf)
         free(tools);
-    constraint_spec_release(&cons);
+    serve_logits_spec_release(&cons);
     count(a, api, SERVE_OUTCOME_ERROR);
     serve_request_release(&req);
     free(ids);

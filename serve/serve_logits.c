@@ -2,6 +2,7 @@
  * registry (see serve_logits.h). */
 #include "serve_logits.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -275,4 +276,103 @@ void serve_logits_stats(const serve_logits *l, uint64_t *computed, uint64_t *cac
 {
     *computed = l->computed;
     *cached = l->from_cache;
+}
+
+/* ---- what a request asks ------------------------------------------------------- */
+
+void serve_logits_spec_release(serve_logits_spec *s)
+{
+    for (int i = 0; s->tool_params && i < s->n_tool_params; i++)
+        free(s->tool_params[i]);
+    free(s->tool_params);
+    free(s->tools);
+    cJSON_Delete(s->any_value);
+    serve_buf_release(&s->key);
+    memset(s, 0, sizeof *s);
+}
+
+static mt_status key_json(serve_buf *b, const cJSON *v)
+{
+    char *j = v ? cJSON_PrintUnformatted(v) : NULL;
+    mt_status st = serve_buf_puts(b, j ? j : "null");
+    free(j);
+    return st;
+}
+
+mt_status serve_logits_spec_make(const serve_request *req, bool chat, const model_tokenizer *tok,
+                                 const int32_t *stops, int n_stops, serve_logits_spec *cs,
+                                 serve_error *e)
+{
+    memset(cs, 0, sizeof *cs);
+    bool calls = chat && req->n_tools > 0 &&
+                 (req->tool_choice == SERVE_TOOL_REQUIRED || req->tool_choice == SERVE_TOOL_NAMED);
+    bool json = !calls && req->format != SERVE_FORMAT_TEXT;
+    cs->lo.after = cs->lo.then_forbid = -1;
+    if (n_stops > (int)(sizeof cs->stops / sizeof cs->stops[0]))
+        n_stops = (int)(sizeof cs->stops / sizeof cs->stops[0]);
+    memcpy(cs->stops, stops, (size_t)n_stops * sizeof *stops);
+    cs->lo.stops = cs->stops;
+    cs->lo.n_stops = n_stops;
+    int32_t call_tok = tok ? model_tokenizer_token_id(tok, "<tool_call>") : -1;
+    int32_t call_end = tok ? model_tokenizer_token_id(tok, "</tool_call>") : -1;
+    if (chat && req->tool_choice == SERVE_TOOL_NONE && call_tok >= 0) {
+        cs->forbid[0] = call_tok; /* no raw call in the content */
+        cs->lo.forbid = cs->forbid;
+        cs->lo.n_forbid = 1;
+        cs->want = true;
+    }
+    if (chat && !calls && req->n_tools > 0 && !req->parallel_tool_calls && call_tok >= 0 &&
+        call_end >= 0) {
+        cs->lo.after = call_end; /* one call at most */
+        cs->lo.then_forbid = call_tok;
+        cs->want = true;
+    }
+    if (!calls && !json)
+        return MT_OK;
+    cs->want = true;
+    /* Thinking opened by the prompt: the answer comes after "</think>". */
+    cs->go.prefix = chat && req->enable_thinking && req->add_generation_prompt &&
+                            req->separate_reasoning
+                        ? "</think>"
+                        : NULL;
+    mt_status st = serve_buf_printf(&cs->key, "%c|%s|", calls ? 'T' : 'J',
+                                    cs->go.prefix ? cs->go.prefix : "");
+    if (calls) {
+        int n = req->n_tools;
+        cs->tools = calloc((size_t)n, sizeof *cs->tools);
+        cs->tool_params = calloc((size_t)n, sizeof *cs->tool_params);
+        if (!cs->tools || !cs->tool_params)
+            return serve_reject(e, 500, NULL, NULL, "out of memory");
+        cs->n_tool_params = n;
+        cs->go.n_tools = n;
+        cs->go.parallel = req->parallel_tool_calls;
+        st = st ? st : serve_buf_printf(&cs->key, "%d|", (int)req->parallel_tool_calls);
+        for (int i = 0; i < n && st == MT_OK; i++) {
+            cs->tools[i] = (serve_grammar_tool){req->tools[i].name, req->tools[i].parameters};
+            char p[64];
+            snprintf(p, sizeof p, "tools[%d].function.parameters", req->tools[i].index);
+            if (!(cs->tool_params[i] = strdup(p)))
+                st = MT_E_NOMEM;
+            st = st ? st : serve_buf_printf(&cs->key, "%s\x1f", req->tools[i].name);
+            st = st ? st : key_json(&cs->key, req->tools[i].parameters);
+            st = st ? st : serve_buf_puts(&cs->key, "\x1e");
+        }
+        cs->go.tools = cs->tools;
+        cs->go.tool_params = (const char *const *)cs->tool_params;
+    } else {
+        cs->go.param = "response_format.json_schema.schema";
+        if (req->format == SERVE_FORMAT_JSON_SCHEMA) {
+            if (!req->schema && !(cs->any_value = cJSON_CreateTrue()))
+                return serve_reject(e, 500, NULL, NULL, "out of memory");
+            cs->go.schema = req->schema ? req->schema : cs->any_value;
+            st = st ? st : key_json(&cs->key, cs->go.schema);
+        } else {
+            st = st ? st : serve_buf_puts(&cs->key, "json_object");
+        }
+    }
+    if (st != MT_OK)
+        return serve_reject(e, 500, NULL, NULL, "out of memory");
+    cs->lo.grammar = &cs->go;
+    cs->lo.key = cs->key.data;
+    return MT_OK;
 }

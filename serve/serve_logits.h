@@ -24,9 +24,11 @@
 #include <stdint.h>
 
 #include "model/format/tokenizer.h"
+#include "serve_buf.h"
 #include "serve_error.h"
 #include "serve_grammar.h"
 #include "serve_mask.h"
+#include "serve_request.h"
 
 typedef struct serve_constraints serve_constraints;
 typedef struct serve_logits serve_logits;
@@ -67,6 +69,38 @@ void serve_logits_destroy(serve_logits *l);
 mt_status serve_logits_apply(serve_logits *l, const int32_t *gen, int64_t n_gen,
                              const int32_t *extra, int n_extra, float *logits, int32_t vocab,
                              mt_err *err);
+
+/* What a request asks of its tokens, as serve_logits options: the grammar
+ * of tool_choice required or a named function (GLM's calls over the
+ * request's tools, one or more as parallel_tool_calls says), else of
+ * response_format json_object / json_schema (a json_schema without a schema
+ * is any value); with thinking opened by a chat prompt (and reasoning
+ * separated) the answer follows "</think>"; tool_choice none refuses the
+ * tool-call token, parallel_tool_calls false (without a grammar) refuses it
+ * after a "</tool_call>". chat: the chat endpoint (tools and thinking apply
+ * only there); tok: the model's tokenizer (the tags' ids; may be NULL);
+ * stops (copied): the end-of-output tokens. The grammar is not compiled
+ * here (serve_logits_create does); lo.vocab is left NULL for the caller.
+ * want false: the request asks nothing. Out of memory is a 500 in e.
+ * Release frees what make allocated (safe on a zeroed or failed spec). */
+typedef struct serve_logits_spec {
+    serve_logits_opts lo;
+    serve_grammar_opts go;
+    bool want;
+    /* storage behind lo and go */
+    serve_grammar_tool *tools;
+    char **tool_params;
+    int n_tool_params;
+    struct cJSON *any_value;
+    serve_buf key;
+    int32_t stops[16];
+    int32_t forbid[1];
+} serve_logits_spec;
+
+mt_status serve_logits_spec_make(const serve_request *req, bool chat, const model_tokenizer *tok,
+                                 const int32_t *stops, int n_stops, serve_logits_spec *out,
+                                 serve_error *e);
+void serve_logits_spec_release(serve_logits_spec *s);
 
 /* Masks computed and served from the cache for this choice (tests, logs). */
 void serve_logits_stats(const serve_logits *l, uint64_t *computed, uint64_t *cached);

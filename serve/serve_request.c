@@ -148,7 +148,7 @@ static mt_status lex_lengths(const char *b, size_t len, lens *out, size_t *bad_a
         }
         (void)start;
         size_t k = i + 1;
-        while (k < len && (b[k] == ' ' || b[k] == '\t' || b[k] == '\n' || b[k] == '\r'))
+        while (k < len && (unsigned char)b[k] <= 32) /* cJSON's whitespace: every byte <= 32 */
             k++;
         if (k < len && b[k] == ':')
             continue; /* a key */

@@ -14,8 +14,10 @@ flags=(-g -O1 -std=gnu11 -fsanitize=fuzzer,address,undefined -fno-sanitize-recov
        -I "$root")
 common=("$root/common/status.c" "$root/common/files.c" "$root/common/json_depth.c")
 "$cc" "${flags[@]}" -o "$out/serve_fuzz_request" "$root/tests/fuzz/serve_fuzz_request.c" \
-    "$root/serve/serve_request.c" "$root/serve/serve_error.c" "$root/serve/serve_buf.c" "$root/model/format/chat.c" \
-    "$root/model/format/tokenizer.c" "${common[@]}" -lcjson -lpcre2-8 -lm
+    "$root/serve/serve_request.c" "$root/serve/serve_error.c" "$root/serve/serve_buf.c" \
+    "$root/serve/serve_grammar.c" "$root/serve/serve_glmout.c" "$root/serve/serve_logits.c" \
+    "$root/serve/serve_mask.c" "$root/model/format/chat.c" \
+    "$root/model/format/tokenizer.c" "${common[@]}" -lcjson -lpcre2-8 -lm -lpthread
 "$cc" "${flags[@]}" -o "$out/serve_fuzz_sse" "$root/tests/fuzz/serve_fuzz_sse.c" \
     "$root/serve/serve_sse.c" "$root/serve/serve_buf.c" "${common[@]}" -lm
 "$cc" "${flags[@]}" -I "$root/tests/fuzz" -o "$out/serve_fuzz_glmout" \
@@ -35,6 +37,10 @@ seed t1 '\x02{"prompt":"The baker <|user|>"}'
 seed t2 '\x02{"messages":[{"role":"tool","content":"42"}],"add_generation_prompt":false}'
 seed d1 '\x03{"tokens":[1,2,3,300]}'
 seed deep "\x01$(printf '%.0s[' $(seq 900))"
+seed s1 '\x01{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"strict":true,"schema":{"type":"object","properties":{"a":{"type":"string","maxLength":4},"b":{"enum":[1,"x",null]},"c":{"type":"array","items":{"type":["integer","null"]},"maxItems":2},"d":{"anyOf":[{"type":"string"},{"type":"object","properties":{"e":{"type":"boolean"}}}]}},"required":["a","b"],"additionalProperties":false}}},"logit_bias":{"5":-3.5},"min_p":0.1,"presence_penalty":0.5,"frequency_penalty":-1,"repetition_penalty":1.2}'
+seed s2 '\x01{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"q":{"type":"string","minLength":1},"n":{"type":"integer"},"o":{"type":"object","additionalProperties":{"type":"number"}}},"required":["q"]}}}],"tool_choice":"required","parallel_tool_calls":false,"chat_template_kwargs":{"enable_thinking":true}}'
+seed s3 '\x00{"prompt":"x","response_format":{"type":"json_object"},"logit_bias":{"1":100,"2":-100}}'
+seed s4 '\x01{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"g"}}],"tool_choice":{"type":"function","function":{"name":"g"}}}'
 printf '\x05data: {"a":1}\n\ndata: [DONE]\n\n' >"$ss/s1"
 printf '\x01: c\r\nevent: x\r\ndata:one\r\ndata: two\r\r\n\ndata\n\n' >"$ss/s2"
 # flags byte (1: starts in reasoning, 2: keep reasoning), split byte, text.

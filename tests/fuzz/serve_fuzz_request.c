@@ -3,16 +3,22 @@
  * requests must satisfy the documented ranges and turn into prompt ids (with
  * the tiny model's tokenizer when MT_FUZZ_TOKENIZER names a tokenizer.json)
  * and a max_tokens within the context; rejected ones must carry a 4xx and a
- * message, and their error body must be JSON of OpenAI's shape. Each input
- * is parsed on a thread with a civetweb worker's stack (100 KiB, as Debian
- * builds civetweb), where the server parses it. Built and run by
- * serve_fuzz.sh. */
+ * message, and their error body must be JSON of OpenAI's shape. The new
+ * fields too: sampling values in their ranges, logit_bias ids in the
+ * vocabulary, and a request's constraints (response_format, tool_choice
+ * required or named) compile into a grammar or a 4xx naming the field, and
+ * the grammar, walked 256 bytes along a path the input picks, never reaches
+ * a dead end. Each input is parsed and compiled on a thread with a civetweb
+ * worker's stack (100 KiB, as Debian builds civetweb), where the server does
+ * it. Built and run by serve_fuzz.sh. */
 #include <cjson/cJSON.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "serve/serve_grammar.h"
+#include "serve/serve_logits.h"
 #include "serve/serve_request.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -38,6 +44,47 @@ typedef struct input {
     const uint8_t *data;
     size_t size;
 } input;
+
+/* A request's grammar: compiled, or a 4xx naming a field; then a walk of
+ * up to 256 bytes, each the first the grammar takes in an order the input
+ * picks, with no dead end. */
+static void check_grammar(const serve_request *r, bool chat, const uint8_t *data, size_t size)
+{
+    int32_t stop = 0;
+    serve_logits_spec spec;
+    serve_error e = SERVE_ERROR_INIT;
+    if (serve_logits_spec_make(r, chat, tok, &stop, 1, &spec, &e) != MT_OK)
+        abort(); /* only out of memory fails */
+    if (spec.lo.grammar) {
+        serve_grammar *g = NULL;
+        if (serve_grammar_compile(&spec.go, &g, &e) != MT_OK) {
+            if (e.http < 400 || e.http > 499 || !e.param[0] || g)
+                abort();
+            check_error_body(&e);
+        } else {
+            serve_gstate s, t;
+            serve_grammar_start(g, &s);
+            for (int step = 0; step < 256; step++) {
+                uint8_t start = size ? data[(size_t)step % size] : 0;
+                bool moved = false;
+                for (int k = 0; k < 256 && !moved; k++) {
+                    t = s;
+                    if (serve_grammar_step(g, &t, (uint8_t)(start + k))) {
+                        s = t;
+                        moved = true;
+                    }
+                }
+                if (!moved) {
+                    if (!serve_grammar_accepting(g, &s))
+                        abort(); /* a dead end */
+                    break;
+                }
+            }
+            serve_grammar_release(g);
+        }
+    }
+    serve_logits_spec_release(&spec);
+}
 
 static int one_input(const uint8_t *data, size_t size)
 {
@@ -70,6 +117,16 @@ static int one_input(const uint8_t *data, size_t size)
     for (size_t i = 0; i < r.n_ids; i++)
         if (r.ids[i] < 0 || r.ids[i] >= lim.vocab)
             abort();
+    if (r.min_p < 0 || r.min_p > 1 || r.presence_penalty < -2 || r.presence_penalty > 2 ||
+        r.frequency_penalty < -2 || r.frequency_penalty > 2 || !(r.repetition_penalty > 0) ||
+        r.repetition_penalty > 10 || r.n_logit_bias < 0 || r.n_logit_bias > SERVE_MAX_LOGIT_BIAS)
+        abort();
+    for (int i = 0; i < r.n_logit_bias; i++)
+        if (r.logit_bias[i].id < 0 || r.logit_bias[i].id >= lim.vocab ||
+            r.logit_bias[i].bias < -100 || r.logit_bias[i].bias > 100)
+            abort();
+    if (api == SERVE_API_COMPLETIONS || api == SERVE_API_CHAT)
+        check_grammar(&r, api == SERVE_API_CHAT, data, size);
     int32_t *ids = NULL;
     size_t n = 0;
     if (serve_request_prompt(&r, tok, &lim, &ids, &n, &e) == MT_OK) {

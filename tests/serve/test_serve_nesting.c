@@ -7,6 +7,8 @@
 #include <pthread.h>
 
 #include "common/json_depth.h"
+#include "serve/serve_grammar.h"
+#include "serve/serve_logits.h"
 #include "serve/serve_request.h"
 #include "test_serve_util.h"
 
@@ -60,6 +62,7 @@ typedef struct parse_job {
     size_t len;
     mt_status st;
     serve_error e;
+    int grammar; /* 1 compiled, -1 refused, 0 none asked */
 } parse_job;
 
 static void *parse_main(void *arg)
@@ -69,8 +72,22 @@ static void *parse_main(void *arg)
     serve_request r;
     j->e = (serve_error)SERVE_ERROR_INIT;
     j->st = serve_request_parse(j->api, j->body, j->len, &lim, &r, &j->e);
-    if (j->st == MT_OK)
-        serve_request_release(&r);
+    if (j->st != MT_OK)
+        return NULL;
+    /* The request's grammar, compiled where the server compiles it. */
+    int32_t stop = 0;
+    serve_logits_spec spec;
+    if (serve_logits_spec_make(&r, j->api == SERVE_API_CHAT, NULL, &stop, 1, &spec, &j->e)) {
+        j->st = MT_E_NOMEM;
+    } else if (spec.lo.grammar) {
+        serve_grammar *g = NULL;
+        j->grammar = serve_grammar_compile(&spec.go, &g, &j->e) == MT_OK ? 1 : -1;
+        if (j->grammar < 0)
+            j->st = j->e.err.status;
+        serve_grammar_release(g);
+    }
+    serve_logits_spec_release(&spec);
+    serve_request_release(&r);
     return NULL;
 }
 
@@ -114,13 +131,13 @@ Test(serve_nesting, the_limit_parses_on_a_worker_stack_and_one_more_is_a_400_nam
         char open = k ? '{' : '[', close = k ? '}' : ']';
         char *b = nested_body(MT_JSON_MAX_DEPTH, open, close);
         cr_assert(!mt_json_too_deep(b, strlen(b), MT_JSON_MAX_DEPTH, NULL));
-        parse_job j = {SERVE_API_COMPLETIONS, b, strlen(b), MT_OK, SERVE_ERROR_INIT};
+        parse_job j = {SERVE_API_COMPLETIONS, b, strlen(b), MT_OK, SERVE_ERROR_INIT, 0};
         parse_on_worker_stack(&j);
         /* Parsed whole: unknown keys are ignored, so the request is valid. */
         cr_assert_eq(j.st, MT_OK, "depth %d (%c): %s", MT_JSON_MAX_DEPTH, open, j.e.err.msg);
         free(b);
         b = nested_body(MT_JSON_MAX_DEPTH + 1, open, close);
-        j = (parse_job){SERVE_API_CHAT, b, strlen(b), MT_OK, SERVE_ERROR_INIT};
+        j = (parse_job){SERVE_API_CHAT, b, strlen(b), MT_OK, SERVE_ERROR_INIT, 0};
         parse_on_worker_stack(&j);
         cr_assert_neq(j.st, MT_OK);
         cr_assert_eq(j.e.http, 400);
@@ -133,7 +150,7 @@ Test(serve_nesting, the_limit_parses_on_a_worker_stack_and_one_more_is_a_400_nam
     size_t big = 1u << 20;
     char *b = malloc(big);
     memset(b, '[', big);
-    parse_job j = {SERVE_API_COMPLETIONS, b, big, MT_OK, SERVE_ERROR_INIT};
+    parse_job j = {SERVE_API_COMPLETIONS, b, big, MT_OK, SERVE_ERROR_INIT, 0};
     parse_on_worker_stack(&j);
     cr_assert_eq(j.e.http, 400, "%s", j.e.err.msg);
     free(b);
@@ -157,7 +174,7 @@ Test(serve_nesting, tool_call_arguments_are_held_to_the_same_depth)
             "\"tool_calls\":[{\"id\":\"c\",\"type\":\"function\",\"function\":{\"name\":\"f\","
             "\"arguments\":\"%s\"}}]}]}",
             args);
-    parse_job j = {SERVE_API_CHAT, b, strlen(b), MT_OK, SERVE_ERROR_INIT};
+    parse_job j = {SERVE_API_CHAT, b, strlen(b), MT_OK, SERVE_ERROR_INIT, 0};
     parse_on_worker_stack(&j);
     cr_assert_eq(j.e.http, 400, "%s", j.e.err.msg);
     cr_assert(strstr(j.e.err.msg, "arguments"), "%s", j.e.err.msg);
@@ -166,9 +183,10 @@ Test(serve_nesting, tool_call_arguments_are_held_to_the_same_depth)
     free(args);
 }
 
-/* Mutations of valid bodies: brackets and braces inserted in runs, bytes
- * flipped, cut short. Every body is parsed on a worker's stack: accepted,
- * or refused with a 4xx and a message. */
+/* Mutations of valid bodies (structured outputs' schemas and tools among
+ * them): brackets and braces inserted in runs, bytes flipped, cut short.
+ * Every body is parsed, and its grammar compiled, on a worker's stack:
+ * accepted, or refused with a 4xx and a message. */
 Test(serve_nesting, a_fuzz_run_on_a_worker_stack_never_crashes)
 {
     static const char *seeds[] = {
@@ -178,15 +196,24 @@ Test(serve_nesting, a_fuzz_run_on_a_worker_stack_never_crashes)
         "\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"array\"}}}}}]}",
         "{\"tokens\":[1,2,3]}",
         "{\"prompt\":[[4,5]],\"logprobs\":null}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":"
+        "\"json_schema\",\"json_schema\":{\"schema\":{\"type\":\"object\",\"properties\":{"
+        "\"a\":{\"type\":\"array\",\"items\":{\"enum\":[1,\"b\"]}},\"c\":{\"anyOf\":[{"
+        "\"type\":\"string\"},{\"type\":\"null\"}]}},\"required\":[\"a\"]}}},"
+        "\"logit_bias\":{\"3\":1},\"min_p\":0.1}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":"
+        "\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\","
+        "\"properties\":{\"q\":{\"type\":\"object\",\"properties\":{\"r\":{\"type\":"
+        "\"integer\"}}}},\"required\":[\"q\"]}}}],\"tool_choice\":\"required\"}",
     };
     uint64_t seed = mt_seed_fresh();
     cr_log_info("seed %llu (MOETUNE_SEED replays it)", (unsigned long long)seed);
     mt_rng rng;
     mt_rng_seed(&rng, seed);
     char *b = malloc(1 << 16);
-    int refused = 0, accepted = 0;
+    int refused = 0, accepted = 0, grammars = 0;
     for (int it = 0; it < 3000; it++) {
-        const char *s = seeds[mt_rng_below(&rng, 4)];
+        const char *s = seeds[mt_rng_below(&rng, sizeof seeds / sizeof seeds[0])];
         size_t n = strlen(s);
         memcpy(b, s, n);
         int muts = 1 + (int)mt_rng_below(&rng, 4);
@@ -223,8 +250,9 @@ Test(serve_nesting, a_fuzz_run_on_a_worker_stack_never_crashes)
             }
         }
         parse_job j = {(serve_api)mt_rng_below(&rng, SERVE_API_COUNT), b, n, MT_OK,
-                       SERVE_ERROR_INIT};
+                       SERVE_ERROR_INIT, 0};
         parse_on_worker_stack(&j);
+        grammars += j.grammar > 0;
         if (j.st == MT_OK) {
             accepted++;
         } else {
@@ -234,7 +262,7 @@ Test(serve_nesting, a_fuzz_run_on_a_worker_stack_never_crashes)
         }
     }
     free(b);
-    cr_log_info("%d accepted, %d refused", accepted, refused);
+    cr_log_info("%d accepted (%d grammars compiled), %d refused", accepted, grammars, refused);
     cr_assert_gt(refused, 0);
 }
 

@@ -346,6 +346,50 @@ Test(serve_request, id_prompt_needs_no_tokenizer)
     serve_request_release(&r);
 }
 
+/* cJSON takes every byte up to 32 as whitespace: a key followed by control
+ * bytes before its colon is still a key, and the strings after it keep
+ * their own lengths (the fuzzer found a read past a string when they did
+ * not). */
+Test(serve_request, control_bytes_before_a_colon_keep_string_lengths)
+{
+    const char body[] = "{\"prompt\":\"ab\",\"k\"\x03\x01\x1f:\"xyz\",\"stop\":[\"cd\"],"
+                        "\"model\":\"efgh\"}";
+    serve_request r = parse_ok(SERVE_API_COMPLETIONS, body);
+    cr_assert_eq(r.text_len, 2);
+    cr_assert_str_eq(r.stop[0], "cd");
+    cr_assert_str_eq(r.model, "efgh");
+    serve_request_release(&r);
+}
+
+/* The sampling fields and response_format are read; a repeated key counts
+ * with its last value. */
+Test(serve_request, sampling_fields_and_response_format_are_read)
+{
+    serve_request r = parse_ok(
+        SERVE_API_CHAT,
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"min_p\":0.25,"
+        "\"presence_penalty\":1.5,\"frequency_penalty\":-0.5,\"repetition_penalty\":1.2,"
+        "\"logit_bias\":{\"7\":-100,\"9\":2.5},\"parallel_tool_calls\":false,"
+        "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\","
+        "\"schema\":{\"type\":\"integer\"},\"strict\":true}},\"min_p\":0.5}");
+    cr_assert_float_eq(r.min_p, 0.5f, 0);
+    cr_assert_float_eq(r.presence_penalty, 1.5f, 0);
+    cr_assert_float_eq(r.frequency_penalty, -0.5f, 0);
+    cr_assert_float_eq(r.repetition_penalty, 1.2f, 1e-7);
+    cr_assert_eq(r.n_logit_bias, 2);
+    cr_assert_eq(r.logit_bias[0].id, 7);
+    cr_assert_float_eq(r.logit_bias[1].bias, 2.5f, 0);
+    cr_assert(!r.parallel_tool_calls);
+    cr_assert_eq(r.format, SERVE_FORMAT_JSON_SCHEMA);
+    cr_assert_str_eq(cJSON_GetObjectItem(r.schema, "type")->valuestring, "integer");
+    serve_request_release(&r);
+    r = parse_ok(SERVE_API_COMPLETIONS, "{\"prompt\":\"x\"}");
+    cr_assert_float_eq(r.repetition_penalty, 1.0f, 0);
+    cr_assert(r.parallel_tool_calls);
+    cr_assert_eq(r.format, SERVE_FORMAT_TEXT);
+    serve_request_release(&r);
+}
+
 /* Random byte edits of valid bodies: every result is either accepted or a
  * 400 with a message; nothing crashes or leaks (the ASan build checks). */
 Test(serve_request, mutated_bodies_never_crash)
