@@ -3,6 +3,7 @@
 #include "attn_common.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -279,4 +280,80 @@ void attn_fill_bf16(mt_rng *r, uint16_t *x, size_t n, float sd)
 {
     for (size_t i = 0; i < n; i++)
         x[i] = mt_f32_to_bf16(mt_rng_normal(r) * sd);
+}
+
+attn_paged attn_paged_of(int64_t m, int64_t c, int64_t ps)
+{
+    attn_paged g = {.n_seq = (m + 1) / 2, .max_pages = (c + ps - 1) / ps};
+    g.n_pages = g.n_seq * g.max_pages + 3;
+    return g;
+}
+
+int64_t attn_ctx_of(int64_t c, int64_t m, int64_t i)
+{
+    int64_t n = c - (m - 1 - i);
+    return n < 1 ? 1 : n;
+}
+
+bool attn_last_of_row(int64_t m, int64_t i)
+{
+    int64_t n_seq = (m + 1) / 2;
+    return i + 1 == m || (i + 1) * n_seq / m != i * n_seq / m;
+}
+
+void attn_fill_queries(int32_t *qseq, int32_t *ctx_len, int64_t m, int64_t c)
+{
+    int64_t n_seq = (m + 1) / 2;
+    for (int64_t i = 0; i < m; i++) {
+        qseq[i] = (int32_t)(i * n_seq / m);
+        ctx_len[i] = (int32_t)attn_ctx_of(c, m, i);
+    }
+}
+
+/* ---- pieces of the families' code ----------------------------------------- */
+
+bool attn_kv_shape_ok(int64_t kv, char *why, size_t cap)
+{
+    if (attn_kv_dtype_ok((kern_dtype)kv))
+        return true;
+    snprintf(why, cap, "kv=%s: the cache holds bf16 or fp8", kern_dtype_name((kern_dtype)kv));
+    return false;
+}
+
+void attn_cache_bufs(kern_buf_desc *out, const char *name, kern_dtype kv, size_t elems,
+                     size_t table_entries)
+{
+    out[0] = (kern_buf_desc){name, KERN_BUF_IN, kv, elems * attn_kv_esize(kv), 0, 0, 0};
+    out[1] = (kern_buf_desc){"kscale", KERN_BUF_IN, KERN_DT_F32, 4, 0, 0, 0};
+    out[2] = (kern_buf_desc){"table", KERN_BUF_IN, KERN_DT_I32, table_entries * 4, 0, 0, 0};
+}
+
+void attn_query_bufs(kern_buf_desc *out, int64_t m)
+{
+    out[0] = (kern_buf_desc){"qseq", KERN_BUF_IN, KERN_DT_I32, (size_t)m * 4, 0, 0, 0};
+    out[1] = (kern_buf_desc){"ctx_len", KERN_BUF_IN, KERN_DT_I32, (size_t)m * 4, 0, 0, 0};
+}
+
+int attn_define(dev_define *out, char (*buf)[64], int n, const char *name, long long v)
+{
+    snprintf(buf[n], 64, "%lld", v);
+    out[n] = (dev_define){name, buf[n]};
+    return n + 1;
+}
+
+int attn_mla_defines(dev_define *out, char (*buf)[64], kern_dtype kv, int nt, int64_t acc)
+{
+    int n = attn_define(out, buf, 0, "KV_FP8", kv == KERN_DT_FP8E4M3);
+    n = attn_define(out, buf, n, "NT", nt);
+    return attn_define(out, buf, n, "NACC", (acc + nt - 1) / nt);
+}
+
+mt_status attn_get_kernels(const kern_ctx *c, const char *name0, const char *sig0,
+                           dev_kernel **k0, const char *name1, const char *sig1,
+                           dev_kernel **k1, mt_err *err)
+{
+    mt_status st = kern_get(c, name0, sig0, k0, err);
+    if (st == MT_OK)
+        st = kern_get(c, name1, sig1, k1, err);
+    return st;
 }

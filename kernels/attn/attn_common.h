@@ -4,7 +4,9 @@
  *  - cache element encoding (bf16, or fp8 e4m3 with a per-cache float scale:
  *    stored = value / scale) and paged addressing;
  *  - the RoPE cos/sin table and the interleaved rotation GLM-5 uses;
- *  - plain C references, computed in double: the test oracles.
+ *  - plain C references, computed in double: the test oracles;
+ *  - the families' shared problem layout, buffers, defines and kernel
+ *    lookups (their matrix-instruction rules are in attn_mma.h).
  *
  * Paged layout (all families): a pool of pages, each `ps` tokens of `width`
  * elements; token `pos` of a sequence whose page-table row is `tbl` lives at
@@ -139,5 +141,48 @@ void attn_fill_pool(mt_rng *r, void *pool, kern_dtype t, size_t n, float sd,
                     float scale);
 /* n bf16 values ~ N(0, sd). */
 void attn_fill_bf16(mt_rng *r, uint16_t *x, size_t n, float sd);
+
+/* The paged layout of a decode-style problem (mla_decode, dsa_indexer): m
+ * queries, two to a page-table row (the problems' model of draft tokens);
+ * query i sees attn_ctx_of(c, m, i) tokens, the last query c; a row names
+ * ceil(c / ps) pages of a pool 3 pages larger than all rows need. */
+typedef struct attn_paged {
+    int64_t n_seq;     /* page-table rows: ceil(m / 2) */
+    int64_t max_pages; /* pages a row names */
+    int64_t n_pages;   /* pages in the pool */
+} attn_paged;
+attn_paged attn_paged_of(int64_t m, int64_t c, int64_t ps);
+/* Tokens query i of m sees: c - (m - 1 - i), at least 1. */
+int64_t attn_ctx_of(int64_t c, int64_t m, int64_t i);
+/* Whether query i is the last of its page-table row (it sees the most). */
+bool attn_last_of_row(int64_t m, int64_t i);
+/* The page-table row and the context length of each of the m queries
+ * (draws nothing from a generator). */
+void attn_fill_queries(int32_t *qseq, int32_t *ctx_len, int64_t m, int64_t c);
+
+/* ---- pieces of the families' code --------------------------------------- */
+
+/* shape_ok's rule for the cache element type kv (a dtype dim's value):
+ * false, naming it, unless the kernels read it (attn_kv_dtype_ok). */
+bool attn_kv_shape_ok(int64_t kv, char *why, size_t cap);
+/* The paged cache's buffers at out[0..3): the pool `name` of elems values
+ * of type kv, its scale (one f32) and the page table (table_entries
+ * int32), all inputs. */
+void attn_cache_bufs(kern_buf_desc *out, const char *name, kern_dtype kv, size_t elems,
+                     size_t table_entries);
+/* The decode-style queries' buffers at out[0..2): qseq and ctx_len, m
+ * int32 each, inputs. */
+void attn_query_bufs(kern_buf_desc *out, int64_t m);
+/* Appends -Dname=v at out[n], its text in buf[n]; returns n + 1. */
+int attn_define(dev_define *out, char (*buf)[64], int n, const char *name, long long v);
+/* The defines both MLA families' kernels take, at out[0..3): KV_FP8 (1: an
+ * fp8 cache), NT (threads a block, nt) and NACC (accumulators a thread:
+ * ceil(acc / nt)). Returns 3. */
+int attn_mla_defines(dev_define *out, char (*buf)[64], kern_dtype kv, int nt, int64_t acc);
+/* Looks up a family's two kernels through kern_get; the first failure's
+ * status. */
+mt_status attn_get_kernels(const kern_ctx *c, const char *name0, const char *sig0,
+                           dev_kernel **k0, const char *name1, const char *sig1,
+                           dev_kernel **k1, mt_err *err);
 
 #endif

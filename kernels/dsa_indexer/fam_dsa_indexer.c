@@ -30,6 +30,7 @@
 #include "common/numeric.h"
 #include "common/rng.h"
 #include "kernels/attn/attn_common.h"
+#include "kernels/attn/attn_mma.h"
 #include "kernels/core/family.h"
 
 enum { D_IH, D_ID, D_TOPK, D_PS, D_KV, D_C, D_COUNT };
@@ -51,13 +52,9 @@ static const kern_preset presets[] = {
 
 enum { B_Q, B_W, B_CACHE, B_KSCALE, B_TABLE, B_QSEQ, B_CTX, B_IDX, B_VAL, B_COUNT };
 
-static int64_t max_pages(const kern_shape *s) { return (s->v[D_C] + s->v[D_PS] - 1) / s->v[D_PS]; }
-static int64_t n_seq(int64_t m) { return (m + 1) / 2; }
-static int64_t n_pages(const kern_shape *s, int64_t m) { return n_seq(m) * max_pages(s) + 3; }
-static int64_t ctx_of(const kern_shape *s, int64_t m, int64_t i)
+static attn_paged paged(const kern_shape *s, int64_t m)
 {
-    int64_t c = s->v[D_C] - (m - 1 - i);
-    return c < 1 ? 1 : c;
+    return attn_paged_of(m, s->v[D_C], s->v[D_PS]);
 }
 static float kscale_of(const kern_shape *s)
 {
@@ -67,12 +64,7 @@ static float kscale_of(const kern_shape *s)
 static bool shape_ok(const kern_shape *s, int64_t m, char *why, size_t cap)
 {
     (void)m;
-    if (!attn_kv_dtype_ok((kern_dtype)s->v[D_KV])) {
-        snprintf(why, cap, "kv=%s: the cache holds bf16 or fp8",
-                 kern_dtype_name((kern_dtype)s->v[D_KV]));
-        return false;
-    }
-    return true;
+    return attn_kv_shape_ok(s->v[D_KV], why, cap);
 }
 
 static int buffers(const kern_shape *s, int64_t m, kern_buf_desc *out, int cap)
@@ -81,16 +73,12 @@ static int buffers(const kern_shape *s, int64_t m, kern_buf_desc *out, int cap)
         return -1;
     size_t ih = (size_t)s->v[D_IH], id = (size_t)s->v[D_ID], um = (size_t)m;
     size_t k = (size_t)s->v[D_TOPK];
-    size_t es = attn_kv_esize((kern_dtype)s->v[D_KV]);
+    attn_paged g = paged(s, m);
     out[B_Q] = (kern_buf_desc){"q", KERN_BUF_IN, KERN_DT_BF16, um * ih * id * 2, 0, 0, 0};
     out[B_W] = (kern_buf_desc){"w", KERN_BUF_IN, KERN_DT_F32, um * ih * 4, 0, 0, 0};
-    out[B_CACHE] = (kern_buf_desc){"kcache", KERN_BUF_IN, (kern_dtype)s->v[D_KV],
-                                   (size_t)n_pages(s, m) * (size_t)s->v[D_PS] * id * es, 0, 0, 0};
-    out[B_KSCALE] = (kern_buf_desc){"kscale", KERN_BUF_IN, KERN_DT_F32, 4, 0, 0, 0};
-    out[B_TABLE] = (kern_buf_desc){"table", KERN_BUF_IN, KERN_DT_I32,
-                                   (size_t)(n_seq(m) * max_pages(s)) * 4, 0, 0, 0};
-    out[B_QSEQ] = (kern_buf_desc){"qseq", KERN_BUF_IN, KERN_DT_I32, um * 4, 0, 0, 0};
-    out[B_CTX] = (kern_buf_desc){"ctx_len", KERN_BUF_IN, KERN_DT_I32, um * 4, 0, 0, 0};
+    attn_cache_bufs(out + B_CACHE, "kcache", (kern_dtype)s->v[D_KV],
+                    (size_t)g.n_pages * (size_t)s->v[D_PS] * id, (size_t)(g.n_seq * g.max_pages));
+    attn_query_bufs(out + B_QSEQ, m);
     out[B_IDX] = (kern_buf_desc){"idx", KERN_BUF_OUT, KERN_DT_I32, um * k * 4, (int64_t)k, 0, 0};
     out[B_VAL] = (kern_buf_desc){"val", KERN_BUF_OUT, KERN_DT_F32, um * k * 4, (int64_t)k, 0, 0};
     return B_COUNT;
@@ -107,7 +95,8 @@ static void fill(const kern_shape *s, int64_t m, uint64_t seed, void *const *hos
     float *w = host[B_W];
     for (size_t i = 0; i < (size_t)m * ih; i++)
         w[i] = mt_rng_normal(&r);
-    size_t rows = (size_t)n_pages(s, m) * (size_t)s->v[D_PS];
+    attn_paged g = paged(s, m);
+    size_t rows = (size_t)g.n_pages * (size_t)s->v[D_PS];
     uint8_t *pool = host[B_CACHE];
     size_t rb = id * attn_kv_esize(kv);
     attn_fill_pool(&r, pool, kv, rows * id, 1.0f, ks);
@@ -117,12 +106,8 @@ static void fill(const kern_shape *s, int64_t m, uint64_t seed, void *const *hos
         if (mt_rng_below(&r, 3) == 0)
             memcpy(pool + i * rb, pool + mt_rng_below(&r, i) * rb, rb);
     *(float *)host[B_KSCALE] = ks;
-    attn_fill_table(&r, host[B_TABLE], n_seq(m), max_pages(s), n_pages(s, m));
-    int32_t *qseq = host[B_QSEQ], *ctx = host[B_CTX];
-    for (int64_t i = 0; i < m; i++) {
-        qseq[i] = (int32_t)(i * n_seq(m) / m);
-        ctx[i] = (int32_t)ctx_of(s, m, i);
-    }
+    attn_fill_table(&r, host[B_TABLE], g.n_seq, g.max_pages, g.n_pages);
+    attn_fill_queries(host[B_QSEQ], host[B_CTX], m, s->v[D_C]);
 }
 
 static attn_index_args args_of(const kern_shape *s, int64_t m, void *const *host)
@@ -131,7 +116,7 @@ static attn_index_args args_of(const kern_shape *s, int64_t m, void *const *host
         .m = m, .ih = s->v[D_IH], .id = s->v[D_ID], .q = host[B_Q], .w = host[B_W],
         .pool = host[B_CACHE], .kv = (kern_dtype)s->v[D_KV],
         .kscale = *(const float *)host[B_KSCALE], .ps = s->v[D_PS], .table = host[B_TABLE],
-        .max_pages = max_pages(s), .qseq = host[B_QSEQ], .ctx_len = host[B_CTX],
+        .max_pages = paged(s, m).max_pages, .qseq = host[B_QSEQ], .ctx_len = host[B_CTX],
     };
 }
 
@@ -265,9 +250,9 @@ static void cost(const kern_shape *s, int64_t m, double *flops, double *bytes)
     double es = (double)attn_kv_esize((kern_dtype)s->v[D_KV]);
     double toks = 0, rows = 0;
     for (int64_t i = 0; i < m; i++) {
-        toks += (double)ctx_of(s, m, i);
-        bool last_of_row = i + 1 == m || (i + 1) * n_seq(m) / m != i * n_seq(m) / m;
-        rows += last_of_row ? (double)ctx_of(s, m, i) : 0;
+        double len = (double)attn_ctx_of(s->v[D_C], m, i);
+        toks += len;
+        rows += attn_last_of_row(m, i) ? len : 0;
     }
     *flops = toks * ih * (2.0 * id + 2.0);
     *bytes = rows * id * es + (double)m * (ih * id * 2 + ih * 4 + k * 8);
@@ -297,13 +282,12 @@ static mt_status run(const kern_ctx *c, mt_err *err)
     const kern_shape *s = c->shape;
     bool gpu = dev_backend_runs_hip_source(c->props->backend);
     dev_kernel *ks, *kt;
-    mt_status st = kern_get(c, "dsa_scores", "pppppipppiif", &ks, err);
-    if (st == MT_OK)
-        st = kern_get(c, "dsa_topk", "pippp", &kt, err);
+    mt_status st = attn_get_kernels(c, "dsa_scores", "pppppipppiif", &ks, "dsa_topk", "pippp",
+                                    &kt, err);
     if (st != MT_OK)
         return st;
     int bt = param(c, "BT"), qb = param(c, "QB"), m = (int)c->m;
-    int mp = (int)max_pages(s), cs = (int)s->v[D_C];
+    int mp = (int)paged(s, c->m).max_pages, cs = (int)s->v[D_C];
     float wscale = (float)(1.0 / sqrt((double)s->v[D_IH] * (double)s->v[D_ID]));
     void *scores = c->scratch;
     void *sargs[] = {(void *)&c->bufs[B_Q], (void *)&c->bufs[B_W], (void *)&c->bufs[B_CACHE],
@@ -324,22 +308,18 @@ static mt_status run(const kern_ctx *c, mt_err *err)
     return dev_launch(c->dev, kt, tgrid, tblock, 0, targs, err);
 }
 
+/* Both implementations (the device's backend picks the side, as in run):
+ * KV_FP8, then the threads of a score block (WAVES) and of a top-k block
+ * (TK_WAVES): waves on GPUs, one on the cpu. */
 static int defines(const kern_shape *s, const kern_config *cfg, const dev_props *p,
-                   dev_define *out, char (*buf)[64], int cap, bool gpu)
+                   dev_define *out, char (*buf)[64], int cap)
 {
     if (cap < 3)
         return 0;
-    int n = 0;
-    snprintf(buf[n], 64, "%d", s->v[D_KV] == KERN_DT_FP8E4M3);
-    out[n] = (dev_define){"KV_FP8", buf[n]};
-    n++;
-    snprintf(buf[n], 64, "%d", gpu ? cfg->v[2] * p->warp_size : 1);
-    out[n] = (dev_define){"NT", buf[n]};
-    n++;
-    snprintf(buf[n], 64, "%d", gpu ? cfg->v[3] * p->warp_size : 1);
-    out[n] = (dev_define){"TK_NT", buf[n]};
-    n++;
-    return n;
+    bool gpu = dev_backend_runs_hip_source(p->backend);
+    int n = attn_define(out, buf, 0, "KV_FP8", s->v[D_KV] == KERN_DT_FP8E4M3);
+    n = attn_define(out, buf, n, "NT", gpu ? cfg->v[2] * p->warp_size : 1);
+    return attn_define(out, buf, n, "TK_NT", gpu ? cfg->v[3] * p->warp_size : 1);
 }
 
 /* ---- GPU ------------------------------------------------------------------------------- */
@@ -379,10 +359,8 @@ static bool gpu_mma_valid(const kern_shape *s, const kern_config *c, const dev_p
 {
     int mma = c->v[GP_MMA], bt = c->v[GP_BT], waves = c->v[GP_WAVES];
     int tm, tn, tk;
-    if (!kern_mma_tile(p, mma, &tm, &tn, &tk)) {
-        snprintf(why, cap, "MMA=%d: %s has no such matrix instruction", mma, p->arch);
+    if (!attn_mma_tile(p, mma, &tm, &tn, &tk, why, cap))
         return false;
-    }
     if (bt % tn || bt / tn < waves) {
         snprintf(why, cap, "MMA=%d: BT=%d keys are not whole %d-key fragment columns for "
                  "each of WAVES=%d waves", mma, bt, tn, waves);
@@ -426,13 +404,7 @@ static bool gpu_valid(const kern_shape *s, int64_t m, const kern_config *c,
         snprintf(why, cap, "BT=%d exceeds the %d threads (one token per thread)", bt, nt);
         return false;
     }
-    size_t shm = score_shared(s, bt);
-    if (shm > p->shared_mem_per_block) {
-        snprintf(why, cap, "needs %zu bytes of shared memory, the device has %zu", shm,
-                 p->shared_mem_per_block);
-        return false;
-    }
-    return true;
+    return attn_shared_ok(score_shared(s, bt), p, why, cap);
 }
 
 static void gpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern_config *c)
@@ -455,28 +427,10 @@ static void gpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern
     /* Matrix instructions where the device has them (kern_mma_tile): the
      * first of these score tiles it takes (the top-k waves and queries per
      * block as above), else the scalar config. */
-    static const int mma_tiles[][2] = { /* BT, WAVES */
-        {64, 4}, {64, 2}, {32, 2}, {16, 1},
-    };
-    int tm, tn, tk;
-    if (!kern_mma_tile(p, 1, &tm, &tn, &tk))
-        return;
-    for (size_t i = 0; i < sizeof mma_tiles / sizeof mma_tiles[0]; i++) {
-        kern_config t = *c;
-        t.v[GP_BT] = mma_tiles[i][0];
-        t.v[GP_WAVES] = mma_tiles[i][1];
-        t.v[GP_MMA] = 1;
-        if (gpu_valid(s, m, &t, p, why, sizeof why)) {
-            *c = t;
-            return;
-        }
-    }
-}
-
-static int gpu_defines(const kern_shape *s, const kern_config *cfg, const dev_props *p,
-                       dev_define *out, char (*buf)[64], int cap)
-{
-    return defines(s, cfg, p, out, buf, cap, true);
+    static const int set[] = {GP_BT, GP_WAVES};
+    static const int mma_tiles[][2] = {{64, 4}, {64, 2}, {32, 2}, {16, 1}};
+    attn_mma_pick(s, m, p, gpu_valid, c, GP_MMA, set, 2, mma_tiles[0],
+                  (int)(sizeof mma_tiles / sizeof mma_tiles[0]), c);
 }
 
 static const kern_impl gpu_impl = {
@@ -485,7 +439,7 @@ static const kern_impl gpu_impl = {
     .n_params = GP_COUNT,
     .valid = gpu_valid,
     .default_config = gpu_default,
-    .defines = gpu_defines,
+    .defines = defines,
     .scratch_bytes = scratch_bytes,
     .run = run,
 };
@@ -521,18 +475,12 @@ static void cpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern
     c->v[3] = 1;
 }
 
-static int cpu_defines(const kern_shape *s, const kern_config *cfg, const dev_props *p,
-                       dev_define *out, char (*buf)[64], int cap)
-{
-    return defines(s, cfg, p, out, buf, cap, false);
-}
-
 static const kern_impl cpu_impl = {
     .source = "dsa_indexer.cpu",
     .params = cpu_params,
     .n_params = 4,
     .default_config = cpu_default,
-    .defines = cpu_defines,
+    .defines = defines,
     .scratch_bytes = scratch_bytes,
     .run = run,
 };

@@ -32,6 +32,7 @@
 #include "common/numeric.h"
 #include "common/rng.h"
 #include "kernels/attn/attn_common.h"
+#include "kernels/attn/attn_mma.h"
 #include "kernels/core/family.h"
 
 /* C stays last (tests set it by index). */
@@ -62,14 +63,10 @@ static const kern_preset presets[] = {
 /* ---- problem layout (shared by fill, reference, cost and run) ----------- */
 
 static int64_t width(const kern_shape *s) { return s->v[D_L] + s->v[D_R]; }
-static int64_t max_pages(const kern_shape *s) { return (s->v[D_C] + s->v[D_PS] - 1) / s->v[D_PS]; }
 /* Two queries share a page-table row: the fill's model of draft tokens. */
-static int64_t n_seq(int64_t m) { return (m + 1) / 2; }
-static int64_t n_pages(const kern_shape *s, int64_t m) { return n_seq(m) * max_pages(s) + 3; }
-static int64_t ctx_of(const kern_shape *s, int64_t m, int64_t i)
+static attn_paged paged(const kern_shape *s, int64_t m)
 {
-    int64_t c = s->v[D_C] - (m - 1 - i);
-    return c < 1 ? 1 : c;
+    return attn_paged_of(m, s->v[D_C], s->v[D_PS]);
 }
 static float kscale_of(const kern_shape *s)
 {
@@ -86,12 +83,7 @@ enum { B_Q, B_CACHE, B_KSCALE, B_TABLE, B_QSEQ, B_CTX, B_SEL, B_OUT, B_COUNT };
 static bool shape_ok(const kern_shape *s, int64_t m, char *why, size_t cap)
 {
     (void)m;
-    if (!attn_kv_dtype_ok((kern_dtype)s->v[D_KV])) {
-        snprintf(why, cap, "kv=%s: the cache holds bf16 or fp8",
-                 kern_dtype_name((kern_dtype)s->v[D_KV]));
-        return false;
-    }
-    return true;
+    return attn_kv_shape_ok(s->v[D_KV], why, cap);
 }
 
 static int buffers(const kern_shape *s, int64_t m, kern_buf_desc *out, int cap)
@@ -99,16 +91,12 @@ static int buffers(const kern_shape *s, int64_t m, kern_buf_desc *out, int cap)
     if (cap < B_COUNT)
         return -1;
     size_t w = (size_t)width(s), h = (size_t)s->v[D_H], l = (size_t)s->v[D_L];
-    size_t es = attn_kv_esize((kern_dtype)s->v[D_KV]);
     size_t um = (size_t)m;
+    attn_paged g = paged(s, m);
     out[B_Q] = (kern_buf_desc){"q", KERN_BUF_IN, KERN_DT_BF16, um * h * w * 2, 0, 0, 0};
-    out[B_CACHE] = (kern_buf_desc){"cache", KERN_BUF_IN, (kern_dtype)s->v[D_KV],
-                                   (size_t)n_pages(s, m) * (size_t)s->v[D_PS] * w * es, 0, 0, 0};
-    out[B_KSCALE] = (kern_buf_desc){"kscale", KERN_BUF_IN, KERN_DT_F32, 4, 0, 0, 0};
-    out[B_TABLE] = (kern_buf_desc){"table", KERN_BUF_IN, KERN_DT_I32,
-                                   (size_t)(n_seq(m) * max_pages(s)) * 4, 0, 0, 0};
-    out[B_QSEQ] = (kern_buf_desc){"qseq", KERN_BUF_IN, KERN_DT_I32, um * 4, 0, 0, 0};
-    out[B_CTX] = (kern_buf_desc){"ctx_len", KERN_BUF_IN, KERN_DT_I32, um * 4, 0, 0, 0};
+    attn_cache_bufs(out + B_CACHE, "cache", (kern_dtype)s->v[D_KV],
+                    (size_t)g.n_pages * (size_t)s->v[D_PS] * w, (size_t)(g.n_seq * g.max_pages));
+    attn_query_bufs(out + B_QSEQ, m);
     out[B_SEL] = (kern_buf_desc){"sel", KERN_BUF_IN, KERN_DT_I32,
                                  s->v[D_SPARSE] ? um * (size_t)s->v[D_TOPK] * 4 : 4, 0, 0, 0};
     /* f32 out of f32 accumulation: the tolerance covers exp and summation
@@ -125,18 +113,15 @@ static void fill(const kern_shape *s, int64_t m, uint64_t seed, void *const *hos
     size_t w = (size_t)width(s), h = (size_t)s->v[D_H];
     kern_dtype kv = (kern_dtype)s->v[D_KV];
     float ks = kscale_of(s);
+    attn_paged g = paged(s, m);
     /* Scores with a spread of a few units: softmax is peaked enough that a
      * wrong token shows. */
     attn_fill_bf16(&r, host[B_Q], (size_t)m * h * w, 1.5f);
-    attn_fill_pool(&r, host[B_CACHE], kv, (size_t)n_pages(s, m) * (size_t)s->v[D_PS] * w,
-                   1.0f, ks);
+    attn_fill_pool(&r, host[B_CACHE], kv, (size_t)g.n_pages * (size_t)s->v[D_PS] * w, 1.0f, ks);
     *(float *)host[B_KSCALE] = ks;
-    attn_fill_table(&r, host[B_TABLE], n_seq(m), max_pages(s), n_pages(s, m));
-    int32_t *qseq = host[B_QSEQ], *ctx = host[B_CTX], *sel = host[B_SEL];
-    for (int64_t i = 0; i < m; i++) {
-        qseq[i] = (int32_t)(i * n_seq(m) / m);
-        ctx[i] = (int32_t)ctx_of(s, m, i);
-    }
+    attn_fill_table(&r, host[B_TABLE], g.n_seq, g.max_pages, g.n_pages);
+    int32_t *ctx = host[B_CTX], *sel = host[B_SEL];
+    attn_fill_queries(host[B_QSEQ], ctx, m, s->v[D_C]);
     if (!s->v[D_SPARSE]) {
         sel[0] = 0;
         return;
@@ -179,7 +164,7 @@ static void reference(const kern_shape *s, int64_t m, void *const *host)
                             : 1.0 / sqrt((double)(s->v[D_D] + s->v[D_R])),
         .q = host[B_Q], .pool = host[B_CACHE], .kv = (kern_dtype)s->v[D_KV],
         .kscale = *(const float *)host[B_KSCALE], .ps = s->v[D_PS], .table = host[B_TABLE],
-        .max_pages = max_pages(s), .qseq = host[B_QSEQ], .ctx_len = host[B_CTX],
+        .max_pages = paged(s, m).max_pages, .qseq = host[B_QSEQ], .ctx_len = host[B_CTX],
         .sel = s->v[D_SPARSE] ? host[B_SEL] : NULL, .topk = s->v[D_TOPK], .out = host[B_OUT],
     };
     attn_ref_decode(&a);
@@ -195,17 +180,17 @@ static void cost(const kern_shape *s, int64_t m, double *flops, double *bytes)
     double es = (double)attn_kv_esize((kern_dtype)s->v[D_KV]);
     double toks = 0, rows = 0;
     for (int64_t i = 0; i < m; i++) {
-        int64_t len = ctx_of(s, m, i);
+        int64_t len = attn_ctx_of(s->v[D_C], m, i);
         double n = s->v[D_SPARSE] && len > s->v[D_TOPK] ? (double)s->v[D_TOPK] : (double)len;
         toks += n;
         /* The last query of a shared row sees the most. */
-        bool last_of_row = i + 1 == m || (i + 1) * n_seq(m) / m != i * n_seq(m) / m;
-        rows += s->v[D_SPARSE] ? n : (last_of_row ? n : 0);
+        rows += s->v[D_SPARSE] ? n : (attn_last_of_row(m, i) ? n : 0);
     }
+    attn_paged g = paged(s, m);
     *flops = 2.0 * h * toks * (w + l);
     *bytes = rows * w * es + (double)m * h * (2.0 * w + 4.0 * l) +
              (s->v[D_SPARSE] ? (double)m * (double)s->v[D_TOPK] * 4.0 : 0.0) +
-             (double)(n_seq(m) * max_pages(s)) * 4.0;
+             (double)(g.n_seq * g.max_pages) * 4.0;
 }
 
 /* ---- run (same launches on GPU and CPU) ---------------------------------------- */
@@ -234,14 +219,13 @@ static mt_status run(const kern_ctx *c, mt_err *err)
     const kern_shape *s = c->shape;
     bool gpu = dev_backend_runs_hip_source(c->props->backend);
     dev_kernel *ks, *kr;
-    mt_status st = kern_get(c, "mla_decode_split", "ppppippppf", &ks, err);
-    if (st == MT_OK)
-        st = kern_get(c, "mla_decode_reduce", "pp", &kr, err);
+    mt_status st = attn_get_kernels(c, "mla_decode_split", "ppppippppf", &ks, "mla_decode_reduce",
+                                    "pp", &kr, err);
     if (st != MT_OK)
         return st;
     int hb = param(c, "HB"), nsplit = param(c, "NSPLIT");
     unsigned nt = gpu ? (unsigned)(param(c, "WAVES") * c->props->warp_size) : 1;
-    int mp = (int)max_pages(s);
+    int mp = (int)paged(s, c->m).max_pages;
     float scale = softmax_scale(s);
     void *part = c->scratch;
     void *args[] = {(void *)&c->bufs[B_Q], (void *)&c->bufs[B_CACHE],
@@ -262,24 +246,16 @@ static mt_status run(const kern_ctx *c, mt_err *err)
     return dev_launch(c->dev, kr, rgrid, block, 0, rargs, err);
 }
 
+/* Both implementations (the device's backend picks the side, as in run):
+ * attn_mla_defines over HB heads x L values a block; WAVES waves a block
+ * on GPUs, one thread a work item on the cpu. */
 static int defines(const kern_shape *s, const kern_config *cfg, const dev_props *p,
-                   dev_define *out, char (*buf)[64], int cap, bool gpu)
+                   dev_define *out, char (*buf)[64], int cap)
 {
     if (cap < 3)
         return 0;
-    int hb = cfg->v[0];
-    int nt = gpu ? cfg->v[2] * p->warp_size : 1;
-    int n = 0;
-    snprintf(buf[n], 64, "%d", s->v[D_KV] == KERN_DT_FP8E4M3);
-    out[n] = (dev_define){"KV_FP8", buf[n]};
-    n++;
-    snprintf(buf[n], 64, "%d", nt);
-    out[n] = (dev_define){"NT", buf[n]};
-    n++;
-    snprintf(buf[n], 64, "%d", (int)((hb * s->v[D_L] + nt - 1) / nt));
-    out[n] = (dev_define){"NACC", buf[n]};
-    n++;
-    return n;
+    int nt = dev_backend_runs_hip_source(p->backend) ? cfg->v[2] * p->warp_size : 1;
+    return attn_mla_defines(out, buf, (kern_dtype)s->v[D_KV], nt, cfg->v[0] * s->v[D_L]);
 }
 
 /* ---- GPU implementation ---------------------------------------------------------- */
@@ -312,43 +288,21 @@ static size_t gpu_mma_shared(const kern_shape *s, int hb, int bn, int ws)
            (size_t)hb * ((size_t)bn + 1) * 4 + 3 * (size_t)hb * 4 + (size_t)bn * 4;
 }
 
-/* The MMA path's rules: fragments tile the HB x BN scores (K = L + R) and
- * the HB x L output, whose fragments the waves split (L first, then heads)
- * and keep in registers across the context. */
+/* The MMA path's rules (attn_mma_valid): fragments tile the HB x BN
+ * scores (K = L + R) and the HB x L output, whose fragments the waves
+ * split (L first, then heads) and keep in registers across the context;
+ * the tiles are static shared memory. */
 static bool gpu_mma_valid(const kern_shape *s, const kern_config *c, const dev_props *p,
                           char *why, size_t cap)
 {
-    int mma = c->v[GP_MMA], hb = c->v[GP_HB], bn = c->v[GP_BN], waves = c->v[GP_WAVES];
-    int tm, tn, tk;
-    if (!kern_mma_tile(p, mma, &tm, &tn, &tk)) {
-        snprintf(why, cap, "MMA=%d: %s has no such matrix instruction", mma, p->arch);
-        return false;
-    }
-    int64_t l = s->v[D_L], w = width(s);
-    if (hb % tm || bn % tn || bn % tk || w % tk) {
-        snprintf(why, cap, "MMA=%d: %dx%dx%d fragments do not tile HB=%d heads x BN=%d "
-                 "tokens over L+R=%lld", mma, tm, tn, tk, hb, bn, (long long)w);
-        return false;
-    }
-    int wn = l / tn < waves ? (int)(l / tn) : waves, wm = wn ? waves / wn : 0;
-    if (!wn || l % ((int64_t)wn * tn) || waves % wn || hb % (wm * tm)) {
-        snprintf(why, cap, "MMA=%d: WAVES=%d waves of %dx%d fragments do not tile the "
-                 "HB=%d x L=%lld output", mma, waves, tm, tn, hb, (long long)l);
-        return false;
-    }
-    int64_t regs = (int64_t)hb * l / ((int64_t)waves * p->warp_size);
-    if (regs > 128) {
-        snprintf(why, cap, "MMA=%d: %lld accumulator registers per lane (HB*L/threads, at "
-                 "most 128)", mma, (long long)regs);
-        return false;
-    }
-    size_t sh = gpu_mma_shared(s, hb, bn, p->warp_size);
-    if (sh > p->static_shared_per_block) {
-        snprintf(why, cap, "MMA=%d: HB=%d, BN=%d need %zu bytes of static shared memory, the "
-                 "device allows %zu", mma, hb, bn, sh, p->static_shared_per_block);
-        return false;
-    }
-    return true;
+    int hb = c->v[GP_HB], bn = c->v[GP_BN];
+    attn_mma_tiling t = {
+        .mma = c->v[GP_MMA], .waves = c->v[GP_WAVES], .rows_name = "HB", .rows_noun = "heads",
+        .rows = hb, .bn_noun = "tokens", .bn = bn, .n_k = 1, .k_name = {"L+R"},
+        .k = {width(s)}, .out_name = "L", .out = s->v[D_L],
+        .shared = gpu_mma_shared(s, hb, bn, p->warp_size), .static_shared = true,
+    };
+    return attn_mma_valid(&t, p, why, cap);
 }
 
 static bool gpu_valid(const kern_shape *s, int64_t m, const kern_config *c,
@@ -370,19 +324,7 @@ static bool gpu_valid(const kern_shape *s, int64_t m, const kern_config *c,
     }
     if (c->v[GP_MMA])
         return gpu_mma_valid(s, c, p, why, cap);
-    int64_t nacc = (hb * s->v[D_L] + nt - 1) / nt;
-    if (nacc > 128) {
-        snprintf(why, cap, "%lld accumulators per thread (HB*L/threads) exceed 128",
-                 (long long)nacc);
-        return false;
-    }
-    size_t shm = gpu_shared(s, hb, bn);
-    if (shm > p->shared_mem_per_block) {
-        snprintf(why, cap, "needs %zu bytes of shared memory, the device has %zu", shm,
-                 p->shared_mem_per_block);
-        return false;
-    }
-    return true;
+    return attn_scalar_valid(hb * s->v[D_L], nt, "HB*L", gpu_shared(s, hb, bn), p, why, cap);
 }
 
 static int pick_split(const kern_shape *s, int64_t m, int blocks_per_split, int target)
@@ -418,29 +360,13 @@ static void gpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern
     }
     /* Matrix instructions where the device has them (kern_mma_tile): the
      * first of these tiles it takes, else the scalar config above. */
-    static const int mma_tiles[][3] = { /* HB, BN, WAVES */
+    static const int set[] = {GP_HB, GP_BN, GP_WAVES};
+    static const int mma_tiles[][3] = {
         {64, 32, 4}, {64, 16, 8}, {32, 32, 4}, {32, 16, 4}, {16, 16, 4}, {16, 16, 2}, {16, 16, 1},
     };
-    int tm, tn, tk;
-    if (kern_mma_tile(p, 1, &tm, &tn, &tk))
-        for (size_t i = 0; i < sizeof mma_tiles / sizeof mma_tiles[0]; i++) {
-            kern_config t = *c;
-            t.v[GP_HB] = mma_tiles[i][0];
-            t.v[GP_BN] = mma_tiles[i][1];
-            t.v[GP_WAVES] = mma_tiles[i][2];
-            t.v[GP_MMA] = 1;
-            if (gpu_valid(s, m, &t, p, why, sizeof why)) {
-                *c = t;
-                break;
-            }
-        }
+    attn_mma_pick(s, m, p, gpu_valid, c, GP_MMA, set, 3, mma_tiles[0],
+                  (int)(sizeof mma_tiles / sizeof mma_tiles[0]), c);
     c->v[GP_NSPLIT] = pick_split(s, m, (int)(s->v[D_H] / c->v[0]), 2 * p->compute_units);
-}
-
-static int gpu_defines(const kern_shape *s, const kern_config *cfg, const dev_props *p,
-                       dev_define *out, char (*buf)[64], int cap)
-{
-    return defines(s, cfg, p, out, buf, cap, true);
 }
 
 static const kern_impl gpu_impl = {
@@ -449,7 +375,7 @@ static const kern_impl gpu_impl = {
     .n_params = GP_COUNT,
     .valid = gpu_valid,
     .default_config = gpu_default,
-    .defines = gpu_defines,
+    .defines = defines,
     .scratch_bytes = scratch_bytes,
     .run = run,
 };
@@ -488,19 +414,13 @@ static void cpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern
     c->v[3] = pick_split(s, m, (int)(s->v[D_H] / c->v[0]), 2 * p->compute_units);
 }
 
-static int cpu_defines(const kern_shape *s, const kern_config *cfg, const dev_props *p,
-                       dev_define *out, char (*buf)[64], int cap)
-{
-    return defines(s, cfg, p, out, buf, cap, false);
-}
-
 static const kern_impl cpu_impl = {
     .source = "mla_decode.cpu",
     .params = cpu_params,
     .n_params = 4,
     .valid = cpu_valid,
     .default_config = cpu_default,
-    .defines = cpu_defines,
+    .defines = defines,
     .scratch_bytes = scratch_bytes,
     .run = run,
 };

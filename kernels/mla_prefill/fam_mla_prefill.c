@@ -27,6 +27,7 @@
 #include "common/numeric.h"
 #include "common/rng.h"
 #include "kernels/attn/attn_common.h"
+#include "kernels/attn/attn_mma.h"
 #include "kernels/core/family.h"
 
 enum { D_H, D_L, D_R, D_D, D_V, D_PS, D_KV, D_P, D_SM, D_COUNT };
@@ -72,12 +73,7 @@ static float softmax_scale(const kern_shape *s)
 static bool shape_ok(const kern_shape *s, int64_t m, char *why, size_t cap)
 {
     (void)m;
-    if (!attn_kv_dtype_ok((kern_dtype)s->v[D_KV])) {
-        snprintf(why, cap, "kv=%s: the cache holds bf16 or fp8",
-                 kern_dtype_name((kern_dtype)s->v[D_KV]));
-        return false;
-    }
-    return true;
+    return attn_kv_shape_ok(s->v[D_KV], why, cap);
 }
 
 static int buffers(const kern_shape *s, int64_t m, kern_buf_desc *out, int cap)
@@ -86,14 +82,10 @@ static int buffers(const kern_shape *s, int64_t m, kern_buf_desc *out, int cap)
         return -1;
     size_t h = (size_t)s->v[D_H], dq = (size_t)(s->v[D_D] + s->v[D_R]);
     size_t v = (size_t)s->v[D_V], l = (size_t)s->v[D_L], um = (size_t)m;
-    size_t es = attn_kv_esize((kern_dtype)s->v[D_KV]);
     out[B_Q] = (kern_buf_desc){"q", KERN_BUF_IN, KERN_DT_BF16, um * h * dq * 2, 0, 0, 0};
-    out[B_CACHE] = (kern_buf_desc){"cache", KERN_BUF_IN, (kern_dtype)s->v[D_KV],
-                                   (size_t)n_pages(s, m) * (size_t)s->v[D_PS] *
-                                       (size_t)width(s) * es, 0, 0, 0};
-    out[B_KSCALE] = (kern_buf_desc){"kscale", KERN_BUF_IN, KERN_DT_F32, 4, 0, 0, 0};
-    out[B_TABLE] = (kern_buf_desc){"table", KERN_BUF_IN, KERN_DT_I32,
-                                   (size_t)max_pages(s, m) * 4, 0, 0, 0};
+    attn_cache_bufs(out + B_CACHE, "cache", (kern_dtype)s->v[D_KV],
+                    (size_t)n_pages(s, m) * (size_t)s->v[D_PS] * (size_t)width(s),
+                    (size_t)max_pages(s, m));
     out[B_WKV] = (kern_buf_desc){"wkv", KERN_BUF_IN, KERN_DT_BF16,
                                  h * (size_t)(s->v[D_D] + s->v[D_V]) * l * 2, 0, 0, 0};
     /* bf16 out: two roundings of difference, plus a bf16 step in an
@@ -213,9 +205,8 @@ static mt_status run(const kern_ctx *c, mt_err *err)
     const kern_shape *s = c->shape;
     bool gpu = dev_backend_runs_hip_source(c->props->backend);
     dev_kernel *ke, *ka;
-    mt_status st = kern_get(c, "mla_prefill_expand", "ppppppi", &ke, err);
-    if (st == MT_OK)
-        st = kern_get(c, "mla_prefill_attn", "pppppppiif", &ka, err);
+    mt_status st = attn_get_kernels(c, "mla_prefill_expand", "ppppppi", &ke, "mla_prefill_attn",
+                                    "pppppppiif", &ka, err);
     if (st != MT_OK)
         return st;
     int t = (int)n_tok(s, c->m), p = (int)s->v[D_P], m = (int)c->m;
@@ -256,35 +247,22 @@ static mt_status run(const kern_ctx *c, mt_err *err)
 /* GPU parameters. Order matters: BM, BN, WAVES first (defines). */
 enum { GP_BM, GP_BN, GP_WAVES, GP_STAGES, GP_MMA, GP_COUNT };
 
+/* Both implementations (the device's backend picks the side, as in run):
+ * attn_mla_defines over BM rows x V values a block (both parameter lists
+ * start BM, BN), then on GPUs the expansion tile. */
 static int defines(const kern_shape *s, const kern_config *cfg, const dev_props *p,
-                   dev_define *out, char (*buf)[64], int cap, bool gpu)
+                   dev_define *out, char (*buf)[64], int cap)
 {
     if (cap < 6)
         return 0;
-    /* Both parameter lists start BM, BN. */
-    int bm = cfg->v[0];
+    bool gpu = dev_backend_runs_hip_source(p->backend);
     int nt = gpu ? cfg->v[2] * p->warp_size : 1;
-    int n = 0;
-    snprintf(buf[n], 64, "%d", s->v[D_KV] == KERN_DT_FP8E4M3);
-    out[n] = (dev_define){"KV_FP8", buf[n]};
-    n++;
-    snprintf(buf[n], 64, "%d", nt);
-    out[n] = (dev_define){"NT", buf[n]};
-    n++;
-    snprintf(buf[n], 64, "%d", (int)((bm * s->v[D_V] + nt - 1) / nt));
-    out[n] = (dev_define){"NACC", buf[n]};
-    n++;
+    int n = attn_mla_defines(out, buf, (kern_dtype)s->v[D_KV], nt, cfg->v[0] * s->v[D_V]);
     if (gpu) {
         etile e = expand_tile(cfg->n > GP_MMA && cfg->v[GP_MMA], cfg->v[GP_WAVES]);
-        snprintf(buf[n], 64, "%d", e.et);
-        out[n] = (dev_define){"ET", buf[n]};
-        n++;
-        snprintf(buf[n], 64, "%d", e.en);
-        out[n] = (dev_define){"EN", buf[n]};
-        n++;
-        snprintf(buf[n], 64, "%d", e.ek);
-        out[n] = (dev_define){"EK", buf[n]};
-        n++;
+        n = attn_define(out, buf, n, "ET", e.et);
+        n = attn_define(out, buf, n, "EN", e.en);
+        n = attn_define(out, buf, n, "EK", e.ek);
     }
     return n;
 }
@@ -306,50 +284,22 @@ static const kern_param_desc gpu_params[GP_COUNT] = {
                 "the platform's small (16-row) or large (32x32x8, AMD) tile"},
 };
 
-/* The MMA path's rules: fragments tile the BM x BN scores (the rope dims
- * and the nope dims each a whole number of K steps) and the BM x V output,
- * whose fragments the waves split (V first, then rows) and keep in
- * registers; one key tile at a time. */
+/* The MMA path's rules (attn_mma_valid): one key tile at a time;
+ * fragments tile the BM x BN scores (the nope dims and the rope dims each
+ * a whole number of K steps) and the BM x V output, whose fragments the
+ * waves split (V first, then rows) and keep in registers; the tiles are
+ * dynamic shared memory. */
 static bool gpu_mma_valid(const kern_shape *s, const kern_config *c, const dev_props *p,
                           char *why, size_t cap)
 {
-    int mma = c->v[GP_MMA], bm = c->v[GP_BM], bn = c->v[GP_BN], waves = c->v[GP_WAVES];
-    int tm, tn, tk;
-    if (!kern_mma_tile(p, mma, &tm, &tn, &tk)) {
-        snprintf(why, cap, "MMA=%d: %s has no such matrix instruction", mma, p->arch);
-        return false;
-    }
-    if (c->v[GP_STAGES] != 1) {
-        snprintf(why, cap, "MMA=%d: STAGES=%d, the MMA path loads one key tile at a time "
-                 "(STAGES=1)", mma, c->v[GP_STAGES]);
-        return false;
-    }
-    int64_t d = s->v[D_D], r = s->v[D_R], v = s->v[D_V];
-    if (bm % tm || bn % tn || bn % tk || d % tk || r % tk) {
-        snprintf(why, cap, "MMA=%d: %dx%dx%d fragments do not tile BM=%d queries x BN=%d "
-                 "keys over D=%lld and R=%lld", mma, tm, tn, tk, bm, bn, (long long)d,
-                 (long long)r);
-        return false;
-    }
-    int wn = v / tn < waves ? (int)(v / tn) : waves, wm = wn ? waves / wn : 0;
-    if (!wn || v % ((int64_t)wn * tn) || waves % wn || bm % (wm * tm)) {
-        snprintf(why, cap, "MMA=%d: WAVES=%d waves of %dx%d fragments do not tile the "
-                 "BM=%d x V=%lld output", mma, waves, tm, tn, bm, (long long)v);
-        return false;
-    }
-    int64_t regs = (int64_t)bm * v / ((int64_t)waves * p->warp_size);
-    if (regs > 128) {
-        snprintf(why, cap, "MMA=%d: %lld accumulator registers per lane (BM*V/threads, at "
-                 "most 128)", mma, (long long)regs);
-        return false;
-    }
-    size_t sh = gpu_mma_shared(s, bm, bn, p->warp_size);
-    if (sh > p->shared_mem_per_block) {
-        snprintf(why, cap, "MMA=%d: BM=%d, BN=%d need %zu bytes of shared memory, the "
-                 "device allows %zu", mma, bm, bn, sh, p->shared_mem_per_block);
-        return false;
-    }
-    return true;
+    int bm = c->v[GP_BM], bn = c->v[GP_BN];
+    attn_mma_tiling t = {
+        .mma = c->v[GP_MMA], .waves = c->v[GP_WAVES], .stages = c->v[GP_STAGES],
+        .rows_name = "BM", .rows_noun = "queries", .rows = bm, .bn_noun = "keys", .bn = bn,
+        .n_k = 2, .k_name = {"D", "R"}, .k = {s->v[D_D], s->v[D_R]}, .out_name = "V",
+        .out = s->v[D_V], .shared = gpu_mma_shared(s, bm, bn, p->warp_size),
+    };
+    return attn_mma_valid(&t, p, why, cap);
 }
 
 static bool gpu_valid(const kern_shape *s, int64_t m, const kern_config *c,
@@ -373,19 +323,8 @@ static bool gpu_valid(const kern_shape *s, int64_t m, const kern_config *c,
     }
     if (c->n > GP_MMA && c->v[GP_MMA])
         return gpu_mma_valid(s, c, p, why, cap);
-    int64_t nacc = (bm * s->v[D_V] + nt - 1) / nt;
-    if (nacc > 128) {
-        snprintf(why, cap, "%lld accumulators per thread (BM*V/threads) exceed 128",
-                 (long long)nacc);
-        return false;
-    }
-    size_t shm = attn_shared(s, bm, bn, stages);
-    if (shm > p->shared_mem_per_block) {
-        snprintf(why, cap, "needs %zu bytes of shared memory, the device has %zu", shm,
-                 p->shared_mem_per_block);
-        return false;
-    }
-    return true;
+    return attn_scalar_valid(bm * s->v[D_V], nt, "BM*V", attn_shared(s, bm, bn, stages), p, why,
+                             cap);
 }
 
 static void gpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern_config *c)
@@ -411,33 +350,18 @@ static void gpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern
     }
     /* Matrix instructions where the device has them (kern_mma_tile): the
      * first of these tiles it takes (no query tile much wider than the
-     * chunk), else the scalar config above. */
-    static const int mma_tiles[][3] = { /* BM, BN, WAVES */
+     * chunk), at STAGES=1, else the scalar config above. */
+    static const int set[] = {GP_BM, GP_BN, GP_WAVES};
+    static const int mma_tiles[][3] = {
         {64, 16, 4}, {32, 32, 4}, {32, 16, 4}, {16, 16, 4}, {16, 16, 2}, {16, 16, 1},
     };
-    int tm, tn, tk;
-    if (!kern_mma_tile(p, 1, &tm, &tn, &tk))
-        return;
-    for (size_t i = 0; i < sizeof mma_tiles / sizeof mma_tiles[0]; i++) {
-        kern_config t = *c;
-        t.v[GP_BM] = mma_tiles[i][0];
-        t.v[GP_BN] = mma_tiles[i][1];
-        t.v[GP_WAVES] = mma_tiles[i][2];
-        t.v[GP_STAGES] = 1;
-        t.v[GP_MMA] = 1;
-        if (t.v[GP_BM] > 16 && t.v[GP_BM] > m)
-            continue;
-        if (gpu_valid(s, m, &t, p, why, sizeof why)) {
-            *c = t;
-            return;
-        }
-    }
-}
-
-static int gpu_defines(const kern_shape *s, const kern_config *cfg, const dev_props *p,
-                       dev_define *out, char (*buf)[64], int cap)
-{
-    return defines(s, cfg, p, out, buf, cap, true);
+    int tiles[sizeof mma_tiles / sizeof mma_tiles[0]][3], n = 0;
+    for (size_t i = 0; i < sizeof mma_tiles / sizeof mma_tiles[0]; i++)
+        if (mma_tiles[i][0] <= 16 || mma_tiles[i][0] <= m)
+            memcpy(tiles[n++], mma_tiles[i], sizeof tiles[0]);
+    kern_config from = *c;
+    from.v[GP_STAGES] = 1;
+    attn_mma_pick(s, m, p, gpu_valid, &from, GP_MMA, set, 3, tiles[0], n, c);
 }
 
 static const kern_impl gpu_impl = {
@@ -446,7 +370,7 @@ static const kern_impl gpu_impl = {
     .n_params = GP_COUNT,
     .valid = gpu_valid,
     .default_config = gpu_default,
-    .defines = gpu_defines,
+    .defines = defines,
     .scratch_bytes = scratch_bytes,
     .run = run,
 };
@@ -475,18 +399,12 @@ static void cpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern
     c->v[2] = (int)et;
 }
 
-static int cpu_defines(const kern_shape *s, const kern_config *cfg, const dev_props *p,
-                       dev_define *out, char (*buf)[64], int cap)
-{
-    return defines(s, cfg, p, out, buf, cap, false);
-}
-
 static const kern_impl cpu_impl = {
     .source = "mla_prefill.cpu",
     .params = cpu_params,
     .n_params = 3,
     .default_config = cpu_default,
-    .defines = cpu_defines,
+    .defines = defines,
     .scratch_bytes = scratch_bytes,
     .run = run,
 };
