@@ -616,15 +616,23 @@ static serve_outcome run_plain(const reply *r, choice_run *runs, int n_runs, int
     return SERVE_OUTCOME_OK;
 }
 
+/* client_fd: the connection's socket (-1: unknown). A client that left is
+ * noticed at the next write (a token, or the keep-alive comment) and, while
+ * nothing is written (waiting for a slot, text held back), by polling its
+ * socket whenever tokens arrive and every PLAIN_POLL_S. */
 static serve_outcome run_stream(const reply *r, choice_run *runs, int n_runs,
-                                struct mg_connection *c, bool include_usage, double keepalive_s)
+                                struct mg_connection *c, int client_fd, bool include_usage,
+                                double keepalive_s)
 {
     stream st = {c, SERVE_BUF_INIT, false};
     serve_buf text = SERVE_BUF_INIT;
     stream_start(&st);
     serve_outcome oc = SERVE_OUTCOME_OK;
-    /* One choice waits the keep-alive period; several poll in turn. */
+    /* One choice waits the keep-alive period (the poll period when the
+     * socket is known); several poll in turn. */
     double wait = n_runs > 1 ? (keepalive_s < 0.02 ? keepalive_s : 0.02) : keepalive_s;
+    if (client_fd >= 0 && wait > PLAIN_POLL_S)
+        wait = PLAIN_POLL_S;
     uint64_t last_send = mt_now_ns();
     int open = n_runs;
     while (!st.broken && open > 0 && oc == SERVE_OUTCOME_OK) {
@@ -660,6 +668,8 @@ static serve_outcome run_stream(const reply *r, choice_run *runs, int n_runs,
                 sent = true;
             }
         }
+        if (!sent && open > 0 && serve_http_client_gone(client_fd))
+            st.broken = true; /* gone while nothing was written */
         if (sent) {
             last_send = mt_now_ns();
         } else if (open > 0 && oc == SERVE_OUTCOME_OK &&
@@ -846,7 +856,8 @@ int serve_api_generate(serve_api_ctx *a, struct mg_connection *c, serve_api api)
     }
     serve_outcome oc;
     if (req.stream) {
-        oc = run_stream(&r, runs, n_runs, c, req.include_usage, a->keepalive_s);
+        oc = run_stream(&r, runs, n_runs, c, serve_http_client_fd(c, atomic_load(&a->port)),
+                        req.include_usage, a->keepalive_s);
         status = 200;
     } else {
         oc = run_plain(&r, runs, n_runs, req.n, c,

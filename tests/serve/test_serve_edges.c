@@ -382,3 +382,56 @@ Test(serve_edges, a_plain_client_that_leaves_frees_its_sequence)
     cr_assert_eq(metric(&T, "moetune_requests_total{endpoint=\"completions\",outcome=\"cancelled\"}"),
                  1);
 }
+
+/* ---- a streaming client that leaves while it waits --------------------------------- */
+
+static int send_request(const tsrv *t, const char *body)
+{
+    int fd = connect_server(t);
+    char req[1024];
+    snprintf(req, sizeof req,
+             "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+             "application/json\r\nContent-Length: %zu\r\n\r\n%s",
+             strlen(body), body);
+    send_all(fd, req, strlen(req));
+    return fd;
+}
+
+/* One running slot: a streamed request queued behind a long one writes
+ * nothing (no token, no keep-alive yet); its client leaving is noticed by
+ * polling the socket, and it leaves the queue at the engine's next step. */
+Test(serve_edges_queue, a_streaming_client_that_leaves_while_queued_is_dropped, .timeout = 600)
+{
+    tsrv t;
+    serve_server_opts o;
+    memset(&o, 0, sizeof o);
+    o.engine.max_batch = 1;
+    o.keepalive_s = 30; /* no keep-alive write to notice it by */
+    tsrv_start(&t, &o);
+    int a = send_request(&t, "{\"prompt\":[7,8,9],\"max_tokens\":3000,\"temperature\":0,"
+                             "\"ignore_eos\":true}");
+    for (int i = 0; i < 500 && metric(&t, "moetune_requests_running") < 1; i++)
+        usleep(10000);
+    int b = send_request(&t, "{\"prompt\":[1,2,3],\"max_tokens\":50,\"stream\":true}");
+    double waiting = 0;
+    for (int i = 0; i < 500 && waiting < 1; i++) {
+        waiting = metric(&t, "moetune_requests_waiting");
+        if (waiting < 1)
+            usleep(10000);
+    }
+    cr_assert_eq(waiting, 1, "the streamed request waits for the slot");
+    close(b);
+    uint64_t t0 = mt_now_ns();
+    for (int i = 0; i < 500 && waiting > 0; i++) {
+        waiting = metric(&t, "moetune_requests_waiting");
+        if (waiting > 0)
+            usleep(5000);
+    }
+    double ms = (double)(mt_now_ns() - t0) * 1e-6;
+    cr_assert_eq(waiting, 0, "still queued %.0f ms after its client left", ms);
+    cr_assert_lt(ms, 2000, "dropped %.0f ms after its client left", ms);
+    cr_assert_eq(metric(&t, "moetune_requests_cancelled_total"), 1);
+    cr_assert_eq(metric(&t, "moetune_requests_running"), 1, "the long one goes on");
+    close(a);
+    tsrv_stop(&t);
+}
