@@ -24,12 +24,7 @@
 #include "kernels/core/runner.h"
 #include "test_mma_util.h"
 
-static const kern_family *fam(void)
-{
-    const kern_family *f = kern_family_find("mla_decode");
-    cr_assert_not_null(f);
-    return f;
-}
+static const kern_family *fam(void) { return mma_family("mla_decode"); }
 
 /* Small (emu is slow). Sparse with empty and out-of-context slots (topk <
  * C); sparse with a list longer than the context (C < topk, fp8); dense
@@ -82,146 +77,81 @@ Test(attn_mma, mla_decode_matches_the_reference_on_wave32, .timeout = 900)
 
 /* ---- validity ------------------------------------------------------------ */
 
-static bool valid_on(const char *shape, const char *cfg, const dev_props *p, char *why,
-                     size_t cap)
-{
-    const kern_family *f = fam();
-    kern_shape s;
-    cr_assert_eq(kern_shape_parse(f, shape, &s, NULL, NULL), MT_OK);
-    kern_config c;
-    mma_parse(fam(), cfg, &c);
-    why[0] = 0;
-    return kern_config_valid(f, f->gpu, &s, 1, &c, p, why, cap);
-}
-
-static void expect_refused(const char *shape, const char *cfg, const dev_props *p,
-                           const char *names)
-{
-    char why[256];
-    cr_expect_not(valid_on(shape, cfg, p, why, sizeof why), "%s on %s is valid", cfg,
-                  p->arch);
-    cr_expect(strstr(why, names) != NULL, "%s: reason '%s' does not name %s", cfg, why, names);
-}
+/* The GLM-5.2 tiles docs/BENCHMARKS.md discusses: 64 heads of one query
+ * share each 32-token tile; NVIDIA's 16x8x16 takes 16-token tiles. */
+#define AMD16 "HB=64,BN=32,WAVES=4,MMA=1,NSPLIT=8"
+#define AMD32 "HB=64,BN=32,WAVES=4,MMA=2,NSPLIT=8"
+#define NV16 "HB=64,BN=16,WAVES=8,MMA=1,NSPLIT=8"
 
 Test(attn_mma, validity_names_the_parameter_at_fault)
 {
-    dev_props emu32 = {.backend = DEV_BACKEND_EMU, .warp_size = 32, .arch = "emu",
-                       .max_threads_per_block = 1024, .shared_mem_per_block = 65536,
-                       .static_shared_per_block = 65536};
-    dev_props emu64 = emu32;
-    emu64.warp_size = 64;
-    dev_props gfx1030 = {.backend = DEV_BACKEND_HIP, .warp_size = 32, .arch = "gfx1030",
-                         .max_threads_per_block = 1024, .shared_mem_per_block = 65536,
-                         .static_shared_per_block = 65536};
-    dev_props sm75 = {.backend = DEV_BACKEND_CUDA, .warp_size = 32, .arch = "sm_75",
-                      .max_threads_per_block = 1024, .shared_mem_per_block = 65536,
-                      .static_shared_per_block = 49152};
-    dev_props h200 = sm75;
-    snprintf(h200.arch, sizeof h200.arch, "sm_90");
-    h200.shared_mem_per_block = 232448;
-    dev_props mi300 = {.backend = DEV_BACKEND_HIP, .warp_size = 64, .arch = "gfx942",
-                       .max_threads_per_block = 1024, .shared_mem_per_block = 65536,
-                       .static_shared_per_block = 65536};
-    const char *glm = "glm5.2", *fp8 = "glm5.2-fp8";
-    const char *ok16 = "HB=64,BN=32,WAVES=4,MMA=1,NSPLIT=8";
-    const char *ok32 = "HB=64,BN=32,WAVES=4,MMA=2,NSPLIT=8";
-    const char *nv16 = "HB=64,BN=16,WAVES=8,MMA=1,NSPLIT=8";
-    char why[256];
-    cr_expect(valid_on(glm, ok16, &mi300, why, sizeof why), "%s", why);
-    cr_expect(valid_on(fp8, ok32, &mi300, why, sizeof why), "%s", why);
-    cr_expect(valid_on(glm, ok32, &emu64, why, sizeof why), "%s", why);
-    cr_expect(valid_on(glm, nv16, &h200, why, sizeof why), "%s", why);
-    cr_expect(valid_on(glm, nv16, &emu32, why, sizeof why), "%s", why);
-    /* no such instruction: 32x32x8 on wave32, no MFMA on RDNA, no bf16 mma on Turing */
-    expect_refused(glm, ok32, &emu32, "MMA=2");
-    expect_refused(glm, ok32, &h200, "MMA=2");
-    expect_refused(glm, ok16, &gfx1030, "MMA=1");
-    expect_refused(glm, nv16, &sm75, "MMA=1");
-    /* tiles: 8 heads in a 16-row fragment; BN=16 under a 32-wide fragment;
-     * BN=8 under K=16 */
-    expect_refused(glm, "HB=8,BN=32,WAVES=4,MMA=1,NSPLIT=8", &mi300, "HB=8");
-    expect_refused(glm, "HB=64,BN=16,WAVES=4,MMA=2,NSPLIT=8", &mi300, "BN=16");
-    expect_refused(glm, "HB=64,BN=8,WAVES=4,MMA=1,NSPLIT=8", &emu32, "BN=8");
-    /* L = 40 has no 16-wide fragment column for 2 waves */
-    expect_refused("H=16,L=48,R=16,D=32,topk=16,ps=16,kv=bf16,sparse=1,C=40",
-                   "HB=16,BN=16,WAVES=2,MMA=1,NSPLIT=1", &emu64, "WAVES=2");
-    /* 64 x 512 outputs over 2 waves: 256 accumulators per lane */
-    expect_refused(glm, "HB=64,BN=32,WAVES=2,MMA=1,NSPLIT=8", &mi300, "accumulator");
-    /* shared memory: a 64-token tile alone is 64 x 580 x 2 = 74,240 bytes;
-     * the 48 KB static limit of an H200 refuses what 64 KB takes */
-    expect_refused(glm, "HB=64,BN=64,WAVES=4,MMA=1,NSPLIT=8", &mi300, "BN=64");
-    cr_expect(valid_on(glm, "HB=64,BN=32,WAVES=8,MMA=1,NSPLIT=8", &emu32, why, sizeof why),
-              "%s", why);
-    expect_refused(glm, "HB=64,BN=32,WAVES=8,MMA=1,NSPLIT=8", &h200, "static shared");
-    /* the scalar path's space is what it was */
-    cr_expect(valid_on(glm, "HB=16,BN=16,WAVES=4,MMA=0,NSPLIT=8", &gfx1030, why, sizeof why),
-              "%s", why);
+    static const mma_expect e[] = {
+        {"glm5.2", AMD16, MMA_MI300, NULL},
+        {"glm5.2-fp8", AMD32, MMA_MI300, NULL},
+        {"glm5.2", AMD32, MMA_EMU64, NULL},
+        {"glm5.2", NV16, MMA_H200, NULL},
+        {"glm5.2", NV16, MMA_EMU32, NULL},
+        /* no such instruction: 32x32x8 on wave32, no MFMA on RDNA, no bf16
+         * mma on Turing */
+        {"glm5.2", AMD32, MMA_EMU32, "MMA=2"},
+        {"glm5.2", AMD32, MMA_H200, "MMA=2"},
+        {"glm5.2", AMD16, MMA_GFX1030, "MMA=1"},
+        {"glm5.2", NV16, MMA_SM75, "MMA=1"},
+        /* tiles: 8 heads in a 16-row fragment; BN=16 under a 32-wide
+         * fragment; BN=8 under K=16 */
+        {"glm5.2", "HB=8,BN=32,WAVES=4,MMA=1,NSPLIT=8", MMA_MI300, "HB=8"},
+        {"glm5.2", "HB=64,BN=16,WAVES=4,MMA=2,NSPLIT=8", MMA_MI300, "BN=16"},
+        {"glm5.2", "HB=64,BN=8,WAVES=4,MMA=1,NSPLIT=8", MMA_EMU32, "BN=8"},
+        /* L = 40 has no 16-wide fragment column for 2 waves */
+        {"H=16,L=48,R=16,D=32,topk=16,ps=16,kv=bf16,sparse=1,C=40",
+         "HB=16,BN=16,WAVES=2,MMA=1,NSPLIT=1", MMA_EMU64, "WAVES=2"},
+        /* 64 x 512 outputs over 2 waves: 256 accumulators per lane */
+        {"glm5.2", "HB=64,BN=32,WAVES=2,MMA=1,NSPLIT=8", MMA_MI300, "accumulator"},
+        /* shared memory: a 64-token tile alone is 64 x 580 x 2 = 74,240
+         * bytes; the 48 KB static limit of an H200 refuses what 64 KB takes */
+        {"glm5.2", "HB=64,BN=64,WAVES=4,MMA=1,NSPLIT=8", MMA_MI300, "BN=64"},
+        {"glm5.2", "HB=64,BN=32,WAVES=8,MMA=1,NSPLIT=8", MMA_EMU32, NULL},
+        {"glm5.2", "HB=64,BN=32,WAVES=8,MMA=1,NSPLIT=8", MMA_H200, "static shared"},
+        /* the scalar path's space is what it was */
+        {"glm5.2", "HB=16,BN=16,WAVES=4,MMA=0,NSPLIT=8", MMA_GFX1030, NULL},
+    };
+    mma_expect_each(fam(), 1, e, (int)(sizeof e / sizeof e[0]));
 }
 
 /* ---- compile-only: instruction mix -------------------------------------- */
 
-/* mla_decode at shape with cfg for arch: test_mma_util.h's checks on
- * mla_decode_split. */
-static void compile_amd(const char *arch, const char *shape, const char *cfg_text,
-                        const char *mfma)
-{
-    mma_compile_amd(fam(), "mla_decode_split", arch, shape, 1, cfg_text, mfma);
-}
-
-/* The GLM-5.2 tiles docs/BENCHMARKS.md discusses: 64 heads of one query
- * share each 32-token tile. */
-#define AMD16 "HB=64,BN=32,WAVES=4,MMA=1,NSPLIT=8"
-#define AMD32 "HB=64,BN=32,WAVES=4,MMA=2,NSPLIT=8"
-
+/* test_mma_util.h's checks on mla_decode_split. CDNA3 (gfx942) spells the
+ * instructions of CDNA2 (gfx90a) without the _1k. */
 Test(attn_mma, hiprtc_gfx90a_builds_mfma_without_scratch)
 {
-    compile_amd("gfx90a", "glm5.2", AMD16, "v_mfma_f32_16x16x16bf16_1k");
-    compile_amd("gfx90a", "glm5.2-dense", AMD16, "v_mfma_f32_16x16x16bf16_1k");
-    compile_amd("gfx90a", "glm5.2-fp8", AMD16, "v_mfma_f32_16x16x16bf16_1k");
-    compile_amd("gfx90a", "glm5.2", AMD32, "v_mfma_f32_32x32x8bf16_1k");
-    compile_amd("gfx90a", "glm5.2-fp8", AMD32, "v_mfma_f32_32x32x8bf16_1k");
+    static const mma_build b[] = {
+        {"gfx90a", "glm5.2", AMD16, "v_mfma_f32_16x16x16bf16_1k"},
+        {"gfx90a", "glm5.2-dense", AMD16, "v_mfma_f32_16x16x16bf16_1k"},
+        {"gfx90a", "glm5.2-fp8", AMD16, "v_mfma_f32_16x16x16bf16_1k"},
+        {"gfx90a", "glm5.2", AMD32, "v_mfma_f32_32x32x8bf16_1k"},
+        {"gfx90a", "glm5.2-fp8", AMD32, "v_mfma_f32_32x32x8bf16_1k"},
+    };
+    mma_compile_amd_each(fam(), "mla_decode_split", 1, b, (int)(sizeof b / sizeof b[0]));
 }
 
-/* CDNA3 spells the same instructions without the _1k. */
 Test(attn_mma, clang_gfx942_builds_mfma_without_scratch)
 {
-    compile_amd("gfx942", "glm5.2", AMD16, "v_mfma_f32_16x16x16_bf16");
-    compile_amd("gfx942", "glm5.2-fp8", AMD16, "v_mfma_f32_16x16x16_bf16");
-    compile_amd("gfx942", "glm5.2", AMD32, "v_mfma_f32_32x32x8_bf16");
+    static const mma_build b[] = {
+        {"gfx942", "glm5.2", AMD16, "v_mfma_f32_16x16x16_bf16"},
+        {"gfx942", "glm5.2-fp8", AMD16, "v_mfma_f32_16x16x16_bf16"},
+        {"gfx942", "glm5.2", AMD32, "v_mfma_f32_32x32x8_bf16"},
+    };
+    mma_compile_amd_each(fam(), "mla_decode_split", 1, b, (int)(sizeof b / sizeof b[0]));
 }
 
-static void compile_nv(const char *shape, const char *cfg_text)
-{
-    const kern_family *f = fam();
-    dev_device *d = mma_open_or_skip("cuda", "sm_90");
-    kern_shape s;
-    cr_assert_eq(kern_shape_parse(f, shape, &s, NULL, NULL), MT_OK);
-    kern_config c;
-    mma_parse(fam(), cfg_text, &c);
-    char why[256] = "";
-    cr_assert(kern_config_valid(f, f->gpu, &s, 1, &c, dev_get_props(d), why, sizeof why),
-              "sm_90 %s: %s", cfg_text, why);
-    dev_code *code = NULL;
-    mt_err err = MT_ERR_INIT;
-    cr_assert_eq(kern_compile(d, f, f->gpu, &s, &c, &code, &err), MT_OK, "%s", err.msg);
-    const dev_kernel_res *r = td_find_res(code, "mla_decode_split");
-    /* NVRTC kept the output fragments (acc, HB*L/threads floats per lane)
-     * in local memory until every loop over them was unrolled (MT_UNROLL). */
-    cr_assert_eq(r->private_bytes, 0, "sm_90 %s %s: %lld bytes of local memory per lane",
-                 shape, cfg_text, (long long)r->private_bytes);
-    cr_log_info("sm_90 mla_decode_split %s %s: %d registers, %lld bytes shared, %lld bytes "
-                "local", shape, cfg_text, r->vgprs, (long long)r->lds_bytes,
-                (long long)r->private_bytes);
-    dev_code_free(code);
-    dev_close(d);
-}
-
-/* NVRTC's cubin has no disassembler here: the kernel cannot compile
- * without mma.sync (the source #errors without MT_MMA_HAVE). */
+/* NVRTC kept the output fragments (acc, HB*L/threads floats per lane) in
+ * local memory until every loop over them was unrolled (MT_UNROLL). */
 Test(attn_mma, nvrtc_sm90_builds_without_local_memory)
 {
-    compile_nv("glm5.2", "HB=64,BN=16,WAVES=8,MMA=1,NSPLIT=8");
-    compile_nv("glm5.2-fp8", "HB=64,BN=16,WAVES=8,MMA=1,NSPLIT=8");
-    compile_nv("glm5.2-dense", "HB=32,BN=32,WAVES=4,MMA=1,NSPLIT=8");
-    compile_nv("glm5.2", "HB=32,BN=32,WAVES=8,MMA=1,NSPLIT=8");
+    mma_compile_nv(fam(), "mla_decode_split", "glm5.2", 1, NV16, true);
+    mma_compile_nv(fam(), "mla_decode_split", "glm5.2-fp8", 1, NV16, true);
+    mma_compile_nv(fam(), "mla_decode_split", "glm5.2-dense", 1,
+                   "HB=32,BN=32,WAVES=4,MMA=1,NSPLIT=8", true);
+    mma_compile_nv(fam(), "mla_decode_split", "glm5.2", 1, "HB=32,BN=32,WAVES=8,MMA=1,NSPLIT=8",
+                   true);
 }

@@ -25,12 +25,7 @@
 #include "kernels/core/runner.h"
 #include "test_mma_util.h"
 
-static const kern_family *fam(void)
-{
-    const kern_family *f = kern_family_find("dsa_indexer");
-    cr_assert_not_null(f);
-    return f;
-}
+static const kern_family *fam(void) { return mma_family("dsa_indexer"); }
 
 /* Small (emu is slow). GLM-5.2 widths: 203 keys over pages of 7 (not a
  * multiple of any BT), three queries of which two share a page row and see
@@ -72,135 +67,72 @@ Test(indexer_mma, dsa_indexer_matches_the_reference_on_wave32, .timeout = 900)
 
 /* ---- validity ------------------------------------------------------------ */
 
-static bool valid_on(const char *shape, const char *cfg, const dev_props *p, char *why,
-                     size_t cap)
-{
-    const kern_family *f = fam();
-    kern_shape s;
-    cr_assert_eq(kern_shape_parse(f, shape, &s, NULL, NULL), MT_OK);
-    kern_config c;
-    mma_parse(fam(), cfg, &c);
-    why[0] = 0;
-    return kern_config_valid(f, f->gpu, &s, 1, &c, p, why, cap);
-}
-
-static void expect_refused(const char *shape, const char *cfg, const dev_props *p,
-                           const char *names)
-{
-    char why[256];
-    cr_expect_not(valid_on(shape, cfg, p, why, sizeof why), "%s on %s is valid", cfg,
-                  p->arch);
-    cr_expect(strstr(why, names) != NULL, "%s: reason '%s' does not name %s", cfg, why, names);
-}
-
-Test(indexer_mma, validity_names_the_parameter_at_fault)
-{
-    dev_props emu32 = {.backend = DEV_BACKEND_EMU, .warp_size = 32, .arch = "emu",
-                       .max_threads_per_block = 1024, .shared_mem_per_block = 65536,
-                       .static_shared_per_block = 65536};
-    dev_props emu64 = emu32;
-    emu64.warp_size = 64;
-    dev_props gfx1030 = {.backend = DEV_BACKEND_HIP, .warp_size = 32, .arch = "gfx1030",
-                         .max_threads_per_block = 1024, .shared_mem_per_block = 65536,
-                         .static_shared_per_block = 65536};
-    dev_props sm75 = {.backend = DEV_BACKEND_CUDA, .warp_size = 32, .arch = "sm_75",
-                      .max_threads_per_block = 1024, .shared_mem_per_block = 65536,
-                      .static_shared_per_block = 49152};
-    dev_props h200 = sm75;
-    snprintf(h200.arch, sizeof h200.arch, "sm_90");
-    h200.shared_mem_per_block = 232448;
-    dev_props mi300 = {.backend = DEV_BACKEND_HIP, .warp_size = 64, .arch = "gfx942",
-                       .max_threads_per_block = 1024, .shared_mem_per_block = 65536,
-                       .static_shared_per_block = 65536};
-    const char *glm = "glm5.2", *fp8 = "glm5.2-fp8";
-    const char *ok16 = "BT=64,QB=4,WAVES=4,TK_WAVES=4,MMA=1";
-    const char *ok32 = "BT=128,QB=4,WAVES=4,TK_WAVES=4,MMA=2";
-    char why[256];
-    cr_expect(valid_on(glm, ok16, &mi300, why, sizeof why), "%s", why);
-    cr_expect(valid_on(fp8, ok32, &mi300, why, sizeof why), "%s", why);
-    cr_expect(valid_on(glm, ok32, &emu64, why, sizeof why), "%s", why);
-    cr_expect(valid_on(glm, ok16, &h200, why, sizeof why), "%s", why);
-    cr_expect(valid_on(fp8, ok16, &emu32, why, sizeof why), "%s", why);
-    /* no such instruction: 32x32x8 on wave32, no MFMA on RDNA, no bf16 mma on Turing */
-    expect_refused(glm, ok32, &emu32, "MMA=2");
-    expect_refused(glm, ok32, &h200, "MMA=2");
-    expect_refused(glm, ok16, &gfx1030, "MMA=1");
-    expect_refused(glm, ok16, &sm75, "MMA=1");
-    /* fragment columns: 16 keys under a 32-wide fragment; one 16-key column
-     * for two waves */
-    expect_refused(glm, "BT=16,QB=1,WAVES=1,TK_WAVES=4,MMA=2", &mi300, "BT=16");
-    expect_refused(glm, "BT=16,QB=1,WAVES=2,TK_WAVES=4,MMA=1", &mi300, "WAVES=2");
-    /* the query in registers: 256 heads x 128 dims is 256 per lane */
-    expect_refused("IH=256,ID=128,topk=2048,ps=64,kv=bf16,C=8192", ok16, &mi300, "registers");
-    /* static shared memory: (128 + 16) x 264 x 2 = 76,032 bytes; 64 keys fit
-     * the 48 KB static limit of an H200 */
-    const char *wide = "IH=16,ID=256,topk=2048,ps=64,kv=bf16,C=8192";
-    expect_refused(wide, "BT=128,QB=1,WAVES=4,TK_WAVES=4,MMA=1", &h200, "static shared");
-    cr_expect(valid_on(wide, "BT=64,QB=1,WAVES=4,TK_WAVES=4,MMA=1", &h200, why, sizeof why),
-              "%s", why);
-    /* the scalar path's space is what it was */
-    cr_expect(valid_on(glm, "BT=64,QB=4,WAVES=2,TK_WAVES=4,MMA=0", &gfx1030, why, sizeof why),
-              "%s", why);
-    expect_refused(glm, "BT=128,QB=4,WAVES=1,TK_WAVES=4,MMA=0", &gfx1030, "BT=128");
-}
-
-/* ---- compile-only: instruction mix -------------------------------------- */
-
-/* dsa_indexer at shape with cfg for arch: test_mma_util.h's checks on
- * dsa_scores. */
-static void compile_amd(const char *arch, const char *shape, const char *cfg_text,
-                        const char *mfma)
-{
-    mma_compile_amd(fam(), "dsa_scores", arch, shape, 1, cfg_text, mfma);
-}
-
 /* The GLM-5.2 tiles docs/BENCHMARKS.md discusses: 4 waves, one fragment
  * column of keys each per pass. */
 #define AMD16 "BT=64,QB=4,WAVES=4,TK_WAVES=4,MMA=1"
 #define AMD32 "BT=128,QB=4,WAVES=4,TK_WAVES=4,MMA=2"
 
+/* 16 heads of 256 dims: (128 + 16) x 264 x 2 = 76,032 bytes of static
+ * shared memory at BT=128; 64 keys fit the 48 KB static limit of an H200. */
+#define WIDE "IH=16,ID=256,topk=2048,ps=64,kv=bf16,C=8192"
+
+Test(indexer_mma, validity_names_the_parameter_at_fault)
+{
+    static const mma_expect e[] = {
+        {"glm5.2", AMD16, MMA_MI300, NULL},
+        {"glm5.2-fp8", AMD32, MMA_MI300, NULL},
+        {"glm5.2", AMD32, MMA_EMU64, NULL},
+        {"glm5.2", AMD16, MMA_H200, NULL},
+        {"glm5.2-fp8", AMD16, MMA_EMU32, NULL},
+        /* no such instruction: 32x32x8 on wave32, no MFMA on RDNA, no bf16
+         * mma on Turing */
+        {"glm5.2", AMD32, MMA_EMU32, "MMA=2"},
+        {"glm5.2", AMD32, MMA_H200, "MMA=2"},
+        {"glm5.2", AMD16, MMA_GFX1030, "MMA=1"},
+        {"glm5.2", AMD16, MMA_SM75, "MMA=1"},
+        /* fragment columns: 16 keys under a 32-wide fragment; one 16-key
+         * column for two waves */
+        {"glm5.2", "BT=16,QB=1,WAVES=1,TK_WAVES=4,MMA=2", MMA_MI300, "BT=16"},
+        {"glm5.2", "BT=16,QB=1,WAVES=2,TK_WAVES=4,MMA=1", MMA_MI300, "WAVES=2"},
+        /* the query in registers: 256 heads x 128 dims is 256 per lane */
+        {"IH=256,ID=128,topk=2048,ps=64,kv=bf16,C=8192", AMD16, MMA_MI300, "registers"},
+        {WIDE, "BT=128,QB=1,WAVES=4,TK_WAVES=4,MMA=1", MMA_H200, "static shared"},
+        {WIDE, "BT=64,QB=1,WAVES=4,TK_WAVES=4,MMA=1", MMA_H200, NULL},
+        /* the scalar path's space is what it was */
+        {"glm5.2", "BT=64,QB=4,WAVES=2,TK_WAVES=4,MMA=0", MMA_GFX1030, NULL},
+        {"glm5.2", "BT=128,QB=4,WAVES=1,TK_WAVES=4,MMA=0", MMA_GFX1030, "BT=128"},
+    };
+    mma_expect_each(fam(), 1, e, (int)(sizeof e / sizeof e[0]));
+}
+
+/* ---- compile-only: instruction mix -------------------------------------- */
+
+/* test_mma_util.h's checks on dsa_scores. CDNA3 (gfx942) spells the
+ * instructions of CDNA2 (gfx90a) without the _1k. */
 Test(indexer_mma, hiprtc_gfx90a_builds_mfma_without_scratch)
 {
-    compile_amd("gfx90a", "glm5.2", AMD16, "v_mfma_f32_16x16x16bf16_1k");
-    compile_amd("gfx90a", "glm5.2-fp8", AMD16, "v_mfma_f32_16x16x16bf16_1k");
-    compile_amd("gfx90a", "glm5.2", AMD32, "v_mfma_f32_32x32x8bf16_1k");
-    compile_amd("gfx90a", "glm5.2-fp8", AMD32, "v_mfma_f32_32x32x8bf16_1k");
+    static const mma_build b[] = {
+        {"gfx90a", "glm5.2", AMD16, "v_mfma_f32_16x16x16bf16_1k"},
+        {"gfx90a", "glm5.2-fp8", AMD16, "v_mfma_f32_16x16x16bf16_1k"},
+        {"gfx90a", "glm5.2", AMD32, "v_mfma_f32_32x32x8bf16_1k"},
+        {"gfx90a", "glm5.2-fp8", AMD32, "v_mfma_f32_32x32x8bf16_1k"},
+    };
+    mma_compile_amd_each(fam(), "dsa_scores", 1, b, (int)(sizeof b / sizeof b[0]));
 }
 
-/* CDNA3 spells the same instructions without the _1k. */
 Test(indexer_mma, clang_gfx942_builds_mfma_without_scratch)
 {
-    compile_amd("gfx942", "glm5.2", AMD16, "v_mfma_f32_16x16x16_bf16");
-    compile_amd("gfx942", "glm5.2-fp8", AMD16, "v_mfma_f32_16x16x16_bf16");
-    compile_amd("gfx942", "glm5.2", AMD32, "v_mfma_f32_32x32x8_bf16");
-}
-
-/* NVRTC's cubin has no disassembler here: the kernel cannot compile
- * without mma.sync (the source #errors without MT_MMA_HAVE). */
-static void compile_nv(const char *shape, const char *cfg_text)
-{
-    const kern_family *f = fam();
-    dev_device *d = mma_open_or_skip("cuda", "sm_90");
-    kern_shape s;
-    cr_assert_eq(kern_shape_parse(f, shape, &s, NULL, NULL), MT_OK);
-    kern_config c;
-    mma_parse(fam(), cfg_text, &c);
-    char why[256] = "";
-    cr_assert(kern_config_valid(f, f->gpu, &s, 4, &c, dev_get_props(d), why, sizeof why),
-              "sm_90 %s: %s", cfg_text, why);
-    dev_code *code = NULL;
-    mt_err err = MT_ERR_INIT;
-    cr_assert_eq(kern_compile(d, f, f->gpu, &s, &c, &code, &err), MT_OK, "%s", err.msg);
-    const dev_kernel_res *r = td_find_res(code, "dsa_scores");
-    cr_log_info("sm_90 dsa_scores %s %s: %d registers, %lld bytes shared, %lld bytes local",
-                shape, cfg_text, r->vgprs, (long long)r->lds_bytes,
-                (long long)r->private_bytes);
-    dev_code_free(code);
-    dev_close(d);
+    static const mma_build b[] = {
+        {"gfx942", "glm5.2", AMD16, "v_mfma_f32_16x16x16_bf16"},
+        {"gfx942", "glm5.2-fp8", AMD16, "v_mfma_f32_16x16x16_bf16"},
+        {"gfx942", "glm5.2", AMD32, "v_mfma_f32_32x32x8_bf16"},
+    };
+    mma_compile_amd_each(fam(), "dsa_scores", 1, b, (int)(sizeof b / sizeof b[0]));
 }
 
 Test(indexer_mma, nvrtc_sm90_builds)
 {
-    compile_nv("glm5.2", "BT=64,QB=4,WAVES=4,TK_WAVES=4,MMA=1");
-    compile_nv("glm5.2-fp8", "BT=128,QB=4,WAVES=4,TK_WAVES=4,MMA=1");
+    mma_compile_nv(fam(), "dsa_scores", "glm5.2", 4, AMD16, false);
+    mma_compile_nv(fam(), "dsa_scores", "glm5.2-fp8", 4, "BT=128,QB=4,WAVES=4,TK_WAVES=4,MMA=1",
+                   false);
 }

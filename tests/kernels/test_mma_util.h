@@ -1,10 +1,13 @@
 /* test_mma_util.h: checks shared by the matrix-core tests (test_moe_mma,
  * test_attn_mma, test_indexer_mma, test_prefill_mma): run configs on emu
- * against the family's reference (mma_check_on); open a compile-only
- * device or skip, and build one config for an AMD arch, asserting no
- * scratch and no spills in the kernel and, where llvm-objdump exists, that
- * its disassembly uses the expected matrix instruction and no other
- * (device/isa_mix.h), logging the mix. */
+ * against the family's reference (mma_check_on); expect configs valid or
+ * refused for a reason that names the parameter at fault, on a fixed set
+ * of devices (mma_expect_each); open a compile-only device or skip, and
+ * build one config for an AMD arch, asserting no scratch and no spills in
+ * the kernel and, where llvm-objdump exists, that its disassembly uses the
+ * expected matrix instruction and no other (device/isa_mix.h), logging the
+ * mix (mma_compile_amd, mma_compile_amd_each); build one for sm_90 with
+ * NVRTC (mma_compile_nv). */
 #ifndef MT_TEST_MMA_UTIL_H
 #define MT_TEST_MMA_UTIL_H
 
@@ -23,6 +26,14 @@
 #include "kernels/core/family.h"
 #include "kernels/core/runner.h"
 #include "test_dev_util.h"
+
+/* The built-in family `name`, or the test fails. */
+static inline const kern_family *mma_family(const char *name)
+{
+    const kern_family *f = kern_family_find(name);
+    cr_assert_not_null(f, "family %s", name);
+    return f;
+}
 
 /* A config string of f's GPU implementation, parsed or the test fails. */
 static inline void mma_parse(const kern_family *f, const char *text, kern_config *c)
@@ -142,6 +153,120 @@ static inline void mma_compile_amd(const kern_family *f, const char *kernel, con
     free(rep);
     dev_code_free(code);
     dev_close(d);
+}
+
+/* Each build of b[0..n): mma_compile_amd of f's kernel `kernel` at M = m,
+ * in order. */
+typedef struct mma_build {
+    const char *arch, *shape, *cfg, *mfma;
+} mma_build;
+
+static inline void mma_compile_amd_each(const kern_family *f, const char *kernel, int64_t m,
+                                        const mma_build *b, int n)
+{
+    for (int i = 0; i < n; i++)
+        mma_compile_amd(f, kernel, b[i].arch, b[i].shape, m, b[i].cfg, b[i].mfma);
+}
+
+/* Builds f's GPU implementation at shape and M with cfg_text for sm_90
+ * (NVRTC, compile-only here; skipped without it) and logs kernel
+ * `kernel`'s registers, shared and local memory; with no_local, asserts it
+ * uses no local memory. NVRTC's cubin has no disassembler here: the MMA
+ * kernels cannot compile without mma.sync (their sources #error without
+ * MT_MMA_HAVE). */
+static inline void mma_compile_nv(const kern_family *f, const char *kernel, const char *shape,
+                                  int64_t m, const char *cfg_text, bool no_local)
+{
+    dev_device *d = mma_open_or_skip("cuda", "sm_90");
+    kern_shape s;
+    cr_assert_eq(kern_shape_parse(f, shape, &s, NULL, NULL), MT_OK, "%s", shape);
+    kern_config c;
+    mma_parse(f, cfg_text, &c);
+    char why[256] = "";
+    cr_assert(kern_config_valid(f, f->gpu, &s, m, &c, dev_get_props(d), why, sizeof why),
+              "sm_90 %s: %s", cfg_text, why);
+    dev_code *code = NULL;
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(kern_compile(d, f, f->gpu, &s, &c, &code, &err), MT_OK, "%s", err.msg);
+    const dev_kernel_res *r = td_find_res(code, kernel);
+    if (no_local)
+        cr_assert_eq(r->private_bytes, 0, "sm_90 %s %s %s: %lld bytes of local memory per lane",
+                     kernel, shape, cfg_text, (long long)r->private_bytes);
+    cr_log_info("sm_90 %s %s %s: %d registers, %lld bytes shared, %lld bytes local", kernel,
+                shape, cfg_text, r->vgprs, (long long)r->lds_bytes, (long long)r->private_bytes);
+    dev_code_free(code);
+    dev_close(d);
+}
+
+/* ---- validity ------------------------------------------------------------ */
+
+/* The devices the validity tests ask about (mma_test_devs): emu at both
+ * wave sizes; RDNA (no MFMA) and Turing (no bf16 mma.sync); an H200
+ * (sm_90: 227 KB of shared memory, 48 KB of it static) and an MI300
+ * (gfx942: 64 KB). */
+enum { MMA_EMU32, MMA_EMU64, MMA_GFX1030, MMA_SM75, MMA_H200, MMA_MI300, MMA_NDEVS };
+
+static inline void mma_test_devs(dev_props d[MMA_NDEVS])
+{
+    d[MMA_EMU32] = (dev_props){.backend = DEV_BACKEND_EMU, .warp_size = 32, .arch = "emu",
+                               .max_threads_per_block = 1024, .shared_mem_per_block = 65536,
+                               .static_shared_per_block = 65536};
+    d[MMA_EMU64] = d[MMA_EMU32];
+    d[MMA_EMU64].warp_size = 64;
+    d[MMA_GFX1030] = (dev_props){.backend = DEV_BACKEND_HIP, .warp_size = 32, .arch = "gfx1030",
+                                 .max_threads_per_block = 1024, .shared_mem_per_block = 65536,
+                                 .static_shared_per_block = 65536};
+    d[MMA_SM75] = (dev_props){.backend = DEV_BACKEND_CUDA, .warp_size = 32, .arch = "sm_75",
+                              .max_threads_per_block = 1024, .shared_mem_per_block = 65536,
+                              .static_shared_per_block = 49152};
+    d[MMA_H200] = d[MMA_SM75];
+    snprintf(d[MMA_H200].arch, sizeof d[MMA_H200].arch, "sm_90");
+    d[MMA_H200].shared_mem_per_block = 232448;
+    d[MMA_MI300] = (dev_props){.backend = DEV_BACKEND_HIP, .warp_size = 64, .arch = "gfx942",
+                               .max_threads_per_block = 1024, .shared_mem_per_block = 65536,
+                               .static_shared_per_block = 65536};
+}
+
+/* Whether config cfg of f's GPU implementation is valid at shape and M = m
+ * on p, the reason in why; a shape or config that does not parse fails
+ * the test. */
+static inline bool mma_valid_on(const kern_family *f, const char *shape, int64_t m,
+                                const char *cfg, const dev_props *p, char *why, size_t cap)
+{
+    kern_shape s;
+    cr_assert_eq(kern_shape_parse(f, shape, &s, NULL, NULL), MT_OK);
+    kern_config c;
+    mma_parse(f, cfg, &c);
+    why[0] = 0;
+    return kern_config_valid(f, f->gpu, &s, m, &c, p, why, cap);
+}
+
+/* One expectation: cfg at shape on the device dev (MMA_*) is valid
+ * (names NULL), or refused with a reason that contains names. */
+typedef struct mma_expect {
+    const char *shape, *cfg;
+    int dev;
+    const char *names;
+} mma_expect;
+
+/* Checks each expectation of e[0..n) for f at M = m (cr_expect: all are
+ * checked, each failure reported). */
+static inline void mma_expect_each(const kern_family *f, int64_t m, const mma_expect *e, int n)
+{
+    dev_props d[MMA_NDEVS];
+    mma_test_devs(d);
+    for (int i = 0; i < n; i++) {
+        const dev_props *p = &d[e[i].dev];
+        char why[256];
+        bool ok = mma_valid_on(f, e[i].shape, m, e[i].cfg, p, why, sizeof why);
+        if (!e[i].names) {
+            cr_expect(ok, "%s %s %s on %s: %s", f->name, e[i].shape, e[i].cfg, p->arch, why);
+            continue;
+        }
+        cr_expect_not(ok, "%s %s %s on %s is valid", f->name, e[i].shape, e[i].cfg, p->arch);
+        cr_expect(strstr(why, e[i].names) != NULL, "%s %s %s: reason '%s' does not name %s",
+                  f->name, e[i].shape, e[i].cfg, why, e[i].names);
+    }
 }
 
 #endif

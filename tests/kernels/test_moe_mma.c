@@ -25,12 +25,7 @@
 #include "kernels/core/runner.h"
 #include "test_mma_util.h"
 
-static const kern_family *fam(const char *name)
-{
-    const kern_family *f = kern_family_find(name);
-    cr_assert_not_null(f, "family %s", name);
-    return f;
-}
+static const kern_family *fam(const char *name) { return mma_family(name); }
 
 /* Small shapes (emu is slow): skew=2 leaves E - 2*topk experts empty,
  * skew=1 piles every token's first slot on one expert; M=1, 13 and 21 fill
@@ -201,86 +196,60 @@ Test(moe_mma, weight_decode_is_exact_for_every_byte_and_scale, .timeout = 300)
 
 /* ---- validity ------------------------------------------------------------ */
 
-static bool valid_on(const char *fname, const char *shape, const char *cfg, const dev_props *p,
-                     char *why, size_t cap)
-{
-    const kern_family *f = fam(fname);
-    kern_shape s;
-    cr_assert_eq(kern_shape_parse(f, shape, &s, NULL, NULL), MT_OK);
-    kern_config c;
-    mma_parse(f, cfg, &c);
-    why[0] = 0;
-    return kern_config_valid(f, f->gpu, &s, 64, &c, p, why, cap);
-}
-
-static void expect_refused(const char *fname, const char *shape, const char *cfg,
-                           const dev_props *p, const char *names)
-{
-    char why[256];
-    cr_expect_not(valid_on(fname, shape, cfg, p, why, sizeof why), "%s %s on %s is valid",
-                  fname, cfg, p->arch);
-    cr_expect(strstr(why, names) != NULL, "%s %s: reason '%s' does not name %s", fname, cfg,
-              why, names);
-}
+#define OK16 "BM=32,BN=64,BK=64,WAVES=4,STAGES=2,SPLITK=1,GROUP_M=8,VEC=8,UNROLL=1,MMA=1,GEMV=0"
+#define OK32 "BM=32,BN=64,BK=64,WAVES=2,STAGES=2,SPLITK=1,GROUP_M=8,VEC=8,UNROLL=1,MMA=2,GEMV=0"
 
 Test(moe_mma, validity_names_the_parameter_at_fault)
 {
-    dev_props emu32 = {.backend = DEV_BACKEND_EMU, .warp_size = 32, .arch = "emu",
-                       .max_threads_per_block = 1024, .shared_mem_per_block = 65536,
-                       .static_shared_per_block = 65536};
-    dev_props emu64 = emu32;
-    emu64.warp_size = 64;
-    dev_props gfx1030 = {.backend = DEV_BACKEND_HIP, .warp_size = 32, .arch = "gfx1030",
-                         .max_threads_per_block = 1024, .shared_mem_per_block = 65536,
-                         .static_shared_per_block = 65536};
-    dev_props sm75 = {.backend = DEV_BACKEND_CUDA, .warp_size = 32, .arch = "sm_75",
-                      .max_threads_per_block = 1024, .shared_mem_per_block = 65536,
-                      .static_shared_per_block = 49152};
-    dev_props h200 = sm75;
-    snprintf(h200.arch, sizeof h200.arch, "sm_90");
-    h200.shared_mem_per_block = 232448;
-    dev_props mi300 = {.backend = DEV_BACKEND_HIP, .warp_size = 64, .arch = "gfx942",
-                       .max_threads_per_block = 1024, .shared_mem_per_block = 65536,
-                       .static_shared_per_block = 65536};
-    const char *up = "glm5.2", *down = "glm5.2-rows";
-    const char *ok16 = "BM=32,BN=64,BK=64,WAVES=4,STAGES=2,SPLITK=1,GROUP_M=8,VEC=8,UNROLL=1,MMA=1,GEMV=0";
-    const char *ok32 = "BM=32,BN=64,BK=64,WAVES=2,STAGES=2,SPLITK=1,GROUP_M=8,VEC=8,UNROLL=1,MMA=2,GEMV=0";
-    char why[256];
-    cr_expect(valid_on("moe_gemm_up", up, ok16, &emu32, why, sizeof why), "%s", why);
-    cr_expect(valid_on("moe_gemm_up", up, ok16, &h200, why, sizeof why), "%s", why);
-    cr_expect(valid_on("moe_gemm_up", up, ok32, &emu64, why, sizeof why), "%s", why);
-    cr_expect(valid_on("moe_gemm_down", down, ok32, &mi300, why, sizeof why), "%s", why);
-    /* no such instruction: 32x32x8 on wave32, no MFMA on RDNA, no bf16 mma on Turing */
-    expect_refused("moe_gemm_up", up, ok32, &emu32, "MMA=2");
-    expect_refused("moe_gemm_down", down, ok32, &h200, "MMA=2");
-    expect_refused("moe_gemm_up", up, ok16, &gfx1030, "MMA=1");
-    expect_refused("moe_gemm_down", down, ok16, &sm75, "MMA=1");
-    /* tiles: BN=16 has no 32-wide fragment column; 8 waves over a 16x16 tile */
-    expect_refused("moe_gemm_up", up,
-                   "BM=32,BN=16,BK=32,WAVES=1,STAGES=1,SPLITK=1,GROUP_M=1,VEC=4,UNROLL=1,MMA=2,GEMV=0",
-                   &emu64, "MMA=2");
-    expect_refused("moe_gemm_up", up,
-                   "BM=16,BN=16,BK=32,WAVES=8,STAGES=1,SPLITK=1,GROUP_M=1,VEC=4,UNROLL=1,MMA=1,GEMV=0",
-                   &emu64, "WAVES=8");
-    expect_refused("moe_gemm_down", down,
-                   "BM=16,BN=16,BK=32,WAVES=1,STAGES=1,SPLITK=1,GROUP_M=1,VEC=4,UNROLL=4,MMA=1,GEMV=0",
-                   &emu64, "UNROLL=4");
-    /* 2 x 4 x 4 fragments of 16 registers: 128 accumulators per lane */
-    expect_refused("moe_gemm_up", up,
-                   "BM=128,BN=128,BK=32,WAVES=1,STAGES=1,SPLITK=1,GROUP_M=1,VEC=4,UNROLL=1,MMA=2,GEMV=0",
-                   &mi300, "accumulator");
-    /* shared memory: 2 x (64 + 2x128) x (128 + 4) bf16 = 168,960 bytes; on
-     * an H200 the static limit (48 KB) refuses what 64 KB would take */
-    expect_refused("moe_gemm_up", up,
-                   "BM=64,BN=128,BK=128,WAVES=8,STAGES=2,SPLITK=1,GROUP_M=1,VEC=4,UNROLL=1,MMA=1,GEMV=0",
-                   &mi300, "MMA");
-    const char *mid = "BM=64,BN=64,BK=128,WAVES=4,STAGES=1,SPLITK=1,GROUP_M=1,VEC=4,UNROLL=1,MMA=1,GEMV=0";
-    cr_expect(valid_on("moe_gemm_up", up, mid, &mi300, why, sizeof why), "%s", why);
-    expect_refused("moe_gemm_up", up, mid, &h200, "static shared");
-    /* the scalar space is what it was */
-    cr_expect(valid_on("moe_gemm_up", up,
-                       "BM=64,BN=64,BK=64,WAVES=4,STAGES=1,SPLITK=1,GROUP_M=1,VEC=4,UNROLL=1,MMA=0,GEMV=0",
-                       &mi300, why, sizeof why), "%s", why);
+    /* moe_gemm_up at its glm5.2 preset */
+    static const mma_expect up[] = {
+        {"glm5.2", OK16, MMA_EMU32, NULL},
+        {"glm5.2", OK16, MMA_H200, NULL},
+        {"glm5.2", OK32, MMA_EMU64, NULL},
+        /* no such instruction: 32x32x8 on wave32, no MFMA on RDNA */
+        {"glm5.2", OK32, MMA_EMU32, "MMA=2"},
+        {"glm5.2", OK16, MMA_GFX1030, "MMA=1"},
+        /* tiles: BN=16 has no 32-wide fragment column; 8 waves over a 16x16
+         * tile */
+        {"glm5.2",
+         "BM=32,BN=16,BK=32,WAVES=1,STAGES=1,SPLITK=1,GROUP_M=1,VEC=4,UNROLL=1,MMA=2,GEMV=0",
+         MMA_EMU64, "MMA=2"},
+        {"glm5.2",
+         "BM=16,BN=16,BK=32,WAVES=8,STAGES=1,SPLITK=1,GROUP_M=1,VEC=4,UNROLL=1,MMA=1,GEMV=0",
+         MMA_EMU64, "WAVES=8"},
+        /* 2 x 4 x 4 fragments of 16 registers: 128 accumulators per lane */
+        {"glm5.2",
+         "BM=128,BN=128,BK=32,WAVES=1,STAGES=1,SPLITK=1,GROUP_M=1,VEC=4,UNROLL=1,MMA=2,GEMV=0",
+         MMA_MI300, "accumulator"},
+        /* shared memory: 2 x (64 + 2x128) x (128 + 4) bf16 = 168,960 bytes;
+         * on an H200 the static limit (48 KB) refuses what 64 KB would take */
+        {"glm5.2",
+         "BM=64,BN=128,BK=128,WAVES=8,STAGES=2,SPLITK=1,GROUP_M=1,VEC=4,UNROLL=1,MMA=1,GEMV=0",
+         MMA_MI300, "MMA"},
+        {"glm5.2",
+         "BM=64,BN=64,BK=128,WAVES=4,STAGES=1,SPLITK=1,GROUP_M=1,VEC=4,UNROLL=1,MMA=1,GEMV=0",
+         MMA_MI300, NULL},
+        {"glm5.2",
+         "BM=64,BN=64,BK=128,WAVES=4,STAGES=1,SPLITK=1,GROUP_M=1,VEC=4,UNROLL=1,MMA=1,GEMV=0",
+         MMA_H200, "static shared"},
+        /* the scalar space is what it was */
+        {"glm5.2",
+         "BM=64,BN=64,BK=64,WAVES=4,STAGES=1,SPLITK=1,GROUP_M=1,VEC=4,UNROLL=1,MMA=0,GEMV=0",
+         MMA_MI300, NULL},
+    };
+    /* moe_gemm_down at its glm5.2-rows preset */
+    static const mma_expect down[] = {
+        {"glm5.2-rows", OK32, MMA_MI300, NULL},
+        /* no such instruction: 32x32x8 on sm_90, no bf16 mma on Turing */
+        {"glm5.2-rows", OK32, MMA_H200, "MMA=2"},
+        {"glm5.2-rows", OK16, MMA_SM75, "MMA=1"},
+        /* UNROLL=4 over a 16x16 tile */
+        {"glm5.2-rows",
+         "BM=16,BN=16,BK=32,WAVES=1,STAGES=1,SPLITK=1,GROUP_M=1,VEC=4,UNROLL=4,MMA=1,GEMV=0",
+         MMA_EMU64, "UNROLL=4"},
+    };
+    mma_expect_each(fam("moe_gemm_up"), 64, up, (int)(sizeof up / sizeof up[0]));
+    mma_expect_each(fam("moe_gemm_down"), 64, down, (int)(sizeof down / sizeof down[0]));
 }
 
 /* ---- compile-only: instruction mix -------------------------------------- */
@@ -337,38 +306,16 @@ Test(moe_mma, clang_gfx942_builds_mfma_without_scratch)
                 "v_mfma_f32_32x32x8_bf16");
 }
 
-static void compile_nv(const char *fname, const char *shape, int64_t m, const char *cfg_text)
-{
-    const kern_family *f = fam(fname);
-    dev_device *d = mma_open_or_skip("cuda", "sm_90");
-    kern_shape s;
-    cr_assert_eq(kern_shape_parse(f, shape, &s, NULL, NULL), MT_OK);
-    kern_config c;
-    mma_parse(f, cfg_text, &c);
-    char why[256] = "";
-    cr_assert(kern_config_valid(f, f->gpu, &s, m, &c, dev_get_props(d), why, sizeof why),
-              "sm_90 %s: %s", cfg_text, why);
-    dev_code *code = NULL;
-    mt_err err = MT_ERR_INIT;
-    cr_assert_eq(kern_compile(d, f, f->gpu, &s, &c, &code, &err), MT_OK, "%s", err.msg);
-    const dev_kernel_res *r = td_find_res(code, fname);
-    cr_assert_eq(r->private_bytes, 0, "sm_90 %s %s: %lld bytes of local memory", fname,
-                 cfg_text, (long long)r->private_bytes);
-    cr_log_info("sm_90 %s %s: %d registers, %lld bytes shared", fname, cfg_text, r->vgprs,
-                (long long)r->lds_bytes);
-    dev_code_free(code);
-    dev_close(d);
-}
-
-/* NVRTC's cubin has no disassembler here: no local memory, and the kernel
- * cannot compile without mma.sync (the source #errors without
- * MT_MMA_HAVE). */
+/* NVRTC (mma_compile_nv): no local memory. */
 Test(moe_mma, nvrtc_sm90_builds_without_local_memory)
 {
-    compile_nv("moe_gemm_up", "glm5.2", 1,
-               "BM=16,BN=32,BK=64,WAVES=4,STAGES=2,SPLITK=1,GROUP_M=1,VEC=8,UNROLL=1,MMA=1,GEMV=0");
-    compile_nv("moe_gemm_up", "glm5.2", 4096,
-               "BM=64,BN=64,BK=32,WAVES=4,STAGES=2,SPLITK=1,GROUP_M=8,VEC=8,UNROLL=1,MMA=1,GEMV=0");
-    compile_nv("moe_gemm_down", "glm5.2-rows", 4096,
-               "BM=64,BN=64,BK=32,WAVES=4,STAGES=2,SPLITK=1,GROUP_M=8,VEC=8,UNROLL=1,MMA=1,GEMV=0");
+    mma_compile_nv(fam("moe_gemm_up"), "moe_gemm_up", "glm5.2", 1,
+                   "BM=16,BN=32,BK=64,WAVES=4,STAGES=2,SPLITK=1,GROUP_M=1,VEC=8,UNROLL=1,MMA=1,GEMV=0",
+                   true);
+    mma_compile_nv(fam("moe_gemm_up"), "moe_gemm_up", "glm5.2", 4096,
+                   "BM=64,BN=64,BK=32,WAVES=4,STAGES=2,SPLITK=1,GROUP_M=8,VEC=8,UNROLL=1,MMA=1,GEMV=0",
+                   true);
+    mma_compile_nv(fam("moe_gemm_down"), "moe_gemm_down", "glm5.2-rows", 4096,
+                   "BM=64,BN=64,BK=32,WAVES=4,STAGES=2,SPLITK=1,GROUP_M=8,VEC=8,UNROLL=1,MMA=1,GEMV=0",
+                   true);
 }
