@@ -845,7 +845,9 @@ int serve_api_generate(serve_api_ctx *a, struct mg_connection *c, serve_api api)
         char prefix[40];
         snprintf(prefix, sizeof prefix, "%s%x", rid, i); /* call ids: call_<rid><i>_<k> */
         serve_glmout_opts go = {
-            .tools = req.n_tools ? tools : NULL,
+            /* A JSON answer (response_format without forced calls) is no
+             * place for calls: "<tool_call>" in one of its strings is text. */
+            .tools = req.n_tools && !(cons.lo.grammar && !cons.go.n_tools) ? tools : NULL,
             .n_tools = req.n_tools,
             .start_in_reasoning = req.enable_thinking && req.add_generation_prompt,
             .keep_reasoning = !req.separate_reasoning,

@@ -375,8 +375,9 @@ Test(serve_structured, sampling_parameters_apply_alike_streamed_and_not)
     /* Penalties and min_p, sampled: the stream's tokens are the plain ones. */
     const char *params[] = {
         "\"presence_penalty\":1.5", "\"frequency_penalty\":-1.0", "\"repetition_penalty\":1.8",
-        "\"min_p\":0.2", "\"top_k\":5,\"presence_penalty\":0.5,\"frequency_penalty\":0.7,"
-                         "\"logit_bias\":{\"12\":3,\"40\":-2}"};
+        "\"min_p\":0.2",
+        ("\"top_k\":5,\"presence_penalty\":0.5,\"frequency_penalty\":0.7,"
+         "\"logit_bias\":{\"12\":3,\"40\":-2}")};
     for (size_t k = 0; k < sizeof params / sizeof params[0]; k++) {
         snprintf(body, sizeof body,
                  "{\"prompt\":[9,10,11,12],\"max_tokens\":24,\"temperature\":1,\"seed\":7,"
