@@ -24,8 +24,17 @@
  * probe. The median time and the load average before and after are printed
  * too. The table is printed at the end.
  *
- * Usage: bench_attn [--device cpu|cpu:T] [--reps N] [--only FAMILY [--config KEY]]
- * (--config: that config instead of the default, for the --only family). */
+ * On a GPU (--device cuda|hip) the same calls run with the device's
+ * defaults, timed with device events, each after a 1 GiB read that leaves
+ * nothing in L2; the bandwidth limit is the probe kernels' (limits.h: the
+ * faster of a read and a copy of 1 GiB), and the compute limit the bf16
+ * matrix peak given with --peak-gflops (measured outside, e.g. a large
+ * torch.matmul; without it "of pk" is not printed).
+ *
+ * Usage: bench_attn [--device cpu|cpu:T|cuda|hip] [--reps N] [--only FAMILY [--config KEY]]
+ *                   [--peak-gflops G] [--json]
+ * (--config: that config instead of the default, for the --only family;
+ * --json: one object for the limits, then one per call). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,17 +53,22 @@ static void die(const char *what, const mt_err *err)
 }
 
 /* The limits of this run: read bandwidth (p90 of its probe) and the best
- * fp32 FMA and bf16 dot rates of n_probe short probes (bf16 0: none). */
+ * fp32 FMA and bf16 dot rates of n_probe short probes (bf16 0: none); on
+ * a GPU the matrix peak the caller gave for both (0: none). */
 typedef struct limits {
     bench_limits *probe;
     double gbps, gflops, bf16_gflops;
     int n_probe;
+    bool gpu;
+    dev_event *e0, *e1; /* GPU: the timed call's events */
 } limits;
 
 /* Twenty launches of each probe (about 2 ms each); keeps the best of all
- * so far. */
+ * so far. Nothing on a GPU. */
 static void probe_peaks(limits *l)
 {
+    if (l->gpu)
+        return;
     mt_err err = MT_ERR_INIT;
     bench_peaks pk;
     if (bench_limits_peaks(l->probe, 20, &pk, &err) != MT_OK)
@@ -124,6 +138,14 @@ static void bench_one(dev_device *d, limits *l, const item *it, int reps, const 
     for (int r = 0; r < reps; r++) {
         if (bench_limits_flush(l->probe, &err) != MT_OK) /* nothing stays cached */
             die("flush", &err);
+        if (l->gpu) { /* the call alone, between events on the device's stream */
+            if (dev_event_record(d, l->e0, &err) != MT_OK ||
+                kern_exec_run(e, &s, it->m, dbuf, &err) != MT_OK ||
+                dev_event_record(d, l->e1, &err) != MT_OK || dev_synchronize(d, &err) != MT_OK ||
+                dev_event_elapsed_ms(d, l->e0, l->e1, &t[r], &err) != MT_OK)
+                die(it->key, &err);
+            continue;
+        }
         double t0 = mt_now_ms();
         if (run_sync(e, &s, it->m, dbuf, &err) != MT_OK)
             die(it->key, &err);
@@ -153,6 +175,8 @@ int main(int argc, char **argv)
     const char *spec = "cpu";
     int reps = 5;
     const char *only = NULL, *config = NULL;
+    double peak_gflops = 0;
+    bool json = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--device") && i + 1 < argc)
             spec = argv[++i];
@@ -162,9 +186,13 @@ int main(int argc, char **argv)
             only = argv[++i];
         else if (!strcmp(argv[i], "--config") && i + 1 < argc)
             config = argv[++i];
+        else if (!strcmp(argv[i], "--peak-gflops") && i + 1 < argc)
+            peak_gflops = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--json"))
+            json = true;
         else {
-            fprintf(stderr, "usage: bench_attn [--device cpu|cpu:T] [--reps N] "
-                    "[--only FAMILY [--config KEY]]\n");
+            fprintf(stderr, "usage: bench_attn [--device cpu|cpu:T|cuda|hip] [--reps N] "
+                    "[--only FAMILY [--config KEY]] [--peak-gflops G] [--json]\n");
             return 2;
         }
     }
@@ -179,18 +207,25 @@ int main(int argc, char **argv)
     if (dev_open(spec, NULL, &d, &err) != MT_OK)
         die(spec, &err);
     const dev_props *p = dev_get_props(d);
-    if (p->backend != DEV_BACKEND_CPU) {
-        fprintf(stderr, "bench_attn: the limits are measured with cpu kernels; use cpu\n");
+    const bool gpu = p->backend == DEV_BACKEND_HIP || p->backend == DEV_BACKEND_CUDA;
+    if ((p->backend != DEV_BACKEND_CPU && !gpu) || p->compile_only) {
+        fprintf(stderr, "bench_attn: %s: the limits are measured with cpu kernels or on a GPU; "
+                "use cpu, cuda or hip (with a GPU present)\n", p->spec);
         return 2;
     }
     double load0[3] = {0}, load1[3] = {0};
     getloadavg(load0, 3);
-    limits l = {0};
+    limits l = {.gpu = gpu};
     bench_spread bw;
     if (bench_limits_open(d, &l.probe, &err) != MT_OK ||
         bench_limits_bandwidth(l.probe, 5, &bw, &err) != MT_OK)
         die("limits", &err);
+    if (gpu && (dev_event_create(d, &l.e0, &err) != MT_OK ||
+                dev_event_create(d, &l.e1, &err) != MT_OK))
+        die("events", &err);
     l.gbps = bw.p90;
+    if (gpu)
+        l.gflops = l.bf16_gflops = peak_gflops;
     probe_peaks(&l);
     /* bf16 shares: mla_decode's score GEMM, 2 (L+R) of 2 (2L+R) flops per
      * token and head; dsa_indexer's q.k, 2 ID of 2 ID + 2. */
@@ -215,6 +250,35 @@ int main(int argc, char **argv)
             probe_peaks(&l);
         }
     getloadavg(load1, 3);
+    if (json) {
+        char pat[160];
+        double rd = 0, cp = 0;
+        bench_limits_pattern_name(l.probe, pat, sizeof pat);
+        bench_limits_gpu_rates(l.probe, &rd, &cp);
+        printf("{\"limits\":{\"device\":\"%s\",\"name\":\"%s\",\"bw_GBps\":%.3f,"
+               "\"bw_p10\":%.3f,\"bw_median\":%.3f,\"read_kernel_GBps\":%.3f,"
+               "\"copy_kernel_GBps\":%.3f,\"probe\":\"%s\",\"peak_GFLOPs\":%.1f,"
+               "\"bf16_peak_GFLOPs\":%.1f}}\n", p->spec, p->name, bw.p90, bw.p10, bw.median,
+               rd, cp, pat, l.gflops, l.bf16_gflops);
+        for (int i = 0; i < n_rows; i++) {
+            const row *r = &rows[i];
+            double gbps = r->bytes / (r->ms_best * 1e6), gfl = r->flops / (r->ms_best * 1e6);
+            double share = l.bf16_gflops > 0 ? r->bf16_share : 0;
+            double limit_ms = l.gflops > 0 ? r->flops * (1 - share) / (l.gflops * 1e6) +
+                              (share > 0 ? r->flops * share / (l.bf16_gflops * 1e6) : 0) : 0;
+            printf("{\"family\":\"%s\",\"shape\":\"%s\",\"M\":%lld,\"config\":\"%s\","
+                   "\"ms_median\":%.5f,\"ms_best\":%.5f,\"GBps\":%.3f,\"of_bw\":%.4f,"
+                   "\"GFLOPs\":%.3f,\"of_peak\":%.4f,\"bound\":\"%s\",\"reps\":%d}\n",
+                   r->fam, r->key, (long long)r->m, r->config, r->ms_median, r->ms_best, gbps,
+                   l.gbps > 0 ? gbps / l.gbps : 0, gfl, limit_ms > 0 ? limit_ms / r->ms_best : 0,
+                   r->bw_bound ? "bandwidth" : "compute", reps);
+        }
+        dev_event_destroy(d, l.e0);
+        dev_event_destroy(d, l.e1);
+        bench_limits_close(l.probe);
+        dev_close(d);
+        return 0;
+    }
     printf("device %s (%s, %d threads), load average %.2f before, %.2f after\n", p->spec,
            p->name, p->compute_units, load0[0], load1[0]);
     printf("read bandwidth %.1f GB/s (p90; p10 %.1f, median %.1f); peaks (best of %d probes): "
@@ -227,8 +291,8 @@ int main(int argc, char **argv)
         double gbps = r->bytes / (r->ms_best * 1e6), gfl = r->flops / (r->ms_best * 1e6);
         /* The flops' time at the peaks of the instructions that run them. */
         double share = l.bf16_gflops > 0 ? r->bf16_share : 0;
-        double limit_ms = r->flops * (1 - share) / (l.gflops * 1e6) +
-                          (share > 0 ? r->flops * share / (l.bf16_gflops * 1e6) : 0);
+        double limit_ms = l.gflops > 0 ? r->flops * (1 - share) / (l.gflops * 1e6) +
+                          (share > 0 ? r->flops * share / (l.bf16_gflops * 1e6) : 0) : 0;
         printf("%-12s %-14s %5lld %-28s %9.3f %9.3f %8.2f %6.3f%s %8.2f %6.3f%s%s\n", r->fam,
                r->key, (long long)r->m, r->config, r->ms_median, r->ms_best, gbps,
                gbps / l.gbps, r->bw_bound ? "*" : " ", gfl, limit_ms / r->ms_best,
@@ -239,6 +303,8 @@ int main(int argc, char **argv)
     printf("(*) the limit that bounds the kernel: bandwidth for decode-like calls, FLOP/s for "
            "prefill; GB/s and GFLOP/s from the best time; of pk: the flops' time at the fp32 "
            "FMA peak (bf16 dot peak for the bf16 share) over the best time\n");
+    dev_event_destroy(d, l.e0);
+    dev_event_destroy(d, l.e1);
     bench_limits_close(l.probe);
     dev_close(d);
     return 0;

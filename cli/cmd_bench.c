@@ -1,7 +1,9 @@
 /* cmd_bench.c: `moetune bench`: kernel benchmarks against limits measured
  * in the same run (bench/lib/moe_bench.h). --family moe times the served
  * MoE layer with the database's configs and the expert GEMM stages alone;
- * moe_gemm_up or moe_gemm_down one stage. Fresh routing every call. */
+ * moe_layer the layer alone; moe_gemm_up or moe_gemm_down one stage. Fresh
+ * routing every call. --dump writes the layer's inputs, weights and output
+ * for a peer implementation (bench/lib/moe_dump.h). */
 #include <stdio.h>
 #include <string.h>
 
@@ -11,11 +13,13 @@
 #include "cli.h"
 
 static const cli_choice families[] = {
-    {"moe", 0}, {"moe_gemm_up", 1}, {"moe_gemm_down", 2}, {NULL, 0}};
+    {"moe", 0}, {"moe_gemm_up", 1}, {"moe_gemm_down", 2}, {"moe_layer", 3}, {NULL, 0}};
 
 typedef struct bench_cli {
     int family;
-    const char *shape, *spec, *db_path, *arch;
+    const char *shape, *spec, *db_path, *arch, *dump;
+    double max_ms;
+    int max_reps;
     int64_t ms[32];
     cli_int_list mlist;
     bool json, sweep, flush, all, breakdown, wl_set;
@@ -30,7 +34,7 @@ static int parse(int argc, char **argv, bench_cli *c)
         {.name = "--family", .type = CLI_OPT_CHOICE, .dst = &c->family, .choices = families,
          .flags = CLI_OPT_REQUIRED,
          .help = "moe: the served MoE layer, then each expert GEMM stage alone; "
-                 "moe_gemm_up or moe_gemm_down: that stage"},
+                 "moe_layer: the layer alone; moe_gemm_up or moe_gemm_down: that stage"},
         {.name = "--shape", .type = CLI_OPT_STRING, .dst = &c->shape, .arg = "KEY",
          .def = "glm5.2", .help = "a preset or shape key of the family"},
         {.name = "--m", .type = CLI_OPT_INT_LIST, .dst = &c->mlist, .arg = "LIST",
@@ -54,6 +58,18 @@ static int parse(int argc, char **argv, bench_cli *c)
         {.name = "--breakdown", .type = CLI_OPT_FLAG, .dst = &c->breakdown,
          .help = "(--family moe) then time the layer once more per M with every kernel "
                  "synchronized and print each kernel's share"},
+        {.name = "--max-ms", .type = CLI_OPT_DOUBLE, .dst = &c->max_ms, .arg = "MS",
+         .def = "1500", .min = 0, .max = HUGE_VAL, .flags = CLI_OPT_MIN_OPEN,
+         .help = "timed calls per config and M until their kernel time reaches this"},
+        {.name = "--max-reps", .type = CLI_OPT_INT, .dst = &c->max_reps, .arg = "N",
+         .def = "100", .min = 3, .max = 100,
+         .help = "timed calls per config and M at most (each layer call draws new "
+                 "tokens on the host first)"},
+        {.name = "--dump", .type = CLI_OPT_STRING, .dst = &c->dump, .arg = "DIR",
+         .help = "(--family moe or moe_layer) before timing, run the layer once per M and "
+                 "write its inputs (bf16 x, the routing's ids and weights), the weights of "
+                 "the experts they hit and the shared expert's (MXFP4 in Quark's layout), "
+                 "its output and meta.json to DIR, for bench/gpu/moe_peer.py"},
         {.name = "--wl", .type = CLI_OPT_CHOICE, .dst = &c->wl, .choices = wl,
          .given = &c->wl_set, .def_text = "the layout the runtime uses on the device",
          .help = "time the expert weights in Quark rows (0) or grouped by 16 rows (1, the "
@@ -62,9 +78,10 @@ static int parse(int argc, char **argv, bench_cli *c)
     };
     const cli_cmd cmd = {
         .name = "bench", .opts = opts,
-        .usage = "bench --family moe|moe_gemm_up|moe_gemm_down [--shape glm5.2]\n"
+        .usage = "bench --family moe|moe_layer|moe_gemm_up|moe_gemm_down [--shape glm5.2]\n"
                  "      [--m 1,4,16,64,256] [--device cpu] [--arch A] [--db tuned.db]\n"
-                 "      [--json] [--no-sweep] [--all] [--flush] [--breakdown] [--wl 0|1]",
+                 "      [--json] [--no-sweep] [--all] [--flush] [--breakdown] [--wl 0|1]\n"
+                 "      [--max-ms MS] [--max-reps N] [--dump DIR]",
         .about = "Per M, with fresh routing every call: --family moe times the MoE layer the "
                  "server runs (router, expert sort, expert GEMMs, shared expert), each kernel "
                  "with the config --db gives for that M (defaults without it); then each "
@@ -111,6 +128,7 @@ int cmd_bench(int argc, char **argv)
     moe_bench_opts o = {.shape = c.shape, .family = families[c.family].name, .ms = c.ms,
                         .n_ms = c.mlist.n, .sweep = c.sweep, .json = c.json, .flush = c.flush,
                         .all = c.all, .breakdown = c.breakdown, .wl_set = c.wl_set, .wl = c.wl,
+                        .max_ms = c.max_ms, .max_reps = c.max_reps, .dump_dir = c.dump,
                         .db = db, .log = stderr};
     mt_status st = moe_bench_run(d, &o, stdout, &err);
     if (st != MT_OK)

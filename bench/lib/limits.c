@@ -182,6 +182,55 @@ static const char probe_src[] =
     "    sums[itemIdx.x] = read_streams(at[itemIdx.x], len[itemIdx.x], ns, pf, pg);\n"
     "}\n";
 
+/* The GPU probe (hip, cuda): the device's own kernels on the same
+ * compiler and prelude as the families, rather than the driver's copy
+ * engine, whose rate a kernel never sees. A grid of 8 blocks of 256 per
+ * compute unit; each thread keeps four 16-byte loads in flight per step
+ * (the weights' read-once path, mt_load16_nt). bench_read folds what it
+ * read into one word and stores it only when that word is a value a
+ * zeroed buffer never gives, so no load can be dropped; bench_copy
+ * copies the first n16 16-byte words to dst. */
+static const char gpu_probe_src[] =
+    "MT_DEVICE unsigned bench_fold(mt_u32x4 v) { return v.x ^ v.y ^ v.z ^ v.w; }\n"
+    "MT_KERNEL __launch_bounds__(256) void bench_read(const void *src, long n16, unsigned *out)\n"
+    "{\n"
+    "    const mt_u32x4 *p = (const mt_u32x4 *)src;\n"
+    "    const long stride = (long)gridDim.x * 256;\n"
+    "    long i = (long)blockIdx.x * 256 + threadIdx.x;\n"
+    "    unsigned acc = 0;\n"
+    "    for (; i + 3 * stride < n16; i += 4 * stride) {\n"
+    "        mt_u32x4 a = mt_load16_nt(p + i), b = mt_load16_nt(p + i + stride);\n"
+    "        mt_u32x4 c = mt_load16_nt(p + i + 2 * stride), d = mt_load16_nt(p + i + 3 * stride);\n"
+    "        acc ^= bench_fold(a) ^ bench_fold(b) ^ bench_fold(c) ^ bench_fold(d);\n"
+    "    }\n"
+    "    for (; i < n16; i += stride)\n"
+    "        acc ^= bench_fold(mt_load16_nt(p + i));\n"
+    "    if (acc == 0x9e3779b9u)\n"
+    "        out[0] = acc;\n"
+    "}\n"
+    "MT_KERNEL __launch_bounds__(256) void bench_copy(const void *src, void *dst, long n16)\n"
+    "{\n"
+    "    const mt_u32x4 *p = (const mt_u32x4 *)src;\n"
+    "    mt_u32x4 *q = (mt_u32x4 *)dst;\n"
+    "    const long stride = (long)gridDim.x * 256;\n"
+    "    long i = (long)blockIdx.x * 256 + threadIdx.x;\n"
+    "    for (; i + 3 * stride < n16; i += 4 * stride) {\n"
+    "        mt_u32x4 a = mt_load16_nt(p + i), b = mt_load16_nt(p + i + stride);\n"
+    "        mt_u32x4 c = mt_load16_nt(p + i + 2 * stride), d = mt_load16_nt(p + i + 3 * stride);\n"
+    "        q[i] = a;\n"
+    "        q[i + stride] = b;\n"
+    "        q[i + 2 * stride] = c;\n"
+    "        q[i + 3 * stride] = d;\n"
+    "    }\n"
+    "    for (; i < n16; i += stride)\n"
+    "        q[i] = mt_load16_nt(p + i);\n"
+    "}\n";
+
+const char *bench_limits_gpu_source(void)
+{
+    return gpu_probe_src;
+}
+
 /* Work items of a probe launch: 2 MiB each of a 1 GiB slice. With 64 (16
  * MiB each) a thread sat idle for up to one item at the end and the probe
  * read 7-10 % below what 512 items read in the same run (Zen 5 VM: 69-74
@@ -204,6 +253,17 @@ struct bench_limits {
     int best[2];      /* the two read patterns fastest at the last probe */
     int slice;        /* the slice of big the next sample reads */
     int n_slices;     /* big_bytes / SLICE */
+    /* GPU backends: the probe kernels (NULL where they could not be built:
+     * then device-to-device copies, gpu_why says why), their buffer (read
+     * whole, or its first half copied to its second), events, and the
+     * last bench_limits_bandwidth's median per kernel (GB/s). */
+    dev_kernel *gread, *gcopy;
+    void *gbuf;
+    dev_event *g0, *g1;
+    unsigned grid;
+    int gbest;        /* 0 read, 1 copy: the faster at the last probe */
+    double gmed[2];
+    char gpu_why[160];
 };
 
 static int cmp_d(const void *a, const void *b)
@@ -238,6 +298,63 @@ void bench_paired_fraction(const double *bytes, const double *ms, const double *
             r[k++] = bytes[i] / (ms[i] * 1e6) / limit[i];
     bench_spread_of(r, k, out);
     free(r);
+}
+
+/* The GPU probe's kernels and buffer (GPU_BYTES); on any failure none of
+ * them, and gpu_why says why (the probes then time driver copies). */
+#define GPU_BYTES ((size_t)1 << 30)
+
+static void gpu_open(bench_limits *l)
+{
+    mt_err e = MT_ERR_INIT;
+    dev_compile_req req = {.name = "bench_limits.hip", .source = gpu_probe_src};
+    l->grid = (unsigned)(l->props->compute_units > 0 ? l->props->compute_units : 1) * 8;
+    if (dev_compile(l->dev, &req, &l->code, &e) != MT_OK ||
+        dev_module_load(l->dev, l->code, &l->mod, &e) != MT_OK ||
+        dev_module_get_kernel(l->mod, "bench_read", "plp", &l->gread, &e) != MT_OK ||
+        dev_module_get_kernel(l->mod, "bench_copy", "ppl", &l->gcopy, &e) != MT_OK ||
+        dev_alloc(l->dev, GPU_BYTES, &l->gbuf, &e) != MT_OK ||
+        dev_alloc(l->dev, 4096, (void **)&l->out, &e) != MT_OK ||
+        dev_memset(l->dev, l->gbuf, 0, GPU_BYTES, &e) != MT_OK ||
+        dev_memset(l->dev, l->out, 0, 4096, &e) != MT_OK ||
+        dev_event_create(l->dev, &l->g0, &e) != MT_OK ||
+        dev_event_create(l->dev, &l->g1, &e) != MT_OK) {
+        snprintf(l->gpu_why, sizeof l->gpu_why, "probe kernels unavailable (%.120s)", e.msg);
+        dev_event_destroy(l->dev, l->g0);
+        dev_event_destroy(l->dev, l->g1);
+        dev_free(l->dev, l->gbuf);
+        dev_free(l->dev, l->out);
+        dev_module_unload(l->mod);
+        dev_code_free(l->code);
+        l->g0 = l->g1 = NULL;
+        l->gbuf = NULL;
+        l->out = NULL;
+        l->mod = NULL;
+        l->code = NULL;
+        l->gread = l->gcopy = NULL;
+    }
+}
+
+/* One probe launch on the GPU: kernel 0 reads GPU_BYTES, kernel 1 copies
+ * half of them to the other half; *gbps (if not NULL) gets the bytes
+ * moved (read + written) over the launch's time by device events. */
+static mt_status gpu_pass(bench_limits *l, int kernel, double *gbps, mt_err *err)
+{
+    long n16 = (long)(kernel == 0 ? GPU_BYTES : GPU_BYTES / 2) / 16;
+    void *src = l->gbuf, *dst = (char *)l->gbuf + GPU_BYTES / 2;
+    void *rargs[] = {&src, &n16, &l->out}, *cargs[] = {&src, &dst, &n16};
+    mt_status st = gbps ? dev_event_record(l->dev, l->g0, err) : MT_OK;
+    if (st == MT_OK)
+        st = dev_launch(l->dev, kernel == 0 ? l->gread : l->gcopy, (dev_dim3){l->grid, 1, 1},
+                        (dev_dim3){256, 1, 1}, 0, kernel == 0 ? rargs : cargs, err);
+    if (st != MT_OK || !gbps)
+        return st;
+    double ms = 0;
+    if ((st = dev_event_record(l->dev, l->g1, err)) == MT_OK &&
+        (st = dev_synchronize(l->dev, err)) == MT_OK &&
+        (st = dev_event_elapsed_ms(l->dev, l->g0, l->g1, &ms, err)) == MT_OK)
+        *gbps = ms > 0 ? (double)GPU_BYTES / (ms * 1e6) : 0;
+    return st;
 }
 
 mt_status bench_limits_open(dev_device *d, bench_limits **out, mt_err *err)
@@ -278,6 +395,9 @@ mt_status bench_limits_open(dev_device *d, bench_limits **out, mt_err *err)
             bench_limits_close(l);
             return mt_err_prefix(err, "limit probes");
         }
+    } else if ((l->props->backend == DEV_BACKEND_HIP || l->props->backend == DEV_BACKEND_CUDA) &&
+               !l->props->compile_only) {
+        gpu_open(l);
     }
     *out = l;
     return MT_OK;
@@ -292,6 +412,9 @@ void bench_limits_close(bench_limits *l)
     dev_free(l->dev, l->piece_at);
     dev_free(l->dev, l->piece_len);
     dev_free(l->dev, l->piece_sum);
+    dev_free(l->dev, l->gbuf);
+    dev_event_destroy(l->dev, l->g0);
+    dev_event_destroy(l->dev, l->g1);
     dev_module_unload(l->mod);
     dev_code_free(l->code);
     free(l);
@@ -348,6 +471,8 @@ mt_status bench_limits_wake(bench_limits *l, mt_err *err)
 
 mt_status bench_limits_flush(bench_limits *l, mt_err *err)
 {
+    if (l->gread) /* one read of 1 GiB: nothing of a kernel's stays in L2 */
+        return gpu_pass(l, 0, NULL, err);
     if (!l->sum)
         return MT_OK;
     mt_status st = stream_pattern(l, 0, NULL, err);
@@ -367,7 +492,27 @@ mt_status bench_limits_bandwidth(bench_limits *l, int reps, bench_spread *out, m
         reps = 64;
     double v[64];
     mt_status st = MT_OK;
-    if (!l->sum) { /* GPU backends: device-to-device copies */
+    if (l->gread) {
+        /* GPU: the read and the copy kernel, interleaved after one warm-up
+         * pass of each; the limit is the one with the better median. */
+        double gv[2][64];
+        for (int k = 0; k < 2 && st == MT_OK; k++)
+            st = gpu_pass(l, k, NULL, err);
+        for (int i = 0; i < reps && st == MT_OK; i++)
+            for (int k = 0; k < 2 && st == MT_OK; k++)
+                st = gpu_pass(l, k, &gv[k][i], err);
+        if (st != MT_OK)
+            return st;
+        bench_spread sp[2];
+        for (int k = 0; k < 2; k++) {
+            bench_spread_of(gv[k], reps, &sp[k]);
+            l->gmed[k] = sp[k].median;
+        }
+        l->gbest = sp[1].median > sp[0].median;
+        *out = sp[l->gbest];
+        return MT_OK;
+    }
+    if (!l->sum) { /* GPU backends without the probe kernels: device-to-device copies */
         for (int i = 0; i < reps && st == MT_OK; i++)
             st = kern_device_bandwidth(l->dev, (size_t)1 << 30, &v[i], err);
     } else {
@@ -407,6 +552,8 @@ mt_status bench_limits_bandwidth(bench_limits *l, int reps, bench_spread *out, m
 mt_status bench_limits_sample(bench_limits *l, double *gbps, mt_err *err)
 {
     *gbps = 0;
+    if (l->gread)
+        return gpu_pass(l, l->gbest, gbps, err);
     if (!l->sum)
         return kern_device_bandwidth(l->dev, (size_t)1 << 30, gbps, err);
     /* The faster of the two best patterns: which one reads fastest moves
@@ -448,6 +595,16 @@ bool bench_limits_use_pattern(bench_limits *l, int i)
 
 void bench_limits_pattern_name(const bench_limits *l, char *out, size_t cap)
 {
+    if (l->gread) {
+        snprintf(out, cap, "%s kernel, %u blocks of 256, 16-byte loads",
+                 l->gbest ? "copy" : "read", l->grid);
+        return;
+    }
+    if (!l->sum) {
+        snprintf(out, cap, "device-to-device copies%s%s", l->gpu_why[0] ? ": " : "",
+                 l->gpu_why);
+        return;
+    }
     int p = l->best[0], ns = patterns[p].streams;
     int n = snprintf(out, cap, "%d stream%s", ns, ns == 1 ? "" : "s");
     if (n >= 0 && (size_t)n < cap && patterns[p].pf)
@@ -543,4 +700,10 @@ mt_status bench_limits_peaks(bench_limits *l, int launches, bench_peaks *out, mt
     }
     *out = l->peaks;
     return st;
+}
+
+void bench_limits_gpu_rates(const bench_limits *l, double *read_gbps, double *copy_gbps)
+{
+    *read_gbps = l->gread ? l->gmed[0] : 0;
+    *copy_gbps = l->gread ? l->gmed[1] : 0;
 }

@@ -18,8 +18,14 @@
  *    process reads low, and a kernel set against it looks better than it
  *    is, so callers repeat the probes between their kernels and keep the
  *    best of all of them.
- * On GPU backends bandwidth comes from timed device-to-device copies
- * (kern_device_bandwidth) and there are no compute probes (0).
+ * On GPU backends (hip, cuda) bandwidth comes from kernels of the project's
+ * own, compiled by the backend like the families' (bench_limits_gpu_source):
+ * a read of a 1 GiB buffer with four 16-byte loads in flight per thread,
+ * and a copy of its first half to its second (read + written bytes),
+ * timed with device events; the limit is the faster of the two. Where they
+ * cannot be built, timed device-to-device copies (kern_device_bandwidth)
+ * instead, and bench_limits_pattern_name says why. No compute probes there
+ * (0): a caller measures the matrix peak its own way.
  *
  * Figures carry their spread (p10, median, p90 over the repetitions), so a
  * ratio against a noisy limit can be read as such.
@@ -50,7 +56,8 @@ mt_status bench_limits_bandwidth(bench_limits *l, int reps, bench_spread *out, m
  * a shared machine): 1 GiB from a slice of the probe buffer that rotates
  * (on buffers above 1 GiB), in each of the two read patterns that were
  * fastest at the last bench_limits_bandwidth, the faster of the two
- * (GPU backends: a 1 GiB device copy). Shorter
+ * (GPU backends: one pass of the probe kernel that was faster, or a 1 GiB
+ * device copy without them). Shorter
  * reads pay the launch and the prefetchers' ramp-up and under-read the
  * limit (64 MiB read about 10% below 1 GiB here). */
 mt_status bench_limits_sample(bench_limits *l, double *gbps, mt_err *err);
@@ -66,7 +73,8 @@ typedef struct bench_peaks {
  * the best of every probe since open. */
 mt_status bench_limits_peaks(bench_limits *l, int launches, bench_peaks *out, mt_err *err);
 /* Streams the probe buffer once, so nothing a kernel read stays in cache,
- * and leaves the pool's threads awake (cpu). */
+ * and leaves the pool's threads awake (cpu); on GPU backends one read
+ * kernel pass over 1 GiB (asynchronous, on the device's stream). */
 mt_status bench_limits_flush(bench_limits *l, mt_err *err);
 /* One short launch (512 items of 4 KiB, cpu; elsewhere nothing), so the
  * pool's threads are awake when the next timed call starts, as they are
@@ -95,6 +103,17 @@ bool bench_limits_use_pattern(bench_limits *l, int i);
 /* The pattern bench_limits_read_pieces uses, in words ("1 stream, line
  * prefetch 4096 B ahead, page touch 32768 B ahead") into out[0:cap]. */
 void bench_limits_pattern_name(const bench_limits *l, char *out, size_t cap);
+
+/* GPU backends with the probe kernels: the last bench_limits_bandwidth's
+ * medians of the read kernel and of the copy kernel in GB/s; both 0
+ * elsewhere. */
+void bench_limits_gpu_rates(const bench_limits *l, double *read_gbps, double *copy_gbps);
+/* The GPU probe's kernel text (HIP in the device prelude's dialect), for
+ * tests: bench_read(const void *src, long n16, unsigned *out), signature
+ * "plp", reads n16 16-byte words and writes out[0] only if they fold to
+ * 0x9e3779b9; bench_copy(const void *src, void *dst, long n16), "ppl",
+ * copies n16 16-byte words. Launched with 256 threads per block, any grid. */
+const char *bench_limits_gpu_source(void);
 
 /* p10, median, p90 and max of v[0:n] (sorted in place). */
 void bench_spread_of(double *v, int n, bench_spread *out);

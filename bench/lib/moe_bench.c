@@ -13,6 +13,7 @@
 #include "kernels/moe/moe_common.h"
 #include "model/moe_layer.h"
 #include "limits.h"
+#include "moe_dump.h"
 
 /* ---- the problem ---------------------------------------------------------- */
 
@@ -29,6 +30,7 @@ typedef struct bench {
     moe_dims dims;
     int64_t H, I, E, topk, S, maxm;
     double max_ms;
+    int max_reps; /* timed calls per (config, M), 3..MAX_REPS */
     bench_limits *lim;
     bool int_dot; /* a4w4 / a8w4: the integer dot tiles (else a16w4) */
     int wl;       /* the expert weights' layout (bench_wl) */
@@ -336,7 +338,7 @@ static mt_status time_layer(bench *b, const model_moe_kernels *k, model_moe_ws *
         (st = dev_synchronize(b->d, err)) != MT_OK ||
         (st = sample_limit(b, &bwv[0], err)) != MT_OK)
         return st;
-    while (n < MAX_REPS && (n < 3 || spent < b->max_ms)) {
+    while (n < b->max_reps && (n < 3 || spent < b->max_ms)) {
         /* Fresh inputs are host work that a model step does not do between
          * layers; the pool's threads may fall asleep meanwhile, so a short
          * launch wakes them (bench_limits_wake), as the kernels before a
@@ -657,7 +659,7 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
      * after round i. */
     if (st == MT_OK)
         st = sample_limit(b, &bwv[0], err);
-    while (st == MT_OK && n < MAX_REPS && (n < 3 || spent < b->max_ms * nc)) {
+    while (st == MT_OK && n < b->max_reps && (n < 3 || spent < b->max_ms * nc)) {
         for (int j = 0; j < slots && st == MT_OK; j++) {
             /* Each round starts at the next config: the first call after
              * the bandwidth sample is not always the same config's. A
@@ -822,6 +824,71 @@ static mt_status time_stage(bench *b, gemm_bench *g, int64_t M, mt_err *err)
     return MT_OK;
 }
 
+/* ---- the layer's keys and its dump ---------------------------------------------- */
+
+/* One JSON line naming the shape key of each of the layer's kernels. */
+static void print_keys(const bench *b)
+{
+    moe_keys k;
+    moe_layer_keys(&b->dims, &k);
+    const char *names[] = {"route", "align", "up", "down", "combine", "sh_align", "sh_up",
+                           "sh_down"};
+    const char *keys[] = {k.route, k.align, k.up, k.down, k.combine, k.sh_align, k.sh_up,
+                          k.sh_down};
+    const char *fams[] = {"moe_route", "moe_align", "moe_gemm_up", "moe_gemm_down",
+                          "moe_combine", "moe_align", "moe_gemm_up", "moe_gemm_down"};
+    fprintf(b->out, "{\"family\":\"moe\",\"stage\":\"keys\",\"shape\":\"%s\","
+            "\"device\":\"%s\",\"kernels\":[", b->o->shape, b->p->spec);
+    for (int i = 0, first = 1; i < 8; i++)
+        if (keys[i][0]) {
+            fprintf(b->out, "%s{\"kernel\":\"%s\",\"family\":\"%s\",\"key\":\"%s\"}",
+                    first ? "" : ",", names[i], fams[i], keys[i]);
+            first = 0;
+        }
+    fprintf(b->out, "]}\n");
+    fflush(b->out);
+}
+
+/* The layer once per M on fresh tokens, written with the weights of the
+ * experts they hit for a peer to run (moe_dump.h). */
+static mt_status dump_layer(bench *b, const model_moe_kernels *k, model_moe_ws *ws, mt_err *err)
+{
+    const int64_t H = b->H, E = b->E;
+    moe_weights w = {.gate = b->gate, .bias = b->bias, .w13 = b->w13, .s13 = b->s13,
+                     .w2 = b->w2, .s2 = b->s2, .sh_w13 = b->sh_w13, .sh_s13 = b->sh_s13,
+                     .sh_w2 = b->sh_w2, .sh_s2 = b->sh_s2};
+    uint16_t *gate = malloc((size_t)(E * H) * 2);
+    float *bias = malloc((size_t)E * 4), *y = malloc((size_t)(b->maxm * H) * 4);
+    moe_dump *dp = NULL;
+    mt_status st = gate && bias && y ? MT_OK : mt_fail(err, MT_E_NOMEM, "bench: out of memory");
+    if (st == MT_OK)
+        st = dev_copy_from(b->d, gate, b->gate, (size_t)(E * H) * 2, err);
+    if (st == MT_OK)
+        st = dev_copy_from(b->d, bias, b->bias, (size_t)E * 4, err);
+    if (st == MT_OK)
+        st = moe_dump_open(b->o->dump_dir, &b->dims, b->o->shape, b->p->spec, &dp, err);
+    for (int mi = 0; mi < b->o->n_ms && st == MT_OK; mi++) {
+        int64_t M = b->o->ms[mi];
+        if ((st = fresh_x(b, M, err)) == MT_OK &&
+            (st = model_moe_run(k, ws, &b->dims, &w, b->x, M, b->y, err)) == MT_OK &&
+            (st = dev_synchronize(b->d, err)) == MT_OK &&
+            (st = dev_copy_from(b->d, b->hids, model_moe_ws_ids(ws), (size_t)(M * b->topk) * 4,
+                                err)) == MT_OK &&
+            (st = dev_copy_from(b->d, y, b->y, (size_t)(M * H) * 4, err)) == MT_OK)
+            st = moe_dump_tokens(dp, M, b->hx, b->hids, y, gate, bias, err);
+    }
+    if (st == MT_OK)
+        st = moe_dump_finish(dp, b->d, &w, b->wl, gate, bias, err);
+    if (st == MT_OK && b->o->log)
+        fprintf(b->o->log, "dump: the layer's inputs, weights and output at %d token counts "
+                "in %s\n", b->o->n_ms, b->o->dump_dir);
+    moe_dump_close(dp);
+    free(gate);
+    free(bias);
+    free(y);
+    return st;
+}
+
 /* ---- the benchmark -------------------------------------------------------------- */
 
 /* The layer's dims: the GEMM shape's, the routing of moe_route's preset of
@@ -866,7 +933,9 @@ mt_status moe_bench_run(dev_device *d, const moe_bench_opts *o, FILE *out, mt_er
     if (st != MT_OK)
         return st;
     bench b = {.d = d, .p = dev_get_props(d), .o = o, .out = out,
-               .max_ms = o->max_ms > 0 ? o->max_ms : 1500};
+               .max_ms = o->max_ms > 0 ? o->max_ms : 1500,
+               .max_reps = o->max_reps <= 0 || o->max_reps > MAX_REPS ? MAX_REPS
+                           : o->max_reps < 3 ? 3 : o->max_reps};
     b.H = kern_shape_get(fu, &s, "H");
     b.I = kern_shape_get(fu, &s, "I");
     b.E = kern_shape_get(fu, &s, "E");
@@ -876,10 +945,13 @@ mt_status moe_bench_run(dev_device *d, const moe_bench_opts *o, FILE *out, mt_er
     for (int i = 0; i < o->n_ms; i++)
         b.maxm = o->ms[i] > b.maxm ? o->ms[i] : b.maxm;
     mt_rng_seed(&b.r, o->seed ? o->seed : mt_seed_fresh());
-    bool layer = !strcmp(o->family, "moe");
+    bool layer = !strcmp(o->family, "moe") || !strcmp(o->family, "moe_layer");
     gemm_bench gb[2] = {{.fam = "moe_gemm_up", .up = true}, {.fam = "moe_gemm_down"}};
-    bool want[2] = {strcmp(o->family, "moe_gemm_down") != 0,
-                    strcmp(o->family, "moe_gemm_up") != 0};
+    bool want[2] = {strcmp(o->family, "moe_gemm_down") != 0 && strcmp(o->family, "moe_layer"),
+                    strcmp(o->family, "moe_gemm_up") != 0 && strcmp(o->family, "moe_layer")};
+    if (o->dump_dir && !layer)
+        return mt_fail(err, MT_E_INVALID, "bench: a dump needs the layer (family moe or "
+                                          "moe_layer), not %s", o->family);
     model_kset *ks = NULL;
     model_moe_ws *ws = NULL;
     model_moe_kernels mk;
@@ -901,6 +973,10 @@ mt_status moe_bench_run(dev_device *d, const moe_bench_opts *o, FILE *out, mt_er
             (st = model_moe_add_kernels(ks, &b.dims, b.maxm, &mk, err)) != MT_OK ||
             (st = model_kset_select(ks, err)) != MT_OK ||
             (st = model_moe_ws_create(d, &b.dims, b.maxm, &ws, err)) != MT_OK)
+            goto out;
+        if (o->json)
+            print_keys(&b);
+        if (o->dump_dir && (st = dump_layer(&b, &mk, ws, err)) != MT_OK)
             goto out;
     }
     /* The stages alone: the same keys as the layer's GEMMs (the served

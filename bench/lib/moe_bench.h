@@ -15,6 +15,10 @@
  * machine). Times and the bandwidth carry p10 and p90; with flush, the
  * probe buffer is streamed before every timed call as well.
  *
+ * With json and the layer, the first line names the layer's kernels' shape
+ * keys ("stage":"keys"), the keys a tuning run must use for the layer to
+ * find its configs.
+ *
  * Prints a table (or one JSON object per line) to the given stream. Not
  * thread-safe; it allocates the full expert weights (GLM-5.2: about
  * 5 GiB). */
@@ -65,8 +69,9 @@ typedef struct moe_bench_peer {
 
 typedef struct moe_bench_opts {
     const char *shape;     /* moe_gemm_up shape: preset ("glm5.2") or key */
-    const char *family;    /* "moe" (layer and both GEMMs), "moe_gemm_up", "moe_gemm_down"
-                              or "moe_gemm" (both GEMMs, no layer) */
+    const char *family;    /* "moe" (layer and both GEMMs), "moe_layer" (the layer alone),
+                              "moe_gemm_up", "moe_gemm_down" or "moe_gemm" (both GEMMs,
+                              no layer) */
     const int64_t *ms;     /* token counts */
     int n_ms;
     bool sweep;            /* also time a small sweep of GEMM configs (cpu) */
@@ -79,6 +84,9 @@ typedef struct moe_bench_opts {
                               this device (moe_weight_layout) unless the shape says wl=1 */
     int wl;                /* with wl_set: 0 Quark rows, 1 grouped by 16 (the cpu tiles) */
     double max_ms;         /* timing budget per (config, M); default 1500 */
+    int max_reps;          /* timed calls per (config, M) at most (at least 3, at most
+                              100); 0: 100. Each layer call draws new activations on the
+                              host, which at M = 4096 costs more than the call */
     uint64_t seed;         /* 0: a fresh seed */
     db_t *db;              /* the layer's configs; NULL: family defaults */
     FILE *log;             /* the layer's kernel selection report; NULL: stderr */
@@ -87,6 +95,10 @@ typedef struct moe_bench_opts {
     bool no_limits;        /* no bandwidth samples or compute peaks (fractions print 0;
                               refused with flush): for tests, and for runs whose figure
                               is the peer ratio */
+    const char *dump_dir;  /* family moe or moe_layer: before timing, run the layer once
+                              per M on fresh tokens and write its inputs, the weights of
+                              the experts they hit and its output there (moe_dump.h);
+                              NULL: no dump */
 } moe_bench_opts;
 
 mt_status moe_bench_run(dev_device *d, const moe_bench_opts *o, FILE *out, mt_err *err);
