@@ -603,6 +603,7 @@ MT__MMA_COMMON(32)
  *   MT_MMA8_HAVE           1 where the instruction exists; the names below
  *                          exist only then
  *   MT_MMA8_M, _N, _K      16, 16 (AMD) or 8 (NVIDIA), 32
+ *   MT_MMA8_WAVE           lanes taking part (64 AMD, 32 NVIDIA), a constant
  *   MT_MMA8_A_PAIRS        pairs a lane holds of A (1 AMD, 2 NVIDIA); of B
  *                          it holds one
  *   mt_mma8_kgroup()       the 8-element group of K (0..3) of all of this
@@ -628,6 +629,13 @@ MT__MMA_COMMON(32)
  *                          block j is at p + n*ld + j*bstride: one ldmatrix
  *                          .x4 on NVIDIA (16-byte aligned rows), four
  *                          LDS reads on AMD
+ *   mt_mma8_load_a_tile(p, ld), mt_mma8_load_bt_tile(p, ld)  A and B as
+ *                          plain matrices of e4m3 bytes: A[m][k] = p[m*ld +
+ *                          k] (16 x 32), B[k][n] = p[n*ld + k] (a [N][K]
+ *                          tile, e.g. cache rows); element k of K is
+ *                          instruction position k (no slot order); p
+ *                          16-byte aligned, ld a multiple of 16 (ldmatrix
+ *                          on NVIDIA, 8-byte LDS reads on AMD)
  *   mt_mma8_acc            the accumulator (as mt_mma_acc of shape 16):
  *                          acc.x[i] is element (mt_mma8_acc_row(i),
  *                          mt_mma8_acc_col(i)); mt_mma8_acc_zero()
@@ -647,6 +655,7 @@ typedef mt__mma_acc_16 mt_mma8_acc;
 /* AMD: a lane holds elements 8*(lane/16) .. +7 of K of row (A) or column
  * (B) lane % 16, in its two registers in order. */
 #define MT_MMA8_N 16
+#define MT_MMA8_WAVE 64
 #define MT_MMA8_A_PAIRS 1
 #define MT_MMA8_SLOT(e) (((e) & 1) * 4 + ((e) >> 1))
 typedef struct mt_mma8_a { unsigned x[2]; } mt_mma8_a;
@@ -671,6 +680,31 @@ MT__FN void mt_mma8_load_b_packed4(const unsigned char *p, int ld, int bstride, 
     for (int j = 0; j < 4; j++)
         out[j] = *(const unsigned *)(q + j * bstride);
 }
+/* The lane's 8 bytes of K (8*kgroup ..) of row (A) or column (B). */
+#define mt_mma8_load_a_tile(p, ld) mt__mma8_tile_a((p), (ld), __FILE__, __LINE__)
+#define mt_mma8_load_bt_tile(p, ld) mt__mma8_tile_bt((p), (ld), __FILE__, __LINE__)
+MT__FN mt_mma8_a mt__mma8_tile_a(const unsigned char *p, int ld, const char *f, int l)
+{
+    MT__MMA_CHECK(p, (ld) & 15 ? 1 : 0, "mt_mma8_load_a_tile: the tile must start 16-byte "
+                  "aligned and ld be a multiple of 16", f, l);
+    const unsigned *w = (const unsigned *)MT__ALIGNED8(p + (mt_lane_id() % 16) * ld +
+                                                       8 * mt_mma8_kgroup());
+    mt_mma8_a a;
+    a.x[0] = w[0];
+    a.x[1] = w[1];
+    return a;
+}
+MT__FN mt_mma8_b mt__mma8_tile_bt(const unsigned char *p, int ld, const char *f, int l)
+{
+    MT__MMA_CHECK(p, (ld) & 15 ? 1 : 0, "mt_mma8_load_bt_tile: the tile must start 16-byte "
+                  "aligned and ld be a multiple of 16", f, l);
+    const unsigned *w = (const unsigned *)MT__ALIGNED8(p + mt_mma8_col_b() * ld +
+                                                       8 * mt_mma8_kgroup());
+    mt_mma8_b b;
+    b.x[0] = w[0];
+    b.x[1] = w[1];
+    return b;
+}
 MT__FN mt_mma8_acc mt__mma8_fp8(mt_mma8_a a, mt_mma8_b b, mt_mma8_acc c, const char *f, int l)
 {
     mt_mma8_acc d;
@@ -691,6 +725,7 @@ MT__FN mt_mma8_acc mt__mma8_fp8(mt_mma8_a a, mt_mma8_b b, mt_mma8_acc c, const c
  * 4t.. and 16+4t.. of column g. A pair's first word goes to the first
  * range, its second to the second. */
 #define MT_MMA8_N 8
+#define MT_MMA8_WAVE 32
 #define MT_MMA8_A_PAIRS 2
 #define MT_MMA8_SLOT(e) (e)
 typedef struct mt_mma8_a { unsigned x[4]; } mt_mma8_a;
@@ -712,11 +747,57 @@ MT__FN void mt_mma8_expand(unsigned w, unsigned lo, unsigned hi, unsigned *w0, u
     *w0 = mt__prmt(lo, hi, w & 0x7777u) | mt__prmt(0x8000u, 0u, (w >> 3) & 0x1111u);
     *w1 = mt__prmt(lo, hi, v & 0x7777u) | mt__prmt(0x8000u, 0u, (v >> 3) & 0x1111u);
 }
+/* A: matrices (rows 0-7 | 8-15) x (bytes 0-15 | 16-31) by ldmatrix .x4,
+ * which hands lane (g, t) bytes 4t.. of row g of each: a0..a3 exactly.
+ * B: (bytes 0-15 | 16-31) of the 8 columns by .x2: b0, b1. */
+#define mt_mma8_load_a_tile(p, ld)                                             \
+    mt__mma8_tile_a((p) + ((mt_lane_id() / 8) % 2 * 8 + mt_lane_id() % 8) * (ld) + \
+                        (mt_lane_id() / 16) * 16, __FILE__, __LINE__)
+#define mt_mma8_load_bt_tile(p, ld)                                            \
+    mt__mma8_tile_bt((p) + (mt_lane_id() % 8) * (ld) + (mt_lane_id() / 8) % 2 * 16, __FILE__, \
+                     __LINE__)
 #if defined(MT_EMU)
 #define mt_mma8_load_b_packed4(p, ld, bs, out)                                 \
     mt__ldsm4((p) + (mt_lane_id() % 8) * (ld) + (mt_lane_id() / 8) * (bs), (out), __FILE__, \
               __LINE__)
+MT__FN mt_mma8_a mt__mma8_tile_a(const unsigned char *row, const char *f, int l)
+{
+    mt_mma8_a a;
+    mt__ldsm4(row, a.x, f, l);
+    return a;
+}
+MT__FN mt_mma8_b mt__mma8_tile_bt(const unsigned char *row, const char *f, int l)
+{
+    unsigned x[4];
+    mt__ldsm4(row, x, f, l); /* .x2 reads the first two matrices */
+    mt_mma8_b b;
+    b.x[0] = x[0];
+    b.x[1] = x[1];
+    return b;
+}
 #else
+MT__FN mt_mma8_a mt__mma8_tile_a(const unsigned char *row, const char *f, int l)
+{
+    (void)f;
+    (void)l;
+    mt_mma8_a a;
+    unsigned ad = (unsigned)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(a.x[0]), "=r"(a.x[1]), "=r"(a.x[2]), "=r"(a.x[3])
+                 : "r"(ad));
+    return a;
+}
+MT__FN mt_mma8_b mt__mma8_tile_bt(const unsigned char *row, const char *f, int l)
+{
+    (void)f;
+    (void)l;
+    mt_mma8_b b;
+    unsigned ad = (unsigned)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
+                 : "=r"(b.x[0]), "=r"(b.x[1])
+                 : "r"(ad));
+    return b;
+}
 MT__FN void mt_mma8_load_b_packed4(const unsigned char *p, int ld, int bstride, unsigned *out)
 {
     const int l = mt_lane_id();

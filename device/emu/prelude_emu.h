@@ -394,7 +394,7 @@ static inline void mt_async_wait(void) {}
 static inline void mt__ldsm4(const void *row, unsigned out[4], const char *file, int line)
 {
     if ((uintptr_t)row & 15u)
-        mt__rt->trap("mt_mma8_load_b_packed4: every row must be 16-byte aligned (ldmatrix)",
+        mt__rt->trap("ldmatrix (mt_mma8_load_*): every row address must be 16-byte aligned",
                      file, line);
     int l = mt_lane_id();
     for (int j = 0; j < 4; j++) {

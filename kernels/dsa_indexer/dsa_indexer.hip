@@ -12,8 +12,9 @@
  * indices ascending, ties lowest index first.
  *
  * MMA=1 or 2 computes dsa_scores on the prelude's matrix fragments
- * (MT_MMA_SHAPE 16 or 32), see "MMA path" below; MMA=0 is the scalar path.
- * dsa_topk is the same for both.
+ * (MT_MMA_SHAPE 16 or 32), see "MMA path" below; MMA=3, with an fp8 key
+ * cache, on fp8 ones ("fp8 path"); MMA=0 is the scalar path. dsa_topk is
+ * the same for all.
  *
  * Params: BT, QB, WAVES, TK_WAVES, MMA; NT, TK_NT, KV_FP8 from the family.
  * Shape: S_IH, S_ID, S_topk, S_ps. */
@@ -91,7 +92,7 @@ MT_KERNEL __launch_bounds__(NT) void dsa_scores(
 
 #endif /* !MMA */
 
-#if MMA
+#if MMA == 1 || MMA == 2
 /* ---- MMA path ------------------------------------------------------------
  * Per key tile of BT tokens:
  *  1. the tile's keys are decoded to bf16 (fp8 e4m3 is exact in bf16; the
@@ -269,7 +270,196 @@ MT_KERNEL __launch_bounds__(NT) void dsa_scores(
         }
     }
 }
-#endif /* MMA */
+#endif /* MMA == 1 || MMA == 2 */
+
+#if MMA == 3
+/* ---- fp8 path --------------------------------------------------------------
+ * The indexer as an fp8 GEMM: S = Q K^T over the cache's own e4m3 bytes.
+ *  1. the key tile [BT][ID] goes to shared memory as it is in the cache
+ *     (mt_async16: cp.async on NVIDIA), rows past the context zeroed;
+ *  2. per query, each head's row of q (bf16) is scaled by a power of two
+ *     2^e_h that puts its largest element in [128, 256) and split into two
+ *     e4m3 parts, hi = fp8(q 2^e) and lo = fp8(q 2^e - hi): a bf16 value
+ *     is hi + lo exactly (hi keeps 4 significant bits; the rest, a multiple
+ *     of q's last bit no larger than hi's half step, has at most 4), down
+ *     to elements 2^-10 of the row's largest, below which lo loses bits
+ *     (less than 2^-17 of the largest term: far inside the tolerance);
+ *  3. two fp8 MMAs per K step (hi, lo) into one f32 accumulator: the
+ *     products are exact, so S is the bf16 path's up to the order of the
+ *     sums; the epilogue scales row h by kscale 2^-e_h, then relu, the
+ *     head weight, and the sum over heads as the MMA path does.
+ * ID must be whole K steps of 32 and a multiple of 16 bytes (validity). */
+#if !MT_MMA8_HAVE
+#error "MMA=3 needs fp8 matrix instructions (gfx940+, sm_89+)"
+#endif
+#if !KV_FP8
+#error "MMA=3 multiplies the fp8 cache as it is (kv=fp8)"
+#endif
+#if NT != WAVES * MT_MMA8_WAVE
+#error "MMA=3: the block's waves must be the matrix instruction's"
+#endif
+#if BT % MT_MMA8_N || S_ID % 32
+#error "MMA=3: BT must be whole fragment columns and ID whole K steps"
+#endif
+
+#define Y_IHP ((S_IH + 15) / 16 * 16) /* heads, whole fragment rows */
+#define Y_LD (S_ID + 16)              /* row pitch (bytes) of the tiles */
+#define Y_FI (Y_IHP / 16)
+#define Y_FK (S_ID / 32)
+#define Y_FJ (BT / MT_MMA8_N)
+#define Y_CH (S_ID / 16)              /* 16-byte copies per key row */
+/* columns per lane and the lane stride between holders of the same ones, as
+ * the MMA path (the 8-bit accumulator has the 16-row shape's layout) */
+#if MT_MMA8_N == 16
+#define Y_CPL 1
+#define Y_LSTEP 16
+#else
+#define Y_CPL 2
+#define Y_LSTEP 4
+#endif
+
+/* The hi and lo e4m3 parts of v (already scaled): v = hi + lo. */
+MT_DEVICE void y_split(float v, unsigned *hi, unsigned *lo)
+{
+    *hi = mt_f32_to_fp8e4m3(v);
+    *lo = mt_f32_to_fp8e4m3(v - mt_fp8e4m3_to_f32(*hi));
+}
+
+/* The exponent e that puts a row's largest magnitude a (> 0) in [128, 256). */
+MT_DEVICE int y_exp(float a)
+{
+    return a > 0.0f ? 7 - ((int)((mt_float_as_uint(a) >> 23) & 0xffu) - 127) : 0;
+}
+
+MT_KERNEL __launch_bounds__(NT) void dsa_scores(
+    const mt_bf16 *__restrict__ q, const float *__restrict__ w, const kv_t *__restrict__ pool,
+    const float *kscale, const int *table, int max_pages, const int *qseq, const int *ctx_len,
+    float *scores, int cstride, int m, float wscale)
+{
+    __shared__ __attribute__((aligned(16))) unsigned char sK[BT * Y_LD];
+    __shared__ __attribute__((aligned(16))) unsigned char sQ[2][Y_IHP * Y_LD]; /* hi, lo */
+    __shared__ int sE[Y_IHP];
+    const int tid = threadIdx.x, wave = tid / MT_MMA8_WAVE, lane = mt_lane_id();
+    const int t0 = blockIdx.x * BT, q0 = blockIdx.y * QB;
+    const float ks = kscale[0];
+    int loaded = -1;
+
+    for (int qq = 0; qq < QB && q0 + qq < m; qq++) {
+        const int mi = q0 + qq, len = ctx_len[mi], sq = qseq[mi];
+        if (t0 >= len)
+            continue;
+        __syncthreads(); /* the previous query is done with sK, sQ */
+        if (sq != loaded) {
+            /* Load as far as the longest following query of this row needs. */
+            int limit = len;
+            for (int k = qq + 1; k < QB && q0 + k < m && qseq[q0 + k] == sq; k++)
+                limit = ctx_len[q0 + k] > limit ? ctx_len[q0 + k] : limit;
+            const int *tbl = table + (long)sq * max_pages;
+            mt_u32x4 hold[(BT * Y_CH + NT - 1) / NT];
+            MT_UNROLL
+            for (int c = 0; c < (BT * Y_CH + NT - 1) / NT; c++) {
+                const int e = tid + c * NT, j = e / Y_CH, t = t0 + j;
+                if (e < BT * Y_CH && t < limit)
+                    mt_async16_begin(sK + j * Y_LD + 16 * (e % Y_CH),
+                                     pool + ((long)tbl[t / S_ps] * S_ps + t % S_ps) * S_ID +
+                                         16 * (e % Y_CH),
+                                     &hold[c]);
+            }
+            mt_async_wait();
+            MT_UNROLL
+            for (int c = 0; c < (BT * Y_CH + NT - 1) / NT; c++) {
+                const int e = tid + c * NT, j = e / Y_CH, t = t0 + j;
+                if (e >= BT * Y_CH)
+                    continue;
+                if (t < limit)
+                    mt_async16_end(sK + j * Y_LD + 16 * (e % Y_CH), hold[c]);
+                else {
+                    const mt_u32x4 z = {0u, 0u, 0u, 0u};
+                    *(mt_u32x4 *)(sK + j * Y_LD + 16 * (e % Y_CH)) = z;
+                }
+            }
+            loaded = sq;
+        }
+        /* the query's heads: a wave a head at a time, the largest by
+         * shuffles, then hi and lo */
+        for (int h = wave; h < Y_IHP; h += WAVES) {
+            const mt_bf16 *qr = q + ((long)mi * S_IH + h) * S_ID;
+            float a = 0.0f;
+            for (int d = lane; d < S_ID; d += MT_MMA8_WAVE) {
+                float v = h < S_IH ? mt_bf16_to_f32(qr[d]) : 0.0f;
+                a = mt_fmaxf(a, v < 0.0f ? -v : v);
+            }
+            for (int o = MT_MMA8_WAVE / 2; o > 0; o /= 2)
+                a = mt_fmaxf(a, mt_shfl_xor_f32(a, o));
+            const int e = y_exp(a);
+            if (lane == 0)
+                sE[h] = e;
+            for (int d = lane; d < S_ID; d += MT_MMA8_WAVE) {
+                unsigned hi = 0, lo = 0;
+                if (h < S_IH)
+                    y_split(mt_ldexpf(mt_bf16_to_f32(qr[d]), e), &hi, &lo);
+                sQ[0][h * Y_LD + d] = (unsigned char)hi;
+                sQ[1][h * Y_LD + d] = (unsigned char)lo;
+            }
+        }
+        __syncthreads();
+        /* The lane's rows' scales and head weights; the query's fragments
+         * are read from shared memory where they are used (a wave takes
+         * one or two key columns: holding them all would only add
+         * registers). */
+        float wr[Y_FI][4], sr[Y_FI][4];
+        MT_UNROLL
+        for (int i = 0; i < Y_FI; i++) {
+            MT_UNROLL
+            for (int r = 0; r < 4; r++) {
+                int h = i * 16 + mt_mma8_acc_row(r);
+                wr[i][r] = h < S_IH ? w[(long)mi * S_IH + h] : 0.0f;
+                sr[i][r] = mt_ldexpf(ks, -sE[h]);
+            }
+        }
+        for (int jf = wave; jf < Y_FJ && t0 + jf * MT_MMA8_N < len; jf += WAVES) {
+            const unsigned char *kb = sK + jf * MT_MMA8_N * Y_LD;
+            mt_mma8_acc s[Y_FI];
+            MT_UNROLL
+            for (int i = 0; i < Y_FI; i++)
+                s[i] = mt_mma8_acc_zero();
+            MT_UNROLL
+            for (int k = 0; k < Y_FK; k++) {
+                mt_mma8_b fb = mt_mma8_load_bt_tile(kb + 32 * k, Y_LD);
+                MT_UNROLL
+                for (int i = 0; i < Y_FI; i++) {
+                    const int o = i * 16 * Y_LD + 32 * k;
+                    s[i] = mt_mma8_fp8(mt_mma8_load_a_tile(sQ[0] + o, Y_LD), fb, s[i]);
+                    s[i] = mt_mma8_fp8(mt_mma8_load_a_tile(sQ[1] + o, Y_LD), fb, s[i]);
+                }
+            }
+            float part[Y_CPL];
+            MT_UNROLL
+            for (int c = 0; c < Y_CPL; c++)
+                part[c] = 0.0f;
+            MT_UNROLL
+            for (int i = 0; i < Y_FI; i++)
+                MT_UNROLL
+                for (int r = 0; r < 4; r++) {
+                    float v = s[i].x[r] * sr[i][r];
+                    if (v > 0.0f)
+                        part[r % Y_CPL] += wr[i][r] * v;
+                }
+            for (int o = Y_LSTEP; o < MT_MMA8_WAVE; o *= 2)
+                MT_UNROLL
+                for (int c = 0; c < Y_CPL; c++)
+                    part[c] += mt_shfl_xor_f32(part[c], o);
+            if (lane < Y_LSTEP)
+                MT_UNROLL
+                for (int c = 0; c < Y_CPL; c++) {
+                    int t = t0 + jf * MT_MMA8_N + mt_mma8_acc_col(c);
+                    if (t < len)
+                        scores[(long)mi * cstride + t] = part[c] * wscale;
+                }
+        }
+    }
+}
+#endif /* MMA == 3 */
 
 /* Unsigned keys in the order of the floats. */
 MT_DEVICE unsigned order_key(float f)

@@ -328,7 +328,7 @@ static const int bt_v[] = {16, 32, 64, 128};
 static const int qb_v[] = {1, 2, 4, 8};
 static const int waves_v[] = {1, 2, 4};
 static const int tk_waves_v[] = {1, 2, 4, 8};
-static const int mma_v[] = {0, 1, 2};
+static const int mma_v[] = {0, 1, 2, 3};
 
 /* Order matters: defines() reads WAVES third and TK_WAVES fourth. */
 enum { GP_BT, GP_QB, GP_WAVES, GP_TK_WAVES, GP_MMA, GP_COUNT };
@@ -337,8 +337,9 @@ static const kern_param_desc gpu_params[GP_COUNT] = {
     [GP_QB] = {"QB", qb_v, 4, "queries per score block (sharing a key tile)"},
     [GP_WAVES] = {"WAVES", waves_v, 3, "waves per score block"},
     [GP_TK_WAVES] = {"TK_WAVES", tk_waves_v, 4, "waves per top-k block"},
-    [GP_MMA] = {"MMA", mma_v, 3, "scores: 0 scalar FP32; 1, 2 matrix instructions for Q K^T, "
-                "the platform's small (16-row) or large (32x32x8, AMD) tile"},
+    [GP_MMA] = {"MMA", mma_v, 4, "scores: 0 scalar FP32; 1, 2 bf16 matrix instructions for Q "
+                "K^T, the platform's small (16-row) or large (32x32x8, AMD) tile; 3 fp8 ones "
+                "on the fp8 cache as it is (the query split exactly into two e4m3 parts)"},
 };
 
 static int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
@@ -352,6 +353,44 @@ static size_t gpu_mma_shared(const kern_shape *s, int bt, int tm, int tk, int ws
     return (size_t)(bt + round_up(s->v[D_IH], tm)) * (size_t)ld * 2;
 }
 
+/* Static shared memory of the fp8 path: the e4m3 key tile [BT][ID + 16],
+ * the query's hi and lo parts [2][IHP][ID + 16] and their exponents. */
+static size_t gpu_fp8_shared(const kern_shape *s, int bt)
+{
+    size_t ld = (size_t)s->v[D_ID] + 16, ihp = (size_t)round_up(s->v[D_IH], 16);
+    return (size_t)bt * ld + 2 * ihp * ld + ihp * 4;
+}
+
+/* The fp8 path's own rules (on top of the MMA path's): the fp8 cache, whole
+ * K steps of 32, the query's two parts in registers. */
+static bool gpu_fp8_valid(const kern_shape *s, const kern_config *c, const dev_props *p,
+                          char *why, size_t cap)
+{
+    if (s->v[D_KV] != KERN_DT_FP8E4M3) {
+        snprintf(why, cap, "MMA=3 multiplies the fp8 key cache as it is (kv=%s)",
+                 kern_dtype_name((kern_dtype)s->v[D_KV]));
+        return false;
+    }
+    if (s->v[D_ID] % 32) {
+        snprintf(why, cap, "MMA=3: ID=%lld is not whole K steps of 32", (long long)s->v[D_ID]);
+        return false;
+    }
+    /* hi and lo fragments: IHP x ID bytes each over the wave, 4 per register */
+    int64_t aregs = 2 * round_up(s->v[D_IH], 16) * s->v[D_ID] / (4 * p->warp_size);
+    if (aregs > 64) {
+        snprintf(why, cap, "MMA=3: the query's two parts take %lld registers per lane (at "
+                 "most 64)", (long long)aregs);
+        return false;
+    }
+    size_t sh = gpu_fp8_shared(s, c->v[GP_BT]);
+    if (sh > p->static_shared_per_block) {
+        snprintf(why, cap, "MMA=3: BT=%d needs %zu bytes of static shared memory, the device "
+                 "allows %zu", c->v[GP_BT], sh, p->static_shared_per_block);
+        return false;
+    }
+    return true;
+}
+
 /* The MMA path's rules: whole fragment columns of keys per wave, the
  * query's fragments held in registers, the tiles in static shared memory. */
 static bool gpu_mma_valid(const kern_shape *s, const kern_config *c, const dev_props *p,
@@ -361,6 +400,14 @@ static bool gpu_mma_valid(const kern_shape *s, const kern_config *c, const dev_p
     int tm, tn, tk;
     if (!attn_mma_tile(p, mma, &tm, &tn, &tk, why, cap))
         return false;
+    if (mma == 3) {
+        if (bt % tn || bt / tn < waves) {
+            snprintf(why, cap, "MMA=3: BT=%d keys are not whole %d-key fragment columns for "
+                     "each of WAVES=%d waves", bt, tn, waves);
+            return false;
+        }
+        return gpu_fp8_valid(s, c, p, why, cap);
+    }
     if (bt % tn || bt / tn < waves) {
         snprintf(why, cap, "MMA=%d: BT=%d keys are not whole %d-key fragment columns for "
                  "each of WAVES=%d waves", mma, bt, tn, waves);
@@ -431,6 +478,21 @@ static void gpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern
     static const int mma_tiles[][2] = {{64, 4}, {64, 2}, {32, 2}, {16, 1}};
     attn_mma_pick(s, m, p, gpu_valid, c, GP_MMA, set, 2, mma_tiles[0],
                   (int)(sizeof mma_tiles / sizeof mma_tiles[0]), c);
+    /* An fp8 cache on fp8 instructions where the device has them: the
+     * tile of the bf16 path, with the key tile half the bytes. */
+    if (s->v[D_KV] == KERN_DT_FP8E4M3 && c->v[GP_MMA]) {
+        kern_config f = *c;
+        f.v[GP_MMA] = 3;
+        static const int fp8_tiles[][2] = {{64, 4}, {128, 4}, {64, 2}, {32, 2}, {16, 1}};
+        for (size_t i = 0; i < sizeof fp8_tiles / sizeof fp8_tiles[0]; i++) {
+            f.v[GP_BT] = fp8_tiles[i][0];
+            f.v[GP_WAVES] = fp8_tiles[i][1];
+            if (gpu_valid(s, m, &f, p, why, sizeof why)) {
+                *c = f;
+                break;
+            }
+        }
+    }
 }
 
 static const kern_impl gpu_impl = {
@@ -499,7 +561,7 @@ static const kern_case cases[] = {
 
 const kern_family fam_dsa_indexer = {
     .name = "dsa_indexer",
-    .version = 2, /* 2: the GPU side's MMA parameter */
+    .version = 3, /* 2: the GPU side's MMA parameter; 3: MMA=3 (fp8) */
     .summary = "DSA lightning-indexer scores over the paged key cache and per-query top-k",
     .dims = dims,
     .n_dims = D_COUNT,

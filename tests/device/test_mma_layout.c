@@ -835,6 +835,134 @@ Test(mma_layout, a_mistake_in_the_prelude_alone_or_the_emulator_alone_fails_the_
     }
 }
 
+/* Plain fp8 tiles (mt_mma8_load_a_tile, mt_mma8_load_bt_tile): every byte
+ * of every lane holds the matrix element its vendor position names, and a
+ * random product of e4m3 tiles is the plain matmul. */
+static const char tile8_body[] =
+    "MT_KERNEL void tile8(unsigned char *far, unsigned char *fak, unsigned char *fbn,\n"
+    "                     unsigned char *fbk, float *d, const unsigned char *a,\n"
+    "                     const unsigned char *b, const float *c)\n"
+    "{\n"
+    "    __shared__ __attribute__((aligned(16))) unsigned char tr[16 * 48], tk[16 * 48];\n"
+    "    __shared__ __attribute__((aligned(16))) unsigned char as[16 * 32 * KS];\n"
+    "    __shared__ __attribute__((aligned(16))) unsigned char bs[MT_MMA8_N * 32 * KS];\n"
+    "    for (int i = threadIdx.x; i < 16 * 48; i += blockDim.x) {\n"
+    "        tr[i] = (unsigned char)(i / 48);\n"
+    "        tk[i] = (unsigned char)(i % 48);\n"
+    "    }\n"
+    "    for (int i = threadIdx.x; i < 16 * 32 * KS; i += blockDim.x)\n"
+    "        as[i] = a[i];\n"
+    "    for (int i = threadIdx.x; i < MT_MMA8_N * 32 * KS; i += blockDim.x)\n"
+    "        bs[i] = b[i];\n"
+    "    __syncthreads();\n"
+    "    const int l = mt_lane_id();\n"
+    "    mt_mma8_a x = mt_mma8_load_a_tile(tr, 48);\n"
+    "    memcpy(far + l * sizeof x, &x, sizeof x);\n"
+    "    x = mt_mma8_load_a_tile(tk, 48);\n"
+    "    memcpy(fak + l * sizeof x, &x, sizeof x);\n"
+    "    mt_mma8_b y = mt_mma8_load_bt_tile(tr, 48);\n"
+    "    memcpy(fbn + l * sizeof y, &y, sizeof y);\n"
+    "    y = mt_mma8_load_bt_tile(tk, 48);\n"
+    "    memcpy(fbk + l * sizeof y, &y, sizeof y);\n"
+    "    mt_mma8_acc acc;\n"
+    "    for (int i = 0; i < 4; i++)\n"
+    "        acc.x[i] = c[mt_mma8_acc_row(i) * MT_MMA8_N + mt_mma8_acc_col(i)];\n"
+    "    for (int s = 0; s < KS; s++)\n"
+    "        acc = mt_mma8_fp8(mt_mma8_load_a_tile(as + 32 * s, 32 * KS),\n"
+    "                          mt_mma8_load_bt_tile(bs + 32 * s, 32 * KS), acc);\n"
+    "    for (int i = 0; i < 4; i++)\n"
+    "        d[mt_mma8_acc_row(i) * MT_MMA8_N + mt_mma8_acc_col(i)] = acc.x[i];\n"
+    "}\n";
+
+static void check_tile8(int wave)
+{
+    const int id = wave == 64 ? MT_EMU_MMA_FP8_16X16X32 : MT_EMU_MMA_E4M3_16X8X32;
+    emu_mma_info in;
+    cr_assert(emu_mma_shape(id, &in));
+    const int N = in.n, K = 32 * KS8, W = in.wave;
+    uint64_t seed = mt_seed_fresh();
+    mt_rng rng;
+    mt_rng_seed(&rng, seed);
+    unsigned char *a = malloc((size_t)16 * K), *b = malloc((size_t)N * K);
+    float *c = malloc((size_t)16 * N * 4), *d = malloc((size_t)16 * N * 4);
+    for (int i = 0; i < 16 * K; i++) {
+        unsigned v = (unsigned)mt_rng_below(&rng, 256);
+        a[i] = (unsigned char)((v & 0x7fu) == 0x7fu ? v & 0xfeu : v);
+    }
+    for (int i = 0; i < N * K; i++) {
+        unsigned v = (unsigned)mt_rng_below(&rng, 256);
+        b[i] = (unsigned char)((v & 0x7fu) == 0x7fu ? v & 0xfeu : v);
+    }
+    for (int i = 0; i < 16 * N; i++)
+        c[i] = mt_rng_uniform(&rng, -4.0f, 4.0f);
+    dev_device *dv = open_emu(wave);
+    char ks[8];
+    snprintf(ks, sizeof ks, "%d", KS8);
+    dev_define defs[] = {{"KS", ks}};
+    dev_module *m = td_build(dv, "tile8.hip", tile8_body, defs, 1, true);
+    dev_kernel *k = td_kernel(m, "tile8", "pppppppp");
+    size_t na = (size_t)W * in.a_elems, nb = (size_t)W * in.b_elems;
+    void *g1 = td_alloc(dv, na), *g2 = td_alloc(dv, na), *g3 = td_alloc(dv, nb),
+         *g4 = td_alloc(dv, nb), *gd = td_alloc(dv, (size_t)16 * N * 4),
+         *ga = td_upload(dv, a, (size_t)16 * K), *gb = td_upload(dv, b, (size_t)N * K),
+         *gc = td_upload(dv, c, (size_t)16 * N * 4);
+    void *args[] = {&g1, &g2, &g3, &g4, &gd, &ga, &gb, &gc};
+    td_launch(dv, k, (dev_dim3){1, 1, 1}, (dev_dim3){(unsigned)W, 1, 1}, 0, args);
+    unsigned char *far = malloc(na), *fak = malloc(na), *fbn = malloc(nb), *fbk = malloc(nb);
+    td_download(dv, far, g1, na);
+    td_download(dv, fak, g2, na);
+    td_download(dv, fbn, g3, nb);
+    td_download(dv, fbk, g4, nb);
+    td_download(dv, d, gd, (size_t)16 * N * 4);
+    for (int l = 0; l < W; l++) {
+        for (int e = 0; e < in.a_elems; e++) {
+            int r, col;
+            vendor_cell(id, EMU_MMA_A, l, e, &r, &col);
+            cr_assert(far[l * in.a_elems + e] == r && fak[l * in.a_elems + e] == col,
+                      "A tile lane %d byte %d: (%d,%d), the vendor's (%d,%d)", l, e,
+                      far[l * in.a_elems + e], fak[l * in.a_elems + e], r, col);
+        }
+        for (int e = 0; e < in.b_elems; e++) {
+            int r, col;
+            vendor_cell(id, EMU_MMA_B, l, e, &r, &col);
+            cr_assert(fbn[l * in.b_elems + e] == col && fbk[l * in.b_elems + e] == r,
+                      "B^T tile lane %d byte %d: (k %d, n %d), the vendor's (k %d, n %d)", l, e,
+                      fbk[l * in.b_elems + e], fbn[l * in.b_elems + e], r, col);
+        }
+    }
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < N; j++) {
+            double want = c[i * N + j], mag = fabs(want);
+            for (int kk = 0; kk < K; kk++) {
+                double p = fp8_value(a[i * K + kk]) * fp8_value(b[j * K + kk]);
+                want += p;
+                mag += fabs(p);
+            }
+            cr_assert(fabs(d[i * N + j] - want) <= 1e-6 * mag + 1e-30,
+                      "wave%d seed %" PRIu64 ": d[%d][%d] = %.9g, want %.9g", wave, seed, i, j,
+                      d[i * N + j], want);
+        }
+    free(a);
+    free(b);
+    free(c);
+    free(d);
+    free(far);
+    free(fak);
+    free(fbn);
+    free(fbk);
+    void *bufs[] = {g1, g2, g3, g4, gd, ga, gb, gc};
+    for (int i = 0; i < 8; i++)
+        dev_free(dv, bufs[i]);
+    dev_module_unload(m);
+    dev_close(dv);
+}
+
+Test(mma_layout, fp8_tiles_are_plain_matrices_on_both_wave_sizes)
+{
+    check_tile8(64);
+    check_tile8(32);
+}
+
 /* ---- misuse fails loudly ------------------------------------------------ */
 
 /* Launches product_body's kernel with `threads` threads (KSTEPS 1) after
