@@ -636,6 +636,12 @@ MT__MMA_COMMON(32)
  *                          instruction position k (no slot order); p
  *                          16-byte aligned, ld a multiple of 16 (ldmatrix
  *                          on NVIDIA, 8-byte LDS reads on AMD)
+ *   MT_MMA8_A_BYTES, mt_mma8_a_cell(lane, e, &row, &k),
+ *   mt_mma8_load_a_frag(p) A kept in fragment order (a buffer another
+ *                          kernel wrote): the lane's MT_MMA8_A_BYTES bytes
+ *                          (8 AMD, 16 NVIDIA) at p + lane * that, 16-byte
+ *                          aligned; byte e of lane's A is element (row, k)
+ *                          of the 16 x 32 tile, k its plain position
  *   mt_mma8_acc            the accumulator (as mt_mma_acc of shape 16):
  *                          acc.x[i] is element (mt_mma8_acc_row(i),
  *                          mt_mma8_acc_col(i)); mt_mma8_acc_zero()
@@ -658,8 +664,22 @@ typedef mt__mma_acc_16 mt_mma8_acc;
 #define MT_MMA8_WAVE 64
 #define MT_MMA8_A_PAIRS 1
 #define MT_MMA8_SLOT(e) (((e) & 1) * 4 + ((e) >> 1))
+#define MT_MMA8_A_BYTES 8
 typedef struct mt_mma8_a { unsigned x[2]; } mt_mma8_a;
 typedef struct mt_mma8_b { unsigned x[2]; } mt_mma8_b;
+MT__FN void mt_mma8_a_cell(int lane, int e, int *row, int *k)
+{
+    *row = lane % 16;
+    *k = 8 * (lane / 16) + e;
+}
+MT__FN mt_mma8_a mt_mma8_load_a_frag(const unsigned char *p)
+{
+    const unsigned *w = (const unsigned *)MT__ALIGNED8(p + 8 * mt_lane_id());
+    mt_mma8_a a;
+    a.x[0] = w[0];
+    a.x[1] = w[1];
+    return a;
+}
 MT__FN int mt_mma8_kgroup(void) { return mt_lane_id() / 16; }
 MT__FN int mt_mma8_row_a(int i) { return mt_lane_id() % 16 + 0 * i; }
 MT__FN int mt_mma8_col_b(void) { return mt_lane_id() % 16; }
@@ -728,8 +748,24 @@ MT__FN mt_mma8_acc mt__mma8_fp8(mt_mma8_a a, mt_mma8_b b, mt_mma8_acc c, const c
 #define MT_MMA8_WAVE 32
 #define MT_MMA8_A_PAIRS 2
 #define MT_MMA8_SLOT(e) (e)
+#define MT_MMA8_A_BYTES 16
 typedef struct mt_mma8_a { unsigned x[4]; } mt_mma8_a;
 typedef struct mt_mma8_b { unsigned x[2]; } mt_mma8_b;
+MT__FN void mt_mma8_a_cell(int lane, int e, int *row, int *k)
+{
+    *row = lane / 4 + 8 * (e / 4 % 2);
+    *k = 4 * (lane % 4) + e % 4 + 16 * (e / 8);
+}
+MT__FN mt_mma8_a mt_mma8_load_a_frag(const unsigned char *p)
+{
+    const mt_u32x4 v = mt_load16(p + 16 * mt_lane_id());
+    mt_mma8_a a;
+    a.x[0] = v.x;
+    a.x[1] = v.y;
+    a.x[2] = v.z;
+    a.x[3] = v.w;
+    return a;
+}
 MT__FN int mt_mma8_kgroup(void) { return mt_lane_id() % 4; }
 MT__FN int mt_mma8_row_a(int i) { return mt_lane_id() / 4 + 8 * i; }
 MT__FN int mt_mma8_col_b(void) { return mt_lane_id() / 4; }

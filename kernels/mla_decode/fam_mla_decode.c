@@ -200,10 +200,26 @@ static int param(const kern_ctx *c, const char *name)
     return kern_config_get(c->impl, c->cfg, name, 1);
 }
 
+/* The fp8 path's query in fragment order (hi and lo, [M][H][W] bytes each)
+ * and its exponents (int32 [M][H]), after the partials. */
+static size_t q8_offset(const kern_shape *s, int64_t m, int nsplit)
+{
+    size_t part = (size_t)m * (size_t)s->v[D_H] * (size_t)nsplit * (size_t)(s->v[D_L] + 2) * 4;
+    return (part + 255) / 256 * 256;
+}
+
+static bool is_fp8_path(const kern_config *cfg)
+{
+    return cfg->n == 5 && cfg->v[3] == 3; /* the GPU side's MMA=3 */
+}
+
 static size_t scratch_bytes(const kern_shape *s, int64_t m, const kern_config *cfg)
 {
     /* NSPLIT is the last parameter of both implementations. */
     int nsplit = cfg->v[cfg->n - 1];
+    if (is_fp8_path(cfg))
+        return q8_offset(s, m, nsplit) +
+               (size_t)m * (size_t)s->v[D_H] * ((size_t)width(s) * 2 + 4);
     return (size_t)m * (size_t)s->v[D_H] * (size_t)nsplit * (size_t)(s->v[D_L] + 2) * 4;
 }
 
@@ -227,8 +243,19 @@ static mt_status run(const kern_ctx *c, mt_err *err)
     unsigned nt = gpu ? (unsigned)(param(c, "WAVES") * c->props->warp_size) : 1;
     int mp = (int)paged(s, c->m).max_pages;
     float scale = softmax_scale(s);
-    void *part = c->scratch;
-    void *args[] = {(void *)&c->bufs[B_Q], (void *)&c->bufs[B_CACHE],
+    void *part = c->scratch, *qin = c->bufs[B_Q];
+    if (gpu && is_fp8_path(c->cfg)) { /* the query in two e4m3 parts first */
+        dev_kernel *kq;
+        if ((st = kern_get(c, "mla_q8", "pp", &kq, err)) != MT_OK)
+            return st;
+        qin = (char *)c->scratch + q8_offset(s, c->m, nsplit);
+        void *qargs[] = {(void *)&c->bufs[B_Q], &qin};
+        st = dev_launch(c->dev, kq, (dev_dim3){(unsigned)(s->v[D_H] / 16), (unsigned)c->m, 1},
+                        (dev_dim3){nt, 1, 1}, 0, qargs, err);
+        if (st != MT_OK)
+            return st;
+    }
+    void *args[] = {&qin, (void *)&c->bufs[B_CACHE],
                     (void *)&c->bufs[B_KSCALE], (void *)&c->bufs[B_TABLE], &mp,
                     (void *)&c->bufs[B_QSEQ], (void *)&c->bufs[B_CTX],
                     (void *)&c->bufs[B_SEL], &part, &scale};
@@ -264,7 +291,7 @@ static const int hb_v[] = {1, 2, 4, 8, 16, 32, 64};
 static const int bn_v[] = {8, 16, 32, 64};
 static const int waves_v[] = {1, 2, 4, 8};
 static const int split_v[] = {1, 2, 4, 8, 16, 32, 64};
-static const int mma_v[] = {0, 1, 2};
+static const int mma_v[] = {0, 1, 2, 3};
 
 /* Order matters: HB first, WAVES third and NSPLIT last (defines and
  * scratch_bytes). */
@@ -273,8 +300,9 @@ static const kern_param_desc gpu_params[GP_COUNT] = {
     [GP_HB] = {"HB", hb_v, 7, "heads per block (they share each loaded cache row)"},
     [GP_BN] = {"BN", bn_v, 4, "tokens per tile"},
     [GP_WAVES] = {"WAVES", waves_v, 4, "waves per block"},
-    [GP_MMA] = {"MMA", mma_v, 3, "0 scalar FP32; 1, 2 matrix instructions for QK^T and PV, "
-                "the platform's small (16-row) or large (32x32x8, AMD) tile"},
+    [GP_MMA] = {"MMA", mma_v, 4, "0 scalar FP32; 1, 2 bf16 matrix instructions for QK^T and "
+                "PV, the platform's small (16-row) or large (32x32x8, AMD) tile; 3 fp8 ones "
+                "on the fp8 cache as it is (BN 32, the query in two e4m3 parts, P in three)"},
     [GP_NSPLIT] = {"NSPLIT", split_v, 7, "pieces of the context per query (reduced after)"},
 };
 
@@ -305,6 +333,62 @@ static bool gpu_mma_valid(const kern_shape *s, const kern_config *c, const dev_p
     return attn_mma_valid(&t, p, why, cap);
 }
 
+/* Static shared memory of the fp8 path, as mla_decode.hip declares it:
+ * the tile [BN][W + 16] and its latent part transposed [L][BN + pad] (pad
+ * 16 on wave64, 0 on wave32) in bytes, P's three parts [3][HB][BN + 16],
+ * S [HB][BN + 1] f32, three per-head floats and two rows of BN slots. */
+static size_t gpu_fp8_shared(const kern_shape *s, int hb, int bn, int ws)
+{
+    size_t w = (size_t)width(s), l = (size_t)s->v[D_L], vpad = ws == 64 ? 16 : 0;
+    return (size_t)bn * (w + 16) + l * ((size_t)bn + vpad) + 3 * (size_t)hb * ((size_t)bn + 16) +
+           (size_t)hb * ((size_t)bn + 1) * 4 + 3 * (size_t)hb * 4 + 2 * (size_t)bn * 4;
+}
+
+/* The fp8 path's rules: the fp8 cache; BN one K step of 32 tokens; L + R
+ * and L whole K steps, HB whole 16-row fragments; the waves split the HB x
+ * L output (L first) into at most 128 accumulator registers a lane; the
+ * tiles in static shared memory. */
+static bool gpu_fp8_valid(const kern_shape *s, const kern_config *c, const dev_props *p,
+                          char *why, size_t cap)
+{
+    int hb = c->v[GP_HB], bn = c->v[GP_BN], waves = c->v[GP_WAVES];
+    int tm, tn, tk;
+    if (!attn_mma_tile(p, 3, &tm, &tn, &tk, why, cap))
+        return false;
+    if (s->v[D_KV] != KERN_DT_FP8E4M3) {
+        snprintf(why, cap, "MMA=3 multiplies the fp8 cache as it is (kv=%s)",
+                 kern_dtype_name((kern_dtype)s->v[D_KV]));
+        return false;
+    }
+    int64_t l = s->v[D_L];
+    if (bn != 32 || width(s) % 32 || l % 32 || hb % 16) {
+        snprintf(why, cap, "MMA=3: BN=%d must be 32 (one K step of tokens), L+R=%lld and "
+                 "L=%lld whole K steps of 32, HB=%d whole 16-head fragments", bn,
+                 (long long)width(s), (long long)l, hb);
+        return false;
+    }
+    int64_t cols = l / tn;
+    int wn = cols < waves ? (int)cols : waves, wm = waves / wn;
+    if (waves % wn || cols % wn || hb % (wm * 16)) {
+        snprintf(why, cap, "MMA=3: WAVES=%d waves do not tile the HB=%d x L=%lld output", waves,
+                 hb, (long long)l);
+        return false;
+    }
+    int64_t regs = (int64_t)(hb / (wm * 16)) * (cols / wn) * 4;
+    if (regs > 128) {
+        snprintf(why, cap, "MMA=3: %lld accumulator registers a lane (at most 128): more WAVES "
+                 "or a smaller HB", (long long)regs);
+        return false;
+    }
+    size_t sh = gpu_fp8_shared(s, hb, bn, p->warp_size);
+    if (sh > p->static_shared_per_block) {
+        snprintf(why, cap, "MMA=3: HB=%d needs %zu bytes of static shared memory, the device "
+                 "allows %zu", hb, sh, p->static_shared_per_block);
+        return false;
+    }
+    return true;
+}
+
 static bool gpu_valid(const kern_shape *s, int64_t m, const kern_config *c,
                       const dev_props *p, char *why, size_t cap)
 {
@@ -322,6 +406,8 @@ static bool gpu_valid(const kern_shape *s, int64_t m, const kern_config *c,
         snprintf(why, cap, "BN=%d and HB=%d must not exceed the %d threads", bn, hb, nt);
         return false;
     }
+    if (c->v[GP_MMA] == 3)
+        return gpu_fp8_valid(s, c, p, why, cap);
     if (c->v[GP_MMA])
         return gpu_mma_valid(s, c, p, why, cap);
     return attn_scalar_valid(hb * s->v[D_L], nt, "HB*L", gpu_shared(s, hb, bn), p, why, cap);
@@ -366,6 +452,24 @@ static void gpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern
     };
     attn_mma_pick(s, m, p, gpu_valid, c, GP_MMA, set, 3, mma_tiles[0],
                   (int)(sizeof mma_tiles / sizeof mma_tiles[0]), c);
+    /* An fp8 cache on fp8 instructions where the device has them: 8 waves
+     * (2 a SIMD: the 64-head tile takes most of a CU's 64 KB), 32 heads
+     * where static shared memory is 48 KB (NVIDIA). */
+    if (s->v[D_KV] == KERN_DT_FP8E4M3) {
+        static const int fp8_tiles[][3] = {{64, 32, 8}, {32, 32, 8}, {32, 32, 4}, {16, 32, 4},
+                                           {16, 32, 2}};
+        kern_config f = *c;
+        f.v[GP_MMA] = 3;
+        for (size_t i = 0; i < sizeof fp8_tiles / sizeof fp8_tiles[0]; i++) {
+            f.v[GP_HB] = fp8_tiles[i][0];
+            f.v[GP_BN] = fp8_tiles[i][1];
+            f.v[GP_WAVES] = fp8_tiles[i][2];
+            if (gpu_valid(s, m, &f, p, why, sizeof why)) {
+                *c = f;
+                break;
+            }
+        }
+    }
     c->v[GP_NSPLIT] = pick_split(s, m, (int)(s->v[D_H] / c->v[0]), 2 * p->compute_units);
 }
 
@@ -435,13 +539,16 @@ static const kern_case cases[] = {
     {"H=8,L=64,R=16,D=48,topk=24,ps=16,kv=bf16,sparse=1,C=70", 2},
     {"H=8,L=512,R=64,D=192,topk=32,ps=64,kv=fp8,sparse=1,C=45", 1}, /* glm5.2 widths */
     {"H=8,L=512,R=64,D=192,topk=32,ps=64,kv=bf16,sparse=0,C=21", 2},
+    /* 16 heads of glm5.2's widths: the fp8 path's smallest head tile */
+    {"H=16,L=512,R=64,D=192,topk=48,ps=64,kv=fp8,sparse=1,C=75", 2},
+    {"H=16,L=512,R=64,D=192,topk=32,ps=16,kv=fp8,sparse=0,C=110", 1},
     /* an explicit scale: (32 + 16)^-0.5 times YaRN's mscale^2 at factor 40 */
     {"H=4,L=32,R=16,D=32,topk=16,ps=16,kv=bf16,sparse=1,sm=1049262777,C=40", 3},
 };
 
 const kern_family fam_mla_decode = {
     .name = "mla_decode",
-    .version = 2, /* 2: the GPU side's MMA parameter */
+    .version = 3, /* 2: the GPU side's MMA parameter; 3: MMA=3 (fp8) */
     .summary = "absorbed MLA over the paged latent cache, split-context, dense or DSA-sparse",
     .dims = dims,
     .n_dims = D_COUNT,

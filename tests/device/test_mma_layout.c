@@ -957,6 +957,60 @@ static void check_tile8(int wave)
     dev_close(dv);
 }
 
+/* A in fragment order: mt_mma8_a_cell names the vendor's cell of every
+ * byte, and mt_mma8_load_a_frag hands each lane its bytes in order. */
+static const char frag8_cell_body[] =
+    "MT_KERNEL void frag8_cell(int *cells, unsigned char *got, const unsigned char *buf)\n"
+    "{\n"
+    "    const int l = mt_lane_id();\n"
+    "    for (int e = 0; e < MT_MMA8_A_BYTES; e++) {\n"
+    "        int r, k;\n"
+    "        mt_mma8_a_cell(l, e, &r, &k);\n"
+    "        cells[(l * MT_MMA8_A_BYTES + e) * 2] = r;\n"
+    "        cells[(l * MT_MMA8_A_BYTES + e) * 2 + 1] = k;\n"
+    "    }\n"
+    "    mt_mma8_a a = mt_mma8_load_a_frag(buf);\n"
+    "    memcpy(got + l * MT_MMA8_A_BYTES, &a, MT_MMA8_A_BYTES);\n"
+    "}\n";
+
+Test(mma_layout, fp8_fragment_order_cells_are_the_vendors)
+{
+    for (int wave = 32; wave <= 64; wave *= 2) {
+        const int id = wave == 64 ? MT_EMU_MMA_FP8_16X16X32 : MT_EMU_MMA_E4M3_16X8X32;
+        emu_mma_info in;
+        cr_assert(emu_mma_shape(id, &in));
+        dev_device *d = open_emu(wave);
+        dev_module *m = td_build(d, "frag8_cell.hip", frag8_cell_body, NULL, 0, true);
+        dev_kernel *k = td_kernel(m, "frag8_cell", "ppp");
+        const size_t n = 512; /* 16 x 32 bytes: every lane's A */
+        unsigned char buf[512], got[512];
+        for (size_t i = 0; i < n; i++)
+            buf[i] = (unsigned char)(i * 7 + 3);
+        int *cells = malloc(n * 2 * sizeof(int));
+        void *gc = td_alloc(d, n * 2 * sizeof(int)), *gg = td_alloc(d, n),
+             *gb = td_upload(d, buf, n);
+        void *args[] = {&gc, &gg, &gb};
+        td_launch(d, k, (dev_dim3){1, 1, 1}, (dev_dim3){(unsigned)wave, 1, 1}, 0, args);
+        td_download(d, cells, gc, n * 2 * sizeof(int));
+        td_download(d, got, gg, n);
+        for (int l = 0; l < wave; l++)
+            for (int e = 0; e < in.a_elems; e++) {
+                int r, c;
+                vendor_cell(id, EMU_MMA_A, l, e, &r, &c);
+                const int *x = &cells[(l * in.a_elems + e) * 2];
+                cr_assert(x[0] == r && x[1] == c, "wave%d lane %d byte %d: (%d,%d), the "
+                          "vendor's (%d,%d)", wave, l, e, x[0], x[1], r, c);
+            }
+        cr_assert_eq(memcmp(buf, got, n), 0, "wave%d: fragment-order bytes moved", wave);
+        free(cells);
+        dev_free(d, gc);
+        dev_free(d, gg);
+        dev_free(d, gb);
+        dev_module_unload(m);
+        dev_close(d);
+    }
+}
+
 Test(mma_layout, fp8_tiles_are_plain_matrices_on_both_wave_sizes)
 {
     check_tile8(64);
