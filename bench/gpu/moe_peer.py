@@ -188,8 +188,11 @@ def run(a, meta, res, np, torch):
     w13p, s13 = load(f["w13"]), load(f["s13"])
     w2p, s2 = load(f["w2"]), load(f["s2"])
     gate, bias = load(f["gate"]), load(f["bias"])
-    slot = torch.full((E,), -1, dtype=torch.long, device=dev)
-    slot[experts] = torch.arange(experts.numel(), device=dev)
+    # Expert id -> its index in the dump, as host ints: indexing w13 with a
+    # device scalar would wait for the device at every expert.
+    slot = [-1] * E
+    for i, e in enumerate(experts.tolist()):
+        slot[e] = i
     res["load_s"] = round(time.time() - t0, 3)
     t0 = time.time()
     n = experts.numel()
@@ -284,7 +287,7 @@ def run(a, meta, res, np, torch):
     for t in meta["tokens"]:
         M = t["m"]
         x, ids, tw, ymt = load(t["x"]), load(t["ids"]).long(), load(t["weights"]), load(t["y"])
-        if bool((slot[ids] < 0).any()):
+        if any(slot[e] < 0 for e in torch.unique(ids).tolist()):
             raise ValueError("M=%d routes to an expert the dump lacks" % M)
         row = {"m": M, "experts_hit": int(torch.unique(ids).numel())}
         with torch.no_grad():
