@@ -397,10 +397,11 @@ static int send_request(const tsrv *t, const char *body)
     return fd;
 }
 
-/* One running slot: a streamed request queued behind a long one writes
- * nothing (no token, no keep-alive yet); its client leaving is noticed by
- * polling the socket, and it leaves the queue at the engine's next step. */
-Test(serve_edges_queue, a_streaming_client_that_leaves_while_queued_is_dropped, .timeout = 600)
+/* One running slot (a server of its own, beside the suite's): a streamed
+ * request queued behind a long one writes nothing (no token, no keep-alive
+ * yet); its client leaving is noticed by polling the socket, and it leaves
+ * the queue at the engine's next step. */
+Test(serve_edges, a_streaming_client_that_leaves_while_queued_is_dropped)
 {
     tsrv t;
     serve_server_opts o;

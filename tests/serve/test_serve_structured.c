@@ -439,7 +439,7 @@ Test(serve_structured, bad_sampling_values_are_400s)
 
 /* ---- under speculation ------------------------------------------------------------------ */
 
-Test(serve_structured_spec, mtp_drafts_are_held_to_the_grammar, .timeout = 900)
+Test(serve_structured, mtp_drafts_are_held_to_the_grammar)
 {
     tsrv t;
     signal(SIGPIPE, SIG_IGN);
