@@ -244,9 +244,15 @@ moe_peer() {
 attention() {
   gf=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["tflops_best"] * 1000)' \
     "$out/peak.json" 2>/dev/null || echo 0)
-  "$build/bench_attn" --device cuda --reps 20 --json --peak-gflops "$gf" \
-    >"$out/attn.jsonl" || return 1
-  echo "$(grep -c family "$out/attn.jsonl") calls timed"
+  # One run per family: a family that fails leaves the others' rows.
+  : >"$out/attn.jsonl"
+  bad=
+  for fam in mla_decode dsa_indexer rope mla_prefill; do
+    "$build/bench_attn" --device cuda --reps 20 --json --peak-gflops "$gf" --only $fam \
+      >>"$out/attn.jsonl" || bad="$bad $fam"
+  done
+  [ -z "$bad" ] || { echo "failed:$bad"; return 1; }
+  echo "$(grep -c '"family"' "$out/attn.jsonl") calls timed"
 }
 
 attn_check() {
@@ -364,6 +370,10 @@ down moe_gemm_down glm5.2-rows
 route moe_route glm5.2
 align moe_align glm5.2"
   [ $quick = 1 ] && keys=$(echo "$keys" | grep -E '^(up|down|route|align) ')
+  # What the layer's time depends on most first: the time guard may stop
+  # the rest.
+  keys=$(for k in up down route sh_up sh_down combine align sh_align; do
+    echo "$keys" | grep "^$k "; done)
   while read -r TK TF TS; do
     [ -n "$TK" ] || continue
     export TK TF TS
