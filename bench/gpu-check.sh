@@ -123,19 +123,23 @@ record() {
   printf '   %-12s %-8s %4ss  %s\n' "$1" "$2" "$3" "${note:0:200}"
 }
 
-# step NAME CAP [--skip-rc N] FUNCTION: runs FUNCTION (defined below) in a
-# fresh bash under timeout, its output in logs/NAME.log; the step's status
-# goes to steps.tsv. Exit N means skipped (the function's last line of
-# output is why); 124 a timeout. Nothing starts after the deadline.
+# step NAME CAP [--skip-rc N] [--leave S] FUNCTION: runs FUNCTION (defined
+# below) in a fresh bash under timeout, its output in logs/NAME.log; the
+# step's status goes to steps.tsv. Exit N means skipped (the function's
+# last line of output is why); 124 a timeout. Nothing starts after the
+# deadline; with --leave S, nothing after S seconds before it, and the step
+# ends by then (room for the steps after it).
 step() {
-  local name=$1 cap=$2 skip_rc=-1
+  local name=$1 cap=$2 skip_rc=-1 leave=0
   shift 2
   if [ "$1" = --skip-rc ]; then skip_rc=$2; shift 2; fi
+  if [ "$1" = --leave ]; then leave=$2; shift 2; fi
   local fn=$1 now left
   now=$(date +%s)
-  left=$((deadline - now))
+  left=$((deadline - leave - now))
   if [ "$left" -le 0 ] && [ "$name" != report ]; then
-    record "$name" not-run 0 "time guard: ${time_limit}s had passed"
+    record "$name" not-run 0 "time guard: ${time_limit}s had passed$([ "$leave" = 0 ] ||
+      echo " less ${leave}s kept for the steps after it")"
     return 1
   fi
   [ "$name" = report ] && left=60
@@ -286,6 +290,7 @@ check() {
   for f in $all; do
     if [ -z "$families" ] || [[ ",$families," == *",$f,"* ]]; then list="$list $f"; fi
   done
+  printf '%s\n' $list >"$out/check/families.txt"
   # One process per family: a fault kills one family's check, not the rest;
   # half the cores each way on a GPU (the references run on the host).
   p=$jobs
@@ -359,7 +364,7 @@ else
   skip nccl "no GPU"
 fi
 if [ $mode != none ]; then
-  step check 240 check
+  step check $([ $mode = gpu ] && echo 150 || echo 240) check
   # The layer's kernels at the keys it looks up (the bench's first line);
   # compile-only: the expert GEMMs and router at the glm5.2 presets.
   keys=$(grep '"stage":"keys"' "$out/moe-default.jsonl" 2>/dev/null | head -n 1 |
@@ -374,10 +379,13 @@ align moe_align glm5.2"
   # the rest.
   keys=$(for k in up down route sh_up sh_down combine align sh_align; do
     echo "$keys" | grep "^$k "; done)
+  # The tuned layer (GPU mode) needs about a minute after the tunes.
+  tune_leave=0
+  [ $mode = gpu ] && tune_leave=75
   while read -r TK TF TS; do
     [ -n "$TK" ] || continue
     export TK TF TS
-    step "tune-$TK" $((tune_budget + 90)) tune_one
+    step "tune-$TK" $((tune_budget + 90)) --leave "$tune_leave" tune_one
   done <<<"$keys"
   if [ -s "$db" ]; then
     "$mt" db best --db "$db" --json >"$out/db-best.json" 2>/dev/null

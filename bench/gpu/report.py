@@ -165,9 +165,16 @@ def attention_section(out):
 
 def check_section(out):
     fams = []
-    for path in sorted(glob.glob(os.path.join(out, "check", "*.rc"))):
-        name = os.path.basename(path)[:-3]
-        rc = read_text(path)
+    # A family's .err exists from its start, its .rc from its end: one
+    # without .rc was stopped (the step's time cap).
+    for path in sorted(glob.glob(os.path.join(out, "check", "*.err"))):
+        name = os.path.basename(path)[:-4]
+        rc = read_text(os.path.join(out, "check", name + ".rc"))
+        if not rc:
+            fams.append({"family": name, "exit": None, "passed": None, "failed": None,
+                         "refused": None, "status": "stopped",
+                         "note": "not finished when the step's time cap ended it"})
+            continue
         doc = read_json(os.path.join(out, "check", name + ".json"))
         err = read_text(os.path.join(out, "check", name + ".err")).splitlines()
         row = {"family": name, "exit": int(rc) if rc.lstrip("-").isdigit() else None,
@@ -181,8 +188,15 @@ def check_section(out):
                                                          r.get("config"), r.get("status"))
                                      for r in bad[:3]) or (err[-1] if err else ""))
         fams.append(row)
+    seen = {f["family"] for f in fams}
+    for name in read_text(os.path.join(out, "check", "families.txt")).split():
+        if name not in seen:
+            fams.append({"family": name, "exit": None, "passed": None, "failed": None,
+                         "refused": None, "status": "stopped",
+                         "note": "not started before the step's time cap"})
     total = {k: sum((f.get(k) or 0) for f in fams) for k in ("passed", "failed", "refused")}
-    status = None if not fams else "ok" if all(f["status"] == "ok" for f in fams) else "failed"
+    status = (None if not fams else "ok" if all(f["status"] == "ok" for f in fams) else
+              "stopped" if all(f["status"] in ("ok", "stopped") for f in fams) else "failed")
     return dict(total, status=status, families=fams)
 
 
