@@ -73,6 +73,10 @@ def ratio(a, b):
     return a / b if a is not None and b else None
 
 
+def peer_doc(out):
+    return read_json(os.path.join(out, "peer.json"))
+
+
 def moe_section(out, ms):
     dflt = read_jsonl(os.path.join(out, "moe-default.jsonl"))
     tuned = read_jsonl(os.path.join(out, "moe-tuned.jsonl"))
@@ -112,6 +116,7 @@ def moe_section(out, ms):
             "down_config": cfg(down, "down"),
             "up_compiled": isa["up"] is not None and not up,
             "down_compiled": isa["down"] is not None and not down,
+            "layer_TFLOPs": lay and lay.get("GFLOPs") and lay["GFLOPs"] / 1000,
             "weight_GBps": lay and lay.get("weight_GBps"),
             "bw_GBps": lay and lay.get("mem_bw_GBps"),
             "of_bw": lay and lay.get("fraction_of_bw"),
@@ -242,6 +247,8 @@ def main():
                  "note": nccl["note"] if nccl else None,
                  "log": read_text(os.path.join(out, "logs", "nccl.log")).splitlines()[-12:]},
     }
+    for r in moe["rows"]:
+        r["of_bf16_peak"] = ratio(r["layer_TFLOPs"], peak.get("tflops_best"))
     with open(os.path.join(out, "gpu-check.json"), "w") as f:
         json.dump(doc, f, indent=1, sort_keys=True)
         f.write("\n")
@@ -266,20 +273,25 @@ def main():
                  "" if li["bf16_tflops"] else ": " + (li["bf16_peak_reason"] or "not run")))
     L.append("")
     L.append("MoE layer, glm5.2 (E 256, top-8, H 6144, I 2048, a4w4), per M; ms by CUDA events")
-    L.append("  %5s %7s %9s %9s %8s %8s %7s %6s %10s %9s %6s" % (
-        "M", "experts", "layer ms", "tuned ms", "up ms", "down ms", "GB/s", "of bw",
+    L.append("  %5s %7s %9s %9s %8s %8s %7s %6s %6s %10s %9s %6s" % (
+        "M", "experts", "layer ms", "tuned ms", "up ms", "down ms", "GB/s", "of bw", "TF/s",
         "PyTorch ms", "mt/torch", "check"))
     for r in moe["rows"]:
         pc = r["peer_check"]
-        L.append("  %5d %7s %9s %9s %8s %8s %7s %6s %10s %9s %6s" % (
+        L.append("  %5d %7s %9s %9s %8s %8s %7s %6s %6s %10s %9s %6s" % (
             r["m"], fmt(r["experts_hit"], "%.1f"), fmt(r["layer_default_ms"]),
             fmt(r["layer_tuned_ms"]), fmt(r["up_ms"]), fmt(r["down_ms"]),
-            fmt(r["weight_GBps"], "%.0f"), fmt(r["of_bw"], "%.2f"), fmt(r["pytorch_ms"]),
+            fmt(r["weight_GBps"], "%.0f"), fmt(r["of_bw"], "%.2f"),
+            fmt(r["layer_TFLOPs"], "%.0f"), fmt(r["pytorch_ms"]),
             fmt(r["moetune_over_pytorch"], "%.2f"), pc["status"] if pc else "-"))
     L.append("  stage default configs%s:" % (" (compiled, not timed)" if mode != "gpu" else ""))
     for r in moe["rows"]:
         L.append("  %5d up %s | down %s" % (r["m"], r["up_config"] or "-", r["down_config"] or "-"))
-    if moe["peer_status"] and moe["peer_status"] != "ok":
+    if moe["peer_status"] == "ok":
+        L.append("  PyTorch peer on %s: %s of %s experts dumped (every expert a dumped M hit), "
+                 "bf16 weights" % (moe["peer_device"], moe["experts_dumped"],
+                                   (peer_doc(out) or {}).get("n_experts")))
+    elif moe["peer_status"]:
         L.append("  PyTorch peer: %s %s" % (moe["peer_status"], moe["peer_reason"] or ""))
     L.append("")
     L.append("attention at GLM-5.2 dims (best of the timed calls, L2 flushed)")
