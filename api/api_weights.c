@@ -93,13 +93,15 @@ static mt_status matrix(dev_device *dev, const moe_dims *d, api_weights *w, cons
     return MT_OK;
 }
 
-static mt_status need(const void *p, const char *name, bool want, mt_err *err)
+/* want: 1 required, 0 must be NULL (a shared expert's weights without one:
+ * the description and the weights disagree), -1 optional. */
+static mt_status need(const void *p, const char *name, int want, mt_err *err)
 {
-    if (want && !p)
+    if (want == 1 && !p)
         return mt_fail(err, MT_E_INVALID, "weights: %s is NULL", name);
-    if (!want && p)
-        return mt_fail(err, MT_E_INVALID, "weights: %s is set, but the layer has no use for "
-                       "it (shared_inter 0, or not routed by its router weight)", name);
+    if (want == 0 && p)
+        return mt_fail(err, MT_E_INVALID, "weights: %s is set, but desc.shared_inter is 0",
+                       name);
     if ((uintptr_t)p % 16)
         return mt_fail(err, MT_E_INVALID, "weights: %s (%p) is not aligned to 16 bytes", name,
                        p);
@@ -109,27 +111,24 @@ static mt_status need(const void *p, const char *name, bool want, mt_err *err)
 static mt_status setup(dev_device *dev, const moe_dims *d, moetune_routing r,
                        const moetune_moe_weights *in, api_weights *w, mt_err *err)
 {
-    bool sh = d->shared_inter > 0;
+    /* The router's weight and bias are read only by the routings that use
+     * them (moetune/moe.h) and ignored by the others. */
+    int sh = d->shared_inter > 0, gate = r == MOETUNE_ROUTE_GATE ? 1 : -1;
     struct {
         const void *p;
         const char *name;
-        bool want;
+        int want;
     } chk[] = {
-        {in->gate, "gate", r == MOETUNE_ROUTE_GATE},
-        {in->w13, "w13", true}, {in->s13, "s13", true}, {in->w2, "w2", true},
-        {in->s2, "s2", true}, {in->shared_w13, "shared_w13", sh},
-        {in->shared_s13, "shared_s13", sh}, {in->shared_w2, "shared_w2", sh},
-        {in->shared_s2, "shared_s2", sh},
+        {in->gate, "gate", gate}, {in->bias, "bias", -1},
+        {in->w13, "w13", 1}, {in->s13, "s13", 1}, {in->w2, "w2", 1}, {in->s2, "s2", 1},
+        {in->shared_w13, "shared_w13", sh}, {in->shared_s13, "shared_s13", sh},
+        {in->shared_w2, "shared_w2", sh}, {in->shared_s2, "shared_s2", sh},
     };
     for (size_t i = 0; i < sizeof chk / sizeof chk[0]; i++)
         MT_CHECK(need(chk[i].p, chk[i].name, chk[i].want, err));
-    if (r == MOETUNE_ROUTE_TOPK && in->bias)
-        return mt_fail(err, MT_E_INVALID, "weights: bias is set, but a ROUTE_TOPK layer takes "
-                       "the caller's weights as they are");
-    MT_CHECK(need(in->bias, "bias", in->bias != NULL, err));
     int64_t H = d->hidden, I = d->inter, E = d->n_experts, S = d->shared_inter;
-    w->w.gate = in->gate;
-    w->w.bias = in->bias;
+    w->w.gate = r == MOETUNE_ROUTE_GATE ? in->gate : NULL;
+    w->w.bias = r == MOETUNE_ROUTE_TOPK ? NULL : in->bias;
     if (r != MOETUNE_ROUTE_TOPK && !in->bias) {
         void *z = NULL;
         MT_CHECK(alloc_own(dev, w, (size_t)E * 4, &z, err));

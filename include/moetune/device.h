@@ -54,7 +54,7 @@ void moetune_device_close(moetune_device *dev);
  * device of the same backend and arch), and runs its default config when
  * none has. Add the user's own database first and a shipped one after it.
  * Layers created before the call keep their selection. At most 8.
- * Failure (no such file: MOETUNE_E_NOT_FOUND or MOETUNE_E_IO; not a
+ * Failure (no such file: MOETUNE_E_NOT_FOUND; unreadable: MOETUNE_E_IO; not a
  * database or a newer schema: MOETUNE_E_FORMAT or MOETUNE_E_UNSUPPORTED)
  * adds nothing. */
 moetune_status moetune_device_add_db(moetune_device *dev, const char *path);

@@ -105,9 +105,9 @@ void moetune_moe_desc_init(moetune_moe_desc *d);
  * kernels, but a program should not rely on that): keep them alive and
  * unchanged until moetune_moe_destroy. */
 typedef struct moetune_moe_weights {
-    const void *gate;       /* bf16 [E, H] router weight; ROUTE_GATE only */
-    const void *bias;       /* f32 [E] e_score_correction_bias; NULL: zeros;
-                             * ROUTE_GATE and ROUTE_LOGITS */
+    const void *gate;       /* bf16 [E, H] router weight; read by ROUTE_GATE only */
+    const void *bias;       /* f32 [E] e_score_correction_bias, NULL: zeros; read by
+                             * ROUTE_GATE and ROUTE_LOGITS (the others ignore both) */
     const void *w13, *s13;  /* [E, 2I, H/2], [E, 2I, H/32]: per expert its gate_proj
                              * rows, then its up_proj rows */
     const void *w2, *s2;    /* [E, H, I/2], [E, H, I/32]: down_proj */
