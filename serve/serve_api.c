@@ -6,6 +6,7 @@
 
 #include <civetweb.h>
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -155,6 +156,8 @@ static cJSON *logprobs_object(const reply *r, const serve_gen_view *v, int64_t f
             cJSON_AddItemToObject(e, "bytes", bytes);
             cJSON *top = cJSON_AddArrayToObject(e, "top_logprobs");
             for (int k = 0; k < v->n_top; k++) {
+                if (isinf(v->top_logprobs[i * v->n_top + k]))
+                    continue; /* a refused token (logit bias, a grammar's mask) */
                 cJSON *x = cJSON_CreateObject();
                 int32_t id = v->top_ids[i * v->n_top + k];
                 token_text(r, id, &t, &bytes);
@@ -180,6 +183,8 @@ static cJSON *logprobs_object(const reply *r, const serve_gen_view *v, int64_t f
             at += n;
             cJSON *d = cJSON_CreateObject();
             for (int k = 0; k < v->n_top; k++) {
+                if (isinf(v->top_logprobs[i * v->n_top + k]))
+                    continue; /* a refused token */
                 token_text(r, v->top_ids[i * v->n_top + k], &t, NULL);
                 if (!cJSON_GetObjectItemCaseSensitive(d, t.data ? t.data : ""))
                     cJSON_AddNumberToObject(d, t.data ? t.data : "",

@@ -487,3 +487,28 @@ Test(serve_structured, mtp_drafts_are_held_to_the_grammar)
     cJSON_Delete(schema);
     tsrv_stop(&t);
 }
+
+/* Logprobs under a grammar: refused tokens (-inf) are left out of
+ * top_logprobs, so every value a client reads is a number. */
+Test(serve_structured, top_logprobs_leave_out_refused_tokens)
+{
+    char body[4096];
+    schema_body(body, sizeof body, 1, 3, false, ",\"logprobs\":true,\"top_logprobs\":20");
+    cJSON *j;
+    cr_assert_eq(http(&T, "POST", "/v1/chat/completions", body, &j, NULL), 200);
+    cJSON *lp = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0),
+                                    "logprobs");
+    cJSON *e, *x;
+    int fewer = 0, n = 0;
+    cJSON_ArrayForEach(e, cJSON_GetObjectItem(lp, "content"))
+    {
+        cr_assert(cJSON_IsNumber(cJSON_GetObjectItem(e, "logprob")));
+        cJSON *top = cJSON_GetObjectItem(e, "top_logprobs");
+        cJSON_ArrayForEach(x, top) cr_assert(cJSON_IsNumber(cJSON_GetObjectItem(x, "logprob")));
+        fewer += cJSON_GetArraySize(top) < 20;
+        n++;
+    }
+    cr_assert_gt(n, 0);
+    cr_assert_gt(fewer, 0, "some step allowed fewer than 20 tokens");
+    cJSON_Delete(j);
+}
