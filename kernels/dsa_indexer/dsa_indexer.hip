@@ -275,19 +275,24 @@ MT_KERNEL __launch_bounds__(NT) void dsa_scores(
 #if MMA == 3
 /* ---- fp8 path --------------------------------------------------------------
  * The indexer as an fp8 GEMM: S = Q K^T over the cache's own e4m3 bytes.
+ *  0. dsa_q8 (once per launch, before the scores): each head's row of q
+ *     (bf16) is scaled by a power of two 2^e_h that puts its largest
+ *     element in [128, 256) and split into two e4m3 parts, hi = fp8(q 2^e)
+ *     and lo = fp8(q 2^e - hi): a bf16 value is hi + lo exactly (hi keeps 4
+ *     significant bits; the rest, a multiple of q's last bit no larger than
+ *     hi's half step, has at most 4), down to elements 2^-10 of the row's
+ *     largest, below which lo loses bits (less than 2^-17 of the largest
+ *     term: far inside the tolerance). The parts go to scratch in the
+ *     instructions' fragment order (one 16-byte or 8-byte load a lane),
+ *     the exponents after them;
  *  1. the key tile [BT][ID] goes to shared memory as it is in the cache
  *     (mt_async16: cp.async on NVIDIA), rows past the context zeroed;
- *  2. per query, each head's row of q (bf16) is scaled by a power of two
- *     2^e_h that puts its largest element in [128, 256) and split into two
- *     e4m3 parts, hi = fp8(q 2^e) and lo = fp8(q 2^e - hi): a bf16 value
- *     is hi + lo exactly (hi keeps 4 significant bits; the rest, a multiple
- *     of q's last bit no larger than hi's half step, has at most 4), down
- *     to elements 2^-10 of the row's largest, below which lo loses bits
- *     (less than 2^-17 of the largest term: far inside the tolerance);
- *  3. two fp8 MMAs per K step (hi, lo) into one f32 accumulator: the
- *     products are exact, so S is the bf16 path's up to the order of the
- *     sums; the epilogue scales row h by kscale 2^-e_h, then relu, the
- *     head weight, and the sum over heads as the MMA path does.
+ *  2. per query its fragments are copied to shared memory (from L2, beside
+ *     the key tile's copies), then two fp8 MMAs per K step (hi, lo) into
+ *     one f32 accumulator: the products are exact, so S is the bf16
+ *     path's up to the order of the sums; the epilogue scales row h by
+ *     kscale 2^-e_h, then relu, the head weight, and the sum over heads as
+ *     the MMA path does.
  * ID must be whole K steps of 32 and a multiple of 16 bytes (validity). */
 #if !MT_MMA8_HAVE
 #error "MMA=3 needs fp8 matrix instructions (gfx940+, sm_89+)"
@@ -303,11 +308,15 @@ MT_KERNEL __launch_bounds__(NT) void dsa_scores(
 #endif
 
 #define Y_IHP ((S_IH + 15) / 16 * 16) /* heads, whole fragment rows */
-#define Y_LD (S_ID + 16)              /* row pitch (bytes) of the tiles */
+#define Y_LD (S_ID + 16)              /* row pitch (bytes) of the key tile */
 #define Y_FI (Y_IHP / 16)
 #define Y_FK (S_ID / 32)
 #define Y_FJ (BT / MT_MMA8_N)
 #define Y_CH (S_ID / 16)              /* 16-byte copies per key row */
+#define Y_QTILE 512                   /* bytes of a 16 x 32 fragment tile */
+#define Y_QB (Y_FI * Y_FK * 2 * Y_QTILE) /* a query's two parts */
+#define Y_QCP ((Y_QB / 16 + NT - 1) / NT)
+#define Y_KCP ((BT * Y_CH + NT - 1) / NT)
 /* columns per lane and the lane stride between holders of the same ones, as
  * the MMA path (the 8-bit accumulator has the 16-row shape's layout) */
 #if MT_MMA8_N == 16
@@ -318,46 +327,95 @@ MT_KERNEL __launch_bounds__(NT) void dsa_scores(
 #define Y_LSTEP 4
 #endif
 
-/* The hi and lo e4m3 parts of v (already scaled): v = hi + lo. */
-MT_DEVICE void y_split(float v, unsigned *hi, unsigned *lo)
-{
-    *hi = mt_f32_to_fp8e4m3(v);
-    *lo = mt_f32_to_fp8e4m3(v - mt_fp8e4m3_to_f32(*hi));
-}
-
 /* The exponent e that puts a row's largest magnitude a (> 0) in [128, 256). */
 MT_DEVICE int y_exp(float a)
 {
     return a > 0.0f ? 7 - ((int)((mt_float_as_uint(a) >> 23) & 0xffu) - 127) : 0;
 }
 
+/* Grid (IHP / 16, M), NT threads: the query of 16 heads of one token as
+ * [Y_FK][hi, lo][512] fragment-order bytes at q8 + ((m FI + hg) FK) 1024,
+ * then the exponents, int32 [M][IHP], after all M tokens' parts. Heads past
+ * IH are zeros. */
+MT_KERNEL __launch_bounds__(NT) void dsa_q8(const mt_bf16 *__restrict__ q,
+                                            unsigned char *__restrict__ q8)
+{
+    __shared__ int sE[16];
+    const int hg = blockIdx.x, m = blockIdx.y, tid = threadIdx.x;
+    const mt_bf16 *qm = q + ((long)m * S_IH + hg * 16) * S_ID;
+    for (int r = tid / MT_MMA8_WAVE; r < 16; r += WAVES) {
+        float a = 0.0f;
+        if (hg * 16 + r < S_IH)
+            for (int d = mt_lane_id(); d < S_ID; d += MT_MMA8_WAVE) {
+                const float v = mt_bf16_to_f32(qm[(long)r * S_ID + d]);
+                a = mt_fmaxf(a, v < 0.0f ? -v : v);
+            }
+        for (int o = MT_MMA8_WAVE / 2; o > 0; o /= 2)
+            a = mt_fmaxf(a, mt_shfl_xor_f32(a, o));
+        if (mt_lane_id() == 0)
+            sE[r] = y_exp(a);
+    }
+    __syncthreads();
+    unsigned char *dst = q8 + ((long)m * Y_FI + hg) * Y_FK * 2 * Y_QTILE;
+    for (int i = tid; i < Y_FK * Y_QTILE; i += NT) {
+        const int kk = i / Y_QTILE, pos = i % Y_QTILE;
+        int r, k;
+        mt_mma8_a_cell(pos / MT_MMA8_A_BYTES, pos % MT_MMA8_A_BYTES, &r, &k);
+        unsigned hi = 0, lo = 0;
+        if (hg * 16 + r < S_IH) {
+            const float v = mt_ldexpf(mt_bf16_to_f32(qm[(long)r * S_ID + kk * 32 + k]), sE[r]);
+            hi = mt_f32_to_fp8e4m3(v);
+            lo = mt_f32_to_fp8e4m3(v - mt_fp8e4m3_to_f32(hi));
+        }
+        dst[(kk * 2) * Y_QTILE + pos] = (unsigned char)hi;
+        dst[(kk * 2 + 1) * Y_QTILE + pos] = (unsigned char)lo;
+    }
+    if (tid < 16) {
+        int *ex = (int *)(q8 + (long)gridDim.y * Y_IHP * S_ID * 2);
+        ex[(long)m * Y_IHP + hg * 16 + tid] = sE[tid];
+    }
+}
+
+/* q is dsa_q8's output here. */
 MT_KERNEL __launch_bounds__(NT) void dsa_scores(
     const mt_bf16 *__restrict__ q, const float *__restrict__ w, const kv_t *__restrict__ pool,
     const float *kscale, const int *table, int max_pages, const int *qseq, const int *ctx_len,
     float *scores, int cstride, int m, float wscale)
 {
     __shared__ __attribute__((aligned(16))) unsigned char sK[BT * Y_LD];
-    __shared__ __attribute__((aligned(16))) unsigned char sQ[2][Y_IHP * Y_LD]; /* hi, lo */
-    __shared__ int sE[Y_IHP];
+    __shared__ __attribute__((aligned(16))) unsigned char sQ[Y_QB];
+    const unsigned char *q8 = (const unsigned char *)q;
+    const int *qexp = (const int *)(q8 + (long)m * Y_IHP * S_ID * 2);
     const int tid = threadIdx.x, wave = tid / MT_MMA8_WAVE, lane = mt_lane_id();
     const int t0 = blockIdx.x * BT, q0 = blockIdx.y * QB;
     const float ks = kscale[0];
     int loaded = -1;
 
+    MT_NOUNROLL /* one query at a time keeps the registers of one */
     for (int qq = 0; qq < QB && q0 + qq < m; qq++) {
         const int mi = q0 + qq, len = ctx_len[mi], sq = qseq[mi];
         if (t0 >= len)
             continue;
-        __syncthreads(); /* the previous query is done with sK, sQ */
-        if (sq != loaded) {
+        __syncthreads(); /* the previous query is done with sK and sQ */
+        /* the query's fragments (from L2: dsa_q8 wrote them) */
+        const unsigned char *qa = q8 + (long)mi * Y_QB;
+        mt_u32x4 qhold[Y_QCP];
+        MT_UNROLL
+        for (int c = 0; c < Y_QCP; c++) {
+            const int e = tid + c * NT;
+            if (e < Y_QB / 16)
+                mt_async16_begin(sQ + 16 * e, qa + 16 * e, &qhold[c]);
+        }
+        const int reload = sq != loaded;
+        mt_u32x4 hold[Y_KCP];
+        if (reload) {
             /* Load as far as the longest following query of this row needs. */
             int limit = len;
             for (int k = qq + 1; k < QB && q0 + k < m && qseq[q0 + k] == sq; k++)
                 limit = ctx_len[q0 + k] > limit ? ctx_len[q0 + k] : limit;
             const int *tbl = table + (long)sq * max_pages;
-            mt_u32x4 hold[(BT * Y_CH + NT - 1) / NT];
             MT_UNROLL
-            for (int c = 0; c < (BT * Y_CH + NT - 1) / NT; c++) {
+            for (int c = 0; c < Y_KCP; c++) {
                 const int e = tid + c * NT, j = e / Y_CH, t = t0 + j;
                 if (e < BT * Y_CH && t < limit)
                     mt_async16_begin(sK + j * Y_LD + 16 * (e % Y_CH),
@@ -367,7 +425,7 @@ MT_KERNEL __launch_bounds__(NT) void dsa_scores(
             }
             mt_async_wait();
             MT_UNROLL
-            for (int c = 0; c < (BT * Y_CH + NT - 1) / NT; c++) {
+            for (int c = 0; c < Y_KCP; c++) {
                 const int e = tid + c * NT, j = e / Y_CH, t = t0 + j;
                 if (e >= BT * Y_CH)
                     continue;
@@ -379,34 +437,17 @@ MT_KERNEL __launch_bounds__(NT) void dsa_scores(
                 }
             }
             loaded = sq;
+        } else {
+            mt_async_wait();
         }
-        /* the query's heads: a wave a head at a time, the largest by
-         * shuffles, then hi and lo */
-        for (int h = wave; h < Y_IHP; h += WAVES) {
-            const mt_bf16 *qr = q + ((long)mi * S_IH + h) * S_ID;
-            float a = 0.0f;
-            for (int d = lane; d < S_ID; d += MT_MMA8_WAVE) {
-                float v = h < S_IH ? mt_bf16_to_f32(qr[d]) : 0.0f;
-                a = mt_fmaxf(a, v < 0.0f ? -v : v);
-            }
-            for (int o = MT_MMA8_WAVE / 2; o > 0; o /= 2)
-                a = mt_fmaxf(a, mt_shfl_xor_f32(a, o));
-            const int e = y_exp(a);
-            if (lane == 0)
-                sE[h] = e;
-            for (int d = lane; d < S_ID; d += MT_MMA8_WAVE) {
-                unsigned hi = 0, lo = 0;
-                if (h < S_IH)
-                    y_split(mt_ldexpf(mt_bf16_to_f32(qr[d]), e), &hi, &lo);
-                sQ[0][h * Y_LD + d] = (unsigned char)hi;
-                sQ[1][h * Y_LD + d] = (unsigned char)lo;
-            }
+        MT_UNROLL
+        for (int c = 0; c < Y_QCP; c++) {
+            const int e = tid + c * NT;
+            if (e < Y_QB / 16)
+                mt_async16_end(sQ + 16 * e, qhold[c]);
         }
         __syncthreads();
-        /* The lane's rows' scales and head weights; the query's fragments
-         * are read from shared memory where they are used (a wave takes
-         * one or two key columns: holding them all would only add
-         * registers). */
+        /* The lane's rows' scales and head weights. */
         float wr[Y_FI][4], sr[Y_FI][4];
         MT_UNROLL
         for (int i = 0; i < Y_FI; i++) {
@@ -414,7 +455,7 @@ MT_KERNEL __launch_bounds__(NT) void dsa_scores(
             for (int r = 0; r < 4; r++) {
                 int h = i * 16 + mt_mma8_acc_row(r);
                 wr[i][r] = h < S_IH ? w[(long)mi * S_IH + h] : 0.0f;
-                sr[i][r] = mt_ldexpf(ks, -sE[h]);
+                sr[i][r] = mt_ldexpf(ks, -qexp[(long)mi * Y_IHP + h]);
             }
         }
         for (int jf = wave; jf < Y_FJ && t0 + jf * MT_MMA8_N < len; jf += WAVES) {
@@ -428,9 +469,9 @@ MT_KERNEL __launch_bounds__(NT) void dsa_scores(
                 mt_mma8_b fb = mt_mma8_load_bt_tile(kb + 32 * k, Y_LD);
                 MT_UNROLL
                 for (int i = 0; i < Y_FI; i++) {
-                    const int o = i * 16 * Y_LD + 32 * k;
-                    s[i] = mt_mma8_fp8(mt_mma8_load_a_tile(sQ[0] + o, Y_LD), fb, s[i]);
-                    s[i] = mt_mma8_fp8(mt_mma8_load_a_tile(sQ[1] + o, Y_LD), fb, s[i]);
+                    const unsigned char *qt = sQ + (i * Y_FK + k) * 2 * Y_QTILE;
+                    s[i] = mt_mma8_fp8(mt_mma8_load_a_frag(qt), fb, s[i]);
+                    s[i] = mt_mma8_fp8(mt_mma8_load_a_frag(qt + Y_QTILE), fb, s[i]);
                 }
             }
             float part[Y_CPL];

@@ -21,7 +21,9 @@
  * select of the threshold on order-preserving 32-bit keys, and an
  * index-ordered compaction that takes ties lowest-index first. On GPUs,
  * MMA=1|2 computes the scores on matrix instructions (dsa_indexer.hip);
- * the top-k is the same. */
+ * MMA=3 (fp8 cache) on fp8 ones, after dsa_q8 has split the query into
+ * two e4m3 parts in fragment order (scratch, after the scores); the top-k
+ * is the same. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -265,9 +267,26 @@ static int param(const kern_ctx *c, const char *name)
     return kern_config_get(c->impl, c->cfg, name, 1);
 }
 
+static int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
+
+/* The fp8 path (the GPU side's MMA=3, its fifth parameter) also keeps the
+ * query in fragment order, hi and lo ([M][IHP][ID] bytes each), and its
+ * exponents (int32 [M][IHP]) after the scores. */
+static bool is_fp8_path(const kern_config *cfg)
+{
+    return cfg->n == 5 && cfg->v[4] == 3;
+}
+
+static size_t q8_offset(const kern_shape *s, int64_t m)
+{
+    return (size_t)round_up(m * s->v[D_C] * 4, 256);
+}
+
 static size_t scratch_bytes(const kern_shape *s, int64_t m, const kern_config *cfg)
 {
-    (void)cfg;
+    if (is_fp8_path(cfg))
+        return q8_offset(s, m) + (size_t)m * (size_t)round_up(s->v[D_IH], 16) *
+                                     ((size_t)s->v[D_ID] * 2 + 4);
     return (size_t)m * (size_t)s->v[D_C] * 4;
 }
 
@@ -289,13 +308,23 @@ static mt_status run(const kern_ctx *c, mt_err *err)
     int bt = param(c, "BT"), qb = param(c, "QB"), m = (int)c->m;
     int mp = (int)paged(s, c->m).max_pages, cs = (int)s->v[D_C];
     float wscale = (float)(1.0 / sqrt((double)s->v[D_IH] * (double)s->v[D_ID]));
-    void *scores = c->scratch;
-    void *sargs[] = {(void *)&c->bufs[B_Q], (void *)&c->bufs[B_W], (void *)&c->bufs[B_CACHE],
+    void *scores = c->scratch, *qin = c->bufs[B_Q];
+    dev_dim3 sblock = {gpu ? (unsigned)(param(c, "WAVES") * c->props->warp_size) : 1, 1, 1};
+    if (gpu && is_fp8_path(c->cfg)) { /* the query in two e4m3 parts first */
+        dev_kernel *kq;
+        if ((st = kern_get(c, "dsa_q8", "pp", &kq, err)) != MT_OK)
+            return st;
+        qin = (char *)c->scratch + q8_offset(s, c->m);
+        void *qargs[] = {(void *)&c->bufs[B_Q], &qin};
+        dev_dim3 qgrid = {(unsigned)round_up(s->v[D_IH], 16) / 16, (unsigned)m, 1};
+        if ((st = dev_launch(c->dev, kq, qgrid, sblock, 0, qargs, err)) != MT_OK)
+            return st;
+    }
+    void *sargs[] = {&qin, (void *)&c->bufs[B_W], (void *)&c->bufs[B_CACHE],
                      (void *)&c->bufs[B_KSCALE], (void *)&c->bufs[B_TABLE], &mp,
                      (void *)&c->bufs[B_QSEQ], (void *)&c->bufs[B_CTX], &scores, &cs, &m,
                      &wscale};
     dev_dim3 sgrid = {kern_cdiv(cs, bt), kern_cdiv(m, qb), 1};
-    dev_dim3 sblock = {gpu ? (unsigned)(param(c, "WAVES") * c->props->warp_size) : 1, 1, 1};
     /* the MMA path's tiles are static shared memory; cpu launches take none */
     size_t shm = gpu && !param(c, "MMA") ? score_shared(s, bt) : 0;
     st = dev_launch(c->dev, ks, sgrid, sblock, shm, sargs, err);
@@ -342,8 +371,6 @@ static const kern_param_desc gpu_params[GP_COUNT] = {
                 "on the fp8 cache as it is (the query split exactly into two e4m3 parts)"},
 };
 
-static int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
-
 /* Static shared memory of the MMA path, as dsa_indexer.hip declares it: the
  * bf16 key tile [BT][IDP + pad] and the query [IHP][IDP + pad], heads and
  * dims rounded up to whole fragments, pad 4 (wave64) or 8 (wave32) bf16. */
@@ -353,16 +380,16 @@ static size_t gpu_mma_shared(const kern_shape *s, int bt, int tm, int tk, int ws
     return (size_t)(bt + round_up(s->v[D_IH], tm)) * (size_t)ld * 2;
 }
 
-/* Static shared memory of the fp8 path: the e4m3 key tile [BT][ID + 16],
- * the query's hi and lo parts [2][IHP][ID + 16] and their exponents. */
+/* Static shared memory of the fp8 path: the e4m3 key tile [BT][ID + 16]
+ * and one query's two parts in fragment order ([2][IHP][ID] bytes). */
 static size_t gpu_fp8_shared(const kern_shape *s, int bt)
 {
-    size_t ld = (size_t)s->v[D_ID] + 16, ihp = (size_t)round_up(s->v[D_IH], 16);
-    return (size_t)bt * ld + 2 * ihp * ld + ihp * 4;
+    size_t id = (size_t)s->v[D_ID];
+    return (size_t)bt * (id + 16) + 2 * (size_t)round_up(s->v[D_IH], 16) * id;
 }
 
 /* The fp8 path's own rules (on top of the MMA path's): the fp8 cache, whole
- * K steps of 32, the query's two parts in registers. */
+ * K steps of 32, the key tile in static shared memory. */
 static bool gpu_fp8_valid(const kern_shape *s, const kern_config *c, const dev_props *p,
                           char *why, size_t cap)
 {
@@ -373,13 +400,6 @@ static bool gpu_fp8_valid(const kern_shape *s, const kern_config *c, const dev_p
     }
     if (s->v[D_ID] % 32) {
         snprintf(why, cap, "MMA=3: ID=%lld is not whole K steps of 32", (long long)s->v[D_ID]);
-        return false;
-    }
-    /* hi and lo fragments: IHP x ID bytes each over the wave, 4 per register */
-    int64_t aregs = 2 * round_up(s->v[D_IH], 16) * s->v[D_ID] / (4 * p->warp_size);
-    if (aregs > 64) {
-        snprintf(why, cap, "MMA=3: the query's two parts take %lld registers per lane (at "
-                 "most 64)", (long long)aregs);
         return false;
     }
     size_t sh = gpu_fp8_shared(s, c->v[GP_BT]);
@@ -561,7 +581,7 @@ static const kern_case cases[] = {
 
 const kern_family fam_dsa_indexer = {
     .name = "dsa_indexer",
-    .version = 3, /* 2: the GPU side's MMA parameter; 3: MMA=3 (fp8) */
+    .version = 4, /* 2: the GPU side's MMA parameter; 3: MMA=3 (fp8); 4: its query pre-pass */
     .summary = "DSA lightning-indexer scores over the paged key cache and per-query top-k",
     .dims = dims,
     .n_dims = D_COUNT,

@@ -26,7 +26,7 @@ enum {
     EXPERTS = 16,
     TOPK = 4,
     SHARED = 1,
-    HEADS = 4,
+    HEADS = 4, /* the attention widths of model_tiny_write (tiny_attn) */
     Q_LORA = 64,
     KV_LORA = 32,
     QK_NOPE = 32,
@@ -41,6 +41,14 @@ enum {
     MAX_POS = 4096,
     MTP = LAYERS, /* model.layers.4.* */
 };
+
+/* The attention widths a checkpoint is written with. */
+typedef struct tiny_attn {
+    int heads, kv_lora, qk_rope;
+} tiny_attn;
+
+static const tiny_attn attn_tiny = {HEADS, KV_LORA, QK_ROPE};
+static const tiny_attn attn_wide = {16, 64, 32};
 
 static const char *const shard_names[2] = {"model-00001-of-00002.safetensors",
                                            "model-00002-of-00002.safetensors"};
@@ -155,7 +163,7 @@ static cJSON *quant_config(void)
     return q;
 }
 
-static cJSON *config_json(const int32_t eos[3])
+static cJSON *config_json(const int32_t eos[3], const tiny_attn *at)
 {
     cJSON *c = cJSON_CreateObject();
     const char *arch[] = {"GlmMoeDsaForCausalLM"};
@@ -186,14 +194,14 @@ static cJSON *config_json(const int32_t eos[3])
     cJSON_AddStringToObject(c, "scoring_func", "sigmoid");
     cJSON_AddStringToObject(c, "topk_method", "noaux_tc");
     cJSON_AddStringToObject(c, "moe_router_dtype", "float32");
-    cJSON_AddNumberToObject(c, "num_attention_heads", HEADS);
-    cJSON_AddNumberToObject(c, "num_key_value_heads", HEADS);
+    cJSON_AddNumberToObject(c, "num_attention_heads", at->heads);
+    cJSON_AddNumberToObject(c, "num_key_value_heads", at->heads);
     cJSON_AddNumberToObject(c, "q_lora_rank", Q_LORA);
-    cJSON_AddNumberToObject(c, "kv_lora_rank", KV_LORA);
+    cJSON_AddNumberToObject(c, "kv_lora_rank", at->kv_lora);
     cJSON_AddNumberToObject(c, "qk_nope_head_dim", QK_NOPE);
-    cJSON_AddNumberToObject(c, "qk_rope_head_dim", QK_ROPE);
-    cJSON_AddNumberToObject(c, "qk_head_dim", QK_NOPE + QK_ROPE);
-    cJSON_AddNumberToObject(c, "head_dim", QK_ROPE);
+    cJSON_AddNumberToObject(c, "qk_rope_head_dim", at->qk_rope);
+    cJSON_AddNumberToObject(c, "qk_head_dim", QK_NOPE + at->qk_rope);
+    cJSON_AddNumberToObject(c, "head_dim", at->qk_rope);
     cJSON_AddNumberToObject(c, "v_head_dim", V_DIM);
     cJSON_AddBoolToObject(c, "attention_bias", 0);
     cJSON_AddNumberToObject(c, "attention_dropout", 0.0);
@@ -241,6 +249,7 @@ typedef struct gen {
      * is embedding row t, eh_proj passes enorm(embedding) through. */
     bool mapped;
     uint16_t *emb;   /* [VOCAB][HIDDEN] the embedding as written */
+    const tiny_attn *attn;
 } gen;
 
 static mt_status put(gen *g, const char *name, model_dtype dt, int ndim, const int64_t *shape,
@@ -329,11 +338,15 @@ static mt_status put_layer(gen *g, int L)
     MT_CHECK(put_vec(g, p, "post_attention_layernorm.weight", HIDDEN, 1, 0.02f));
     MT_CHECK(put_linear(g, a, "q_a_proj", Q_LORA, HIDDEN, false, false));
     MT_CHECK(put_vec(g, a, "q_a_layernorm.weight", Q_LORA, 1, 0.02f));
-    MT_CHECK(put_linear(g, a, "q_b_proj", HEADS * (QK_NOPE + QK_ROPE), Q_LORA, false, false));
-    MT_CHECK(put_linear(g, a, "kv_a_proj_with_mqa", KV_LORA + QK_ROPE, HIDDEN, false, false));
-    MT_CHECK(put_vec(g, a, "kv_a_layernorm.weight", KV_LORA, 1, 0.02f));
-    MT_CHECK(put_linear(g, a, "kv_b_proj", HEADS * (QK_NOPE + V_DIM), KV_LORA, false, false));
-    MT_CHECK(put_linear(g, a, "o_proj", HIDDEN, HEADS * V_DIM, false, true));
+    const tiny_attn *at = g->attn;
+    MT_CHECK(put_linear(g, a, "q_b_proj", at->heads * (QK_NOPE + at->qk_rope), Q_LORA, false,
+                        false));
+    MT_CHECK(put_linear(g, a, "kv_a_proj_with_mqa", at->kv_lora + at->qk_rope, HIDDEN, false,
+                        false));
+    MT_CHECK(put_vec(g, a, "kv_a_layernorm.weight", at->kv_lora, 1, 0.02f));
+    MT_CHECK(put_linear(g, a, "kv_b_proj", at->heads * (QK_NOPE + V_DIM), at->kv_lora, false,
+                        false));
+    MT_CHECK(put_linear(g, a, "o_proj", HIDDEN, at->heads * V_DIM, false, true));
     if (indexer_full(L)) {
         snprintf(q, sizeof q, "%sindexer.", a);
         MT_CHECK(put_linear(g, q, "wq_b", IDX_HEADS * IDX_DIM, Q_LORA, false, false));
@@ -455,7 +468,8 @@ mt_status model_tiny_write_tokenizer(const char *path, mt_err *err)
     return st;
 }
 
-static mt_status write_all(const char *dir, uint64_t seed, bool mapped, mt_err *err)
+static mt_status write_all(const char *dir, uint64_t seed, bool mapped, const tiny_attn *at,
+                           mt_err *err)
 {
     mt_status st = mt_mkdirs(dir, err);
     if (st != MT_OK)
@@ -481,7 +495,7 @@ static mt_status write_all(const char *dir, uint64_t seed, bool mapped, mt_err *
     if (st != MT_OK)
         return st;
 
-    cJSON *cfg = config_json(eos);
+    cJSON *cfg = config_json(eos, at);
     char *cfg_text = cJSON_Print(cfg);
     cJSON_Delete(cfg);
     st = cfg_text ? write_text(dir, "config.json", cfg_text, err)
@@ -492,7 +506,7 @@ static mt_status write_all(const char *dir, uint64_t seed, bool mapped, mt_err *
 
     size_t big = (size_t)VOCAB * HIDDEN > (size_t)INTER * HIDDEN ? (size_t)VOCAB * HIDDEN
                                                                  : (size_t)INTER * HIDDEN;
-    gen g = {.err = err, .mapped = mapped};
+    gen g = {.err = err, .mapped = mapped, .attn = at};
     mt_rng_seed(&g.rng, seed);
     g.weight_map = cJSON_CreateObject();
     g.f = malloc(big * sizeof *g.f);
@@ -541,10 +555,15 @@ static mt_status write_all(const char *dir, uint64_t seed, bool mapped, mt_err *
 
 mt_status model_tiny_write(const char *dir, uint64_t seed, mt_err *err)
 {
-    return write_all(dir, seed, false, err);
+    return write_all(dir, seed, false, &attn_tiny, err);
+}
+
+mt_status model_tiny_write_wide_attention(const char *dir, uint64_t seed, mt_err *err)
+{
+    return write_all(dir, seed, false, &attn_wide, err);
 }
 
 mt_status model_tiny_write_mtp_map(const char *dir, uint64_t seed, mt_err *err)
 {
-    return write_all(dir, seed, true, err);
+    return write_all(dir, seed, true, &attn_tiny, err);
 }

@@ -30,6 +30,11 @@
 /* Writes the checkpoint into dir (created if needed; files replaced). */
 mt_status model_tiny_write(const char *dir, uint64_t seed, mt_err *err);
 
+/* The same with the attention in whole matrix-instruction tiles, as the GPU
+ * fp8 attention paths need them: 16 heads, kv_lora 64, qk_rope 32 (so the
+ * cache rows are 96 wide); everything else as model_tiny_write. */
+mt_status model_tiny_write_wide_attention(const char *dir, uint64_t seed, mt_err *err);
+
 /* The same architecture and format, built so the MTP layer predicts well
  * (speculative decoding's acceptance): a next-token map instead of random
  * behaviour. Every linear that writes the residual stream (o_proj, the MLP

@@ -3,7 +3,9 @@
  * against the plain C reference, and greedy generation giving the same
  * tokens as on cpu. Kept small: the emulator is slow. Tolerances as in
  * test_forward.c per position (a16w4: every position <= 0.4), with the
- * mean bound loosened for five positions (see below). */
+ * mean bound loosened for five positions (see below); and decode through the
+ * fp8 attention paths on a checkpoint whose attention fits their tiles. */
+#define _GNU_SOURCE /* open_memstream */
 #include "test_forward_util.h"
 
 Test(forward_emu, a16w4_matches_reference)
@@ -128,5 +130,107 @@ Test(forward_emu, greedy_generation_equals_cpu)
     model_runtime_close(rt);
     for (int i = 0; i < GEN; i++)
         cr_assert_eq(a[i], b[i], "token %d: cpu %d, emu %d", i, a[i], b[i]);
+    fw_rm_dir(dir);
+}
+
+/* Every report line of family fam has MMA=3 in its config, and there is
+ * one. */
+static void assert_fp8_selected(const char *report, const char *fam)
+{
+    int lines = 0;
+    for (const char *l = report; *l;) {
+        const char *end = strchr(l, '\n');
+        size_t len = end ? (size_t)(end - l) : strlen(l);
+        if (len > strlen(fam) && !strncmp(l, fam, strlen(fam)) && l[strlen(fam)] == ' ') {
+            char line[512];
+            snprintf(line, sizeof line, "%.*s", (int)len, l);
+            cr_assert(strstr(line, "MMA=3"), "not the fp8 path: %s", line);
+            lines++;
+        }
+        l += len + (end != NULL);
+    }
+    cr_assert_gt(lines, 0, "no %s in the kernel selection:\n%s", fam, report);
+}
+
+/* The fp8 attention paths through the model: a checkpoint whose attention
+ * is in whole fragment tiles (16 heads, cache rows of 64 + 32) on an fp8
+ * cache, so emu's defaults for mla_decode and dsa_indexer are MMA=3 (the
+ * query in two e4m3 parts, P in three, the keys as they are). Two prompt
+ * tokens, then four decoded one at a time, against the reference with the
+ * same fp8 cache: the bounds of test_forward.c's fp8-cache test on cpu
+ * (every position <= 0.4, mean <= 3e-2, half within 1e-2). */
+Test(forward_emu, fp8_cache_decode_on_fp8_paths_matches_reference, .timeout = 600)
+{
+    char *dir = tmp_dir_dup("mt_fwd_wide");
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(model_tiny_write_wide_attention(dir, 1, &err), MT_OK, "%s", err.msg);
+    model_runtime *rt = fw_open(dir, (fw_open_args){.device = "emu", .act = MODEL_ACT_NONE,
+                                                    .kv_dtype = KERN_DT_FP8E4M3,
+                                                    .max_batch_tokens = 8});
+    char *report = NULL;
+    size_t report_len = 0;
+    FILE *mf = open_memstream(&report, &report_len);
+    cr_assert_not_null(mf);
+    model_runtime_report(rt, mf);
+    fclose(mf);
+    assert_fp8_selected(report, "mla_decode");
+    assert_fp8_selected(report, "dsa_indexer");
+    free(report);
+
+    int32_t V = model_runtime_vocab(rt);
+    uint64_t seed = mt_seed_fresh();
+    const int n = 6;
+    model_ref_opts ro = {.mimic = true, .kv_fp8 = true};
+    model_ref *ref = NULL;
+    cr_assert_eq(model_ref_open(dir, &ro, &ref, &err), MT_OK, "%s", err.msg);
+    float *want = malloc(sizeof(float) * (size_t)V * n);
+    int32_t *tok = NULL;
+    for (int draw = 0; !tok; draw++) {
+        cr_assert_lt(draw, FW_MAX_DRAWS, "seed %" PRIu64 ": no prompt clear of near-ties", seed);
+        tok = fw_tokens(seed + (uint64_t)draw, n, V);
+        cr_assert_eq(model_ref_forward(ref, tok, n, want, &err), MT_OK, "%s", err.msg);
+        double least, least_index;
+        fw_ref_least_margins(ref, n, &least, &least_index);
+        if (least < FW_SHORT_PROMPT_MARGIN || least_index < FW_INDEX_MARGIN) {
+            free(tok);
+            tok = NULL;
+        }
+    }
+    model_ref_close(ref);
+
+    float *got = malloc(sizeof(float) * (size_t)V * n);
+    int seq;
+    cr_assert_eq(model_seq_create(rt, &seq, &err), MT_OK, "%s", err.msg);
+    model_step_item it = {.seq = seq, .tokens = tok, .n_tokens = 2, .all_logits = got,
+                          .n_prompt = 2};
+    cr_assert_eq(model_step(rt, &it, 1, &err), MT_OK, "%s", err.msg);
+    for (int t = 2; t < n; t++) {
+        model_step_item one = {.seq = seq, .tokens = tok + t, .n_tokens = 1,
+                               .logits = got + (size_t)t * V};
+        cr_assert_eq(model_step(rt, &one, 1, &err), MT_OK, "%s", err.msg);
+    }
+    int64_t pre_rows, abs_rows;
+    model_runtime_attention_rows(rt, &pre_rows, &abs_rows);
+    cr_assert_eq(abs_rows, n - 2, "rows on the absorbed path (mla_decode): %" PRId64, abs_rows);
+
+    double worst = 0, mean = 0;
+    int close = 0;
+    for (int t = 0; t < n; t++) {
+        double e = fw_rel_l2(got + (size_t)t * V, want + (size_t)t * V, V);
+        cr_assert(!isnan(e), "seed %" PRIu64 ": NaN logits at position %d", seed, t);
+        worst = e > worst ? e : worst;
+        mean += e / n;
+        close += e <= 1e-2;
+    }
+    cr_log_info("seed %" PRIu64 ", fp8 paths on emu: worst position %.3g, mean %.3g, %d of %d "
+                "within 1e-2", seed, worst, mean, close, n);
+    cr_assert_leq(worst, 0.4, "seed %" PRIu64 ": worst position %.3g", seed, worst);
+    cr_assert_leq(mean, 3e-2, "seed %" PRIu64 ": mean error %.3g", seed, mean);
+    cr_assert_geq(2 * close, n, "seed %" PRIu64 ": only %d of %d positions within 1e-2 (mean "
+                  "%.3g)", seed, close, n, mean);
+    free(got);
+    free(want);
+    free(tok);
+    model_runtime_close(rt);
     fw_rm_dir(dir);
 }
