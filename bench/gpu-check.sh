@@ -305,7 +305,7 @@ check() {
   bad=
   for f in $list; do [ "$(cat "$out/check/$f.rc")" = 0 ] || bad="$bad $f"; done
   [ -z "$bad" ] || { echo "failed:$bad"; return 1; }
-  echo "$(echo $list | wc -w) families, every code path and $samples samples each"
+  echo "$(echo $list | wc -w) families: every code path, and $samples sampled configs per case"
 }
 
 # tune_one KERNEL FAMILY KEY (from the environment: TK, TF, TS)
