@@ -1,5 +1,6 @@
-/* rt_forward.c: model_step, the batched forward pass. Every computation is
- * a launch of a kernel of the runtime's kernel set (model_kern_run); the host validates the
+/* rt_forward.c: rt_step, one rank's batched forward pass (model_step, in
+ * rt_driver.c, runs it on each rank). Every computation is a launch of a kernel of the
+ * runtime's kernel set (model_kern_run); the host validates the
  * items, reserves KV pages, uploads token ids, positions, pool rows and the
  * page table, and copies the requested logits back.
  *
