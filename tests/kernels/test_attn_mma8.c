@@ -82,15 +82,7 @@ Test(attn_mma8, dsa_indexer_matches_the_reference_on_both_wave_sizes, .timeout =
 static bool valid(const char *fname, const char *shape, const char *cfg, const char *spec,
                   const char *arch, char *why, size_t cap)
 {
-    const kern_family *f = fam(fname);
-    dev_device *d = mma_open_or_skip(spec, arch);
-    kern_shape s;
-    cr_assert_eq(kern_shape_parse(f, shape, &s, NULL, NULL), MT_OK);
-    kern_config c;
-    mma_parse(f, cfg, &c);
-    bool ok = kern_config_valid(f, f->gpu, &s, 2, &c, dev_get_props(d), why, cap);
-    dev_close(d);
-    return ok;
+    return mma_valid_spec(fname, shape, 2, cfg, spec, arch, why, cap);
 }
 
 Test(attn_mma8, the_fp8_paths_are_refused_where_they_cannot_run)
@@ -125,66 +117,18 @@ Test(attn_mma8, the_fp8_paths_are_refused_where_they_cannot_run)
 
 /* ---- the GLM-5.2 fp8 defaults' code, compile-only -------------------------- */
 
-static void default_of(const kern_family *f, const char *shape, int64_t m, const dev_props *p,
-                       kern_shape *s, kern_config *c, char *key, size_t cap)
-{
-    cr_assert_eq(kern_shape_parse(f, shape, s, NULL, NULL), MT_OK);
-    memset(c, 0, sizeof *c);
-    f->gpu->default_config(s, m, p, c);
-    kern_config_key(f->gpu, c, key, cap);
-    cr_assert_eq(kern_config_get(f->gpu, c, "MMA", -1), 3, "%s %s M=%lld: default %s", f->name,
-                 shape, (long long)m, key);
-}
-
+/* The default's code: fp8 MFMA in the hot loop without a vmcnt(0) ahead,
+ * and where two_waves is set 2 waves per SIMD by registers and LDS. */
 static void gfx942_default(const char *fname, const char *kernel, int64_t m, bool two_waves)
 {
-    const kern_family *f = fam(fname);
-    dev_device *d = mma_open_or_skip("hip", "gfx942");
-    kern_shape s;
-    kern_config c;
-    char key[256];
-    default_of(f, "glm5.2-fp8", m, dev_get_props(d), &s, &c, key, sizeof key);
-    dev_code *code = NULL;
-    mt_err err = MT_ERR_INIT;
-    cr_assert_eq(kern_compile(d, f, f->gpu, &s, &c, &code, &err), MT_OK, "%s", err.msg);
-    const dev_kernel_res *r = td_find_res(code, kernel);
-    cr_assert_eq(r->private_bytes, 0, "%s %s: scratch", fname, key);
-    cr_assert_eq(r->spill_vgprs, 0, "%s %s: spills", fname, key);
-    int waves = kern_config_get(f->gpu, &c, "WAVES", 1);
-    int waves_lds = (int)((r->lds_bytes ? 65536 / r->lds_bytes : 64) * waves / 4);
-    size_t len = 0;
-    const void *bytes = dev_code_get_bytes(code, &len);
-    dev_isa_report *rep = malloc(sizeof *rep);
-    cr_assert_not_null(rep);
-    mt_status st = dev_isa_mix(bytes, len, "gfx942", rep, &err);
-    if (st != MT_OK) {
-        free(rep);
-        dev_code_free(code);
-        dev_close(d);
-        cr_assert_eq(st, MT_E_UNSUPPORTED, "%s", err.msg);
-        cr_skip_test("no llvm-objdump: %s", err.msg);
-    }
-    const dev_isa_func *fn = dev_isa_find(rep, kernel);
-    cr_assert_not_null(fn);
-    cr_assert_geq(fn->hot, 0);
-    const dev_isa_loop *h = &fn->loops[fn->hot];
-    cr_assert_gt(h->c.n[DEV_ISA_MFMA], 0, "%s %s: no matrix instruction in the hot loop", fname,
-                 key);
-    for (int i = 0; i < fn->n_mma_kinds; i++)
-        cr_assert(strstr(fn->mma_kind[i], "fp8"), "%s %s: %s", fname, key, fn->mma_kind[i]);
-    cr_assert_eq(h->vm0_before_mma, 0, "%s %s: a vmcnt(0) ahead of the MFMAs", fname, key);
+    mma_gfx942 o;
+    mma_fp8_gfx942(fname, kernel, "glm5.2-fp8", m, &o);
+    cr_assert_eq(o.vm0, 0, "%s %s: a vmcnt(0) ahead of the MFMAs", fname, o.key);
     if (two_waves) {
-        cr_assert_geq(r->waves_per_simd, 2, "%s %s: %d waves/SIMD by registers", fname, key,
-                      r->waves_per_simd);
-        cr_assert_geq(waves_lds, 2, "%s %s: %d waves/SIMD by LDS", fname, key, waves_lds);
+        cr_assert_geq(o.waves_regs, 2, "%s %s: %d waves/SIMD by registers", fname, o.key,
+                      o.waves_regs);
+        cr_assert_geq(o.waves_lds, 2, "%s %s: %d waves/SIMD by LDS", fname, o.key, o.waves_lds);
     }
-    cr_log_info("gfx942 %s glm5.2-fp8 M=%lld %s: hot loop %d MFMA, %d VALU, vmcnt(0) ahead %d; "
-                "VGPR %d, waves/SIMD %d by registers, %d by LDS (%lld B)", fname, (long long)m,
-                key, h->c.n[DEV_ISA_MFMA], h->c.n[DEV_ISA_VALU], h->vm0_before_mma, r->vgprs,
-                r->waves_per_simd, waves_lds, (long long)r->lds_bytes);
-    free(rep);
-    dev_code_free(code);
-    dev_close(d);
 }
 
 Test(attn_mma8, gfx942_fp8_defaults_run_fp8_mfma_without_waiting_on_memory, .timeout = 300)
@@ -193,43 +137,8 @@ Test(attn_mma8, gfx942_fp8_defaults_run_fp8_mfma_without_waiting_on_memory, .tim
     gfx942_default("dsa_indexer", "dsa_scores", 1, false);
 }
 
-static void sm90_default(const char *fname, const char *kernel, int64_t m)
-{
-    const kern_family *f = fam(fname);
-    dev_device *d = mma_open_or_skip("cuda", "sm_90");
-    kern_shape s;
-    kern_config c;
-    char key[256];
-    default_of(f, "glm5.2-fp8", m, dev_get_props(d), &s, &c, key, sizeof key);
-    dev_code *code = NULL;
-    mt_err err = MT_ERR_INIT;
-    cr_assert_eq(kern_compile(d, f, f->gpu, &s, &c, &code, &err), MT_OK, "%s", err.msg);
-    const dev_kernel_res *r = td_find_res(code, kernel);
-    cr_assert_eq(r->private_bytes, 0, "sm_90 %s %s: %lld bytes of stack", fname, key,
-                 (long long)r->private_bytes);
-    const char *ptx = dev_code_get_text(code);
-    cr_assert_not_null(ptx);
-    dev_ptx_report *rep = malloc(sizeof *rep);
-    cr_assert_not_null(rep);
-    dev_ptx_parse(ptx, rep);
-    const dev_ptx_func *fn = dev_ptx_find(rep, kernel);
-    cr_assert_not_null(fn);
-    cr_assert_gt(fn->mma, 0);
-    for (int i = 0; i < fn->n_mma_kinds; i++)
-        cr_assert(strstr(fn->mma_kind[i], "e4m3"), "sm_90 %s: %s", fname, fn->mma_kind[i]);
-    cr_assert_gt(fn->ldmatrix, 0, "sm_90 %s %s: no ldmatrix", fname, key);
-    cr_assert_gt(fn->cp_async, 0, "sm_90 %s %s: no cp.async", fname, key);
-    cr_assert_eq(fn->local, 0, "sm_90 %s %s: local memory", fname, key);
-    cr_log_info("sm_90 %s glm5.2-fp8 M=%lld %s: %d %s, %d ldmatrix, %d cp.async, %d registers",
-                fname, (long long)m, key, fn->mma, fn->mma_kind[0], fn->ldmatrix, fn->cp_async,
-                r->vgprs);
-    free(rep);
-    dev_code_free(code);
-    dev_close(d);
-}
-
 Test(attn_mma8, sm90_fp8_defaults_have_e4m3_mma_ldmatrix_and_cp_async, .timeout = 300)
 {
-    sm90_default("mla_decode", "mla_decode_split", 1);
-    sm90_default("dsa_indexer", "dsa_scores", 1);
+    mma_fp8_sm90("mla_decode", "mla_decode_split", "glm5.2-fp8", 1, true);
+    mma_fp8_sm90("dsa_indexer", "dsa_scores", "glm5.2-fp8", 1, true);
 }

@@ -7,7 +7,9 @@
  * the kernel and, where llvm-objdump exists, that its disassembly uses the
  * expected matrix instruction and no other (device/isa_mix.h), logging the
  * mix (mma_compile_amd, mma_compile_amd_each); build one for sm_90 with
- * NVRTC (mma_compile_nv). */
+ * NVRTC (mma_compile_nv); compile a family's fp8 default (MMA=3) for
+ * gfx942 and report its hot loop (mma_fp8_gfx942) or for sm_90 and check
+ * its PTX (mma_fp8_sm90). */
 #ifndef MT_TEST_MMA_UTIL_H
 #define MT_TEST_MMA_UTIL_H
 
@@ -20,6 +22,7 @@
 #include <inttypes.h>
 
 #include "common/rng.h"
+#include "device/cuda/ptx_mix.h"
 #include "device/device.h"
 #include "device/hip/isa_mix.h"
 #include "kernels/core/exec.h"
@@ -81,9 +84,10 @@ static inline dev_device *mma_open_or_skip(const char *spec, const char *arch)
     dev_device *d = NULL;
     mt_err err = MT_ERR_INIT;
     mt_status st = dev_open(spec, &o, &d, &err);
+    const char *a = arch ? arch : "(the device's)";
     if (st == MT_E_UNSUPPORTED || st == MT_E_NOT_FOUND)
-        cr_skip_test("%s %s: %s", spec, arch, err.msg);
-    cr_assert_eq(st, MT_OK, "dev_open(%s, arch %s): %s", spec, arch, err.msg);
+        cr_skip_test("%s %s: %s", spec, a, err.msg);
+    cr_assert_eq(st, MT_OK, "dev_open(%s, arch %s): %s", spec, a, err.msg);
     return d;
 }
 
@@ -267,6 +271,140 @@ static inline void mma_expect_each(const kern_family *f, int64_t m, const mma_ex
         cr_expect(strstr(why, e[i].names) != NULL, "%s %s %s: reason '%s' does not name %s",
                   f->name, e[i].shape, e[i].cfg, why, e[i].names);
     }
+}
+
+/* mma_valid_on on the device spec (arch: compile-only, NULL: emu's). */
+static inline bool mma_valid_spec(const char *fname, const char *shape, int64_t m,
+                                  const char *cfg, const char *spec, const char *arch, char *why,
+                                  size_t cap)
+{
+    dev_device *d = mma_open_or_skip(spec, arch);
+    bool ok = mma_valid_on(mma_family(fname), shape, m, cfg, dev_get_props(d), why, cap);
+    dev_close(d);
+    return ok;
+}
+
+/* The default config of f's GPU side at shape and M = m on p, which must be
+ * the fp8 path (MMA=3); its key in key. */
+static inline void mma_fp8_default(const kern_family *f, const char *shape, int64_t m,
+                                   const dev_props *p, kern_shape *s, kern_config *c, char *key,
+                                   size_t cap)
+{
+    cr_assert_eq(kern_shape_parse(f, shape, s, NULL, NULL), MT_OK);
+    memset(c, 0, sizeof *c);
+    f->gpu->default_config(s, m, p, c);
+    kern_config_key(f->gpu, c, key, cap);
+    cr_assert_eq(kern_config_get(f->gpu, c, "MMA", -1), 3, "%s %s M=%lld: default %s", f->name,
+                 shape, (long long)m, key);
+}
+
+/* What mma_fp8_gfx942 read from a kernel's code object. */
+typedef struct mma_gfx942 {
+    char key[256];    /* the default config */
+    int mfma, valu;   /* the hot loop's matrix and VALU instructions */
+    int vm0;          /* s_waitcnt vmcnt(0) ahead of its first MFMA */
+    int waves_regs;   /* waves per SIMD the registers allow */
+    int waves_lds;    /* ... and the LDS (blocks a CU x WAVES / 4) */
+    int vgprs, agprs;
+    int64_t lds_bytes;
+} mma_gfx942;
+
+/* Builds family fname's fp8 default at shape and M = m for gfx942 and fills
+ * *o for kernel: the kernel has no scratch and no spills, and every matrix
+ * instruction of it is an fp8 one, the hot loop has some. Skips where
+ * clang-19 or llvm-objdump is absent. */
+static inline void mma_fp8_gfx942(const char *fname, const char *kernel, const char *shape,
+                                  int64_t m, mma_gfx942 *o)
+{
+    const kern_family *f = mma_family(fname);
+    dev_device *d = mma_open_or_skip("hip", "gfx942");
+    kern_shape s;
+    kern_config c;
+    mma_fp8_default(f, shape, m, dev_get_props(d), &s, &c, o->key, sizeof o->key);
+    dev_code *code = NULL;
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(kern_compile(d, f, f->gpu, &s, &c, &code, &err), MT_OK, "%s", err.msg);
+    const dev_kernel_res *r = td_find_res(code, kernel);
+    cr_assert_eq(r->private_bytes, 0, "%s %s: scratch", fname, o->key);
+    cr_assert_eq(r->spill_vgprs, 0, "%s %s: spills", fname, o->key);
+    int waves = kern_config_get(f->gpu, &c, "WAVES", 1);
+    o->waves_lds = (int)((r->lds_bytes ? 65536 / r->lds_bytes : 64) * waves / 4);
+    o->waves_regs = r->waves_per_simd;
+    o->vgprs = r->vgprs;
+    o->agprs = r->agprs;
+    o->lds_bytes = r->lds_bytes;
+    size_t len = 0;
+    const void *bytes = dev_code_get_bytes(code, &len);
+    dev_isa_report *rep = malloc(sizeof *rep);
+    cr_assert_not_null(rep);
+    mt_status st = dev_isa_mix(bytes, len, "gfx942", rep, &err);
+    if (st != MT_OK) {
+        free(rep);
+        dev_code_free(code);
+        dev_close(d);
+        cr_assert_eq(st, MT_E_UNSUPPORTED, "%s", err.msg);
+        cr_skip_test("no llvm-objdump: %s", err.msg);
+    }
+    const dev_isa_func *fn = dev_isa_find(rep, kernel);
+    cr_assert_not_null(fn);
+    cr_assert_geq(fn->hot, 0);
+    const dev_isa_loop *h = &fn->loops[fn->hot];
+    o->mfma = h->c.n[DEV_ISA_MFMA];
+    o->valu = h->c.n[DEV_ISA_VALU];
+    o->vm0 = h->vm0_before_mma;
+    cr_assert_gt(o->mfma, 0, "%s %s: no matrix instruction in the hot loop", fname, o->key);
+    for (int i = 0; i < fn->n_mma_kinds; i++)
+        cr_assert(strstr(fn->mma_kind[i], "fp8"), "%s %s: %s", fname, o->key, fn->mma_kind[i]);
+    cr_log_info("gfx942 %s %s M=%lld %s: hot loop %d MFMA, %d VALU (%.2f per MFMA), vmcnt(0) "
+                "ahead %d; VGPR %d AGPR %d, waves/SIMD %d by registers, %d by LDS (%lld B)",
+                kernel, shape, (long long)m, o->key, o->mfma, o->valu,
+                (double)o->valu / o->mfma, o->vm0, o->vgprs, o->agprs, o->waves_regs,
+                o->waves_lds, (long long)o->lds_bytes);
+    free(rep);
+    dev_code_free(code);
+    dev_close(d);
+}
+
+/* Builds family fname's fp8 default at shape and M = m for sm_90 (NVRTC,
+ * compile-only) and checks kernel's PTX: e4m3 mma.sync only, no local
+ * memory, and where copies is set ldmatrix and cp.async. Skips without
+ * NVRTC. */
+static inline void mma_fp8_sm90(const char *fname, const char *kernel, const char *shape,
+                                int64_t m, bool copies)
+{
+    const kern_family *f = mma_family(fname);
+    dev_device *d = mma_open_or_skip("cuda", "sm_90");
+    kern_shape s;
+    kern_config c;
+    char key[256];
+    mma_fp8_default(f, shape, m, dev_get_props(d), &s, &c, key, sizeof key);
+    dev_code *code = NULL;
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(kern_compile(d, f, f->gpu, &s, &c, &code, &err), MT_OK, "%s", err.msg);
+    const dev_kernel_res *r = td_find_res(code, kernel);
+    cr_assert_eq(r->private_bytes, 0, "sm_90 %s %s: %lld bytes of stack", kernel, key,
+                 (long long)r->private_bytes);
+    const char *ptx = dev_code_get_text(code);
+    cr_assert_not_null(ptx);
+    dev_ptx_report *rep = malloc(sizeof *rep);
+    cr_assert_not_null(rep);
+    dev_ptx_parse(ptx, rep);
+    const dev_ptx_func *fn = dev_ptx_find(rep, kernel);
+    cr_assert_not_null(fn);
+    cr_assert_gt(fn->mma, 0);
+    for (int i = 0; i < fn->n_mma_kinds; i++)
+        cr_assert(strstr(fn->mma_kind[i], "e4m3"), "sm_90 %s: %s", kernel, fn->mma_kind[i]);
+    if (copies) {
+        cr_assert_gt(fn->ldmatrix, 0, "sm_90 %s %s: no ldmatrix", kernel, key);
+        cr_assert_gt(fn->cp_async, 0, "sm_90 %s %s: no cp.async", kernel, key);
+    }
+    cr_assert_eq(fn->local, 0, "sm_90 %s %s: local memory", kernel, key);
+    cr_log_info("sm_90 %s %s M=%lld %s: %d %s, %d ldmatrix, %d cp.async, %d registers", kernel,
+                shape, (long long)m, key, fn->mma, fn->mma_kind[0], fn->ldmatrix, fn->cp_async,
+                r->vgprs);
+    free(rep);
+    dev_code_free(code);
+    dev_close(d);
 }
 
 #endif

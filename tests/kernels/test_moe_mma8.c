@@ -171,15 +171,7 @@ Test(moe_mma8, every_folded_table_entry_is_the_e2m1_value_times_its_power_of_two
 static bool valid(const char *fname, const char *shape, const char *cfg, const char *spec,
                   const char *arch, char *why, size_t cap)
 {
-    const kern_family *f = fam(fname);
-    dev_device *d = mma_open_or_skip(spec, arch);
-    kern_shape s;
-    cr_assert_eq(kern_shape_parse(f, shape, &s, NULL, NULL), MT_OK);
-    kern_config c;
-    mma_parse(f, cfg, &c);
-    bool ok = kern_config_valid(f, f->gpu, &s, 64, &c, dev_get_props(d), why, cap);
-    dev_close(d);
-    return ok;
+    return mma_valid_spec(fname, shape, 64, cfg, spec, arch, why, cap);
 }
 
 Test(moe_mma8, the_fp8_path_is_refused_where_it_cannot_run)
@@ -250,74 +242,27 @@ Test(moe_mma8, a_one_cell_swap_in_the_fp8_layout_fails_both_paths, .timeout = 60
  * mma.sync, ldmatrix and cp.async in the PTX, no local memory. Each skips
  * where its compiler is absent. */
 
-
-static void default_of(const kern_family *f, const char *shape, int64_t m, const dev_props *p,
-                       kern_shape *s, kern_config *c, char *key, size_t cap)
-{
-    cr_assert_eq(kern_shape_parse(f, shape, s, NULL, NULL), MT_OK);
-    memset(c, 0, sizeof *c);
-    f->gpu->default_config(s, m, p, c);
-    kern_config_key(f->gpu, c, key, cap);
-}
-
+/* At M >= 256 (tiles): <= 4 VALU per MFMA, no vmcnt(0) ahead of them, 2
+ * waves per SIMD by registers and LDS; below (the decode path): <= 1.5
+ * VALU per fp4 weight value (8 a lane per MFMA). */
 static void gfx942_default(const char *fname, int64_t m)
 {
-    const kern_family *f = fam(fname);
-    dev_device *d = mma_open_or_skip("hip", "gfx942");
-    kern_shape s;
-    kern_config c;
-    char key[256];
-    default_of(f, "glm5.2", m, dev_get_props(d), &s, &c, key, sizeof key);
-    cr_assert_eq(kern_config_get(f->gpu, &c, "MMA", -1), 3, "%s M=%lld: default %s", fname,
-                 (long long)m, key);
-    dev_code *code = NULL;
-    mt_err err = MT_ERR_INIT;
-    cr_assert_eq(kern_compile(d, f, f->gpu, &s, &c, &code, &err), MT_OK, "%s", err.msg);
-    const dev_kernel_res *r = td_find_res(code, fname);
-    cr_assert_eq(r->private_bytes, 0, "%s %s: scratch", fname, key);
-    cr_assert_eq(r->spill_vgprs, 0, "%s %s: spills", fname, key);
-    int waves = kern_config_get(f->gpu, &c, "WAVES", 1);
-    int64_t blocks_lds = r->lds_bytes ? 65536 / r->lds_bytes : 64;
-    int waves_lds = (int)(blocks_lds * waves / 4);
-    size_t len = 0;
-    const void *bytes = dev_code_get_bytes(code, &len);
-    dev_isa_report *rep = malloc(sizeof *rep);
-    cr_assert_not_null(rep);
-    mt_status st = dev_isa_mix(bytes, len, "gfx942", rep, &err);
-    if (st != MT_OK) {
-        cr_assert_eq(st, MT_E_UNSUPPORTED, "%s", err.msg);
-        free(rep);
-        dev_code_free(code);
-        dev_close(d);
-        cr_skip_test("no llvm-objdump: %s", err.msg);
-    }
-    const dev_isa_func *fn = dev_isa_find(rep, fname);
-    cr_assert_not_null(fn);
-    cr_assert_geq(fn->hot, 0);
-    const dev_isa_loop *h = &fn->loops[fn->hot];
-    const int mma = h->c.n[DEV_ISA_MFMA], valu = h->c.n[DEV_ISA_VALU];
-    cr_assert_gt(mma, 0, "%s %s: no matrix instruction in the hot loop", fname, key);
-    for (int i = 0; i < fn->n_mma_kinds; i++)
-        cr_assert(strstr(fn->mma_kind[i], "fp8"), "%s %s: %s", fname, key, fn->mma_kind[i]);
+    mma_gfx942 o;
+    mma_fp8_gfx942(fname, fname, "glm5.2", m, &o);
     if (m >= 256) {
-        cr_assert_leq(valu, 4 * mma, "%s %s: %d VALU for %d MFMA", fname, key, valu, mma);
-        cr_assert_eq(h->vm0_before_mma, 0, "%s %s: a vmcnt(0) ahead of the MFMAs", fname, key);
-        cr_assert_geq(r->waves_per_simd, 2, "%s %s: %d waves/SIMD by registers", fname, key,
-                      r->waves_per_simd);
-        cr_assert_geq(waves_lds, 2, "%s %s: %lld B of LDS, %d waves/SIMD", fname, key,
-                      (long long)r->lds_bytes, waves_lds);
+        cr_assert_leq(o.valu, 4 * o.mfma, "%s %s: %d VALU for %d MFMA", fname, o.key, o.valu,
+                      o.mfma);
+        cr_assert_eq(o.vm0, 0, "%s %s: a vmcnt(0) ahead of the MFMAs", fname, o.key);
+        cr_assert_geq(o.waves_regs, 2, "%s %s: %d waves/SIMD by registers", fname, o.key,
+                      o.waves_regs);
+        cr_assert_geq(o.waves_lds, 2, "%s %s: %lld B of LDS, %d waves/SIMD", fname, o.key,
+                      (long long)o.lds_bytes, o.waves_lds);
     } else {
-        cr_assert_leq(2 * valu, 3 * 8 * mma, "%s %s: %d VALU for %d fp4 values", fname, key,
-                      valu, 8 * mma);
+        cr_assert_leq(2 * o.valu, 3 * 8 * o.mfma, "%s %s: %d VALU for %d fp4 values", fname,
+                      o.key, o.valu, 8 * o.mfma);
+        cr_log_info("%s M=%lld: %.2f VALU per fp4 value", fname, (long long)m,
+                    (double)o.valu / (8.0 * o.mfma));
     }
-    cr_log_info("gfx942 %s glm5.2 M=%lld %s: hot loop %d MFMA, %d VALU (%.2f per MFMA, %.2f "
-                "per fp4 value), vmcnt(0) ahead %d; VGPR %d AGPR %d, waves/SIMD %d by "
-                "registers, %d by LDS (%lld B)", fname, (long long)m, key, mma, valu,
-                (double)valu / mma, (double)valu / (8.0 * mma), h->vm0_before_mma, r->vgprs,
-                r->agprs, r->waves_per_simd, waves_lds, (long long)r->lds_bytes);
-    free(rep);
-    dev_code_free(code);
-    dev_close(d);
 }
 
 Test(moe_mma8, gfx942_defaults_at_4096_and_1_meet_the_instruction_budget, .timeout = 300)
@@ -328,47 +273,9 @@ Test(moe_mma8, gfx942_defaults_at_4096_and_1_meet_the_instruction_budget, .timeo
     gfx942_default("moe_gemm_down", 1);
 }
 
-static void sm90_default(const char *fname, int64_t m)
-{
-    const kern_family *f = fam(fname);
-    dev_device *d = mma_open_or_skip("cuda", "sm_90");
-    kern_shape s;
-    kern_config c;
-    char key[256];
-    default_of(f, "glm5.2", m, dev_get_props(d), &s, &c, key, sizeof key);
-    cr_assert_eq(kern_config_get(f->gpu, &c, "MMA", -1), 3, "%s: default %s", fname, key);
-    dev_code *code = NULL;
-    mt_err err = MT_ERR_INIT;
-    cr_assert_eq(kern_compile(d, f, f->gpu, &s, &c, &code, &err), MT_OK, "%s", err.msg);
-    const dev_kernel_res *r = td_find_res(code, fname);
-    cr_assert_eq(r->private_bytes, 0, "sm_90 %s %s: %lld bytes of stack", fname, key,
-                 (long long)r->private_bytes);
-    const char *ptx = dev_code_get_text(code);
-    cr_assert_not_null(ptx);
-    dev_ptx_report *rep = malloc(sizeof *rep);
-    cr_assert_not_null(rep);
-    dev_ptx_parse(ptx, rep);
-    const dev_ptx_func *fn = dev_ptx_find(rep, fname);
-    cr_assert_not_null(fn);
-    cr_assert_gt(fn->mma, 0);
-    for (int i = 0; i < fn->n_mma_kinds; i++)
-        cr_assert(strstr(fn->mma_kind[i], "e4m3"), "sm_90 %s: %s", fname, fn->mma_kind[i]);
-    if (m >= 256) {
-        cr_assert_gt(fn->ldmatrix, 0, "sm_90 %s %s: no ldmatrix", fname, key);
-        cr_assert_gt(fn->cp_async, 0, "sm_90 %s %s: no cp.async", fname, key);
-    }
-    cr_assert_eq(fn->local, 0, "sm_90 %s %s: local memory", fname, key);
-    cr_log_info("sm_90 %s glm5.2 M=%lld %s: %d %s, %d ldmatrix, %d cp.async, %d registers",
-                fname, (long long)m, key, fn->mma, fn->mma_kind[0], fn->ldmatrix, fn->cp_async,
-                r->vgprs);
-    free(rep);
-    dev_code_free(code);
-    dev_close(d);
-}
-
 Test(moe_mma8, sm90_defaults_have_e4m3_mma_ldmatrix_and_cp_async, .timeout = 300)
 {
-    sm90_default("moe_gemm_up", 4096);
-    sm90_default("moe_gemm_down", 4096);
-    sm90_default("moe_gemm_up", 1);
+    mma_fp8_sm90("moe_gemm_up", "moe_gemm_up", "glm5.2", 4096, true);
+    mma_fp8_sm90("moe_gemm_down", "moe_gemm_down", "glm5.2", 4096, true);
+    mma_fp8_sm90("moe_gemm_up", "moe_gemm_up", "glm5.2", 1, false);
 }
