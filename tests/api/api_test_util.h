@@ -90,13 +90,21 @@ static inline int64_t api_first_off(const float *got, const float *want, int64_t
     return -1;
 }
 
-/* Random bf16 activations [M, H] in 16-byte-aligned host memory. */
+/* n bytes of 64-byte-aligned host memory (C11's aligned_alloc wants a
+ * multiple of the alignment); free() releases it. */
+static inline void *api_alloc(size_t n)
+{
+    void *p = aligned_alloc(64, (n + 63) / 64 * 64);
+    cr_assert(p);
+    return p;
+}
+
+/* Random bf16 activations [M, H] in 64-byte-aligned host memory. */
 static inline uint16_t *api_input(int64_t M, int64_t H, uint64_t seed)
 {
     mt_rng r;
     mt_rng_seed(&r, seed);
-    uint16_t *x = aligned_alloc(64, (size_t)(M * H) * 2 + 64);
-    cr_assert(x);
+    uint16_t *x = api_alloc((size_t)(M * H) * 2);
     moe_gen_bf16(&r, x, M * H, 1.0f);
     return x;
 }

@@ -90,7 +90,7 @@ for cand in "${MOETUNE_PYTHON:-}" /usr/bin/python3 python3; do
     && { py=$cand; break; }
 done
 if [ -n "$py" ]; then
-  (cd "$work" && env -u MOETUNE_LIBRARY PYTHONPATH="$(dirname "$pydir")" "$py" doc_example.py)
+  (cd "$work" && env -u MOETUNE_LIBRARY PYTHONDONTWRITEBYTECODE=1 PYTHONPATH="$(dirname "$pydir")" "$py" doc_example.py)
 else
   echo "install_check: no Python with torch; the Python example is skipped"
 fi

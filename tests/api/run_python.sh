@@ -20,5 +20,5 @@ if [ -z "$py" ]; then
   echo "run_python.sh: no Python 3${need_torch:+ with torch (Debian: apt-get install python3-torch)}; skipped"
   exit 77
 fi
-export MOETUNE_LIBRARY=$lib PYTHONPATH="$here/../../python${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONDONTWRITEBYTECODE=1 MOETUNE_LIBRARY=$lib PYTHONPATH="$here/../../python${PYTHONPATH:+:$PYTHONPATH}"
 exec "$py" "$script"

@@ -177,7 +177,7 @@ Test(api_errors, bad_runs_are_named)
     cr_assert_eq(moetune_moe_create(dev, &d, &l.mw, &moe), MOETUNE_OK, "%s", moetune_errmsg(dev));
     const int64_t H = l.d.hidden, K = l.d.topk;
     uint16_t *x = api_input(4, H, 1);
-    float *y = aligned_alloc(64, (size_t)(4 * H) * 4 + 64);
+    float *y = api_alloc((size_t)(4 * H) * 4 + 64);
     int32_t ids[16] __attribute__((aligned(16))) = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
     float tw[16] __attribute__((aligned(16)));
     for (int i = 0; i < 16; i++)

@@ -47,7 +47,7 @@ static void gate_matches_reference(const char *spec, moetune_act act, int groups
     for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
         int64_t M = ms[i];
         uint16_t *x = api_input(M, H, seed + i + 1);
-        float *want = malloc((size_t)(M * H) * 4), *got = aligned_alloc(64, (size_t)(M * H) * 4);
+        float *want = malloc((size_t)(M * H) * 4), *got = api_alloc((size_t)(M * H) * 4);
         bool skip[MAXM];
         moe_host_weights hw = layer_host_weights(&l.w);
         moe_reference(&l.d, &hw, x, M, want, NULL, NULL);
@@ -86,9 +86,9 @@ static void given_routing_matches_reference(const char *spec, moetune_act act, i
     moetune_moe *moe = make(dev, &l, act, MOETUNE_ROUTE_LOGITS);
     const int64_t M = 17, H = l.d.hidden, E = l.d.n_experts, K = l.d.topk;
     uint16_t *x = api_input(M, H, seed + 1);
-    float *want = malloc((size_t)(M * H) * 4), *got = aligned_alloc(64, (size_t)(M * H) * 4);
-    int32_t *ids = aligned_alloc(64, 64 * 4 * (size_t)K);
-    float *tw = aligned_alloc(64, 64 * 4 * (size_t)K);
+    float *want = malloc((size_t)(M * H) * 4), *got = api_alloc((size_t)(M * H) * 4);
+    int32_t *ids = api_alloc(64 * 4 * (size_t)K);
+    float *tw = api_alloc(64 * 4 * (size_t)K);
     moe_host_weights hw = layer_host_weights(&l.w);
     moe_reference(&l.d, &hw, x, M, want, ids, tw);
     cr_assert_eq(moetune_moe_run_topk(moe, x, ids, tw, M, got, NULL), MOETUNE_OK, "%s",
@@ -99,7 +99,7 @@ static void given_routing_matches_reference(const char *spec, moetune_act act, i
 
     /* bf16 logits; the plain C router on them (the logits as rows against
      * an identity weight: exact) gives the routing to compare with. */
-    uint16_t *logits = aligned_alloc(64, (size_t)(M * E) * 2 + 64);
+    uint16_t *logits = api_alloc((size_t)(M * E) * 2 + 64);
     uint16_t *eye = calloc((size_t)(E * E), 2);
     for (int64_t e = 0; e < E; e++)
         eye[e * E + e] = 0x3f80;
@@ -167,7 +167,7 @@ Test(api_moe, zero_tokens_and_rows_past_m_untouched)
     moetune_moe *moe = make(dev, &l, MOETUNE_ACT_A16W4, MOETUNE_ROUTE_GATE);
     const int64_t H = l.d.hidden;
     uint16_t *x = api_input(3, H, 9);
-    float *y = aligned_alloc(64, (size_t)(3 * H) * 4);
+    float *y = api_alloc((size_t)(3 * H) * 4);
     for (int64_t i = 0; i < 3 * H; i++)
         y[i] = 42.0f;
     cr_assert_eq(moetune_moe_run(moe, x, 0, y, NULL), MOETUNE_OK);

@@ -125,7 +125,7 @@ static void expect_matches_reference(const api_layer *l, moetune_moe *moe, moetu
 {
     const int64_t M = 24, H = l->d.hidden;
     uint16_t *x = api_input(M, H, 77);
-    float *want = malloc((size_t)(M * H) * 4), *got = aligned_alloc(64, (size_t)(M * H) * 4);
+    float *want = malloc((size_t)(M * H) * 4), *got = api_alloc((size_t)(M * H) * 4);
     moe_host_weights hw = layer_host_weights(&l->w);
     moe_reference(&l->d, &hw, x, M, want, NULL, NULL);
     cr_assert_eq(moetune_moe_run(moe, x, M, got, NULL), MOETUNE_OK, "%s", moetune_errmsg(dev));
@@ -256,7 +256,7 @@ Test(api_select, layers_share_kernels_and_a_growing_workspace)
     moetune_device_close(dev);
     const int64_t H = l.d.hidden, M = 8;
     uint16_t *x = api_input(M, H, 5);
-    float *want = malloc((size_t)(MAXM * H) * 4), *got = aligned_alloc(64, (size_t)(MAXM * H) * 4);
+    float *want = malloc((size_t)(MAXM * H) * 4), *got = api_alloc((size_t)(MAXM * H) * 4);
     moe_host_weights hw = layer_host_weights(&l.w);
     moe_reference(&l.d, &hw, x, M, want, NULL, NULL);
     bool skip[8];
