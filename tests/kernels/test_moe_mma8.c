@@ -137,7 +137,7 @@ Test(moe_mma8, every_folded_table_entry_is_the_e2m1_value_times_its_power_of_two
         cr_assert_not_null(src);
         memcpy(src, base, n);
         memcpy(src + n, tab_kernel, sizeof tab_kernel);
-        char ws[8];
+        char ws[16];
         snprintf(ws, sizeof ws, "%d", wave);
         const dev_define defs[] = {
             {"MT_WS", ws},    {"MOE_UP", "1"},  {"S_H", "256"},    {"S_I", "128"},
