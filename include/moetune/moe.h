@@ -30,7 +30,13 @@
  * distinct config is compiled once (on-disk cache) and loaded. A run with
  * M tokens uses the configs of the smallest bucket >= M.
  * moetune_moe_selection says what was picked and why. Layers of the same
- * description on one device share their kernels and their workspace. */
+ * description on one device share their kernels and their workspace.
+ *
+ * Thread safety: a layer is used by one thread at a time, together with
+ * its device and the device's other layers (device.h). Failure: every call
+ * returns its status and leaves the message on the layer's device
+ * (moetune_errmsg); a failed create keeps nothing, a failed run leaves y
+ * undefined and the layer usable. */
 #ifndef MOETUNE_MOE_H
 #define MOETUNE_MOE_H
 
