@@ -6,10 +6,11 @@
  * the tile that share a page-table row; one thread per token sums
  * w_h * relu(q_h . k) over the heads. Scores go to scratch [M][cstride].
  * dsa_topk: block per query. Radix select, 8 bits per pass from the top,
- * on keys that order like the floats (histograms with shared atomics),
- * finds the threshold key and how many of its ties to keep; an
- * index-ordered compaction (block prefix sums) then writes the kept
- * indices ascending, ties lowest index first.
+ * on keys that order like the floats (histograms with shared atomics, a
+ * run of equal digits counted in a register first), finds the threshold
+ * key and how many of its ties to keep; an index-ordered compaction over
+ * each thread's contiguous chunk (one block prefix sum for the offsets)
+ * then writes the kept indices ascending, ties lowest index first.
  *
  * MMA=1 or 2 computes dsa_scores on the prelude's matrix fragments
  * (MT_MMA_SHAPE 16 or 32), see "MMA path" below; MMA=3, with an fp8 key
@@ -527,6 +528,13 @@ MT_DEVICE int block_scan(int v, int *buf, int *total)
     return incl - v;
 }
 
+/* dsa_topk: the threshold by 4 radix passes over the scores (each thread
+ * counts a run of equal digits in a register and adds it to the shared
+ * histogram once the digit changes: scores of one magnitude share their
+ * top digits, and one atomic per element would serialize on that bin);
+ * the digit by a block scan over the bins from the top; then the kept
+ * indices in index order from each thread's contiguous chunk: count, one
+ * scan for the offsets, write. Three scans in all, whatever the length. */
 MT_KERNEL __launch_bounds__(TK_NT) void dsa_topk(const float *scores, int cstride,
                                                  const int *ctx_len, int *idx, float *val)
 {
@@ -548,27 +556,49 @@ MT_KERNEL __launch_bounds__(TK_NT) void dsa_topk(const float *scores, int cstrid
         return;
     }
 
+    /* the bins a thread sums for the pick, from the top: 255 - (tid BPT + j) */
+#define TK_BPT ((256 + TK_NT - 1) / TK_NT)
     unsigned prefix = 0u, mask = 0u;
     int need = S_topk;
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (int i = tid; i < 256; i += TK_NT)
             hist[i] = 0;
         __syncthreads();
+        unsigned run_digit = 0u;
+        int run = 0;
         for (int i = tid; i < len; i += TK_NT) {
             unsigned u = order_key(sc[i]);
-            if ((u & mask) == prefix)
-                atomicAdd(&hist[(u >> shift) & 255u], 1);
-        }
-        __syncthreads();
-        if (tid == 0) {
-            int above = 0, d = 255;
-            for (; d > 0; d--) {
-                if (above + hist[d] >= need)
-                    break;
-                above += hist[d];
+            if ((u & mask) == prefix) {
+                unsigned digit = (u >> shift) & 255u;
+                if (run && digit != run_digit) {
+                    atomicAdd(&hist[run_digit], run);
+                    run = 0;
+                }
+                run_digit = digit;
+                run++;
             }
-            pick[0] = d;
-            pick[1] = need - above;
+        }
+        if (run)
+            atomicAdd(&hist[run_digit], run);
+        __syncthreads();
+        /* The digit d where the count from the top first reaches need. */
+        int mine = 0;
+        for (int j = 0; j < TK_BPT; j++) {
+            int r = tid * TK_BPT + j;
+            mine += r < 256 ? hist[255 - r] : 0;
+        }
+        int total;
+        int above = block_scan(mine, scan, &total);
+        for (int j = 0; j < TK_BPT; j++) {
+            int r = tid * TK_BPT + j;
+            if (r >= 256)
+                break;
+            int h = hist[255 - r];
+            if (above < need && above + h >= need) {
+                pick[0] = 255 - r;
+                pick[1] = need - above;
+            }
+            above += h;
         }
         __syncthreads();
         prefix |= (unsigned)pick[0] << shift;
@@ -576,22 +606,31 @@ MT_KERNEL __launch_bounds__(TK_NT) void dsa_topk(const float *scores, int cstrid
         need = pick[1];
         __syncthreads();
     }
+#undef TK_BPT
 
-    /* Everything above the threshold key, and the first `need` equal to it. */
-    int base = 0, eq_seen = 0;
-    for (int c0 = 0; c0 < len; c0 += TK_NT) {
-        int i = c0 + tid;
-        unsigned u = i < len ? order_key(sc[i]) : 0u;
-        int gt = i < len && u > prefix, eq = i < len && u == prefix;
-        int eq_total, take_total;
-        int eq_before = block_scan(eq, scan, &eq_total);
-        int take = gt || (eq && eq_seen + eq_before < need);
-        int pos = block_scan(take, scan, &take_total);
-        if (take) {
-            oi[base + pos] = i;
-            ov[base + pos] = sc[i];
+    /* Everything above the threshold key, and the first `need` equal to it,
+     * in index order: thread t takes the chunk [t chunk, (t + 1) chunk). */
+    const int chunk = (len + TK_NT - 1) / TK_NT;
+    const int c0 = tid * chunk < len ? tid * chunk : len;
+    const int c1 = c0 + chunk < len ? c0 + chunk : len;
+    int gt = 0, eq = 0;
+    for (int i = c0; i < c1; i++) {
+        unsigned u = order_key(sc[i]);
+        gt += u > prefix;
+        eq += u == prefix;
+    }
+    int eq_total, take_total;
+    const int eq_before = block_scan(eq, scan, &eq_total);
+    int eq_take = need - eq_before;
+    eq_take = eq_take < 0 ? 0 : eq_take > eq ? eq : eq_take;
+    int pos = block_scan(gt + eq_take, scan, &take_total);
+    for (int i = c0; i < c1; i++) {
+        unsigned u = order_key(sc[i]);
+        if (u > prefix || (u == prefix && eq_take > 0)) {
+            eq_take -= u == prefix;
+            oi[pos] = i;
+            ov[pos] = sc[i];
+            pos++;
         }
-        base += take_total;
-        eq_seen += eq_total;
     }
 }

@@ -581,7 +581,9 @@ static const kern_case cases[] = {
 
 const kern_family fam_dsa_indexer = {
     .name = "dsa_indexer",
-    .version = 4, /* 2: the GPU side's MMA parameter; 3: MMA=3 (fp8); 4: its query pre-pass */
+    /* 2: the GPU side's MMA parameter; 3: MMA=3 (fp8); 4: its query
+     * pre-pass; 5: the GPU top-k's chunked compaction */
+    .version = 5,
     .summary = "DSA lightning-indexer scores over the paged key cache and per-query top-k",
     .dims = dims,
     .n_dims = D_COUNT,
