@@ -14,6 +14,7 @@
 #include "model/runtime.h"
 #include "model/spec.h"
 #include "cli.h"
+#include "cli_ranks.h"
 
 typedef struct gen_cli {
     model_runtime_opts o;
@@ -158,7 +159,8 @@ static int parse_tokens(const char *s, int32_t **out, size_t *n)
 /* One generation: the runtime, the prompt, the buffers and the timings. */
 typedef struct gen_run {
     model_runtime *rt;
-    mt_comm *comm;
+    mt_comm *comm;          /* the exchanges' communicator (ranks.xchg) */
+    cli_ranks ranks;
     FILE *quiet;               /* the log of ranks other than 0 */
     const model_tokenizer *tok;
     int32_t *ids;              /* the prompt */
@@ -182,10 +184,11 @@ static int open_runtime(gen_cli *c, gen_run *r)
 {
     c->o.log = stderr;
     if (c->comm_name) {
-        if (mt_comm_open(c->comm_name, &r->comm, &r->err) != MT_OK) {
+        if (cli_ranks_open(c->comm_name, &c->o.device, &r->ranks, &r->err) != MT_OK) {
             cli_error("generate", "--comm: %s", r->err.msg);
             return CLI_FAIL;
         }
+        r->comm = r->ranks.xchg;
         c->o.comm = r->comm;
         c->o.comm_lead = true;
         if (mt_comm_rank(r->comm) != 0 && (r->quiet = fopen("/dev/null", "w")))
@@ -433,7 +436,7 @@ int cmd_generate(int argc, char **argv)
     free(r.all);
     free(r.out);
     model_runtime_close(r.rt); /* with --comm: tells the other ranks to stop */
-    mt_comm_close(r.comm);
+    cli_ranks_close(&r.ranks);
     if (r.quiet)
         fclose(r.quiet);
     return rc;

@@ -8,6 +8,7 @@
 #include "comm/comm.h"
 #include "serve/serve_server.h"
 #include "cli.h"
+#include "cli_ranks.h"
 
 typedef struct serve_cli {
     serve_server_opts o;
@@ -119,29 +120,28 @@ static int serve_follow(model_runtime_opts *o, mt_comm *comm)
     return st == MT_OK ? CLI_OK : CLI_FAIL;
 }
 
-/* --ranks N: the MPI communicator of the job (*comm). Ranks other than 0
- * follow rank 0 here and *done holds their exit code. */
-static int open_ranks(serve_cli *c, mt_comm **comm, bool *done)
+/* --ranks N: the communicators of the job (cli_ranks.h). Ranks other
+ * than 0 follow rank 0 here and *done holds their exit code. */
+static int open_ranks(serve_cli *c, cli_ranks *ranks, bool *done)
 {
     mt_err err = MT_ERR_INIT;
-    if (mt_comm_open("mpi", comm, &err) != MT_OK) {
+    if (cli_ranks_open("mpi", &c->o.engine.rt.device, ranks, &err) != MT_OK) {
         cli_error("serve", "--ranks: %s", err.msg);
         return CLI_FAIL;
     }
-    if (mt_comm_size(*comm) != c->ranks) {
+    mt_comm *comm = ranks->xchg;
+    if (mt_comm_size(comm) != c->ranks) {
         cli_error("serve", "--ranks %d, but mpirun started %d ranks", c->ranks,
-                  mt_comm_size(*comm));
-        mt_comm_close(*comm);
-        *comm = NULL;
+                  mt_comm_size(comm));
+        cli_ranks_close(ranks);
         return CLI_FAIL;
     }
-    c->o.engine.rt.comm = *comm;
+    c->o.engine.rt.comm = comm;
     c->o.engine.rt.comm_lead = true;
-    if (mt_comm_rank(*comm) != 0) {
+    if (mt_comm_rank(comm) != 0) {
         *done = true;
-        int rc = serve_follow(&c->o.engine.rt, *comm);
-        mt_comm_close(*comm);
-        *comm = NULL;
+        int rc = serve_follow(&c->o.engine.rt, comm);
+        cli_ranks_close(ranks);
         return rc;
     }
     return CLI_OK;
@@ -198,11 +198,11 @@ int cmd_serve(int argc, char **argv)
         cli_error("serve", "--tp splits the model over the --ranks N of mpirun");
         return CLI_USAGE;
     }
-    mt_comm *comm = NULL;
+    cli_ranks ranks = {0};
     bool done = false;
-    if (c.ranks && ((rc = open_ranks(&c, &comm, &done)) != CLI_OK || done))
+    if (c.ranks && ((rc = open_ranks(&c, &ranks, &done)) != CLI_OK || done))
         return rc;
     rc = run_server(&c.o);
-    mt_comm_close(comm);
+    cli_ranks_close(&ranks);
     return rc;
 }

@@ -21,6 +21,7 @@ struct dev_device {
     const dev_backend_ops *ops;
     void *ctx;
     dev_props props;
+    dev_copy_counts copies; /* host <-> device copies since open */
 };
 
 struct dev_code {
@@ -561,12 +562,25 @@ void dev_free(dev_device *d, void *ptr)
 
 mt_status dev_copy_to(dev_device *d, void *dst, const void *src, size_t bytes, mt_err *err)
 {
-    return bytes ? d->ops->copy(d->ctx, dst, src, bytes, 0, err) : MT_OK;
+    if (!bytes)
+        return MT_OK;
+    d->copies.to_calls++;
+    d->copies.to_bytes += bytes;
+    return d->ops->copy(d->ctx, dst, src, bytes, 0, err);
 }
 
 mt_status dev_copy_from(dev_device *d, void *dst, const void *src, size_t bytes, mt_err *err)
 {
-    return bytes ? d->ops->copy(d->ctx, dst, src, bytes, 1, err) : MT_OK;
+    if (!bytes)
+        return MT_OK;
+    d->copies.from_calls++;
+    d->copies.from_bytes += bytes;
+    return d->ops->copy(d->ctx, dst, src, bytes, 1, err);
+}
+
+void dev_get_copy_counts(const dev_device *d, dev_copy_counts *out)
+{
+    *out = d->copies;
 }
 
 mt_status dev_copy_dev(dev_device *d, void *dst, const void *src, size_t bytes, mt_err *err)

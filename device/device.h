@@ -190,6 +190,16 @@ mt_status dev_copy_dev(dev_device *d, void *dst_dev, const void *src_dev,
 mt_status dev_memset(dev_device *d, void *dst_dev, int byte, size_t bytes,
                      mt_err *err);
 
+/* Host <-> device copies (dev_copy_to, dev_copy_from) of nonzero size
+ * since dev_open, counted whether or not they succeeded: what the runtime
+ * moves through the host (device-to-device copies and memsets are not
+ * counted). Two adds per copy. */
+typedef struct dev_copy_counts {
+    uint64_t to_calls, to_bytes;     /* host -> device */
+    uint64_t from_calls, from_bytes; /* device -> host */
+} dev_copy_counts;
+void dev_get_copy_counts(const dev_device *d, dev_copy_counts *out);
+
 /* ---- timing ---------------------------------------------------------- */
 
 mt_status dev_event_create(dev_device *d, dev_event **out, mt_err *err);

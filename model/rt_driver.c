@@ -111,7 +111,7 @@ static mt_status tp_follow(model_runtime *rt, int64_t *steps, mt_err *err)
     mt_status st = MT_OK;
     for (;;) {
         int32_t len = 0;
-        if ((st = mt_comm_broadcast(rt->o.comm, &len, 1, MT_COMM_I32, 0, err)) != MT_OK)
+        if ((st = rt_xchg_bcast(rt, &len, 1, err)) != MT_OK)
             break;
         if (len < 0)
             break;
@@ -125,7 +125,7 @@ static mt_status tp_follow(model_runtime *rt, int64_t *steps, mt_err *err)
             m = nm;
             cap = len;
         }
-        if ((st = mt_comm_broadcast(rt->o.comm, m, (size_t)len, MT_COMM_I32, 0, err)) != MT_OK)
+        if ((st = rt_xchg_bcast(rt, m, (size_t)len, err)) != MT_OK)
             break;
         if ((st = follow_step(rt, m, len, err)) != MT_OK)
             break;
@@ -194,7 +194,7 @@ mt_status model_runtime_follow(model_runtime *rt, int64_t *steps, mt_err *err)
         return tp_follow(rt, steps, err);
     for (;;) {
         int32_t m = 0;
-        MT_CHECK(mt_comm_broadcast(rt->o.comm, &m, 1, MT_COMM_I32, 0, err));
+        MT_CHECK(rt_xchg_bcast(rt, &m, 1, err));
         if (m < 0)
             return MT_OK;
         MT_CHECK(empty_forward(rt, err));

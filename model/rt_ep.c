@@ -28,10 +28,7 @@ mt_status rt_ep_open(model_runtime *rt, mt_err *err)
     mt_comm *c = rt->o.comm;
     if (!c)
         return MT_OK;
-    if (mt_comm_device_buffers(c))
-        return mt_fail(err, MT_E_UNSUPPORTED, "communicator '%s': the runtime exchanges host "
-                       "buffers between ranks; the GPU communicators (nccl, rccl) are not wired "
-                       "into it yet: use 'mpi'", mt_comm_backend(c));
+    MT_CHECK(rt_xchg_open(rt, err));
     if (rt->plan->mtp)
         return mt_fail(err, MT_E_UNSUPPORTED, "speculative decoding (the MTP layer) does not run "
                        "across ranks yet: run without speculative_steps under --comm");
@@ -82,10 +79,11 @@ void rt_ep_close(model_runtime *rt)
     if (rt->o.comm && leads(rt) && !rt->ep_ended) {
         int32_t end = -1;
         mt_err e = MT_ERR_INIT;
-        if (mt_comm_broadcast(rt->o.comm, &end, 1, MT_COMM_I32, 0, &e) != MT_OK)
+        if (rt_xchg_bcast(rt, &end, 1, &e) != MT_OK)
             fprintf(rt->log, "expert parallelism: telling the other ranks to stop: %s\n", e.msg);
         rt->ep_ended = true;
     }
+    rt_xchg_close(rt);
     model_ep_destroy(rt->ep);
     rt->ep = NULL;
 }
@@ -107,7 +105,7 @@ mt_status rt_ep_step_begin(model_runtime *rt, int64_t M, mt_err *err)
     if (!leads(rt) || rt->tp.on) /* tensor parallelism announced the whole step */
         return MT_OK;
     int32_t m = (int32_t)M;
-    return mt_comm_broadcast(rt->o.comm, &m, 1, MT_COMM_I32, 0, err);
+    return rt_xchg_bcast(rt, &m, 1, err);
 }
 
 int model_runtime_rank(const model_runtime *rt)

@@ -1,5 +1,6 @@
 /* rt_impl.h: internals of the model runtime (runtime.h), shared by its
- * files, from the bottom up: rt_ep.c and rt_tp.c (the per-layer hooks of
+ * files, from the bottom up: rt_xchg.c (the exchanges' memory and the
+ * leader's messages), rt_ep.c and rt_tp.c (the per-layer hooks of
  * expert and tensor parallelism), rt_seq.c (sequences and their KV pages),
  * rt_load.c (checkpoint weights to device buffers in the layouts the
  * kernels read, the kernel plan registered into the kernel set),
@@ -125,6 +126,25 @@ typedef struct rt_bufs {
     int64_t table_entries;       /* int32 entries the table buffer holds */
 } rt_bufs;
 
+/* A tensor-parallel gather's layout kernel: U units of per elements of
+ * es bytes split over the ranks (rt_tp.c). */
+#define RT_TP_MAX_COLS 8
+typedef struct rt_tp_cols {
+    int64_t U, per;
+    size_t es;
+    model_kern *k;
+} rt_tp_cols;
+
+/* The runtime's exchanges between ranks (rt_xchg.c): the leader's step
+ * messages go through a device buffer (the communicator may reach only
+ * device memory); counted, with the MoE layers' count reads, for
+ * model_runtime_copy_counts. */
+typedef struct rt_xchg {
+    void *msg_dev;               /* device: a step message */
+    size_t msg_cap;              /* its bytes */
+    uint64_t announce_calls, announce_bytes;
+} rt_xchg;
+
 /* Tensor parallelism over the ranks of o.comm (rt_tp.c; o.tp with 2+
  * ranks). Off: `me` is the whole model and the local buffers are the
  * whole ones (v_l is b.v, d_l b.delta, lg_l b.logits). */
@@ -136,8 +156,11 @@ typedef struct rt_tp {
                                   * [T][heads*VD] bf16, o_proj / MLP down rows [T][o_rows]
                                   * f32, logits [T][vocab] f32, bf16 MLP activations
                                   * [T][its share of the intermediate] */
-    void *h_send, *h_recv, *h_full; /* host staging: h_send_cap bytes, h_cap, h_cap */
-    size_t h_cap, h_send_cap;
+    void *x_recv;                /* device: what a gather receives, x_cap bytes */
+    void *moe_y;                 /* device: this rank's MoE rows [T / size + 1][H] f32 */
+    size_t x_cap;
+    rt_tp_cols cols[RT_TP_MAX_COLS]; /* the gathers' layout kernels (tp_cols) */
+    int n_cols;
     size_t *cnt;                 /* [4 * size]: all-to-all-v counts and displacements */
     int64_t *w;                  /* [size]: an exchange's columns per rank */
     int32_t *msg;                /* the leader's step message (journal, then items) */
@@ -181,6 +204,7 @@ struct model_runtime {
     bool ep_ended;               /* the leader told the other ranks to stop */
 
     rt_tp tp;
+    rt_xchg xc;
     rt_bufs b;
     rt_prefill pf;
     rt_mtp mtp;
@@ -231,13 +255,27 @@ mt_status rt_ep_moe(model_runtime *rt, rt_layer *ly, const void *x, int64_t M, f
  * leader of a comm_lead runtime announces the step's token count. */
 mt_status rt_ep_step_begin(model_runtime *rt, int64_t M, mt_err *err);
 
+/* ---- rt_xchg.c: the exchanges' memory and the leader's messages ---- */
+
+/* Checks that the communicator reaches the device's memory (nccl on cuda,
+ * rccl on hip, self and mpi on cpu and emu); MT_E_UNSUPPORTED naming both
+ * otherwise. Nothing to do without a communicator. */
+mt_status rt_xchg_open(model_runtime *rt, mt_err *err);
+void rt_xchg_close(model_runtime *rt);
+/* Broadcasts n int32 of host memory from rank 0 through a device buffer:
+ * rank 0 copies them in, every other rank copies them out. */
+mt_status rt_xchg_bcast(model_runtime *rt, int32_t *host, size_t n, mt_err *err);
+
 /* ---- rt_tp.c: tensor parallelism (o.tp) ---- */
 
 /* After the plan: the ranks' shares (off without o.tp or with one rank);
  * MT_E_INVALID for tp without a communicator. */
 mt_status rt_tp_open(model_runtime *rt, mt_err *err);
-/* After rt_bufs_alloc: the local buffers and the host staging. */
+/* After rt_bufs_alloc: the local buffers and the gathers' receive buffer. */
 mt_status rt_tp_bufs_alloc(model_runtime *rt, mt_err *err);
+/* The gathers' layout kernels: the plan's tp_cols entries, right after
+ * rt_load registered the plan (before model_kset_select). */
+mt_status rt_tp_add_kernels(model_runtime *rt, mt_err *err);
 void rt_tp_close(model_runtime *rt);
 /* full [rows][per * total] on every rank from each rank's local
  * [rows][per * n_q] columns, where n_q is rank q's share of `total`

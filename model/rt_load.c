@@ -542,7 +542,8 @@ mt_status rt_load(model_runtime *rt, mt_err *err)
     if (st != MT_OK)
         return st;
 
-    if ((st = register_plan(rt, err)) != MT_OK || (st = rt_ep_add_kernels(rt, err)) != MT_OK)
+    if ((st = register_plan(rt, err)) != MT_OK || (st = rt_ep_add_kernels(rt, err)) != MT_OK ||
+        (st = rt_tp_add_kernels(rt, err)) != MT_OK)
         return st;
     /* With MTP its layer is layers[n_layers] (plan.h), loaded like the others. */
     int64_t n_load = rt->n_layers + (rt->plan->mtp ? 1 : 0);

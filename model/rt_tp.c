@@ -22,8 +22,10 @@
  * Every collective is a copy or a sum with one non-zero term, so no result
  * depends on a library's reduction order.
  *
- * Exchanges go through host staging (the cpu and emu devices' memory is
- * host memory; elsewhere a device copy each way), as in ep_moe.c.
+ * Exchanges are on device buffers (the communicator reaches the device's
+ * memory, rt_xchg.c): a gather receives the ranks' blocks one after
+ * another and a tp_cols kernel lays their columns side by side; the
+ * embedding's sum is an all-reduce in place. The host copies nothing.
  *
  * Lockstep: with comm_lead rank 0 journals its sequence operations
  * (create, fork, free, truncate) and, before each step, broadcasts the
@@ -62,6 +64,13 @@ mt_status rt_tp_open(model_runtime *rt, mt_err *err)
     return MT_OK;
 }
 
+/* The widest bf16 MLP (dense or shared expert), 0 without one. */
+static int64_t mlp_inter(const model_runtime *rt, int64_t i)
+{
+    const rt_layer *ly = &rt->layers[i];
+    return ly->moe ? (ly->sh_mxfp4 ? 0 : ly->sh_inter) : ly->inter;
+}
+
 mt_status rt_tp_bufs_alloc(model_runtime *rt, mt_err *err)
 {
     rt_tp *t = &rt->tp;
@@ -75,40 +84,47 @@ mt_status rt_tp_bufs_alloc(model_runtime *rt, mt_err *err)
     }
     /* The largest bf16 MLP (dense or shared expert) and this rank's share. */
     int64_t T = rt->T, inter = 0;
-    for (int64_t i = 0; i < rt->n_layers; i++) {
-        const rt_layer *ly = &rt->layers[i];
-        int64_t in = ly->moe ? (ly->sh_mxfp4 ? 0 : ly->sh_inter) : ly->inter;
-        inter = in > inter ? in : inter;
-    }
+    for (int64_t i = 0; i < rt->n_layers; i++)
+        inter = mlp_inter(rt, i) > inter ? mlp_inter(rt, i) : inter;
     int64_t inter_l = inter / t->size + 1;
     MT_CHECK(dev_alloc(rt->dev, (size_t)(T * t->me.heads * rt->VD) * 2, &t->v_l, err));
     MT_CHECK(dev_alloc(rt->dev, (size_t)(T * t->me.o_rows) * 4, &t->d_l, err));
     MT_CHECK(dev_alloc(rt->dev, (size_t)(T * t->me.vocab) * 4, &t->lg_l, err));
     MT_CHECK(dev_alloc(rt->dev, (size_t)(T * inter_l) * 2, &t->h_l, err));
-    /* The largest exchange: a step's logits, its rows of o_proj's, the
-     * MLPs' or the MoE's f32 output, its gathered attention heads or MLP
-     * activations. */
+    MT_CHECK(dev_alloc(rt->dev, (size_t)((T / t->size + 1) * rt->H) * 4, &t->moe_y, err));
+    /* The largest gather that needs its layout step: a step's logits, o_proj's
+     * or down's rows, its attention heads or MLP activations. */
     size_t cap = (size_t)(T * rt->V) * 4;
     size_t alt = (size_t)(T * rt->H) * 4;
     cap = alt > cap ? alt : cap;
     alt = (size_t)(T * rt->NH * rt->VD) * 2;
     cap = alt > cap ? alt : cap;
     alt = (size_t)(T * inter) * 2;
-    t->h_cap = alt > cap ? alt : cap;
-    /* What this rank sends: its share of those, or the embedding's f32
-     * rows it sums (rt_tp_embed_sum), the largest. */
-    size_t send = (size_t)(T * rt->H) * 4;
-    size_t mine[] = {(size_t)(T * t->me.vocab) * 4, (size_t)(T * t->me.heads * rt->VD) * 2,
-                     (size_t)(T * inter_l) * 2};
-    for (size_t i = 0; i < sizeof mine / sizeof mine[0]; i++)
-        send = mine[i] > send ? mine[i] : send;
-    t->h_send_cap = send;
-    t->h_send = malloc(send);
-    t->h_recv = malloc(t->h_cap);
-    t->h_full = malloc(t->h_cap);
-    if (!t->h_send || !t->h_recv || !t->h_full)
-        return mt_fail(err, MT_E_NOMEM, "tensor parallelism: host staging of 2 x %zu + %zu bytes",
-                       t->h_cap, send);
+    t->x_cap = alt > cap ? alt : cap;
+    return dev_alloc(rt->dev, t->x_cap, &t->x_recv, err);
+}
+
+mt_status rt_tp_add_kernels(model_runtime *rt, mt_err *err)
+{
+    rt_tp *t = &rt->tp;
+    if (!t->on)
+        return MT_OK;
+    /* The plan lists them (one per distinct gather) and rt_load registered
+     * the plan's entries in order: entry i is kernel i of the set. */
+    const model_plan *pl = rt->plan;
+    for (int i = 0; i < pl->n_entries; i++) {
+        const model_plan_entry *e = &pl->entries[i];
+        if (strcmp(e->fam->name, "tp_cols"))
+            continue;
+        if (t->n_cols == RT_TP_MAX_COLS)
+            return mt_fail(err, MT_E_INVALID, "tensor parallelism: more than %d kinds of gather",
+                           RT_TP_MAX_COLS);
+        rt_tp_cols *c = &t->cols[t->n_cols++];
+        c->U = kern_shape_get(e->fam, &e->shape, "U");
+        c->per = kern_shape_get(e->fam, &e->shape, "per");
+        c->es = kern_shape_get(e->fam, &e->shape, "t") == KERN_DT_F32 ? 4 : 2;
+        c->k = model_kset_kernel(rt->ks, i);
+    }
     return MT_OK;
 }
 
@@ -120,10 +136,9 @@ void rt_tp_close(model_runtime *rt)
         dev_free(rt->dev, t->d_l);
         dev_free(rt->dev, t->lg_l);
         dev_free(rt->dev, t->h_l);
+        dev_free(rt->dev, t->moe_y);
+        dev_free(rt->dev, t->x_recv);
     }
-    free(t->h_send);
-    free(t->h_recv);
-    free(t->h_full);
     free(t->cnt);
     free(t->w);
     free(t->msg);
@@ -132,54 +147,36 @@ void rt_tp_close(model_runtime *rt)
 
 /* ---- exchanges ------------------------------------------------------------ */
 
-/* full [rows][sum w] on every rank from each rank's [rows][w[q]] local
- * columns, rank q's at column sum of w[< q]; es bytes per element. */
-static mt_status gather_cols(model_runtime *rt, const int64_t *w, const void *local, void *full,
-                             int64_t rows, size_t es, mt_err *err)
-{
-    rt_tp *t = &rt->tp;
-    int n = t->size;
-    int64_t W = 0;
-    for (int q = 0; q < n; q++)
-        W += w[q];
-    size_t row_b = (size_t)W * es, mine = (size_t)(rows * w[t->rank]) * es;
-    if ((size_t)rows * row_b > t->h_cap || mine > t->h_send_cap)
-        return mt_fail(err, MT_E_INVALID, "tensor parallelism: an exchange of %" PRId64 " x %zu "
-                       "bytes exceeds the staging's %zu", rows, row_b, t->h_cap);
-    if (mine)
-        MT_CHECK(dev_copy_from(rt->dev, t->h_send, local, mine, err));
-    size_t *sc = t->cnt, *sd = sc + n, *rc = sd + n, *rd = rc + n, off = 0;
-    for (int q = 0; q < n; q++) {
-        sc[q] = mine;
-        sd[q] = 0; /* the same block to every rank */
-        rc[q] = (size_t)(rows * w[q]) * es;
-        rd[q] = off;
-        off += rc[q];
-    }
-    MT_CHECK(mt_comm_all_to_all_v(rt->o.comm, t->h_send, sc, sd, t->h_recv, rc, rd, MT_COMM_U8,
-                                  err));
-    char *dst = t->h_full;
-    const char *src = t->h_recv;
-    size_t col = 0;
-    for (int q = 0; q < n; q++) {
-        size_t wb = (size_t)w[q] * es;
-        for (int64_t r = 0; r < rows; r++)
-            memcpy(dst + (size_t)r * row_b + col, src + rd[q] + (size_t)r * wb, wb);
-        col += wb;
-    }
-    return rows ? dev_copy_to(rt->dev, full, t->h_full, (size_t)rows * row_b, err) : MT_OK;
-}
-
 mt_status rt_tp_gather(model_runtime *rt, int64_t total, int64_t per, const void *local,
                        void *full, int64_t rows, size_t es, mt_err *err)
 {
     rt_tp *t = &rt->tp;
-    for (int q = 0; q < t->size; q++) {
+    int n = t->size;
+    size_t *sc = t->cnt, *sd = sc + n, *rc = sd + n, *rd = rc + n, off = 0;
+    size_t mine = 0;
+    for (int q = 0; q < n; q++) {
         int64_t q0, qn;
-        model_ep_range(total, t->size, q, &q0, &qn);
-        t->w[q] = per * qn;
+        model_ep_range(total, n, q, &q0, &qn);
+        rc[q] = (size_t)(rows * per * qn) * es;
+        rd[q] = off; /* rank q's block: rows x its columns, after rank q-1's */
+        off += rc[q];
+        mine = q == t->rank ? rc[q] : mine;
     }
-    return gather_cols(rt, t->w, local, full, rows, es, err);
+    for (int q = 0; q < n; q++)
+        sc[q] = mine, sd[q] = 0; /* the same block to every rank */
+    if (rows <= 1) /* the blocks are the row's columns in order already */
+        return mt_comm_all_to_all_v(rt->o.comm, local, sc, sd, full, rc, rd, MT_COMM_U8, err);
+    rt_tp_cols *c = NULL;
+    for (int i = 0; i < t->n_cols && !c; i++)
+        if (t->cols[i].U == total && t->cols[i].per == per && t->cols[i].es == es)
+            c = &t->cols[i];
+    if (!c || off > t->x_cap)
+        return mt_fail(err, MT_E_INVALID, "tensor parallelism: no gather of %" PRId64 " x %"
+                       PRId64 " x %zu-byte columns for %" PRId64 " rows", total, per, es, rows);
+    MT_CHECK(mt_comm_all_to_all_v(rt->o.comm, local, sc, sd, t->x_recv, rc, rd, MT_COMM_U8,
+                                  err));
+    void *bufs[] = {t->x_recv, full};
+    return model_kern_run(c->k, rows, NULL, bufs, err);
 }
 
 void rt_tp_local_tokens(const model_runtime *rt, int32_t *tok, int64_t M)
@@ -192,15 +189,10 @@ void rt_tp_local_tokens(const model_runtime *rt, int32_t *tok, int64_t M)
 
 mt_status rt_tp_embed_sum(model_runtime *rt, int64_t M, mt_err *err)
 {
-    rt_tp *t = &rt->tp;
     size_t n = (size_t)(M * rt->H);
-    void *h = t->h_send;
-    MT_CHECK(dev_copy_from(rt->dev, h, rt->b.resid, n * 4, err));
-    MT_CHECK(mt_comm_all_reduce(rt->o.comm, h, h, n, MT_COMM_F32, MT_COMM_SUM, err));
-    MT_CHECK(dev_copy_to(rt->dev, rt->b.resid, h, n * 4, err));
-    MT_CHECK(dev_copy_from(rt->dev, h, rt->b.xb, n * 2, err));
-    MT_CHECK(mt_comm_all_reduce(rt->o.comm, h, h, n, MT_COMM_BF16, MT_COMM_SUM, err));
-    return dev_copy_to(rt->dev, rt->b.xb, h, n * 2, err);
+    MT_CHECK(mt_comm_all_reduce(rt->o.comm, rt->b.resid, rt->b.resid, n, MT_COMM_F32,
+                                MT_COMM_SUM, err));
+    return mt_comm_all_reduce(rt->o.comm, rt->b.xb, rt->b.xb, n, MT_COMM_BF16, MT_COMM_SUM, err);
 }
 
 mt_status rt_tp_moe(model_runtime *rt, rt_layer *ly, int64_t M, mt_err *err)
@@ -208,10 +200,11 @@ mt_status rt_tp_moe(model_runtime *rt, rt_layer *ly, int64_t M, mt_err *err)
     rt_tp *t = &rt->tp;
     int64_t H = rt->H, r0, cnt;
     model_ep_range(M, t->size, t->rank, &r0, &cnt);
-    float *y = (float *)rt->b.delta + r0 * H;
-    MT_CHECK(rt_ep_moe(rt, ly, (const uint16_t *)rt->b.xn + r0 * H, cnt, y, err));
+    /* Into a buffer of its own: an exchange's send and receive buffers
+     * must not overlap. */
+    MT_CHECK(rt_ep_moe(rt, ly, (const uint16_t *)rt->b.xn + r0 * H, cnt, t->moe_y, err));
     /* Each rank's rows, as one row of cnt * H columns. */
-    return rt_tp_gather(rt, M, H, y, rt->b.delta, 1, 4, err);
+    return rt_tp_gather(rt, M, H, t->moe_y, rt->b.delta, 1, 4, err);
 }
 
 /* ---- the leader's journal and steps ----------------------------------------- */
@@ -278,9 +271,9 @@ mt_status rt_tp_announce(model_runtime *rt, const model_step_item *items, int n,
     }
     t->msg[1] = n;
     int32_t len = (int32_t)t->n_msg;
-    mt_status st = mt_comm_broadcast(rt->o.comm, &len, 1, MT_COMM_I32, 0, err);
+    mt_status st = rt_xchg_bcast(rt, &len, 1, err);
     if (st == MT_OK)
-        st = mt_comm_broadcast(rt->o.comm, t->msg, (size_t)len, MT_COMM_I32, 0, err);
+        st = rt_xchg_bcast(rt, t->msg, (size_t)len, err);
     t->n_msg = 0;
     return st;
 }

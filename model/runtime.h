@@ -170,6 +170,20 @@ mt_status model_runtime_follow(model_runtime *rt, int64_t *steps, mt_err *err);
 /* This rank (0 without a communicator). */
 int model_runtime_rank(const model_runtime *rt);
 
+/* Host <-> device copies of the runtime's device since it was opened
+ * (calls and bytes each way), and of those the ones the exchanges between
+ * ranks made: the leader's step messages (one copy each on every rank:
+ * in on rank 0, out on the others; they carry the step's tokens) and the
+ * MoE layers' pair counts read back (2 x ranks ints a layer). Everything
+ * else is the forward's own: token ids, positions and page tables in,
+ * logits out. Exchanged activations never pass through the host. */
+typedef struct model_copy_counts {
+    uint64_t to_calls, to_bytes, from_calls, from_bytes;
+    uint64_t announce_calls, announce_bytes;
+    uint64_t count_calls, count_bytes;
+} model_copy_counts;
+void model_runtime_copy_counts(const model_runtime *rt, model_copy_counts *out);
+
 /* ---- speculative decoding (the MTP layer; see spec.h) ------------------------ */
 
 #define MODEL_SPEC_MAX_STEPS 8

@@ -22,6 +22,9 @@ extern const kern_family fam_ops_residual;
 extern const kern_family fam_ops_silu_mul;
 extern const kern_family fam_ops_head_gemm;
 extern const kern_family fam_ops_kv_store;
+extern const kern_family fam_ep_dispatch;
+extern const kern_family fam_ep_return;
+extern const kern_family fam_tp_cols;
 
 static const kern_family *const families[] = {
     &fam_rmsnorm,
@@ -42,6 +45,9 @@ static const kern_family *const families[] = {
     &fam_ops_silu_mul,
     &fam_ops_head_gemm,
     &fam_ops_kv_store,
+    &fam_ep_dispatch,
+    &fam_ep_return,
+    &fam_tp_cols,
     NULL,
 };
 

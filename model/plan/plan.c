@@ -272,6 +272,11 @@ static mt_status swiglu_uses(builder *b, model_plan_layer *ly, int64_t I, bool s
         USE(act, "ops_silu_mul", T, sh ? "shared act" : "mlp act", "I=%" PRId64, ni);
         USE(down, "gemm", T, sh ? "shared down" : "mlp down", "N=%" PRId64 ",K=%" PRId64, no, I);
     }
+    if (ranks > 1) { /* the activations' gather lays the ranks' columns side by side */
+        int unused;
+        USE(&unused, "tp_cols", T, "gather MLP activations (TP)", "ranks=%d,U=%" PRId64
+            ",per=1,t=bf16", ranks, I);
+    }
     return MT_OK;
 }
 
@@ -322,6 +327,17 @@ static mt_status mlp_uses(builder *b, model_plan_layer *ly)
         snprintf(why, sizeof why, "experts down (EP rank, %" PRId64 " experts)", count);
         USE(&unused, "moe_gemm_down", T * md.topk, why, "%s", lk.down);
     }
+    /* Expert parallelism's own steps on the device (ep_moe.c): the pairs
+     * by destination, the dispatch's send order, the return's layout. */
+    if (pp->ep_ranks > 0) {
+        int unused;
+        USE(&unused, "moe_align", T, "pairs by destination rank (EP)",
+            "E=%lld,topk=%d,bm=1,skew=0", (long long)md.n_experts, md.topk);
+        USE(&unused, "ep_dispatch", T * md.topk, "dispatch (EP)",
+            "E=%lld,topk=%d,ranks=%d,H=%" PRId64, (long long)md.n_experts, md.topk,
+            pp->ep_ranks, H);
+        USE(&unused, "ep_return", T * md.topk, "return (EP)", "H=%" PRId64, H);
+    }
     if (!ly->sh_inter)
         return MT_OK;
     if (ly->sh_mxfp4) {
@@ -358,6 +374,16 @@ static mt_status global_uses(builder *b)
         USE(&unused, "ops_embed", T, "embedding (TP rank)", "N=%" PRId64 ",V=%" PRId64, H,
             d.vocab + 1);
         USE(&unused, "gemm", T, "lm_head (TP rank)", "N=%" PRId64 ",K=%" PRId64, d.vocab, H);
+    }
+    /* The gathers' layout step (rt_tp.c): heads, o_proj and down rows, logits. */
+    if (tp) {
+        int unused;
+        USE(&unused, "tp_cols", T, "gather heads (TP)", "ranks=%d,U=%lld,per=%lld,t=bf16",
+            pp->tp_ranks, (long long)c->num_attention_heads, (long long)c->v_head_dim);
+        USE(&unused, "tp_cols", T, "gather rows (TP)", "ranks=%d,U=%" PRId64 ",per=1,t=f32",
+            pp->tp_ranks, H);
+        USE(&unused, "tp_cols", T, "gather logits (TP)", "ranks=%d,U=%lld,per=1,t=f32",
+            pp->tp_ranks, (long long)c->vocab_size);
     }
     return MT_OK;
 }

@@ -1,0 +1,23 @@
+/* cli_ranks.h: the communicators of generate --comm and serve --ranks
+ * (cli_ranks.c). */
+#ifndef MT_CLI_RANKS_H
+#define MT_CLI_RANKS_H
+
+#include "comm/comm.h"
+#include "common/status.h"
+
+typedef struct cli_ranks {
+    mt_comm *world; /* backend's world: who the ranks are */
+    mt_comm *xchg;  /* what the runtime exchanges on: world, or NCCL / RCCL over it */
+    char device[32]; /* the device this rank opens, when it names the GPU itself */
+} cli_ranks;
+
+/* Opens backend's world ("mpi", "self") and, where *device is a GPU
+ * ("cuda", "hip", with or without ":N"), NCCL or RCCL over it on that GPU
+ * (without ":N", the GPU of this rank's local rank; *device then points at
+ * out->device, which names it). Every rank must call it. On failure
+ * nothing stays open. */
+mt_status cli_ranks_open(const char *backend, const char **device, cli_ranks *out, mt_err *err);
+void cli_ranks_close(cli_ranks *r); /* a zeroed cli_ranks is a no-op */
+
+#endif

@@ -1,0 +1,81 @@
+/* test_xchg.c: the runtime's exchanges between ranks on device buffers
+ * (model/rt_xchg.c, model/ep_moe.c, model/rt_tp.c). Under mpirun on emu
+ * devices (tests/mpi/xchg_check.c), expert-parallel and tensor-parallel at
+ * 2, 3 and 4 ranks: the greedy tokens and every logit bitwise one device's
+ * (batch-invariant kernels) on prompts past the DSA indexer's top-k, and
+ * no host copy beyond the step's announcement and the MoE layers' count
+ * reads, per step on rank 0 and over the run on the others. In process:
+ * a communicator that cannot reach the device's memory is refused, naming
+ * both (a GPU communicator on emu, through the stand-in NCCL). */
+#include <criterion/criterion.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "comm/comm.h"
+#include "model/runtime.h"
+#include "test_forward_util.h"
+
+Test(xchg, gpu_communicator_on_host_memory_is_refused_by_kind, .timeout = 300)
+{
+    setenv("MOETUNE_NCCL_LIBRARY", MT_FAKE_NCCL, 1);
+    setenv("MOETUNE_CUDA_DRIVER_LIBRARY", MT_FAKE_NCCL, 1);
+    mt_comm *c = NULL;
+    mt_err err = MT_ERR_INIT;
+    mt_comm_gpu_opts go = {.size = 1};
+    cr_assert_eq(mt_comm_open_gpu("nccl", &go, &c, &err), MT_OK, "%s", err.msg);
+    char *dir = fw_tiny_dir();
+    model_runtime_opts o = {.model_dir = dir, .device = "emu", .kv_pages = 16,
+                            .max_batch_tokens = 16, .comm = c};
+    model_runtime *rt = NULL;
+    cr_assert_eq(model_runtime_open(&o, &rt, &err), MT_E_UNSUPPORTED);
+    cr_assert(strstr(err.msg, "'nccl'") && strstr(err.msg, "host memory") &&
+              strstr(err.msg, "'mpi'"), "%s", err.msg);
+    mt_comm_close(c);
+    fw_rm_dir(dir);
+}
+
+#ifdef MOETUNE_HAVE_MPI
+static void xchg_check(int np, const char *mode)
+{
+    char *dir = fw_tiny_dir();
+    char cmd[2048];
+    static char out[1 << 16];
+    unsigned long long seed = (unsigned long long)mt_seed_fresh();
+    snprintf(cmd, sizeof cmd,
+             "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+             "ASAN_OPTIONS=detect_leaks=0:intercept_tls_get_addr=0 "
+             "%s --oversubscribe -np %d %s %s %llu %s 2>&1", MPIEXEC, np, MT_XCHG_CHECK, dir,
+             seed, mode);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    int rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    cr_assert_eq(rc, 0, "mpirun -np %d mt_xchg_check %s (seed %llu): exit %d\n%s", np, mode,
+                 seed, rc, out);
+    for (int r = 0; r < np; r++) {
+        char want[64];
+        snprintf(want, sizeof want, "xchg_check rank %d/%d ok", r, np);
+        cr_assert(strstr(out, want), "no '%s' in:\n%s", want, out);
+    }
+    printf("-np %d %s:\n%s", np, mode, out);
+    fw_rm_dir(dir);
+}
+
+Test(xchg_mpi, expert_parallel_two_ranks_bitwise_no_staging, .timeout = 600) { xchg_check(2, "ep"); }
+Test(xchg_mpi, expert_parallel_three_ranks_bitwise_no_staging, .timeout = 600) { xchg_check(3, "ep"); }
+Test(xchg_mpi, expert_parallel_four_ranks_bitwise_no_staging, .timeout = 600) { xchg_check(4, "ep"); }
+Test(xchg_mpi, tensor_parallel_two_ranks_bitwise_no_staging, .timeout = 600) { xchg_check(2, "tp"); }
+Test(xchg_mpi, tensor_parallel_three_ranks_bitwise_no_staging, .timeout = 600) { xchg_check(3, "tp"); }
+Test(xchg_mpi, tensor_parallel_four_ranks_bitwise_no_staging, .timeout = 600) { xchg_check(4, "tp"); }
+#else
+Test(xchg_mpi, needs_mpi)
+{
+    cr_skip_test("this build has no MPI (install libopenmpi-dev and openmpi-bin, then "
+                 "reconfigure): the multi-rank exchange checks did not run");
+}
+#endif
