@@ -528,29 +528,26 @@ MT_DEVICE int block_scan(int v, int *buf, int *total)
     return incl - v;
 }
 
-/* dsa_topk: the threshold by 4 radix passes over the scores (each thread
- * counts a run of equal digits in a register and adds it to the shared
- * histogram once the digit changes: scores of one magnitude share their
- * top digits, and one atomic per element would serialize on that bin);
- * the digit by a block scan over the bins from the top; then the kept
- * indices in index order from each thread's contiguous chunk: count, one
- * scan for the offsets, write. Three scans in all, whatever the length. */
-MT_KERNEL __launch_bounds__(TK_NT) void dsa_topk(const float *scores, int cstride,
-                                                 const int *ctx_len, int *idx, float *val)
+/* The top S_topk of sc[0:len) into oi/ov (S_topk entries): the kept
+ * positions ascending, ties lowest position first, each written as
+ * map[i] (or off + i without a map), -1 and -inf past the kept. Every
+ * thread of the block calls it.
+ * The threshold by 4 radix passes over the scores (each thread counts a
+ * run of equal digits in a register and adds it to the shared histogram
+ * once the digit changes: scores of one magnitude share their top digits,
+ * and one atomic per element would serialize on that bin); the digit by a
+ * block scan over the bins from the top; then the kept positions in order
+ * from each thread's contiguous chunk: count, one scan for the offsets,
+ * write. Three scans in all, whatever the length. */
+MT_DEVICE void topk_select(const float *sc, const int *map, int off, int len, int *oi,
+                           float *ov, int *hist, int *scan, int *pick)
 {
-    __shared__ int hist[256];
-    __shared__ int scan[TK_NT];
-    __shared__ int pick[2];
-    const int mi = blockIdx.x, tid = threadIdx.x;
-    const int len = ctx_len[mi];
-    const float *sc = scores + (long)mi * cstride;
-    int *oi = idx + (long)mi * S_topk;
-    float *ov = val + (long)mi * S_topk;
+    const int tid = threadIdx.x;
     const float neg_inf = mt_uint_as_float(0xff800000u);
 
     if (len <= S_topk) {
         for (int i = tid; i < S_topk; i += TK_NT) {
-            oi[i] = i < len ? i : -1;
+            oi[i] = i < len ? (map ? map[i] : off + i) : -1;
             ov[i] = i < len ? sc[i] : neg_inf;
         }
         return;
@@ -609,7 +606,7 @@ MT_KERNEL __launch_bounds__(TK_NT) void dsa_topk(const float *scores, int cstrid
 #undef TK_BPT
 
     /* Everything above the threshold key, and the first `need` equal to it,
-     * in index order: thread t takes the chunk [t chunk, (t + 1) chunk). */
+     * in position order: thread t takes the chunk [t chunk, (t + 1) chunk). */
     const int chunk = (len + TK_NT - 1) / TK_NT;
     const int c0 = tid * chunk < len ? tid * chunk : len;
     const int c1 = c0 + chunk < len ? c0 + chunk : len;
@@ -628,9 +625,69 @@ MT_KERNEL __launch_bounds__(TK_NT) void dsa_topk(const float *scores, int cstrid
         unsigned u = order_key(sc[i]);
         if (u > prefix || (u == prefix && eq_take > 0)) {
             eq_take -= u == prefix;
-            oi[pos] = i;
+            oi[pos] = map ? map[i] : off + i;
             ov[pos] = sc[i];
             pos++;
         }
     }
+}
+
+/* Block per query: its top-k over all its scores. */
+MT_KERNEL __launch_bounds__(TK_NT) void dsa_topk(const float *scores, int cstride,
+                                                 const int *ctx_len, int *idx, float *val)
+{
+    __shared__ int hist[256];
+    __shared__ int scan[TK_NT];
+    __shared__ int pick[2];
+    const int mi = blockIdx.x;
+    topk_select(scores + (long)mi * cstride, 0, 0, ctx_len[mi], idx + (long)mi * S_topk,
+                val + (long)mi * S_topk, hist, scan, pick);
+}
+
+/* Split top-k (TK_SPLIT > 1), where one block a query would leave most of
+ * the device idle: block (g, m) keeps the top-k of part g of query m's
+ * scores, [g chunk, (g + 1) chunk) with chunk = ceil(len / TK_SPLIT), as
+ * candidates (token index, score; -1 and -inf past its kept) in
+ * cand[m][g][S_topk]; dsa_topk_merge then takes the top-k of the
+ * TK_SPLIT x S_topk candidates. Every token of the query's top-k is in its
+ * part's (what beats it in its part beats it in the query), the
+ * candidates lie in token order with each part's padding after its own,
+ * and the padding (-inf) is never kept when the query has more than
+ * S_topk tokens (the parts then hold at least S_topk real ones): so the
+ * merge keeps what one block would, ties included. */
+MT_KERNEL __launch_bounds__(TK_NT) void dsa_topk_part(const float *scores, int cstride,
+                                                      const int *ctx_len, int *cidx, float *cval)
+{
+    __shared__ int hist[256];
+    __shared__ int scan[TK_NT];
+    __shared__ int pick[2];
+    const int g = blockIdx.x, mi = blockIdx.y, len = ctx_len[mi];
+    const int chunk = (len + TK_SPLIT - 1) / TK_SPLIT;
+    const int b0 = g * chunk < len ? g * chunk : len;
+    const int b1 = b0 + chunk < len ? b0 + chunk : len;
+    const long o = ((long)mi * TK_SPLIT + g) * S_topk;
+    topk_select(scores + (long)mi * cstride + b0, 0, b0, b1 - b0, cidx + o, cval + o, hist, scan,
+                pick);
+}
+
+MT_KERNEL __launch_bounds__(TK_NT) void dsa_topk_merge(const int *cidx, const float *cval,
+                                                       const int *ctx_len, int *idx, float *val)
+{
+    __shared__ int hist[256];
+    __shared__ int scan[TK_NT];
+    __shared__ int pick[2];
+    const int mi = blockIdx.x, len = ctx_len[mi];
+    int *oi = idx + (long)mi * S_topk;
+    float *ov = val + (long)mi * S_topk;
+    const long o = (long)mi * TK_SPLIT * S_topk;
+    if (len <= S_topk) { /* every token kept: the parts' candidates, in order */
+        const int chunk = (len + TK_SPLIT - 1) / TK_SPLIT;
+        for (int i = threadIdx.x; i < S_topk; i += TK_NT) {
+            const int g = chunk ? i / chunk : 0, j = chunk ? i % chunk : 0;
+            oi[i] = i < len ? cidx[o + (long)g * S_topk + j] : -1;
+            ov[i] = i < len ? cval[o + (long)g * S_topk + j] : mt_uint_as_float(0xff800000u);
+        }
+        return;
+    }
+    topk_select(cval + o, cidx + o, 0, TK_SPLIT * S_topk, oi, ov, hist, scan, pick);
 }

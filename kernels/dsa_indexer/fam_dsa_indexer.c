@@ -19,7 +19,9 @@
  * QB; a tile of keys is reused by every query of the tile that shares its
  * page-table row), then one block (work item) per query: 4-pass radix
  * select of the threshold on order-preserving 32-bit keys, and an
- * index-ordered compaction that takes ties lowest-index first. On GPUs,
+ * index-ordered compaction that takes ties lowest-index first (on GPUs
+ * with TK_SPLIT > 1, TK_SPLIT blocks a query each keep the top-k of their
+ * part, and one more merges them). On GPUs,
  * MMA=1|2 computes the scores on matrix instructions (dsa_indexer.hip);
  * MMA=3 (fp8 cache) on fp8 ones, after dsa_q8 has split the query into
  * two e4m3 parts in fragment order (scratch, after the scores); the top-k
@@ -269,25 +271,44 @@ static int param(const kern_ctx *c, const char *name)
 
 static int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 
-/* The fp8 path (the GPU side's MMA=3, its fifth parameter) also keeps the
- * query in fragment order, hi and lo ([M][IHP][ID] bytes each), and its
- * exponents (int32 [M][IHP]) after the scores. */
+/* The GPU side's config has GP_COUNT values (the cpu's fewer): its MMA
+ * (fifth) and TK_SPLIT (sixth). */
 static bool is_fp8_path(const kern_config *cfg)
 {
-    return cfg->n == 5 && cfg->v[4] == 3;
+    return cfg->n == 6 && cfg->v[4] == 3;
 }
 
-static size_t q8_offset(const kern_shape *s, int64_t m)
+static int tk_split(const kern_config *cfg)
+{
+    return cfg->n == 6 ? cfg->v[5] : 1;
+}
+
+/* Scratch: the scores [M][C] f32; with TK_SPLIT > 1 the parts' candidates,
+ * token indices [M][TK_SPLIT][topk] int32 then their scores f32; on the fp8
+ * path the query in fragment order, hi and lo ([M][IHP][ID] bytes each),
+ * then its exponents (int32 [M][IHP]). */
+static size_t cand_offset(const kern_shape *s, int64_t m)
 {
     return (size_t)round_up(m * s->v[D_C] * 4, 256);
 }
 
+static size_t cand_bytes(const kern_shape *s, int64_t m, const kern_config *cfg)
+{
+    int split = tk_split(cfg);
+    return split > 1 ? (size_t)round_up(m * split * s->v[D_TOPK] * 8, 256) : 0;
+}
+
+static size_t q8_offset(const kern_shape *s, int64_t m, const kern_config *cfg)
+{
+    return cand_offset(s, m) + cand_bytes(s, m, cfg);
+}
+
 static size_t scratch_bytes(const kern_shape *s, int64_t m, const kern_config *cfg)
 {
+    size_t n = q8_offset(s, m, cfg);
     if (is_fp8_path(cfg))
-        return q8_offset(s, m) + (size_t)m * (size_t)round_up(s->v[D_IH], 16) *
-                                     ((size_t)s->v[D_ID] * 2 + 4);
-    return (size_t)m * (size_t)s->v[D_C] * 4;
+        n += (size_t)m * (size_t)round_up(s->v[D_IH], 16) * ((size_t)s->v[D_ID] * 2 + 4);
+    return n;
 }
 
 static size_t score_shared(const kern_shape *s, int bt)
@@ -314,7 +335,7 @@ static mt_status run(const kern_ctx *c, mt_err *err)
         dev_kernel *kq;
         if ((st = kern_get(c, "dsa_q8", "pp", &kq, err)) != MT_OK)
             return st;
-        qin = (char *)c->scratch + q8_offset(s, c->m);
+        qin = (char *)c->scratch + q8_offset(s, c->m, c->cfg);
         void *qargs[] = {(void *)&c->bufs[B_Q], &qin};
         dev_dim3 qgrid = {(unsigned)round_up(s->v[D_IH], 16) / 16, (unsigned)m, 1};
         if ((st = dev_launch(c->dev, kq, qgrid, sblock, 0, qargs, err)) != MT_OK)
@@ -330,10 +351,28 @@ static mt_status run(const kern_ctx *c, mt_err *err)
     st = dev_launch(c->dev, ks, sgrid, sblock, shm, sargs, err);
     if (st != MT_OK)
         return st;
+    dev_dim3 tblock = {gpu ? (unsigned)(param(c, "TK_WAVES") * c->props->warp_size) : 1, 1, 1};
+    int split = gpu ? tk_split(c->cfg) : 1;
+    if (split > 1) { /* the parts' candidates, then their merge */
+        dev_kernel *kp, *km;
+        st = attn_get_kernels(c, "dsa_topk_part", "pippp", &kp, "dsa_topk_merge", "ppppp", &km,
+                              err);
+        if (st != MT_OK)
+            return st;
+        void *cidx = (char *)c->scratch + cand_offset(s, c->m);
+        void *cval = (char *)cidx + (size_t)c->m * (size_t)split * (size_t)s->v[D_TOPK] * 4;
+        void *pargs[] = {&scores, &cs, (void *)&c->bufs[B_CTX], &cidx, &cval};
+        st = dev_launch(c->dev, kp, (dev_dim3){(unsigned)split, (unsigned)m, 1}, tblock, 0,
+                        pargs, err);
+        if (st != MT_OK)
+            return st;
+        void *margs[] = {&cidx, &cval, (void *)&c->bufs[B_CTX], (void *)&c->bufs[B_IDX],
+                         (void *)&c->bufs[B_VAL]};
+        return dev_launch(c->dev, km, (dev_dim3){(unsigned)m, 1, 1}, tblock, 0, margs, err);
+    }
     void *targs[] = {&scores, &cs, (void *)&c->bufs[B_CTX], (void *)&c->bufs[B_IDX],
                      (void *)&c->bufs[B_VAL]};
     dev_dim3 tgrid = {(unsigned)m, 1, 1};
-    dev_dim3 tblock = {gpu ? (unsigned)(param(c, "TK_WAVES") * c->props->warp_size) : 1, 1, 1};
     return dev_launch(c->dev, kt, tgrid, tblock, 0, targs, err);
 }
 
@@ -358,9 +397,11 @@ static const int qb_v[] = {1, 2, 4, 8};
 static const int waves_v[] = {1, 2, 4};
 static const int tk_waves_v[] = {1, 2, 4, 8};
 static const int mma_v[] = {0, 1, 2, 3};
+static const int tk_split_v[] = {1, 2, 4, 8, 16};
 
-/* Order matters: defines() reads WAVES third and TK_WAVES fourth. */
-enum { GP_BT, GP_QB, GP_WAVES, GP_TK_WAVES, GP_MMA, GP_COUNT };
+/* Order matters: defines() reads WAVES third and TK_WAVES fourth,
+ * is_fp8_path MMA fifth and tk_split TK_SPLIT sixth. */
+enum { GP_BT, GP_QB, GP_WAVES, GP_TK_WAVES, GP_MMA, GP_TK_SPLIT, GP_COUNT };
 static const kern_param_desc gpu_params[GP_COUNT] = {
     [GP_BT] = {"BT", bt_v, 4, "tokens per score block"},
     [GP_QB] = {"QB", qb_v, 4, "queries per score block (sharing a key tile)"},
@@ -369,6 +410,8 @@ static const kern_param_desc gpu_params[GP_COUNT] = {
     [GP_MMA] = {"MMA", mma_v, 4, "scores: 0 scalar FP32; 1, 2 bf16 matrix instructions for Q "
                 "K^T, the platform's small (16-row) or large (32x32x8, AMD) tile; 3 fp8 ones "
                 "on the fp8 cache as it is (the query split exactly into two e4m3 parts)"},
+    [GP_TK_SPLIT] = {"TK_SPLIT", tk_split_v, 5, "top-k blocks per query (each keeps the top-k "
+                     "of its part of the scores, one more block merges them)"},
 };
 
 /* Static shared memory of the MMA path, as dsa_indexer.hip declares it: the
@@ -478,6 +521,7 @@ static void gpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern
 {
     c->n = GP_COUNT;
     c->v[GP_MMA] = 0;
+    c->v[GP_TK_SPLIT] = 1;
     c->v[0] = 64;
     c->v[1] = m >= 4 ? 4 : 1;
     c->v[2] = 64 / p->warp_size > 1 ? 64 / p->warp_size : 1;
@@ -513,6 +557,13 @@ static void gpu_default(const kern_shape *s, int64_t m, const dev_props *p, kern
             }
         }
     }
+    /* The top-k over parts of each query where the queries alone give fewer
+     * blocks than twice the compute units, each part at least 4 top-k
+     * long (below, the merge's own top-k costs as much as a part's). */
+    int64_t topk = s->v[D_TOPK];
+    while (c->v[GP_TK_SPLIT] < 16 && m * c->v[GP_TK_SPLIT] < 2 * (int64_t)p->compute_units &&
+           s->v[D_C] / (2 * c->v[GP_TK_SPLIT]) >= 4 * topk)
+        c->v[GP_TK_SPLIT] *= 2;
 }
 
 static const kern_impl gpu_impl = {
@@ -582,8 +633,8 @@ static const kern_case cases[] = {
 const kern_family fam_dsa_indexer = {
     .name = "dsa_indexer",
     /* 2: the GPU side's MMA parameter; 3: MMA=3 (fp8); 4: its query
-     * pre-pass; 5: the GPU top-k's chunked compaction */
-    .version = 5,
+     * pre-pass; 5: the GPU top-k's chunked compaction; 6: TK_SPLIT */
+    .version = 6,
     .summary = "DSA lightning-indexer scores over the paged key cache and per-query top-k",
     .dims = dims,
     .n_dims = D_COUNT,

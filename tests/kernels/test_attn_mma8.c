@@ -1,7 +1,8 @@
 /* test_attn_mma8.c: the attention families on fp8 matrix instructions
  * (MMA=3 with an fp8 cache): mla_decode (the query in two e4m3 parts, P in
  * three, the next tile's rows copied during this one's softmax and P V)
- * and dsa_indexer's scores (an fp8 GEMM over the cache as it is), against
+ * and dsa_indexer's scores (an fp8 GEMM over the cache as it is, with the
+ * top-k in one block a query or split over 2-16 and merged), against
  * their plain C references on emu wave64 (AMD's 16x16x32 fp8 layout) and
  * wave32 (NVIDIA's m16n8k32), dense and sparse, several tiles and splits;
  * the rules that refuse it where it cannot run; and the GLM-5.2 fp8
@@ -60,15 +61,16 @@ Test(attn_mma8, mla_decode_matches_the_reference_on_wave32, .timeout = 900)
 static const mma_case index_cases[] = {
     {"IH=32,ID=128,topk=64,ps=64,kv=fp8,C=150", 1},
     {"IH=4,ID=64,topk=16,ps=7,kv=fp8,C=90", 3},
+    {"IH=2,ID=32,topk=16,ps=5,kv=fp8,C=11", 3}, /* no longer than topk: the merge copies */
 };
 static const char *const index_w64[] = {
-    "BT=64,QB=1,WAVES=4,TK_WAVES=4,MMA=3",
-    "BT=32,QB=4,WAVES=2,TK_WAVES=2,MMA=3",
-    "BT=128,QB=2,WAVES=1,TK_WAVES=1,MMA=3",
+    "BT=64,QB=1,WAVES=4,TK_WAVES=4,MMA=3,TK_SPLIT=1",
+    "BT=32,QB=4,WAVES=2,TK_WAVES=2,MMA=3,TK_SPLIT=4",
+    "BT=128,QB=2,WAVES=1,TK_WAVES=1,MMA=3,TK_SPLIT=16",
 };
 static const char *const index_w32[] = {
-    "BT=64,QB=1,WAVES=4,TK_WAVES=4,MMA=3",
-    "BT=16,QB=2,WAVES=2,TK_WAVES=1,MMA=3",
+    "BT=64,QB=1,WAVES=4,TK_WAVES=4,MMA=3,TK_SPLIT=2",
+    "BT=16,QB=2,WAVES=2,TK_WAVES=1,MMA=3,TK_SPLIT=8",
 };
 
 Test(attn_mma8, dsa_indexer_matches_the_reference_on_both_wave_sizes, .timeout = 900)
@@ -106,7 +108,7 @@ Test(attn_mma8, the_fp8_paths_are_refused_where_they_cannot_run)
     cr_assert(strstr(why, "HB=8"), "%s", why);
     /* the indexer: ID whole K steps of 32 */
     cr_assert_not(valid("dsa_indexer", "IH=2,ID=48,topk=16,ps=16,kv=fp8,C=40",
-                        "BT=64,QB=1,WAVES=4,TK_WAVES=4,MMA=3", "emu:wave64", NULL, why,
+                        "BT=64,QB=1,WAVES=4,TK_WAVES=4,MMA=3,TK_SPLIT=1", "emu:wave64", NULL, why,
                         sizeof why));
     cr_assert(strstr(why, "ID=48"), "%s", why);
     /* gfx90a has no fp8 instructions */

@@ -44,15 +44,15 @@ static const mma_case cases[] = {
 #define NCASES (int)(sizeof cases / sizeof cases[0])
 
 static const char *const wave64_cfgs[] = {
-    "BT=16,QB=1,WAVES=1,TK_WAVES=1,MMA=1",
-    "BT=64,QB=2,WAVES=2,TK_WAVES=2,MMA=1",
-    "BT=32,QB=4,WAVES=1,TK_WAVES=4,MMA=2",
-    "BT=128,QB=2,WAVES=4,TK_WAVES=1,MMA=2",
+    "BT=16,QB=1,WAVES=1,TK_WAVES=1,MMA=1,TK_SPLIT=1",
+    "BT=64,QB=2,WAVES=2,TK_WAVES=2,MMA=1,TK_SPLIT=2",
+    "BT=32,QB=4,WAVES=1,TK_WAVES=4,MMA=2,TK_SPLIT=4",
+    "BT=128,QB=2,WAVES=4,TK_WAVES=1,MMA=2,TK_SPLIT=16",
 };
 static const char *const wave32_cfgs[] = {
-    "BT=16,QB=1,WAVES=2,TK_WAVES=1,MMA=1",
-    "BT=64,QB=4,WAVES=4,TK_WAVES=2,MMA=1",
-    "BT=32,QB=2,WAVES=1,TK_WAVES=8,MMA=1",
+    "BT=16,QB=1,WAVES=2,TK_WAVES=1,MMA=1,TK_SPLIT=1",
+    "BT=64,QB=4,WAVES=4,TK_WAVES=2,MMA=1,TK_SPLIT=8",
+    "BT=32,QB=2,WAVES=1,TK_WAVES=8,MMA=1,TK_SPLIT=2",
 };
 
 Test(indexer_mma, dsa_indexer_matches_the_reference_on_wave64, .timeout = 900)
@@ -69,8 +69,8 @@ Test(indexer_mma, dsa_indexer_matches_the_reference_on_wave32, .timeout = 900)
 
 /* The GLM-5.2 tiles docs/BENCHMARKS.md discusses: 4 waves, one fragment
  * column of keys each per pass. */
-#define AMD16 "BT=64,QB=4,WAVES=4,TK_WAVES=4,MMA=1"
-#define AMD32 "BT=128,QB=4,WAVES=4,TK_WAVES=4,MMA=2"
+#define AMD16 "BT=64,QB=4,WAVES=4,TK_WAVES=4,MMA=1,TK_SPLIT=1"
+#define AMD32 "BT=128,QB=4,WAVES=4,TK_WAVES=4,MMA=2,TK_SPLIT=1"
 
 /* 16 heads of 256 dims: (128 + 16) x 264 x 2 = 76,032 bytes of static
  * shared memory at BT=128; 64 keys fit the 48 KB static limit of an H200. */
@@ -92,15 +92,15 @@ Test(indexer_mma, validity_names_the_parameter_at_fault)
         {"glm5.2", AMD16, MMA_SM75, "MMA=1"},
         /* fragment columns: 16 keys under a 32-wide fragment; one 16-key
          * column for two waves */
-        {"glm5.2", "BT=16,QB=1,WAVES=1,TK_WAVES=4,MMA=2", MMA_MI300, "BT=16"},
-        {"glm5.2", "BT=16,QB=1,WAVES=2,TK_WAVES=4,MMA=1", MMA_MI300, "WAVES=2"},
+        {"glm5.2", "BT=16,QB=1,WAVES=1,TK_WAVES=4,MMA=2,TK_SPLIT=1", MMA_MI300, "BT=16"},
+        {"glm5.2", "BT=16,QB=1,WAVES=2,TK_WAVES=4,MMA=1,TK_SPLIT=1", MMA_MI300, "WAVES=2"},
         /* the query in registers: 256 heads x 128 dims is 256 per lane */
         {"IH=256,ID=128,topk=2048,ps=64,kv=bf16,C=8192", AMD16, MMA_MI300, "registers"},
-        {WIDE, "BT=128,QB=1,WAVES=4,TK_WAVES=4,MMA=1", MMA_H200, "static shared"},
-        {WIDE, "BT=64,QB=1,WAVES=4,TK_WAVES=4,MMA=1", MMA_H200, NULL},
+        {WIDE, "BT=128,QB=1,WAVES=4,TK_WAVES=4,MMA=1,TK_SPLIT=1", MMA_H200, "static shared"},
+        {WIDE, "BT=64,QB=1,WAVES=4,TK_WAVES=4,MMA=1,TK_SPLIT=1", MMA_H200, NULL},
         /* the scalar path's space is what it was */
-        {"glm5.2", "BT=64,QB=4,WAVES=2,TK_WAVES=4,MMA=0", MMA_GFX1030, NULL},
-        {"glm5.2", "BT=128,QB=4,WAVES=1,TK_WAVES=4,MMA=0", MMA_GFX1030, "BT=128"},
+        {"glm5.2", "BT=64,QB=4,WAVES=2,TK_WAVES=4,MMA=0,TK_SPLIT=1", MMA_GFX1030, NULL},
+        {"glm5.2", "BT=128,QB=4,WAVES=1,TK_WAVES=4,MMA=0,TK_SPLIT=1", MMA_GFX1030, "BT=128"},
     };
     mma_expect_each(fam(), 1, e, (int)(sizeof e / sizeof e[0]));
 }
@@ -133,6 +133,6 @@ Test(indexer_mma, clang_gfx942_builds_mfma_without_scratch)
 Test(indexer_mma, nvrtc_sm90_builds)
 {
     mma_compile_nv(fam(), "dsa_scores", "glm5.2", 4, AMD16, false);
-    mma_compile_nv(fam(), "dsa_scores", "glm5.2-fp8", 4, "BT=128,QB=4,WAVES=4,TK_WAVES=4,MMA=1",
-                   false);
+    mma_compile_nv(fam(), "dsa_scores", "glm5.2-fp8", 4,
+                   "BT=128,QB=4,WAVES=4,TK_WAVES=4,MMA=1,TK_SPLIT=1", false);
 }

@@ -157,8 +157,13 @@ static void assert_fp8_selected(const char *report, const char *fam)
  * cache, so emu's defaults for mla_decode and dsa_indexer are MMA=3 (the
  * query in two e4m3 parts, P in three, the keys as they are). Two prompt
  * tokens, then four decoded one at a time, against the reference with the
- * same fp8 cache: the bounds of test_forward.c's fp8-cache test on cpu
- * (every position <= 0.4, mean <= 3e-2, half within 1e-2). */
+ * same fp8 cache: every position <= 0.4 (test_forward.c's bound) and the
+ * mean <= 2e-2. On this checkpoint the cpu kernels' positions read 0.005
+ * to 0.012 (mean 0.005-0.007 over six seeds; only 3 of 6 within 1e-2 in
+ * one), the fp8 paths' 0.006-0.011 (mean 0.006-0.008); a wrong layout or
+ * scale gives errors near 1. The kernels' own precision is the family
+ * checks' to pin (test_attn_mma8): P in one e4m3 part instead of three
+ * passes here (mean 0.008-0.012) and fails there. */
 Test(forward_emu, fp8_cache_decode_on_fp8_paths_matches_reference, .timeout = 600)
 {
     char *dir = tmp_dir_dup("mt_fwd_wide");
@@ -225,9 +230,8 @@ Test(forward_emu, fp8_cache_decode_on_fp8_paths_matches_reference, .timeout = 60
     cr_log_info("seed %" PRIu64 ", fp8 paths on emu: worst position %.3g, mean %.3g, %d of %d "
                 "within 1e-2", seed, worst, mean, close, n);
     cr_assert_leq(worst, 0.4, "seed %" PRIu64 ": worst position %.3g", seed, worst);
-    cr_assert_leq(mean, 3e-2, "seed %" PRIu64 ": mean error %.3g", seed, mean);
-    cr_assert_geq(2 * close, n, "seed %" PRIu64 ": only %d of %d positions within 1e-2 (mean "
-                  "%.3g)", seed, close, n, mean);
+    cr_assert_leq(mean, 2e-2, "seed %" PRIu64 ": mean error %.3g (%d of %d positions within "
+                  "1e-2)", seed, mean, close, n);
     free(got);
     free(want);
     free(tok);
