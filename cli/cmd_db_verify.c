@@ -42,6 +42,11 @@ static int parse(int argc, char **argv, tune_verify_opts *o, bool *json)
         {.name = "--confidence", .type = CLI_OPT_DOUBLE, .dst = &o->confidence, .arg = "P",
          .def = "0.95", .min = 0.5, .max = 1, .flags = CLI_OPT_MIN_OPEN | CLI_OPT_MAX_OPEN,
          .help = "confidence of a stale verdict"},
+        {.name = "--margin", .type = CLI_OPT_DOUBLE, .dst = &o->margin, .arg = "F",
+         .def = "0.01", .min = 0, .max = 1, .flags = CLI_OPT_MAX_OPEN,
+         .help = "stale only when the other config is faster by more than this share "
+                 "(0.01: 1%), with confidence; near-equal configs swing by a few tenths of a "
+                 "percent from one process to the next"},
         {.name = "--json", .type = CLI_OPT_FLAG, .dst = json, .help = "machine-readable output"},
         {0},
     };
@@ -49,11 +54,12 @@ static int parse(int argc, char **argv, tune_verify_opts *o, bool *json)
         .name = "db verify", .opts = opts,
         .usage = "db verify [--db FILE] [--device D] [--family F] [--shape KEY]\n"
                  "          [--m M] [--of FINGERPRINT|NAME] [--rounds R]\n"
-                 "          [--confidence P] [--json]",
+                 "          [--confidence P] [--margin F] [--json]",
         .about = "Re-times each stored winner of this device's backend (tuned on this "
                  "machine or another) on device D against its first runner-up and the "
                  "family's default config, R paired interleaved rounds each, and marks it "
-                 "stale in the database when either is faster with confidence P; otherwise "
+                 "stale in the database when either is faster by more than the margin with "
+                 "confidence P; otherwise "
                  "it is marked verified. Winners of another backend or kernel source are "
                  "skipped. Exit status 0 when nothing is stale, 3 when some winner is stale, "
                  "1 on error."};

@@ -173,6 +173,11 @@ static int parse(int argc, char **argv, tune_opts *o, tune_cli *c)
          .arg = "N", .min = 0, .max = TUNE_CONFIRM_MAX_ROUNDS, .given = &c->confirm_given,
          .def_text = "10", .help = "paired rounds confirming a best config against the "
                                    "default (0: off, the lowest median wins; else 2 or more)"},
+        {.name = "--confirm-top", .type = CLI_OPT_INT, .dst = &o->confirm_top, .arg = "N",
+         .def = "3", .min = 1, .max = TUNE_CONFIRM_MAX_TOP,
+         .help = "the search's best configs (by median, those beating the default's) "
+                 "confirmed in the same paired rounds; the fastest one confirmed against the "
+                 "default wins (1: the best median alone)"},
         {.name = "--confidence", .type = CLI_OPT_DOUBLE, .dst = &o->confidence, .arg = "P",
          .min = 0.5, .max = 1, .flags = CLI_OPT_MAX_OPEN, .def_text = "0.95",
          .help = "confidence of that decision"},

@@ -83,31 +83,49 @@ mt_status tune_worker_measure(tune_worker *w, const kern_config *cfg, const void
                               double timeout_s, volatile sig_atomic_t *stop,
                               tune_measure *out, mt_err *err);
 
-/* Paired timing of two compiled configs a and b on the prepared problem:
- * `rounds` rounds (at most TUNE_CONFIRM_MAX_ROUNDS), each timing both back
- * to back with kern_problem_time(topts), a first in even rounds and b first
- * in odd ones (ABBA...), so drift hits both alike. Both are loaded once. */
+/* Paired timing of n compiled configs (2 <= n <= TUNE_PAIRED_MAX_CONFIGS)
+ * on the prepared problem: `rounds` rounds (at most TUNE_CONFIRM_MAX_ROUNDS),
+ * each timing every config back to back with kern_problem_time(topts). The
+ * order changes from round to round so that drift and the position within
+ * a round hit every config alike: round 2j runs the configs in a rotated
+ * order starting at config j mod n, round 2j+1 in the reverse of that
+ * order (for two configs: ab, ba, ba, ab, ...). All are loaded once. */
+#define TUNE_PAIRED_MAX_CONFIGS (TUNE_CONFIRM_MAX_TOP + 1)
+
 typedef struct tune_paired {
     mt_status status;   /* MT_OK, or the failure of the step that failed */
     char step[16];      /* "load", "time" */
+    int failed;         /* index of the config that failed; -1: none */
+    int n;              /* configs */
     int rounds;         /* rounds completed */
-    double a_ms[TUNE_CONFIRM_MAX_ROUNDS], b_ms[TUNE_CONFIRM_MAX_ROUNDS]; /* medians */
+    double ms[TUNE_PAIRED_MAX_CONFIGS][TUNE_CONFIRM_MAX_ROUNDS]; /* medians per round */
     int reps;           /* timed runs per config and round (of the last round) */
     char msg[1024];
 } tune_paired;
 
-/* Returns like tune_worker_measure; timeout_s bounds the whole exchange. */
-mt_status tune_worker_paired(tune_worker *w, const kern_config *cfg_a, const void *code_a,
-                             size_t len_a, const kern_config *cfg_b, const void *code_b,
-                             size_t len_b, int rounds, const kern_time_opts *topts,
-                             double timeout_s, volatile sig_atomic_t *stop, tune_paired *out,
-                             mt_err *err);
+/* Config i of round `round`'s order (the rule above), for n configs. */
+int tune_paired_order(int n, int round, int pos);
+
+/* Returns like tune_worker_measure; timeout_s bounds the whole exchange.
+ * cfgs, codes and lens hold n entries each. */
+mt_status tune_worker_paired(tune_worker *w, int n, const kern_config *cfgs,
+                             const void *const *codes, const size_t *lens, int rounds,
+                             const kern_time_opts *topts, double timeout_s,
+                             volatile sig_atomic_t *stop, tune_paired *out, mt_err *err);
 
 /* The timing of one config in a paired round (tune_run.c): base with a
  * fixed number of samples (the same work for both configs in every round),
  * each a batch of launches lasting at least 0.1 ms for a kernel of about
  * fast_ms, no early abandon. */
 kern_time_opts tune_paired_opts(const kern_time_opts *base, double fast_ms);
+/* The decision among n challengers (tune_run.c), iv[i] challenger i
+ * against the default over the same rounds: the confirmed one (hi < 1)
+ * with the lowest ratio, or with none confirmed the lowest ratio (the
+ * rejected challenger). Returns its index; *confirmed says which case;
+ * *undecided whether more rounds could change the decision (nothing
+ * confirmed though the pick measured faster than the default, or an
+ * unconfirmed challenger faster than the confirmed pick). */
+int tune_confirm_pick(const tune_interval *iv, int n, bool *confirmed, bool *undecided);
 /* Median of n <= TUNE_CONFIRM_MAX_ROUNDS values (not modified). */
 double tune_median(const double *v, int n);
 

@@ -175,5 +175,6 @@ void tune_opts_default(tune_opts *o)
     o->jobs = 2;
     o->timeout_s = 60;
     o->transfer = true;
+    o->confirm_top = TUNE_CONFIRM_TOP;
     kern_time_opts_default(&o->timing);
 }

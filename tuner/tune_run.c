@@ -67,6 +67,12 @@ struct run_ctx {
     double best_ms;
     char best_key[256];
     double default_ms;
+    int confirm_top;          /* challengers at most (tune_opts.confirm_top) */
+    int n_top;                /* the best ok configs other than the default, */
+    struct top_entry {        /* lowest median first */
+        char key[256];
+        double ms;
+    } top[TUNE_CONFIRM_MAX_TOP];
     tune_m_report *mr;
     int new_ok;
 };
@@ -132,6 +138,23 @@ static void cand_release(cand *c)
 
 /* ---- recording ----------------------------------------------------------- */
 
+/* An ok config other than the default: kept when it is among the
+ * confirm_top lowest medians of this M so far. */
+static void top_note(run_ctx *r, const char *key, double ms)
+{
+    int i = r->n_top;
+    if (i == r->confirm_top && !(ms < r->top[i - 1].ms))
+        return;
+    if (i == r->confirm_top)
+        i--; /* the slowest drops out */
+    for (; i > 0 && ms < r->top[i - 1].ms; i--)
+        r->top[i] = r->top[i - 1];
+    snprintf(r->top[i].key, sizeof r->top[i].key, "%s", key);
+    r->top[i].ms = ms;
+    if (r->n_top < r->confirm_top)
+        r->n_top++;
+}
+
 static mt_status record(run_ctx *r, cand *c, db_trial_status st, const kern_timing *t,
                         const char *error, mt_err *err)
 {
@@ -170,6 +193,8 @@ static mt_status record(run_ctx *r, cand *c, db_trial_status st, const kern_timi
         r->new_ok++;
         if (c->is_default)
             r->default_ms = med;
+        else
+            top_note(r, c->key, med);
         if (!(r->best_ms > 0) || med < r->best_ms) {
             r->best_ms = med;
             snprintf(r->best_key, sizeof r->best_key, "%s", c->key);
@@ -411,6 +436,8 @@ static void on_known(void *arg, const char *key, db_trial_status st, double medi
         return;
     if (!strcmp(key, k->default_key))
         k->r->default_ms = median_ms;
+    else
+        top_note(k->r, key, median_ms);
     if (!(k->r->best_ms > 0) || median_ms < k->r->best_ms) {
         k->r->best_ms = median_ms;
         snprintf(k->r->best_key, sizeof k->r->best_key, "%s", key);
@@ -553,58 +580,141 @@ kern_time_opts tune_paired_opts(const kern_time_opts *base, double fast_ms)
     return t;
 }
 
-/* Paired rounds of the challenger (a) against the default (b); fills *iv
- * and the two configs' median round times. A failure of the timing (the
- * challenger crashed, hung or failed) is returned in *why with MT_OK;
- * only an interruption or a dead spawner is an error. */
-static mt_status confirm(run_ctx *r, const char *cand_key, const char *dflt_key, int rounds,
-                         uint64_t seed, tune_interval *iv, double *cand_ms, double *dflt_ms,
-                         char *why, size_t why_cap, mt_err *err)
+/* Paired rounds of the configs keys[0..n-1] (the challengers, then the
+ * default) into *pr. A failure of the timing (a config crashed, hung or
+ * failed) is returned in *why with MT_OK; only an interruption or a dead
+ * spawner is an error. */
+static mt_status confirm(run_ctx *r, const char *const *keys, int n, int rounds,
+                         tune_paired *pr, char *why, size_t why_cap, mt_err *err)
 {
     why[0] = 0;
-    kern_config ca, cb;
-    dev_code *code_a = NULL, *code_b = NULL;
+    kern_config cfgs[TUNE_PAIRED_MAX_CONFIGS];
+    dev_code *code[TUNE_PAIRED_MAX_CONFIGS] = {0};
+    const void *bytes[TUNE_PAIRED_MAX_CONFIGS];
+    size_t lens[TUNE_PAIRED_MAX_CONFIGS];
     mt_err e = MT_ERR_INIT;
-    if (kern_config_parse(r->im, cand_key, &ca, &e) != MT_OK ||
-        kern_config_parse(r->im, dflt_key, &cb, &e) != MT_OK ||
-        kern_compile(r->dev, r->job->fam, r->im, &r->job->shape, &ca, &code_a, &e) != MT_OK ||
-        kern_compile(r->dev, r->job->fam, r->im, &r->job->shape, &cb, &code_b, &e) != MT_OK) {
-        snprintf(why, why_cap, "%.400s", e.msg);
-        dev_code_free(code_a);
-        dev_code_free(code_b);
-        return MT_OK;
+    mt_status st = MT_OK;
+    for (int i = 0; i < n && !why[0]; i++) {
+        if (kern_config_parse(r->im, keys[i], &cfgs[i], &e) != MT_OK ||
+            kern_compile(r->dev, r->job->fam, r->im, &r->job->shape, &cfgs[i], &code[i], &e) !=
+                MT_OK)
+            snprintf(why, why_cap, "%.400s", e.msg);
+        else
+            bytes[i] = dev_code_get_bytes(code[i], &lens[i]);
     }
-    mt_status st = ensure_worker(r, err);
-    tune_paired *pr = st == MT_OK ? calloc(1, sizeof *pr) : NULL;
-    if (st == MT_OK && !pr)
-        st = mt_fail(err, MT_E_NOMEM, "paired timing");
-    if (st == MT_OK) {
-        size_t la = 0, lb = 0;
-        const void *ba = dev_code_get_bytes(code_a, &la);
-        const void *bb = dev_code_get_bytes(code_b, &lb);
+    if (!why[0])
+        st = ensure_worker(r, err);
+    if (!why[0] && st == MT_OK) {
         kern_time_opts t = tune_paired_opts(&r->o->timing, fmin(r->best_ms, r->default_ms));
-        mt_status ws = tune_worker_paired(r->worker, &ca, ba, la, &cb, bb, lb, rounds, &t,
-                                          r->timeout_s * (2 + rounds), r->o->stop, pr, &e);
+        mt_status ws = tune_worker_paired(r->worker, n, cfgs, bytes, lens, rounds, &t,
+                                          r->timeout_s * (2 + rounds) * n / 2, r->o->stop, pr,
+                                          &e);
         if (ws == MT_E_INTERRUPTED) {
             worker_dead(r, false);
-            st = mt_fail(err, ws, "interrupted while confirming %s", cand_key);
+            st = mt_fail(err, ws, "interrupted while confirming %s", keys[0]);
         } else if (ws != MT_OK) {
             worker_dead(r, true);
             snprintf(why, why_cap, "%.400s", e.msg);
         } else if (pr->status != MT_OK) {
-            snprintf(why, why_cap, "%s: %.400s", pr->step, pr->msg);
-        } else {
-            *cand_ms = tune_median(pr->a_ms, pr->rounds);
-            *dflt_ms = tune_median(pr->b_ms, pr->rounds);
-            if (tune_ratio_interval(pr->a_ms, pr->b_ms, pr->rounds, iv->level, seed, iv, &e) !=
-                MT_OK)
-                snprintf(why, why_cap, "%.400s", e.msg);
+            snprintf(why, why_cap, "%s%s: %s: %.400s", pr->failed >= 0 ? "of " : "",
+                     pr->failed >= 0 ? keys[pr->failed] : "", pr->step, pr->msg);
         }
     }
-    free(pr);
-    dev_code_free(code_a);
-    dev_code_free(code_b);
+    for (int i = 0; i < n; i++)
+        dev_code_free(code[i]);
     return st;
+}
+
+/* The challengers of this M: the configs other than the default with the
+ * lowest medians, the first always, the others when their median beat
+ * the default's. Returns how many were written to keys. */
+static int challengers(const run_ctx *r, const char **keys)
+{
+    int n = 0;
+    for (int i = 0; i < r->n_top; i++)
+        if (i == 0 || r->top[i].ms < r->default_ms)
+            keys[n++] = r->top[i].key;
+    return n;
+}
+
+static double top_ms(const run_ctx *r, const char *key)
+{
+    for (int i = 0; i < r->n_top; i++)
+        if (!strcmp(r->top[i].key, key))
+            return r->top[i].ms;
+    return NAN;
+}
+
+int tune_confirm_pick(const tune_interval *iv, int n, bool *confirmed, bool *undecided)
+{
+    int win = -1, fav = 0;
+    for (int i = 0; i < n; i++) {
+        if (iv[i].ratio < iv[fav].ratio)
+            fav = i;
+        if (tune_interval_accepts(&iv[i]) && (win < 0 || iv[i].ratio < iv[win].ratio))
+            win = i;
+    }
+    *confirmed = win >= 0;
+    /* More rounds could change it: nothing confirmed though the favourite
+     * measured faster than the default, or an unconfirmed challenger
+     * faster than the confirmed winner. */
+    *undecided = win >= 0 ? fav != win && iv[fav].ratio < iv[win].ratio : iv[fav].ratio < 1;
+    return win >= 0 ? win : fav;
+}
+
+/* Paired rounds of the n challengers keys[0..n-1] and the default keys[n]
+ * into *acc, `rounds` at a time: one set, then up to two more while the
+ * decision is undecided (at most TUNE_CONFIRM_MAX_ROUNDS in all). iv[i]
+ * gets challenger i against the default over all the rounds, *k the pick
+ * and *confirmed whether it was confirmed. A failure of the timing is
+ * returned in why (with MT_OK), as confirm does. */
+static mt_status confirm_all(run_ctx *r, const char *const *keys, int n, int rounds,
+                             double level, uint64_t seed, tune_paired *acc, tune_interval *iv,
+                             int *k, bool *confirmed, char *why, size_t why_cap, mt_err *err)
+{
+    tune_paired *pr = calloc(1, sizeof *pr);
+    if (!pr)
+        return mt_fail(err, MT_E_NOMEM, "paired timing");
+    mt_status st = MT_OK;
+    mt_err e = MT_ERR_INIT;
+    acc->rounds = 0;
+    for (int pass = 0; pass < 3 && acc->rounds + rounds <= TUNE_CONFIRM_MAX_ROUNDS; pass++) {
+        if (pass > 0)
+            tune_progress_note(&r->prog, "tune: M=%lld: undecided after %d paired rounds "
+                               "(%s at %.3f of the default%s): %d more", (long long)r->m,
+                               acc->rounds, keys[*k], iv[*k].ratio,
+                               *confirmed ? ", a faster challenger unconfirmed" : "", rounds);
+        st = confirm(r, keys, n + 1, rounds, pr, why, why_cap, err);
+        if (st != MT_OK || why[0])
+            break;
+        for (int i = 0; i <= n; i++)
+            memcpy(&acc->ms[i][acc->rounds], pr->ms[i], sizeof(double) * (size_t)pr->rounds);
+        acc->rounds += pr->rounds;
+        for (int i = 0; i < n && !why[0]; i++)
+            if (tune_ratio_interval(acc->ms[i], acc->ms[n], acc->rounds, level, seed, &iv[i],
+                                    &e) != MT_OK)
+                snprintf(why, why_cap, "%.400s", e.msg);
+        if (why[0])
+            break;
+        bool more = false;
+        *k = tune_confirm_pick(iv, n, confirmed, &more);
+        if (!more)
+            break;
+    }
+    free(pr);
+    return st;
+}
+
+/* One line with every challenger's ratio to the default in the rounds. */
+static void note_challengers(run_ctx *r, const char *const *keys, const tune_interval *iv, int n)
+{
+    char line[1536];
+    int len = snprintf(line, sizeof line, "tune: M=%lld: %d challengers and the default in %d "
+                       "paired rounds, ratio to the default:", (long long)r->m, n, iv[0].rounds);
+    for (int i = 0; i < n && len > 0 && (size_t)len < sizeof line; i++)
+        len += snprintf(line + len, sizeof line - (size_t)len, "%s %s %.3f [%.3f, %.3f]",
+                        i ? "," : "", keys[i], iv[i].ratio, iv[i].lo, iv[i].hi);
+    tune_progress_note(&r->prog, "%s", line);
 }
 
 /* Decides the winner of this M (see "How winners are decided" in
@@ -613,6 +723,7 @@ static mt_status decide(run_ctx *r, const tune_db_key *dk, uint64_t seed, mt_err
 {
     tune_m_report *mr = r->mr;
     mr->ratio = mr->ratio_lo = mr->ratio_hi = NAN;
+    mr->rival_ratio = mr->rival_lo = mr->rival_hi = NAN;
     mt_status st = db_winners_recompute(r->db, r->device_id, r->kernel_id, r->shape_key, r->m,
                                         NULL, err);
     if (st != MT_OK || !r->best_key[0])
@@ -622,66 +733,102 @@ static mt_status decide(run_ctx *r, const tune_db_key *dk, uint64_t seed, mt_err
     if (rounds > TUNE_CONFIRM_MAX_ROUNDS)
         rounds = TUNE_CONFIRM_MAX_ROUNDS;
     db_confirm c = {.decision = DB_DECIDED_MEDIAN};
+    const char *winner = best;
     if (rounds < 2 || !(r->default_ms > 0)) {
         /* No confirmation asked for, or no ok default to confirm against. */
-    } else if (!strcmp(best, dflt)) {
+    } else if (!strcmp(best, dflt) || r->n_top == 0) {
         c.decision = DB_DECIDED_DEFAULT_BEST;
     } else {
+        const char *keys[TUNE_PAIRED_MAX_CONFIGS];
+        int n = challengers(r, keys);
         tune_winner w;
         int nw = tune_db_winners(r->db, dk, r->m, &w, 1, err);
         if (nw < 0)
             return err ? err->status : MT_E_DB;
-        if (r->new_ok == 0 && nw == 1 && !strcmp(w.challenger, best) &&
+        bool stored_is_one = false;
+        for (int i = 0; nw == 1 && i < n; i++)
+            stored_is_one |= !strcmp(w.challenger, keys[i]);
+        if (r->new_ok == 0 && stored_is_one &&
             (w.decision == DB_DECIDED_CONFIRMED || w.decision == DB_DECIDED_DEFAULT_KEPT)) {
             /* Nothing new since this very decision was made: keep it. */
             mr->decision = w.decision;
-            snprintf(mr->challenger_key, sizeof mr->challenger_key, "%s", best);
-            mr->challenger_ms = r->best_ms;
+            snprintf(mr->challenger_key, sizeof mr->challenger_key, "%s", w.challenger);
+            mr->challenger_ms = top_ms(r, w.challenger);
             tune_progress_note(&r->prog, "tune: M=%lld: nothing new measured: the decision "
-                               "on %s against the default stands (%s)", (long long)r->m, best,
-                               db_decision_str(w.decision));
+                               "on %s against the default stands (%s)", (long long)r->m,
+                               w.challenger, db_decision_str(w.decision));
             return MT_OK;
         }
         tune_progress_phase(&r->prog, "confirming");
-        tune_interval iv = {.level = r->o->confidence > 0 && r->o->confidence < 1
-                                         ? r->o->confidence
-                                         : 0.95};
-        double cand_ms = NAN, dflt_ms = NAN;
+        double level = r->o->confidence > 0 && r->o->confidence < 1 ? r->o->confidence : 0.95;
+        keys[n] = dflt;
+        tune_paired *pr = calloc(1, sizeof *pr);
+        if (!pr)
+            return mt_fail(err, MT_E_NOMEM, "paired timing");
         char why[512];
-        st = confirm(r, best, dflt, rounds, seed, &iv, &cand_ms, &dflt_ms, why, sizeof why, err);
-        if (st != MT_OK)
+        tune_interval iv[TUNE_CONFIRM_MAX_TOP] = {{0}};
+        int k = 0;
+        bool ok = false;
+        st = confirm_all(r, keys, n, rounds, level, seed, pr, iv, &k, &ok, why, sizeof why, err);
+        if (st != MT_OK) {
+            free(pr);
             return st;
-        snprintf(mr->challenger_key, sizeof mr->challenger_key, "%s", best);
-        mr->challenger_ms = r->best_ms;
-        c.challenger_key = best;
+        }
+        mr->challengers = n;
         if (why[0]) {
             c.decision = DB_DECIDED_DEFAULT_KEPT;
+            c.challenger_key = best;
             tune_progress_note(&r->prog, "tune: M=%lld: %s not confirmed against the default "
                                "%s (paired timing failed: %s); the default stays",
                                (long long)r->m, best, dflt, why);
         } else {
-            c.ratio = iv.ratio;
-            c.ratio_lo = iv.lo;
-            c.ratio_hi = iv.hi;
-            c.confidence = iv.level;
-            c.rounds = iv.rounds;
-            mr->ratio = iv.ratio;
-            mr->ratio_lo = iv.lo;
-            mr->ratio_hi = iv.hi;
-            mr->rounds = iv.rounds;
-            bool ok = tune_interval_accepts(&iv);
+            c.challenger_key = keys[k];
+            c.ratio = iv[k].ratio;
+            c.ratio_lo = iv[k].lo;
+            c.ratio_hi = iv[k].hi;
+            c.confidence = iv[k].level;
+            c.rounds = iv[k].rounds;
+            mr->ratio = iv[k].ratio;
+            mr->ratio_lo = iv[k].lo;
+            mr->ratio_hi = iv[k].hi;
+            mr->rounds = iv[k].rounds;
             c.decision = ok ? DB_DECIDED_CONFIRMED : DB_DECIDED_DEFAULT_KEPT;
+            if (n > 1) {
+                note_challengers(r, keys, iv, n);
+                int rival = -1; /* the next fastest in the rounds */
+                for (int i = 0; i < n; i++)
+                    if (i != k && (rival < 0 || iv[i].ratio < iv[rival].ratio))
+                        rival = i;
+                tune_interval rv;
+                if (tune_ratio_interval(pr->ms[k], pr->ms[rival], pr->rounds, level, seed, &rv,
+                                        NULL) == MT_OK) {
+                    snprintf(mr->rival_key, sizeof mr->rival_key, "%s", keys[rival]);
+                    mr->rival_ratio = rv.ratio;
+                    mr->rival_lo = rv.lo;
+                    mr->rival_hi = rv.hi;
+                    tune_progress_note(&r->prog, "tune: M=%lld: %s against %s in the same "
+                                       "rounds: ratio %.3f, %.0f%% interval [%.3f, %.3f]",
+                                       (long long)r->m, keys[k], keys[rival], rv.ratio,
+                                       rv.level * 100, rv.lo, rv.hi);
+                }
+            }
             tune_progress_note(
                 &r->prog,
                 "tune: M=%lld: %s %.4g ms vs the default %s %.4g ms: ratio %.3f, %.0f%% "
                 "interval [%.3f, %.3f] over %d paired rounds: %s",
-                (long long)r->m, best, cand_ms, dflt, dflt_ms, iv.ratio, iv.level * 100, iv.lo,
-                iv.hi, iv.rounds,
+                (long long)r->m, keys[k], tune_median(pr->ms[k], pr->rounds), dflt,
+                tune_median(pr->ms[n], pr->rounds), iv[k].ratio, iv[k].level * 100, iv[k].lo,
+                iv[k].hi, iv[k].rounds,
                 ok ? "confirmed faster" : "rejected as noise, the default stays");
         }
+        free(pr);
+        snprintf(mr->challenger_key, sizeof mr->challenger_key, "%s", c.challenger_key);
+        mr->challenger_ms = top_ms(r, c.challenger_key);
+        winner = c.decision == DB_DECIDED_CONFIRMED ? c.challenger_key : dflt;
     }
     mr->decision = c.decision;
-    const char *winner = c.decision == DB_DECIDED_DEFAULT_KEPT ? dflt : best;
+    if (c.decision == DB_DECIDED_DEFAULT_BEST)
+        winner = dflt;
     return db_winner_decide(r->db, r->device_id, r->kernel_id, r->shape_key, r->m, winner, &c,
                             err);
 }
@@ -695,6 +842,7 @@ static mt_status tune_m(run_ctx *r, int mi, mt_err *err)
     r->best_key[0] = 0;
     r->default_ms = 0;
     r->new_ok = 0;
+    r->n_top = 0;
     tune_m_report *mr = r->mr;
     memset(mr, 0, sizeof *mr);
     mr->m = r->m;
@@ -916,6 +1064,9 @@ mt_status tune_run(const tune_job *jobs, int n_jobs, const tune_opts *opts,
     r->rep = rep;
     r->timeout_s = opts->timeout_s > 0 ? opts->timeout_s : 60;
     r->jobs = opts->jobs > 0 ? opts->jobs : 2;
+    r->confirm_top = opts->confirm_top <= 0                      ? TUNE_CONFIRM_TOP
+                     : opts->confirm_top > TUNE_CONFIRM_MAX_TOP ? TUNE_CONFIRM_MAX_TOP
+                                                                  : opts->confirm_top;
     r->prog.out = opts->log;
     r->prog.tty = opts->tty;
     r->data_seed = opts->data_seed ? opts->data_seed : mt_seed_fresh();

@@ -16,6 +16,7 @@ void tune_verify_opts_default(tune_verify_opts *o)
     o->device = "auto";
     o->rounds = 10;
     o->confidence = 0.95;
+    o->margin = TUNE_VERIFY_MARGIN;
     o->timeout_s = 60;
     kern_time_opts_default(&o->timing);
 }
@@ -123,13 +124,14 @@ static mt_status compare(vctx *v, const kern_family *f, const kern_impl *im, con
     tune_paired *pr = calloc(1, sizeof *pr);
     mt_status st = pr ? MT_OK : mt_fail(err, MT_E_NOMEM, "paired timing");
     if (st == MT_OK) {
-        size_t la = 0, lb = 0;
-        const void *ba = dev_code_get_bytes(code_a, &la);
-        const void *bb = dev_code_get_bytes(code_b, &lb);
+        kern_config cfgs[2] = {ca, cb};
+        size_t lens[2] = {0, 0};
+        const void *codes[2] = {dev_code_get_bytes(code_a, &lens[0]),
+                                dev_code_get_bytes(code_b, &lens[1])};
         int rounds = o->rounds > 1 ? o->rounds : 10;
         rounds = rounds > TUNE_CONFIRM_MAX_ROUNDS ? TUNE_CONFIRM_MAX_ROUNDS : rounds;
         kern_time_opts t = tune_paired_opts(&o->timing, s->time_ms);
-        mt_status ws = tune_worker_paired(v->worker, &ca, ba, la, &cb, bb, lb, rounds, &t,
+        mt_status ws = tune_worker_paired(v->worker, 2, cfgs, codes, lens, rounds, &t,
                                           o->timeout_s * (2 + rounds), o->stop, pr, &e);
         char buf[KERN_KEY_MAX + 640];
         snprintf(buf, sizeof buf, "%s|%s|%lld|%s", s->family, s->shape_key, (long long)s->m,
@@ -143,11 +145,11 @@ static mt_status compare(vctx *v, const kern_family *f, const kern_impl *im, con
         } else if (pr->status != MT_OK) {
             snprintf(row->note, sizeof row->note, "vs %.60s: %s: %.160s", other, pr->step,
                      pr->msg);
-        } else if (tune_ratio_interval(pr->a_ms, pr->b_ms, pr->rounds, iv->level,
+        } else if (tune_ratio_interval(pr->ms[0], pr->ms[1], pr->rounds, iv->level,
                                        tune_hash64(buf), iv, &e) != MT_OK) {
             snprintf(row->note, sizeof row->note, "vs %.60s: %.160s", other, e.msg);
         } else {
-            *a_ms = tune_median(pr->a_ms, pr->rounds);
+            *a_ms = tune_median(pr->ms[0], pr->rounds);
         }
     }
     free(pr);
@@ -241,8 +243,9 @@ static mt_status verify_one(vctx *v, db_t *db, const stored *s, tune_verify_row 
         }
         compared = true;
         row->winner_ms = isfinite(row->winner_ms) ? fmin(row->winner_ms, a_ms) : a_ms;
-        /* The other config is faster with confidence: the winner is stale. */
-        if (row->iv[k].lo > 1)
+        /* The other config is faster with confidence, by more than the
+         * margin: the winner is stale. */
+        if (row->iv[k].lo > 1 + (o->margin > 0 && o->margin < 1 ? o->margin : 0))
             row->stale = true;
     }
     if (!compared)
@@ -252,7 +255,7 @@ static mt_status verify_one(vctx *v, db_t *db, const stored *s, tune_verify_row 
                             row->stale, err);
 }
 
-static void log_row(FILE *log, const tune_verify_row *r)
+static void log_row(FILE *log, const tune_verify_row *r, double margin)
 {
     if (!log)
         return;
@@ -266,8 +269,13 @@ static void log_row(FILE *log, const tune_verify_row *r)
         if (r->iv[k].rounds > 0)
             fprintf(log, "; vs %s %s: ratio %.3f [%.3f, %.3f]", what[k], r->vs[k], r->iv[k].ratio,
                     r->iv[k].lo, r->iv[k].hi);
-    fprintf(log, ": %s%s%s\n", r->stale ? "STALE (no longer wins)" : "still wins",
-            r->note[0] ? "; " : "", r->note);
+    bool within = false; /* faster with confidence, by less than the margin */
+    for (int k = 0; k < TUNE_VS_COUNT; k++)
+        within |= r->iv[k].rounds > 0 && r->iv[k].lo > 1;
+    fprintf(log, ": %s", r->stale ? "STALE (no longer wins)" : "still wins");
+    if (!r->stale && within)
+        fprintf(log, " (the other is faster, by less than the %.3g%% margin)", margin * 100);
+    fprintf(log, "%s%s\n", r->note[0] ? "; " : "", r->note);
 }
 
 mt_status tune_verify(const tune_verify_opts *o, tune_verify_report **report, mt_err *err)
@@ -316,7 +324,7 @@ mt_status tune_verify(const tune_verify_opts *o, tune_verify_report **report, mt
         st = verify_one(&v, db, &c.v[i], row, err);
         if (st != MT_OK)
             break;
-        log_row(o->log, row);
+        log_row(o->log, row, o->margin > 0 && o->margin < 1 ? o->margin : 0);
         rep->skipped += row->skipped;
         rep->stale += !row->skipped && row->stale;
         rep->verified += !row->skipped && !row->stale;

@@ -8,8 +8,11 @@
  * (the tuner's confirmation: tune_worker_paired, ABBA order, batched
  * samples, geometric mean of the per-round ratios winner/other with a
  * seeded percentile-bootstrap interval). The winner is stale when the
- * interval of either comparison lies entirely above 1: the other config is
- * faster with confidence. Otherwise it is marked verified. Winners of
+ * interval of either comparison lies entirely above 1 + margin: the other
+ * config is faster with confidence, by more than the margin. Otherwise it
+ * is marked verified. (Two near-equal configs differ by a few tenths of a
+ * percent one way in one process and the other way in the next, each time
+ * with a tight interval: the margin keeps such flips from marking winners.) Winners of
  * another backend, of a family this build does not have, or of another
  * source hash are listed as skipped and left alone.
  *
@@ -20,12 +23,19 @@
 
 #include "tuner.h"
 
+/* The default margin: measured on the cpu, re-timing one database ten
+ * times swung the ratio of two near-equal configs between 0.993 and 1.004,
+ * each time with an interval under 1% wide. */
+#define TUNE_VERIFY_MARGIN 0.01
+
 typedef struct tune_verify_opts {
     const char *device;     /* spec to time on; NULL: "auto" */
     const char *db_path;    /* required; opened read-write */
     db_filter filter;       /* which winners (family, shape, m, their device) */
     int rounds;             /* paired rounds per comparison; 0: 10 */
     double confidence;      /* 0: 0.95 */
+    double margin;          /* stale only when the other config is faster by
+                               more than this share (0.01: 1%); 0 <= margin < 1 */
     double timeout_s;       /* per exchange with the worker; 0: 60 */
     kern_time_opts timing;  /* base timing (kern_time_opts_default) */
     /* Families looked up before the built-in registry (test-only ones);

@@ -135,10 +135,12 @@ typedef struct measure_msg {
 } measure_msg;
 
 typedef struct paired_msg {
-    kern_config cfg_a, cfg_b;
-    uint64_t len_a, len_b;  /* code bytes follow: a's, then b's */
+    int32_t n;
     int32_t rounds;
+    kern_config cfg[TUNE_PAIRED_MAX_CONFIGS];
+    uint64_t len[TUNE_PAIRED_MAX_CONFIGS]; /* code bytes follow, config 0's first */
     uint32_t timeout_ms;
+    uint32_t pad;
     kern_time_opts topts;
 } paired_msg;
 
@@ -255,41 +257,53 @@ static mt_status load_exec(worker_state *w, const kern_config *cfg, const void *
     return st;
 }
 
+int tune_paired_order(int n, int round, int pos)
+{
+    int start = (round / 2) % n;
+    return round % 2 == 0 ? (start + pos) % n : (start + n - 1 - pos) % n;
+}
+
 static void worker_paired(worker_state *w, const paired_msg *rq, const void *bytes,
                           tune_paired *rp)
 {
     mt_err err = MT_ERR_INIT;
     memset(rp, 0, sizeof *rp);
-    kern_exec *ea = NULL, *eb = NULL;
+    rp->failed = -1;
+    rp->n = rq->n;
+    kern_exec *e[TUNE_PAIRED_MAX_CONFIGS] = {0};
     mt_status st = MT_OK;
     snprintf(rp->step, sizeof rp->step, "load");
     if (!w->prob)
         st = mt_fail(&err, MT_E_INVALID, "paired timing before prepare");
-    if (st == MT_OK)
-        st = load_exec(w, &rq->cfg_a, bytes, (size_t)rq->len_a, &ea, &err);
-    if (st == MT_OK)
-        st = load_exec(w, &rq->cfg_b, (const char *)bytes + rq->len_a, (size_t)rq->len_b, &eb,
-                       &err);
+    const char *code = bytes;
+    for (int i = 0; i < rq->n && st == MT_OK; i++) {
+        st = load_exec(w, &rq->cfg[i], code, (size_t)rq->len[i], &e[i], &err);
+        code += rq->len[i];
+        if (st != MT_OK)
+            rp->failed = i;
+    }
     dev_set_launch_timeout(w->dev, rq->timeout_ms);
     int rounds = rq->rounds < TUNE_CONFIRM_MAX_ROUNDS ? rq->rounds : TUNE_CONFIRM_MAX_ROUNDS;
     snprintf(rp->step, sizeof rp->step, "time");
-    for (int i = 0; i < rounds && st == MT_OK; i++) {
-        for (int k = 0; k < 2 && st == MT_OK; k++) {
-            bool a = (k == 0) == (i % 2 == 0); /* ab, ba, ab, ... */
+    for (int r = 0; r < rounds && st == MT_OK; r++) {
+        for (int k = 0; k < rq->n && st == MT_OK; k++) {
+            int i = tune_paired_order(rq->n, r, k);
             kern_timing t;
-            st = kern_problem_time(w->prob, a ? ea : eb, &rq->topts, &t, &err);
+            st = kern_problem_time(w->prob, e[i], &rq->topts, &t, &err);
             if (st == MT_OK) {
-                (a ? rp->a_ms : rp->b_ms)[i] = t.median_ms;
+                rp->ms[i][r] = t.median_ms;
                 rp->reps = t.reps;
+            } else {
+                rp->failed = i;
             }
         }
         if (st == MT_OK)
-            rp->rounds = i + 1;
+            rp->rounds = r + 1;
     }
     rp->status = st;
     snprintf(rp->msg, sizeof rp->msg, "%.1000s", err.msg);
-    kern_exec_close(ea);
-    kern_exec_close(eb);
+    for (int i = 0; i < rq->n; i++)
+        kern_exec_close(e[i]);
 }
 
 static void worker_main(int fd, const char *spec, const char *arch)
@@ -340,7 +354,12 @@ static void worker_main(int fd, const char *spec, const char *arch)
             void *bytes = malloc(len ? len : 1);
             tune_paired *rp = calloc(1, sizeof *rp);
             if (!bytes || !rp || !recv_all(fd, &rq, sizeof rq) || !recv_all(fd, bytes, len) ||
-                rq.len_a + rq.len_b != len)
+                rq.n < 2 || rq.n > TUNE_PAIRED_MAX_CONFIGS)
+                break;
+            uint64_t sum = 0;
+            for (int i = 0; i < rq.n; i++)
+                sum += rq.len[i];
+            if (sum != len)
                 break;
             worker_paired(&w, &rq, bytes, rp);
             ok = send_msg(fd, MSG_REPLY, rp, sizeof *rp, NULL, 0);
@@ -676,18 +695,23 @@ mt_status tune_worker_measure(tune_worker *w, const kern_config *cfg, const void
     return read_reply(w, out, sizeof *out, deadline, stop, timeout_s, err);
 }
 
-mt_status tune_worker_paired(tune_worker *w, const kern_config *cfg_a, const void *code_a,
-                             size_t len_a, const kern_config *cfg_b, const void *code_b,
-                             size_t len_b, int rounds, const kern_time_opts *topts,
-                             double timeout_s, volatile sig_atomic_t *stop, tune_paired *out,
-                             mt_err *err)
+mt_status tune_worker_paired(tune_worker *w, int n, const kern_config *cfgs,
+                             const void *const *codes, const size_t *lens, int rounds,
+                             const kern_time_opts *topts, double timeout_s,
+                             volatile sig_atomic_t *stop, tune_paired *out, mt_err *err)
 {
+    if (n < 2 || n > TUNE_PAIRED_MAX_CONFIGS)
+        return mt_fail(err, MT_E_INVALID, "paired timing of %d configs (2 to %d)", n,
+                       TUNE_PAIRED_MAX_CONFIGS);
     paired_msg rq;
     memset(&rq, 0, sizeof rq);
-    rq.cfg_a = *cfg_a;
-    rq.cfg_b = *cfg_b;
-    rq.len_a = len_a;
-    rq.len_b = len_b;
+    rq.n = n;
+    uint64_t total = sizeof rq;
+    for (int i = 0; i < n; i++) {
+        rq.cfg[i] = cfgs[i];
+        rq.len[i] = lens[i];
+        total += lens[i];
+    }
     rq.rounds = rounds;
     rq.timeout_ms = timeout_s > 0 ? (uint32_t)(timeout_s * 1000) : 0;
     if (topts)
@@ -695,9 +719,11 @@ mt_status tune_worker_paired(tune_worker *w, const kern_config *cfg_a, const voi
     else
         kern_time_opts_default(&rq.topts);
     double deadline = timeout_s > 0 ? mt_now_ms() + timeout_s * 1000 : 0;
-    msg_head h = {MSG_PAIRED, 0, (uint64_t)(sizeof rq + len_a + len_b)};
-    if (w->dead || !send_all(w->fd, &h, sizeof h) || !send_all(w->fd, &rq, sizeof rq) ||
-        !send_all(w->fd, code_a, len_a) || !send_all(w->fd, code_b, len_b))
+    msg_head h = {MSG_PAIRED, 0, total};
+    bool sent = !w->dead && send_all(w->fd, &h, sizeof h) && send_all(w->fd, &rq, sizeof rq);
+    for (int i = 0; sent && i < n; i++)
+        sent = send_all(w->fd, codes[i], lens[i]);
+    if (!sent)
         return worker_lost(w, MT_E_CRASH, timeout_s, err);
     return read_reply(w, out, sizeof *out, deadline, stop, timeout_s, err);
 }

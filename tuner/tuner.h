@@ -112,6 +112,10 @@ typedef struct tune_opts {
                                 < 0: no confirmation (the lowest median wins,
                                 recorded as unconfirmed) */
     double confidence;       /* of the confirmation interval; 0: 0.95 */
+    int confirm_top;         /* challengers timed in the same paired rounds:
+                                the search's best configs by median that beat
+                                the default's median, up to this many; 0: 3,
+                                at most TUNE_CONFIRM_MAX_TOP (see tune_m) */
     volatile sig_atomic_t *stop; /* set (by a signal handler) to stop; may be NULL */
     FILE *log;               /* progress and log lines; NULL: silent */
     bool tty;                /* log is a terminal: one line rewritten in place */
@@ -147,6 +151,12 @@ typedef struct tune_m_report {
     double ratio, ratio_lo, ratio_hi; /* challenger/default and its interval;
                                   NAN when not confirmed in this run */
     int rounds;                /* confirmation rounds run now (0: none) */
+    int challengers;           /* configs confirmed against the default in
+                                  those rounds (the winner among them) */
+    char rival_key[256];       /* the challenger next to the winner in the
+                                  rounds ("" with one challenger) */
+    double rival_ratio, rival_lo, rival_hi; /* winner/rival and its interval;
+                                  NAN without a rival */
 } tune_m_report;
 
 typedef struct tune_job_report {
@@ -170,10 +180,11 @@ typedef struct tune_report {
 } tune_report;
 
 /* ---- deciding a winner ------------------------------------------------------
- * A candidate whose median beat the default's in the search is confirmed
- * against the default by R paired rounds: each round times both back to
- * back in the same worker (alternating which goes first), and gives the
- * ratio candidate/default of the two times. The statistic is the geometric
+ * The candidates whose medians beat the default's in the search (the best
+ * few, the challengers) are confirmed against the default and against each
+ * other by R paired rounds: each round times all of them and the default
+ * back to back in the same worker (changing the order from round to round),
+ * and gives the ratio challenger/default of the times for each challenger. The statistic is the geometric
  * mean of the ratios (the mean of their logarithms): symmetric in the two
  * configs, smooth under resampling with few rounds (a median of 10 values
  * resamples to a handful of distinct values), and every round's time is
@@ -181,9 +192,13 @@ typedef struct tune_report {
  * Its interval is a percentile bootstrap (TUNE_BOOTSTRAP_RESAMPLES
  * resamples of the rounds, seeded: the same rounds give the same interval),
  * widened around the mean by sqrt(n / (n - 1)) for the few rounds.
- * The candidate wins only when the interval's upper bound is below 1. */
+ * A challenger is confirmed only when its interval's upper bound is below 1;
+ * of the confirmed ones, the one with the lowest ratio (the fastest in the
+ * same rounds) wins. */
 #define TUNE_BOOTSTRAP_RESAMPLES 4000
 #define TUNE_CONFIRM_MAX_ROUNDS 64
+#define TUNE_CONFIRM_TOP 3     /* challengers by default */
+#define TUNE_CONFIRM_MAX_TOP 4
 
 typedef struct tune_interval {
     double ratio;   /* geometric mean of cand/default over the rounds */

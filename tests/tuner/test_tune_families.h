@@ -7,7 +7,9 @@
  *     an endless loop), every other config is correct;
  *   tspin: y = 2x plus busy work proportional to SPIN*PAD, so the fastest
  *     config is unique (SPIN=1,PAD=1) and the next one does 3x the work;
- *   tlucky: y = 2x; the default V=1 and V=2 do equal work, V=3 1.5x.
+ *   tlucky: y = 2x; the default V=1 and V=2 do equal work, V=3 1.5x;
+ *   tpodium: y = 2x; the default V=1 does 4 units of work, V=2 2 units,
+ *     V=3 3 units: V=2 is the fastest, V=3 the runner-up.
  *
  * Shape: N (elements per row); M rows. */
 #ifndef TEST_TUNE_FAMILIES_H
@@ -153,5 +155,9 @@ static const kern_param_desc tlucky_params[] = {
     {"PAD", tfam_one, 1, "unused"},
 };
 TFAM_IMPL(tlucky, 0, (V == 3 ? 75000 : 50000), tlucky_params, 3)
+
+/* tpodium: two configs beat the default (V=1), V=2 by 2x and V=3 by 1.33x;
+ * a lucky median (planted by the test) makes V=3 the search's best. */
+TFAM_IMPL(tpodium, 0, (V == 2 ? 25000 : V == 3 ? 37500 : 50000), tlucky_params, 3)
 
 #endif
