@@ -12,6 +12,7 @@
 #include "bench/lib/model_ab.h"
 #include "common/rng.h"
 #include "model/plan/plan.h"
+#include "tuner/tune_misses.h"
 #include "tuner/tuner.h"
 #include "cli.h"
 
@@ -36,6 +37,7 @@ typedef struct tune_cli {
     bool check_given;
     int confirm_rounds;    /* --confirm-rounds as given */
     bool confirm_given;
+    bool misses;           /* --misses: the database's recorded misses */
 } tune_cli;
 
 /* A rank count of --ep / --tp (1 to 4096) into *out. */
@@ -94,7 +96,8 @@ static bool set_shard(void *dst, const char *v, char *err, size_t cap)
 }
 
 static const char tune_usage[] = "tune --family F --shape KEY|PRESET [options]\n"
-                                 "tune --model DIR [options]";
+                                 "tune --model DIR [options]\n"
+                                 "tune --misses --db FILE [options]";
 
 static const char tune_about[] =
     "Searches a kernel family's configurations for the shape at each M, verifies every "
@@ -139,6 +142,10 @@ static int parse(int argc, char **argv, tune_opts *o, tune_cli *c)
          .help = "with --model: also each rank's attention, embedding and lm_head kernels "
                  "under tensor parallelism over N ranks (serve --ranks N --tp): their local "
                  "head, o_proj row and vocabulary counts"},
+        {.name = "--misses", .type = CLI_OPT_FLAG, .dst = &c->misses,
+         .help = "tune every miss the database recorded for a device of this backend (what "
+                 "a runtime looked up and did not find) that this device has no winner for, "
+                 "costliest first: missed lookups x the default config's time here"},
         {.name = "--m", .type = CLI_OPT_INT_LIST, .dst = &c->mlist, .arg = "LIST", .min = 1,
          .max = HUGE_VAL, .def_text = "1,2,4,...,4096", .help = "token counts, e.g. 1,16,128"},
         {.name = "--device", .type = CLI_OPT_STRING, .dst = &o->device, .arg = "D",
@@ -211,8 +218,16 @@ static int check_opts(tune_opts *o, tune_cli *c)
         o->confirm_rounds = c->confirm_rounds == 0 ? -1 : c->confirm_rounds;
     if (o->timing.min_reps > o->timing.max_reps)
         o->timing.min_reps = o->timing.max_reps;
+    if (c->misses && (c->model || c->family || c->shape || c->mlist.n || c->check_given ||
+                      c->plan_opts_given || c->plan.act_quant_set)) {
+        cli_error("tune", "--misses takes its kernels, shapes and M from the database's "
+                  "misses: no --family, --shape, --model, --m or model options with it");
+        return CLI_USAGE;
+    }
+    if (c->misses)
+        return 0;
     if (!c->model && (!c->family || !c->shape)) {
-        cli_error("tune", "give --family and --shape, or --model DIR");
+        cli_error("tune", "give --family and --shape, --model DIR, or --misses");
         return CLI_USAGE;
     }
     if (c->model && (c->family || c->shape)) {
@@ -435,6 +450,33 @@ static int run_jobs(const tune_job *jobs, int n_jobs, tune_opts *o, const tune_c
     return CLI_OK;
 }
 
+/* --misses: the database's misses, costliest first (tuner/tune_misses.h). */
+static int run_misses(tune_opts *o)
+{
+    struct sigaction sa, old;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old);
+    tune_misses_result res;
+    mt_err err = MT_ERR_INIT;
+    mt_status st = tune_misses_run(o, stdout, &res, &err);
+    sigaction(SIGINT, &old, NULL);
+    printf("\nmisses: %d recorded for this backend, %d left out, %d tuned\n", res.recorded,
+           res.skipped, st == MT_OK ? res.n : 0);
+    tune_misses_result_free(&res);
+    if (st == MT_E_INTERRUPTED) {
+        fprintf(stderr, "moetune tune: interrupted; the database is consistent. Run the same "
+                        "command again to resume.\n");
+        return 130;
+    }
+    if (st != MT_OK) {
+        cli_error("tune", "%s", err.msg);
+        return CLI_FAIL;
+    }
+    return CLI_OK;
+}
+
 int cmd_tune(int argc, char **argv)
 {
     tune_opts o;
@@ -446,6 +488,14 @@ int cmd_tune(int argc, char **argv)
         return rc == CLI_HELP ? CLI_OK : rc;
     if ((rc = check_opts(&o, &c)) != 0)
         return rc;
+    if (c.misses) {
+        o.log = c.quiet ? NULL : stderr;
+        o.tty = isatty(2);
+        o.stop = &stop_flag;
+        o.argc = argc;
+        o.argv = argv;
+        return run_misses(&o);
+    }
     tune_job *jobs = calloc(TUNE_MAX_JOBS, sizeof *jobs);
     if (!jobs) {
         cli_error("tune", "out of memory");

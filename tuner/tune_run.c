@@ -422,6 +422,7 @@ typedef struct known_arg {
     tune_search *s;
     const char *default_key;
     int count;
+    bool default_known;   /* the default has a trial (any status) */
 } known_arg;
 
 static void on_known(void *arg, const char *key, db_trial_status st, double median_ms)
@@ -432,6 +433,7 @@ static void on_known(void *arg, const char *key, db_trial_status st, double medi
     bool ok = st == DB_TRIAL_OK && isfinite(median_ms);
     tune_search_known(k->s, key, ok, median_ms);
     k->count++;
+    k->default_known |= !strcmp(key, k->default_key);
     if (!ok)
         return;
     if (!strcmp(key, k->default_key))
@@ -867,7 +869,7 @@ static mt_status tune_m(run_ctx *r, int mi, mt_err *err)
     if (st != MT_OK)
         return st;
     kern_config_key(r->im, tune_search_default(s), mr->default_key, sizeof mr->default_key);
-    known_arg ka = {r, s, mr->default_key, 0};
+    known_arg ka = {r, s, mr->default_key, 0, false};
     tune_db_key dk = db_key(r);
     st = tune_db_known(r->db, &dk, r->m, on_known, &ka, err);
     if (st != MT_OK) {
@@ -886,6 +888,8 @@ static mt_status tune_m(run_ctx *r, int mi, mt_err *err)
         tune_search_set_budget(s, trials);
     }
     r->budget_left = trials > 0 ? (trials > ka.count ? trials - ka.count : 0) : -1;
+    if (o->default_only) /* the default alone, unless it has a trial */
+        r->budget_left = ka.default_known ? 0 : 1;
     r->deadline_m_ms = 0;
     if (r->deadline_run_ms > 0) {
         double left = r->deadline_run_ms - mt_now_ms();
@@ -928,7 +932,7 @@ static mt_status tune_m(run_ctx *r, int mi, mt_err *err)
         tune_progress_end(&r->prog);
         return st;
     }
-    if (!r->compile_only) {
+    if (!r->compile_only && !o->default_only) {
         st = decide(r, &dk, seed, err);
         tune_winner w;
         int nw = st == MT_OK ? tune_db_winners(r->db, &dk, r->m, &w, 1, err) : -1;

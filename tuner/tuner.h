@@ -116,6 +116,10 @@ typedef struct tune_opts {
                                 the search's best configs by median that beat
                                 the default's median, up to this many; 0: 3,
                                 at most TUNE_CONFIRM_MAX_TOP (see tune_m) */
+    bool default_only;       /* time each M's default config alone (when no
+                                trial of it is known) and decide nothing: no
+                                winner is written (tune --misses orders its
+                                work by these times) */
     volatile sig_atomic_t *stop; /* set (by a signal handler) to stop; may be NULL */
     FILE *log;               /* progress and log lines; NULL: silent */
     bool tty;                /* log is a terminal: one line rewritten in place */
