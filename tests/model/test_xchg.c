@@ -1,7 +1,7 @@
 /* test_xchg.c: the runtime's exchanges between ranks on device buffers
  * (model/rt_xchg.c, model/ep_moe.c, model/rt_tp.c). Under mpirun on emu
- * devices (tests/mpi/xchg_check.c), expert-parallel and tensor-parallel at
- * 2, 3 and 4 ranks: the greedy tokens and every logit bitwise one device's
+ * devices (tests/mpi/xchg_check.c), expert-parallel at 2, 3 and 4 ranks and
+ * tensor-parallel at 2 and 4 (test_ep runs 3): the greedy tokens and every logit bitwise one device's
  * (batch-invariant kernels) on prompts past the DSA indexer's top-k, and
  * no host copy beyond the step's announcement and the MoE layers' count
  * reads, per step on rank 0 and over the run on the others. In process:
@@ -70,7 +70,6 @@ Test(xchg_mpi, expert_parallel_two_ranks_bitwise_no_staging, .timeout = 600) { x
 Test(xchg_mpi, expert_parallel_three_ranks_bitwise_no_staging, .timeout = 600) { xchg_check(3, "ep"); }
 Test(xchg_mpi, expert_parallel_four_ranks_bitwise_no_staging, .timeout = 600) { xchg_check(4, "ep"); }
 Test(xchg_mpi, tensor_parallel_two_ranks_bitwise_no_staging, .timeout = 600) { xchg_check(2, "tp"); }
-Test(xchg_mpi, tensor_parallel_three_ranks_bitwise_no_staging, .timeout = 600) { xchg_check(3, "tp"); }
 Test(xchg_mpi, tensor_parallel_four_ranks_bitwise_no_staging, .timeout = 600) { xchg_check(4, "tp"); }
 #else
 Test(xchg_mpi, needs_mpi)
