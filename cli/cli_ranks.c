@@ -4,10 +4,14 @@
  * itself carries them; on a GPU device each rank takes the GPU of its
  * local rank (unless the device names one) and the exchanges run on NCCL
  * (cuda) or RCCL (hip), opened over the world: rank 0 makes the id, the
- * world broadcasts it. */
+ * world broadcasts it. And a watch that aborts the exchanges when a stop
+ * waits on them too long (a rank died). */
+#include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cli_ranks.h"
 
@@ -73,4 +77,68 @@ void cli_ranks_close(cli_ranks *r)
         mt_comm_close(r->xchg);
     mt_comm_close(r->world);
     memset(r, 0, sizeof *r);
+}
+
+struct cli_ranks_watch {
+    mt_comm *c;
+    struct timespec deadline; /* CLOCK_REALTIME, for pthread_cond_timedwait */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool ended, aborted;
+    pthread_t thread;
+};
+
+static void *watch(void *p)
+{
+    cli_ranks_watch *w = p;
+    pthread_mutex_lock(&w->mu);
+    int rc = 0;
+    while (!w->ended && rc != ETIMEDOUT)
+        rc = pthread_cond_timedwait(&w->cv, &w->mu, &w->deadline);
+    if (!w->ended) {
+        mt_comm_abort(w->c);
+        w->aborted = true;
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+cli_ranks_watch *cli_ranks_watch_start(mt_comm *c, unsigned ms)
+{
+    cli_ranks_watch *w = calloc(1, sizeof *w);
+    if (!w)
+        return NULL;
+    w->c = c;
+    clock_gettime(CLOCK_REALTIME, &w->deadline);
+    w->deadline.tv_sec += ms / 1000;
+    w->deadline.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (w->deadline.tv_nsec >= 1000000000L) {
+        w->deadline.tv_sec++;
+        w->deadline.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    if (pthread_create(&w->thread, NULL, watch, w) != 0) {
+        pthread_mutex_destroy(&w->mu);
+        pthread_cond_destroy(&w->cv);
+        free(w);
+        return NULL;
+    }
+    return w;
+}
+
+bool cli_ranks_watch_end(cli_ranks_watch *w)
+{
+    if (!w)
+        return false;
+    pthread_mutex_lock(&w->mu);
+    w->ended = true;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    pthread_join(w->thread, NULL);
+    bool aborted = w->aborted;
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
+    free(w);
+    return aborted;
 }

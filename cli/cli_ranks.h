@@ -3,6 +3,8 @@
 #ifndef MT_CLI_RANKS_H
 #define MT_CLI_RANKS_H
 
+#include <stdbool.h>
+
 #include "comm/comm.h"
 #include "common/status.h"
 
@@ -19,5 +21,14 @@ typedef struct cli_ranks {
  * nothing stays open. */
 mt_status cli_ranks_open(const char *backend, const char **device, cli_ranks *out, mt_err *err);
 void cli_ranks_close(cli_ranks *r); /* a zeroed cli_ranks is a no-op */
+
+/* Aborts c (mt_comm_abort) ms from now unless cli_ranks_watch_end comes
+ * first: a stop that waits on an exchange with a dead rank then ends
+ * instead of hanging, and the requests in flight fail with an error their
+ * clients see. NULL when no thread could be started (nothing will abort). */
+typedef struct cli_ranks_watch cli_ranks_watch;
+cli_ranks_watch *cli_ranks_watch_start(mt_comm *c, unsigned ms);
+/* Ends the watch (NULL: a no-op); true when it had aborted c. */
+bool cli_ranks_watch_end(cli_ranks_watch *w);
 
 #endif

@@ -180,7 +180,14 @@ static int run_server(const serve_server_opts *o)
         cli_error("serve", "%s", err.msg);
         rc = CLI_FAIL;
     }
+    /* With --ranks a stop waits for the step in flight, whose exchanges
+     * never end if a rank died (mpirun's SIGTERM to this rank follows such
+     * a death, and its SIGKILL comes 1 s later): after 250 ms the exchanges
+     * are aborted, the step fails and its clients get an error event. */
+    cli_ranks_watch *w = o->engine.rt.comm ? cli_ranks_watch_start(o->engine.rt.comm, 250) : NULL;
     serve_server_stop(s); /* with --ranks: closing the runtime stops the other ranks */
+    if (cli_ranks_watch_end(w))
+        fprintf(stderr, "moetune serve: the step in flight did not finish: exchanges aborted\n");
     return rc;
 }
 

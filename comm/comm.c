@@ -5,11 +5,15 @@
 #include "comm_impl.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "common/numeric.h"
+#include "common/clock.h"
 
 static const size_t dtype_sizes[MT_COMM_DTYPE_COUNT] = {4, 2, 4, 1};
 
@@ -192,6 +196,9 @@ static mt_status check(const mt_comm *c, const char *what, mt_comm_dtype t, int 
 {
     if (!c)
         return mt_fail(err, MT_E_INVALID, "%s: no communicator", what);
+    if (atomic_load(&c->aborted))
+        return mt_fail(err, MT_E_INTERRUPTED, "%s: communicator '%s' was aborted (a rank failed "
+                       "or the job is ending)", what, c->backend);
     if (!mt_comm_dtype_size(t))
         return mt_fail(err, MT_E_INVALID, "%s: dtype %d is not a comm dtype", what, (int)t);
     if (op >= 0 && op >= MT_COMM_OP_COUNT)
@@ -347,4 +354,76 @@ mt_status mt_comm_barrier(mt_comm *c, mt_err *err)
 {
     MT_CHECK(check(c, "barrier", MT_COMM_U8, -1, err));
     return c->ops->barrier(c->ctx, err);
+}
+
+/* ---- a rank that fails ------------------------------------------------------ */
+
+void mt_comm_abort(mt_comm *c)
+{
+    if (c)
+        atomic_store(&c->aborted, 1);
+}
+
+bool mt_comm_aborted(const mt_comm *c) { return c && atomic_load(&c->aborted); }
+
+void mt_comm_set_timeout(mt_comm *c, unsigned ms) { atomic_store(&c->timeout_ms, ms); }
+
+mt_status mt_comm_wait_check(mt_comm *c, uint64_t started_ns, const char *what, mt_err *err)
+{
+    if (atomic_load(&c->aborted))
+        return mt_fail(err, MT_E_INTERRUPTED, "%s: communicator '%s' was aborted (a rank failed "
+                       "or the job is ending)", what, c->backend);
+    unsigned ms = atomic_load(&c->timeout_ms);
+    if (ms && mt_now_ns() - started_ns > (uint64_t)ms * 1000000u) {
+        atomic_store(&c->aborted, 1);
+        return mt_fail(err, MT_E_TIMEOUT, "%s: not every rank joined within %u ms (one died, "
+                       "hangs, or left the step)", what, ms);
+    }
+    return MT_OK;
+}
+
+typedef struct end_job_arg {
+    void (*end)(int code);
+    int code;
+    unsigned grace_ms;
+} end_job_arg;
+
+__attribute__((noreturn)) static void end_now(end_job_arg a)
+{
+    struct timespec ts = {.tv_sec = a.grace_ms / 1000,
+                          .tv_nsec = (long)(a.grace_ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0)
+        ;
+    if (a.end)
+        a.end(a.code);
+    _exit(a.code);
+}
+
+static void *end_job_thread(void *p)
+{
+    end_job_arg a = *(end_job_arg *)p;
+    free(p);
+    end_now(a);
+}
+
+void mt_comm_end_job(mt_comm *c, int code, unsigned grace_ms)
+{
+    static atomic_int started;
+    if (!c || atomic_exchange(&started, 1))
+        return;
+    end_job_arg *a = malloc(sizeof *a);
+    pthread_t t;
+    pthread_attr_t at;
+    if (a) {
+        *a = (end_job_arg){.end = c->ops->end_job, .code = code, .grace_ms = grace_ms};
+        pthread_attr_init(&at);
+        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        if (pthread_create(&t, &at, end_job_thread, a) == 0) {
+            pthread_attr_destroy(&at);
+            return;
+        }
+        pthread_attr_destroy(&at);
+        free(a);
+    }
+    end_now((end_job_arg){.end = c->ops->end_job, .code = code}); /* no thread: now */
 }

@@ -139,4 +139,28 @@ mt_status mt_comm_broadcast(mt_comm *c, void *buf, size_t count, mt_comm_dtype t
                             mt_err *err);
 mt_status mt_comm_barrier(mt_comm *c, mt_err *err);
 
+/* ---- a rank that fails ---------------------------------------------- */
+
+/* Every collective of c in progress (on "mpi": its wait) or started later
+ * returns MT_E_INTERRUPTED: no rank stays in one for a peer that died.
+ * The ranks are then out of step; the communicator is good only for
+ * closing. Any thread may call it, and a signal handler (one atomic
+ * store). On "nccl" and "rccl" a collective already waiting for its stream
+ * is not interrupted (the library's own calls block); later ones return. */
+void mt_comm_abort(mt_comm *c);
+bool mt_comm_aborted(const mt_comm *c);
+/* A collective of c that waits longer than ms (0: no limit, the default)
+ * returns MT_E_TIMEOUT ("mpi"; the others do not wait for peers, or not in
+ * a way this can bound), leaving c as after mt_comm_abort. For exchanges
+ * that must complete within a bound, e.g. those inside a forward, where
+ * every rank is running the same step. */
+void mt_comm_set_timeout(mt_comm *c, unsigned ms);
+/* Ends the whole job after grace_ms (in the background; returns at once):
+ * "mpi" aborts every rank (MPI_Abort with code), the others end this
+ * process with code, which mpirun turns into the end of the job. For a
+ * rank whose ranks are out of step (an error inside a forward): the grace
+ * lets it tell its clients first. Once per process; later calls do
+ * nothing. */
+void mt_comm_end_job(mt_comm *c, int code, unsigned grace_ms);
+
 #endif

@@ -4,6 +4,9 @@
 #ifndef MT_COMM_IMPL_H
 #define MT_COMM_IMPL_H
 
+#include <stdatomic.h>
+#include <stdint.h>
+
 #include "comm.h"
 
 typedef struct mt_comm_ops {
@@ -25,6 +28,9 @@ typedef struct mt_comm_ops {
                             mt_comm_dtype t, mt_err *err);
     mt_status (*reduce_scatter)(void *ctx, const void *send, void *recv, size_t count,
                                 mt_comm_dtype t, mt_comm_op op, mt_err *err);
+    /* Optional: ends every rank of the job with code (mt_comm_end_job);
+     * NULL: this process exits with code. Called from a helper thread. */
+    void (*end_job)(int code);
 } mt_comm_ops;
 
 struct mt_comm {
@@ -34,12 +40,19 @@ struct mt_comm {
     int rank, size;
     bool device_buffers; /* buffers are device memory (nccl, rccl) */
     bool unordered_sums; /* sums are the library's, not in rank order */
+    atomic_int aborted;  /* mt_comm_abort: every collective returns at once */
+    atomic_uint timeout_ms; /* mt_comm_set_timeout; 0: none */
 };
 
 /* The MPI backend (comm_mpi.c), when built with MPI. */
 #ifdef MOETUNE_HAVE_MPI
 mt_status mt_comm_mpi_open(mt_comm *c, mt_err *err);
 #endif
+
+/* MT_E_INTERRUPTED when c was aborted, or MT_E_TIMEOUT (c is then
+ * aborted) when started_ns was longer ago than c's timeout; else MT_OK.
+ * what names the collective. For backends that wait in a loop. */
+mt_status mt_comm_wait_check(mt_comm *c, uint64_t started_ns, const char *what, mt_err *err);
 
 /* The GPU backends (comm_gpu.c): whether backend is one of them; loading
  * its library alone (MT_E_UNSUPPORTED naming it when absent); opening one

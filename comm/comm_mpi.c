@@ -1,10 +1,17 @@
 /* comm_mpi.c: the "mpi" communicator backend (comm.h) over Open MPI: byte
  * all-to-all-v, broadcast and barrier on MPI_COMM_WORLD. Errors come back
- * as statuses (MPI_ERRORS_RETURN) naming the call and MPI's message. */
+ * as statuses (MPI_ERRORS_RETURN) naming the call and MPI's message. Each
+ * collective is MPI's nonblocking one and a wait that tests it, so an
+ * abort (another thread, a signal) or the communicator's timeout ends the
+ * wait: a rank never stays in an exchange for a peer that died. The wait
+ * spins (as MPI's own blocking calls do) for its first 10 ms, then sleeps
+ * 50 us between tests, so an idle follower stops burning a core. */
 #ifdef MOETUNE_HAVE_MPI
 #include <limits.h>
 #include <mpi.h>
+#include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 #ifdef __linux__
 #include <signal.h>
 #include <sys/prctl.h>
@@ -12,6 +19,18 @@
 #endif
 
 #include "comm_impl.h"
+#include "common/clock.h"
+
+/* The backend's context: its communicator (abort flag, timeout). */
+typedef struct mpi_ctx {
+    mt_comm *c;
+    int size;
+} mpi_ctx;
+
+/* A wait was given up (abort, timeout): requests stay pending, so
+ * MPI_Finalize could block on them; exit skips it (mpirun then ends the
+ * job, which is what a rank that gave up wants). */
+static atomic_int gave_up;
 
 /* A rank whose launcher (mpirun, or Open MPI's daemon on another host) dies
  * goes too: nothing can coordinate the job any more. Open MPI itself ends
@@ -35,7 +54,7 @@ static void finalize_at_exit(void)
 {
     int fin = 0;
     MPI_Finalized(&fin);
-    if (!fin)
+    if (!fin && !atomic_load(&gave_up))
         MPI_Finalize();
 }
 
@@ -47,6 +66,33 @@ static mt_status mpi_fail(mt_err *err, int rc, const char *call)
         len = 0;
     msg[len] = 0;
     return mt_fail(err, MT_E_IO, "mpi: %s: %s (error %d)", call, len ? msg : "unknown", rc);
+}
+
+/* Waits for r: MT_OK when it completes, else MPI's error, an abort or the
+ * timeout (the request is then left pending). */
+static mt_status wait_for(mpi_ctx *m, MPI_Request *r, const char *call, mt_err *err)
+{
+    uint64_t t0 = mt_now_ns();
+    for (unsigned long spins = 0;; spins++) {
+        int done = 0;
+        int rc = MPI_Test(r, &done, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS)
+            return mpi_fail(err, rc, call);
+        if (done)
+            return MT_OK;
+        if ((spins & 255) == 0) {
+            mt_status st = mt_comm_wait_check(m->c, t0, call, err);
+            if (st != MT_OK) {
+                atomic_store(&gave_up, 1);
+                return st;
+            }
+            if (mt_now_ns() - t0 > 10000000u) {
+                struct timespec ts = {0, 50000};
+                nanosleep(&ts, NULL);
+                spins = 255; /* check again after the next test */
+            }
+        }
+    }
 }
 
 static mt_status to_ints(const size_t *v, int n, int *out, const char *what, mt_err *err)
@@ -64,7 +110,8 @@ static mt_status to_ints(const size_t *v, int n, int *out, const char *what, mt_
 static mt_status a2av(void *ctx, const void *send, const size_t *scount, const size_t *sdispl,
                       void *recv, const size_t *rcount, const size_t *rdispl, mt_err *err)
 {
-    int n = *(int *)ctx;
+    mpi_ctx *m = ctx;
+    int n = m->size;
     int *v = malloc(sizeof *v * 4 * (size_t)n);
     if (!v)
         return mt_fail(err, MT_E_NOMEM, "mpi: all_to_all_v");
@@ -76,10 +123,11 @@ static mt_status a2av(void *ctx, const void *send, const size_t *scount, const s
     if (st == MT_OK)
         st = to_ints(rdispl, n, v + 3 * n, "receive displacement", err);
     if (st == MT_OK) {
-        int rc = MPI_Alltoallv(send, v, v + n, MPI_BYTE, recv, v + 2 * n, v + 3 * n, MPI_BYTE,
-                               MPI_COMM_WORLD);
-        if (rc != MPI_SUCCESS)
-            st = mpi_fail(err, rc, "MPI_Alltoallv");
+        MPI_Request r;
+        int rc = MPI_Ialltoallv(send, v, v + n, MPI_BYTE, recv, v + 2 * n, v + 3 * n, MPI_BYTE,
+                                MPI_COMM_WORLD, &r);
+        st = rc != MPI_SUCCESS ? mpi_fail(err, rc, "MPI_Ialltoallv")
+                               : wait_for(m, &r, "MPI_Ialltoallv", err);
     }
     free(v);
     return st;
@@ -87,13 +135,14 @@ static mt_status a2av(void *ctx, const void *send, const size_t *scount, const s
 
 static mt_status bcast(void *ctx, void *buf, size_t bytes, int root, mt_err *err)
 {
-    (void)ctx;
     char *p = buf;
     while (bytes) { /* MPI counts are ints */
         int chunk = bytes > (size_t)INT_MAX ? INT_MAX : (int)bytes;
-        int rc = MPI_Bcast(p, chunk, MPI_BYTE, root, MPI_COMM_WORLD);
+        MPI_Request r;
+        int rc = MPI_Ibcast(p, chunk, MPI_BYTE, root, MPI_COMM_WORLD, &r);
         if (rc != MPI_SUCCESS)
-            return mpi_fail(err, rc, "MPI_Bcast");
+            return mpi_fail(err, rc, "MPI_Ibcast");
+        MT_CHECK(wait_for(ctx, &r, "MPI_Ibcast", err));
         p += chunk, bytes -= (size_t)chunk;
     }
     return MT_OK;
@@ -101,15 +150,22 @@ static mt_status bcast(void *ctx, void *buf, size_t bytes, int root, mt_err *err
 
 static mt_status barrier(void *ctx, mt_err *err)
 {
-    (void)ctx;
-    int rc = MPI_Barrier(MPI_COMM_WORLD);
-    return rc == MPI_SUCCESS ? MT_OK : mpi_fail(err, rc, "MPI_Barrier");
+    MPI_Request r;
+    int rc = MPI_Ibarrier(MPI_COMM_WORLD, &r);
+    return rc == MPI_SUCCESS ? wait_for(ctx, &r, "MPI_Ibarrier", err)
+                             : mpi_fail(err, rc, "MPI_Ibarrier");
+}
+
+static void end_job(int code)
+{
+    atomic_store(&gave_up, 1);
+    MPI_Abort(MPI_COMM_WORLD, code);
 }
 
 static void close_ctx(void *ctx) { free(ctx); }
 
 static const mt_comm_ops mpi_ops = {.all_to_all_v = a2av, .broadcast = bcast,
-                                    .barrier = barrier, .close = close_ctx};
+                                    .barrier = barrier, .close = close_ctx, .end_job = end_job};
 
 mt_status mt_comm_mpi_open(mt_comm *c, mt_err *err)
 {
@@ -127,13 +183,14 @@ mt_status mt_comm_mpi_open(mt_comm *c, mt_err *err)
         die_with_launcher();
     }
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-    int *size = malloc(sizeof *size);
-    if (!size)
+    mpi_ctx *m = malloc(sizeof *m);
+    if (!m)
         return mt_fail(err, MT_E_NOMEM, "mpi");
     MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
-    MPI_Comm_size(MPI_COMM_WORLD, size);
-    c->size = *size;
-    c->ctx = size;
+    MPI_Comm_size(MPI_COMM_WORLD, &m->size);
+    m->c = c;
+    c->size = m->size;
+    c->ctx = m;
     c->ops = &mpi_ops;
     return MT_OK;
 }

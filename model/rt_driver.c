@@ -94,7 +94,7 @@ static mt_status follow_step(model_runtime *rt, const int32_t *m, int64_t len, m
     }
     if (st == MT_OK) {
         rt->ep_joined = false;
-        st = rt_step(rt, items, n, err);
+        st = rt_xchg_step_failed(rt, rt_step(rt, items, n, err));
         /* Refused before its forward: rank 0 was refused the same way. */
         if (st != MT_OK && !rt->ep_joined)
             st = MT_OK;
@@ -162,12 +162,15 @@ static mt_status ep_step(model_runtime *rt, model_step_item *items, int n, mt_er
             return MT_OK;
         if (rt->tp.lead)
             MT_CHECK(rt_tp_announce(rt, items, n, err));
-        return rt_step(rt, items, n, err);
+        rt->ep_joined = false;
+        return rt_xchg_step_failed(rt, rt_step(rt, items, n, err));
     }
-    if (n == 0)
-        return rt->o.comm_lead ? MT_OK : empty_forward(rt, err);
+    if (n == 0) {
+        rt->ep_joined = true;
+        return rt->o.comm_lead ? MT_OK : rt_xchg_step_failed(rt, empty_forward(rt, err));
+    }
     rt->ep_joined = false;
-    mt_status st = rt_step(rt, items, n, err);
+    mt_status st = rt_xchg_step_failed(rt, rt_step(rt, items, n, err));
     if (st != MT_OK && !rt->ep_joined && !rt->o.comm_lead) {
         /* Failed before its forward (bad items, KV cache full): still join
          * this step's exchanges so the other ranks are not left waiting. */
@@ -180,6 +183,10 @@ static mt_status ep_step(model_runtime *rt, model_step_item *items, int n, mt_er
 
 mt_status model_step(model_runtime *rt, model_step_item *items, int n, mt_err *err)
 {
+    if (rt->xc.out_of_step)
+        return mt_fail(err, MT_E_DEVICE, "rank %d is out of step with the other ranks since a "
+                       "forward failed inside its exchanges: the job must end",
+                       mt_comm_rank(rt->o.comm));
     return rt->o.comm ? ep_step(rt, items, n, err) : rt_step(rt, items, n, err);
 }
 
@@ -197,7 +204,8 @@ mt_status model_runtime_follow(model_runtime *rt, int64_t *steps, mt_err *err)
         MT_CHECK(rt_xchg_bcast(rt, &m, 1, err));
         if (m < 0)
             return MT_OK;
-        MT_CHECK(empty_forward(rt, err));
+        rt->ep_joined = true;
+        MT_CHECK(rt_xchg_step_failed(rt, empty_forward(rt, err)));
         if (steps)
             ++*steps;
     }

@@ -76,7 +76,8 @@ static bool leads(const model_runtime *rt)
 
 void rt_ep_close(model_runtime *rt)
 {
-    if (rt->o.comm && leads(rt) && !rt->ep_ended) {
+    if (rt->o.comm && leads(rt) && !rt->ep_ended && !rt->xc.out_of_step &&
+        !mt_comm_aborted(rt->o.comm)) {
         int32_t end = -1;
         mt_err e = MT_ERR_INIT;
         if (rt_xchg_bcast(rt, &end, 1, &e) != MT_OK)

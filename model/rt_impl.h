@@ -143,6 +143,8 @@ typedef struct rt_xchg {
     void *msg_dev;               /* device: a step message */
     size_t msg_cap;              /* its bytes */
     uint64_t announce_calls, announce_bytes;
+    unsigned timeout_ms;         /* exchanges inside a forward (o.xchg_timeout_ms) */
+    bool out_of_step;            /* a step failed inside its forward (runtime.h) */
 } rt_xchg;
 
 /* Tensor parallelism over the ranks of o.comm (rt_tp.c; o.tp with 2+
@@ -265,6 +267,10 @@ void rt_xchg_close(model_runtime *rt);
 /* Broadcasts n int32 of host memory from rank 0 through a device buffer:
  * rank 0 copies them in, every other rank copies them out. */
 mt_status rt_xchg_bcast(model_runtime *rt, int32_t *host, size_t n, mt_err *err);
+/* After a step that failed with st: when it had reached its forward's
+ * exchanges (rt->ep_joined), the runtime is out of step for good and a
+ * leader ends the job (runtime.h). Returns st. */
+mt_status rt_xchg_step_failed(model_runtime *rt, mt_status st);
 
 /* ---- rt_tp.c: tensor parallelism (o.tp) ---- */
 

@@ -6,7 +6,10 @@
  * memory. The leader's step messages are host data (the scheduler's
  * tokens); they go through a device buffer here, the same way on every
  * backend. Counts of those copies (and of the MoE layers' count reads) are
- * kept for model_runtime_copy_counts. */
+ * kept for model_runtime_copy_counts. And a rank that fails inside a
+ * forward: exchanges there wait at most the runtime's timeout, and a step
+ * that fails past its first exchange leaves the runtime out of step. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,8 +33,26 @@ mt_status rt_xchg_open(model_runtime *rt, mt_err *err)
     if (mt_comm_device_buffers(c) && strcmp(name, b == DEV_BACKEND_HIP ? "rccl" : "nccl"))
         return mt_fail(err, MT_E_UNSUPPORTED, "communicator '%s' does not run on device %s: "
                        "use '%s'", name, rt->props->spec, b == DEV_BACKEND_HIP ? "rccl" : "nccl");
+    rt->xc.timeout_ms = rt->o.xchg_timeout_ms ? rt->o.xchg_timeout_ms : 30000;
+    mt_comm_set_timeout(c, rt->xc.timeout_ms);
     return MT_OK;
 }
+
+mt_status rt_xchg_step_failed(model_runtime *rt, mt_status st)
+{
+    if (st == MT_OK || !rt->o.comm || !rt->ep_joined || rt->xc.out_of_step)
+        return st;
+    rt->xc.out_of_step = true;
+    bool lead = rt->o.comm_lead && mt_comm_rank(rt->o.comm) == 0;
+    fprintf(rt->log, "rank %d of %d: a step failed inside its forward: the ranks are out of "
+            "step%s\n", mt_comm_rank(rt->o.comm), mt_comm_size(rt->o.comm),
+            lead ? "; the job ends in 1 s" : "");
+    if (lead)
+        mt_comm_end_job(rt->o.comm, 1, 1000);
+    return st;
+}
+
+bool model_runtime_out_of_step(const model_runtime *rt) { return rt->xc.out_of_step; }
 
 void rt_xchg_close(model_runtime *rt)
 {
@@ -60,7 +81,12 @@ mt_status rt_xchg_bcast(model_runtime *rt, int32_t *host, size_t n, mt_err *err)
     x->announce_bytes += bytes;
     if (root)
         MT_CHECK(dev_copy_to(rt->dev, x->msg_dev, host, bytes, err));
-    MT_CHECK(mt_comm_broadcast(rt->o.comm, x->msg_dev, n, MT_COMM_I32, 0, err));
+    /* A follower waits for the next step as long as the leader has none. */
+    mt_comm_set_timeout(rt->o.comm, 0);
+    mt_status st = mt_comm_broadcast(rt->o.comm, x->msg_dev, n, MT_COMM_I32, 0, err);
+    mt_comm_set_timeout(rt->o.comm, x->timeout_ms);
+    if (st != MT_OK)
+        return st;
     return root ? MT_OK : dev_copy_from(rt->dev, host, x->msg_dev, bytes, err);
 }
 

@@ -61,6 +61,10 @@ typedef struct model_runtime_opts {
                               * ranks, expert-parallel. With comm_lead the followers mirror
                               * rank 0's sequences and steps; without it every rank must make
                               * the same calls with the same arguments */
+    unsigned xchg_timeout_ms; /* with comm: the longest an exchange inside a forward may wait
+                              * for the other ranks (mt_comm_set_timeout; set on comm) before
+                              * the step fails; 0 = 30000. A follower waiting for the next
+                              * step waits without limit */
 } model_runtime_opts;
 
 /* The runtime's options as plan options (same defaults): the plan the
@@ -160,8 +164,18 @@ mt_status model_step(model_runtime *rt, model_step_item *items, int n, mt_err *e
  * - with comm_lead only rank 0 calls model_step (n = 0 there does
  *   nothing); it announces each forward to the others, which run
  *   model_runtime_follow until rank 0 closes its runtime.
- * A step that fails inside its forward leaves the other ranks waiting: end
- * the job (mpirun does when a process exits with an error). */
+ * A step that fails inside its forward leaves the ranks out of step
+ * (model_runtime_out_of_step below). */
+
+/* A rank whose step failed inside its forward (after the first exchange:
+ * a kernel error, an exchange that was aborted or timed out) has left the
+ * others in the middle of that step: its runtime is then out of step for
+ * good, every later model_step fails at once (MT_E_DEVICE), and closing it
+ * tells no rank anything. A leader (comm_lead, rank 0) ends the job 1 s
+ * after such a failure (mt_comm_end_job: the engine's clients get their
+ * errors first); a follower's model_runtime_follow returns the error, and
+ * the program should exit with it (mpirun then ends the job). */
+bool model_runtime_out_of_step(const model_runtime *rt);
 
 /* Ranks other than 0 of a comm_lead runtime: runs an empty step for every
  * step rank 0 runs, until rank 0 closes its runtime (MT_OK) or a collective

@@ -4,6 +4,7 @@
 #include "serve_server.h"
 
 #include <civetweb.h>
+#include <stdatomic.h>
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +20,7 @@ struct serve_server {
     serve_api_ctx api; /* engine, metrics, model name, limits */
     int port;
     time_t created;
+    atomic_int busy;   /* handlers running (a stop lets them write their last events) */
 };
 
 /* ---- replies ------------------------------------------------------------------ */
@@ -148,7 +150,19 @@ static const struct route {
 
 #define MODELS_PREFIX "/v1/models/"
 
+static int route(struct mg_connection *c);
+
+/* civetweb's handler: the route, counted in s->busy while it runs. */
 static int begin_request(struct mg_connection *c)
+{
+    serve_server *s = mg_get_request_info(c)->user_data;
+    atomic_fetch_add(&s->busy, 1);
+    int r = route(c);
+    atomic_fetch_sub(&s->busy, 1);
+    return r;
+}
+
+static int route(struct mg_connection *c)
 {
     const struct mg_request_info *ri = mg_get_request_info(c);
     serve_server *s = ri->user_data;
@@ -289,8 +303,14 @@ void serve_server_stop(serve_server *s)
     if (!s)
         return;
     /* Finish the requests first so that handlers waiting on them return,
-     * then stop civetweb (which waits for its handlers), then free. */
+     * give those handlers up to 500 ms to write their last events (a
+     * stopping civetweb drops writes), then stop civetweb (which waits for
+     * its handlers), then free. */
     serve_engine_stop(s->api.engine);
+    for (int i = 0; i < 500 && s->ctx && atomic_load(&s->busy) > 0; i++) {
+        struct timespec ms = {0, 1000000L};
+        nanosleep(&ms, NULL);
+    }
     if (s->ctx) {
         mg_stop(s->ctx);
         mg_exit_library();

@@ -1,8 +1,8 @@
 /* test_xchg.c: the runtime's exchanges between ranks on device buffers
  * (model/rt_xchg.c, model/ep_moe.c, model/rt_tp.c). Under mpirun on emu
  * devices (tests/mpi/xchg_check.c), expert-parallel at 2, 3 and 4 ranks and
- * tensor-parallel at 2 and 4 (test_ep runs 3): the greedy tokens and every logit bitwise one device's
- * (batch-invariant kernels) on prompts past the DSA indexer's top-k, and
+ * tensor-parallel at 2 and 4 (test_ep runs 3): the greedy tokens and every
+ * logit bitwise one device's (batch-invariant kernels) on prompts past the DSA indexer's top-k, and
  * no host copy beyond the step's announcement and the MoE layers' count
  * reads, per step on rank 0 and over the run on the others. In process:
  * a communicator that cannot reach the device's memory is refused, naming
