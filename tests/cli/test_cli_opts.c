@@ -12,8 +12,8 @@
 #include <string.h>
 #include <sys/wait.h>
 
-/* The parser is not in a library the tests link: compile it in. */
-#include "../../cli/cli_opts.c"
+#include "cli/cli.h"
+#include "cli/cli_opts.h"
 
 /* ---- the parser on a small table ------------------------------------------ */
 
