@@ -71,9 +71,10 @@ if [ $quick -eq 0 ]; then
   # run (the runner, the kernel set, the cpu backend) runs instrumented in
   # the emu variants, test_moe_pipeline and the model tests; under ASan
   # they spent about a minute on uninstrumented kernels and on references
-  # (the first pass runs them).
+  # (the first pass runs them). Nor test_gpu_check: a shell script driving
+  # the binary end to end (the first pass runs it; 95 s instrumented).
   ASAN_OPTIONS=detect_leaks=1:intercept_tls_get_addr=0:abort_on_error=1 \
   UBSAN_OPTIONS=print_stacktrace=1 \
     ctest_clean_tmp --test-dir build-asan -j"$jobs" --output-on-failure \
-      -E '^test_((attn|moe)_check_cpu(_v[234]|_base)?|moe_glm)$'
+      -E '^test_((attn|moe)_check_cpu(_v[234]|_base)?|moe_glm|gpu_check)$'
 fi
