@@ -84,10 +84,8 @@ void api_kernels_release(moetune_device *dev, api_kernels *k);
 
 typedef enum api_ws_kind {
     API_WS_LAYER = 0,  /* model_moe_ws: model_moe_run's own (ROUTE_GATE) */
-    API_WS_ROUTED = 1, /* api_routed_ws: runs from given routing (api_routed.h) */
+    API_WS_ROUTED = 1, /* model_moe_ws for runs from given routing or logits */
 } api_ws_kind;
-
-typedef struct api_routed_ws api_routed_ws;
 
 struct api_ws {
     api_ws_kind kind;
@@ -95,7 +93,7 @@ struct api_ws {
                                  shared_inter the largest of its layers */
     int64_t max_m;
     model_moe_ws *layer;
-    api_routed_ws *routed;
+    model_moe_ws *routed;
     int refs;
     api_ws *next;
 };

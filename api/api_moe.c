@@ -4,8 +4,8 @@
  * deterministic combine, tiles of 128, the device's weight layout), its
  * kernels from a shared bundle (api_kernels.c), a shared workspace
  * (api_ws.c) and its weights (api_weights.c). ROUTE_GATE runs
- * model_moe_run itself; the other routings run the same kernels from the
- * given routing (api_routed.h). */
+ * model_moe_run itself, ROUTE_TOPK model_moe_run_routed on the caller's
+ * routing, ROUTE_LOGITS routes the logits first (api_routed.h). */
 #include <inttypes.h>
 #include <math.h>
 #include <stddef.h>
@@ -248,8 +248,9 @@ moetune_status moetune_moe_run_topk(moetune_moe *layer, const void *x, const int
                                 i / layer->dims.topk, (int)(i % layer->dims.topk), topk_ids[i],
                                 layer->dims.n_experts - 1);
     mt_err err = MT_ERR_INIT;
-    mt_status st = api_routed_run(&layer->kernels->layer, layer->ws->routed, &layer->dims,
-                                  &layer->w.w, x, topk_ids, topk_weights, m, y, &err);
+    mt_status st = model_moe_run_routed(&layer->kernels->layer, layer->ws->routed,
+                                        &layer->dims, &layer->w.w, x, topk_ids, topk_weights,
+                                        m, y, &err);
     return api_done(dev, st, &err);
 }
 

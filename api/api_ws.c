@@ -5,7 +5,6 @@
 #include <stdlib.h>
 
 #include "api_impl.h"
-#include "api_routed.h"
 
 /* Layers can share a workspace when these agree; the rest only sizes it. */
 static bool same_kind(const api_ws *w, api_ws_kind kind, const moe_dims *d)
@@ -18,7 +17,7 @@ static bool same_kind(const api_ws *w, api_ws_kind kind, const moe_dims *d)
 static void free_buffers(api_ws *w)
 {
     model_moe_ws_destroy(w->layer);
-    api_routed_ws_destroy(w->routed);
+    model_moe_ws_destroy(w->routed);
     w->layer = NULL;
     w->routed = NULL;
 }
@@ -27,7 +26,7 @@ static mt_status make_buffers(moetune_device *dev, api_ws *w, mt_err *err)
 {
     if (w->kind == API_WS_LAYER)
         return model_moe_ws_create(dev->dev, &w->cap, w->max_m, &w->layer, err);
-    return api_routed_ws_create(dev->dev, &w->cap, w->max_m, &w->routed, err);
+    return model_moe_ws_create(dev->dev, &w->cap, w->max_m, &w->routed, err);
 }
 
 mt_status api_ws_get(moetune_device *dev, api_ws_kind kind, const moe_dims *d, int64_t max_m,

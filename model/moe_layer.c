@@ -133,6 +133,12 @@ mt_status model_moe_ws_create(dev_device *dev, const moe_dims *d, int64_t max_m,
 
 const void *model_moe_ws_ids(const model_moe_ws *ws) { return ws->ids; }
 
+void model_moe_ws_routing(model_moe_ws *ws, void **ids, void **tw)
+{
+    *ids = ws->ids;
+    *tw = ws->tw;
+}
+
 static mt_status fits(const model_moe_ws *ws, const moe_dims *d, int64_t M, mt_err *err)
 {
     const moe_dims *c = &ws->d;
@@ -164,8 +170,11 @@ static mt_status fits(const model_moe_ws *ws, const moe_dims *d, int64_t M, mt_e
             return mt_err_prefix(err, "moe layer");                                              \
     } while (0)
 
-mt_status model_moe_run(const model_moe_kernels *k, model_moe_ws *ws, const moe_dims *d,
-                        const moe_weights *w, const void *x, int64_t M, float *y, mt_err *err)
+/* The layer; routed by k->route into the workspace first where ids is
+ * NULL, else by ids and tw. */
+static mt_status run_layer(const model_moe_kernels *k, model_moe_ws *ws, const moe_dims *d,
+                           const moe_weights *w, const void *x, const void *ids,
+                           const void *tw, int64_t M, float *y, mt_err *err)
 {
     if (M <= 0)
         return MT_OK;
@@ -186,15 +195,36 @@ mt_status model_moe_run(const model_moe_kernels *k, model_moe_ws *ws, const moe_
         RUN(MODEL_MOE_SH_DOWN, k->sh_down, ws->sh_h, ws->sh_ids, ws->sh_sorted, ws->sh_tile,
             ws->sh_total, ws->sh_w, (void *)w->sh_w2, (void *)w->sh_s2, shared);
     }
-    RUN(MODEL_MOE_ROUTE, k->route, xv, (void *)w->gate, (void *)w->bias, ws->ids, ws->tw);
-    RUN(MODEL_MOE_ALIGN, k->align, ws->ids, ws->sorted, ws->tile, ws->total);
-    RUN(MODEL_MOE_UP, k->up, xv, ws->ids, ws->sorted, ws->tile, ws->total, (void *)w->w13,
+    void *idv = (void *)(uintptr_t)ids, *twv = (void *)(uintptr_t)tw;
+    if (!ids) {
+        RUN(MODEL_MOE_ROUTE, k->route, xv, (void *)w->gate, (void *)w->bias, ws->ids, ws->tw);
+        idv = ws->ids;
+        twv = ws->tw;
+    }
+    RUN(MODEL_MOE_ALIGN, k->align, idv, ws->sorted, ws->tile, ws->total);
+    RUN(MODEL_MOE_UP, k->up, xv, idv, ws->sorted, ws->tile, ws->total, (void *)w->w13,
         (void *)w->s13, ws->h);
-    RUN(MODEL_MOE_DOWN, k->down, ws->h, ws->ids, ws->sorted, ws->tile, ws->total, ws->tw,
+    RUN(MODEL_MOE_DOWN, k->down, ws->h, idv, ws->sorted, ws->tile, ws->total, twv,
         (void *)w->w2, (void *)w->s2, d->comb ? ws->rows : yv);
     if (d->comb)
         RUN(MODEL_MOE_COMBINE, k->combine, ws->rows, shared, yv);
     return MT_OK;
+}
+
+mt_status model_moe_run(const model_moe_kernels *k, model_moe_ws *ws, const moe_dims *d,
+                        const moe_weights *w, const void *x, int64_t M, float *y, mt_err *err)
+{
+    return run_layer(k, ws, d, w, x, NULL, NULL, M, y, err);
+}
+
+mt_status model_moe_run_routed(const model_moe_kernels *k, model_moe_ws *ws, const moe_dims *d,
+                               const moe_weights *w, const void *x, const void *ids,
+                               const void *tw, int64_t M, float *y, mt_err *err)
+{
+    if (!ids || !tw)
+        return mt_fail(err, MT_E_INVALID, "moe layer: a routed run without its %s",
+                       ids ? "weights" : "expert ids");
+    return run_layer(k, ws, d, w, x, ids, tw, M, y, err);
 }
 
 #undef RUN

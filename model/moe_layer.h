@@ -54,6 +54,10 @@ mt_status model_moe_ws_create(dev_device *dev, const moe_dims *d, int64_t max_m,
 void model_moe_ws_destroy(model_moe_ws *ws);
 /* Device int32 [M, topk]: the experts the last run routed each token to. */
 const void *model_moe_ws_ids(const model_moe_ws *ws);
+/* The workspace's routing buffers (device int32 [max_m, topk] expert ids,
+ * f32 [max_m, topk] weights), for a caller that routes into them itself
+ * and then calls model_moe_run_routed on them. */
+void model_moe_ws_routing(model_moe_ws *ws, void **ids, void **tw);
 
 /* The layer's kernels in launch order, for per-kernel timing. */
 enum {
@@ -74,5 +78,13 @@ void model_moe_ws_time_kernels(model_moe_ws *ws, double *ms);
  * shared_inter at most its), M at most its max_m. Asynchronous. */
 mt_status model_moe_run(const model_moe_kernels *k, model_moe_ws *ws, const moe_dims *d,
                         const moe_weights *w, const void *x, int64_t M, float *y, mt_err *err);
+
+/* The same with the routing given: ids (device int32 [M, topk]) and tw
+ * (device f32 [M, topk]) in place of route's output (k->route unused; the
+ * expert sort, gate/up, down, combine and the shared expert as
+ * model_moe_run runs them). */
+mt_status model_moe_run_routed(const model_moe_kernels *k, model_moe_ws *ws, const moe_dims *d,
+                               const moe_weights *w, const void *x, const void *ids,
+                               const void *tw, int64_t M, float *y, mt_err *err);
 
 #endif

@@ -14,6 +14,7 @@
 
 #include "cli/cli.h"
 #include "cli/cli_opts.h"
+#include "test_run_cli.h"
 
 /* ---- the parser on a small table ------------------------------------------ */
 
@@ -257,25 +258,9 @@ Test(cli_opts, help_lists_every_entry_with_placeholder_and_default)
 
 /* ---- every command of the binary ----------------------------------------- */
 
-/* Runs `moetune args`, stdout and stderr together; returns the exit code
- * and the output (the caller frees it). */
 static int run(const char *args, char **out)
 {
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", MOETUNE_BIN, args);
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p);
-    size_t cap = 1 << 16, n = 0, r;
-    char *buf = malloc(cap);
-    while ((r = fread(buf + n, 1, cap - 1 - n, p)) > 0) {
-        n += r;
-        if (n + 1 >= cap)
-            buf = realloc(buf, cap *= 2);
-    }
-    buf[n] = 0;
-    int st = pclose(p);
-    *out = buf;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return test_run_cli("", args, out);
 }
 
 #define MAX_CMDS 32

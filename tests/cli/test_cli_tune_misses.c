@@ -14,24 +14,11 @@
 #include "kernels/core/family.h"
 #include "kernels/core/kern_db.h"
 #include "test_tmp.h"
+#include "test_run_cli.h"
 
 static int run(const char *args, char **out)
 {
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", MOETUNE_BIN, args);
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p);
-    size_t cap = 1 << 16, n = 0, r;
-    char *buf = malloc(cap);
-    while ((r = fread(buf + n, 1, cap - 1 - n, p)) > 0) {
-        n += r;
-        if (n + 1 >= cap)
-            buf = realloc(buf, cap *= 2);
-    }
-    buf[n] = 0;
-    int st = pclose(p);
-    *out = buf;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return test_run_cli("", args, out);
 }
 
 /* One lookup of gemm tiny at M on this cpu: its provenance; recorded as a

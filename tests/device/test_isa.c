@@ -13,6 +13,7 @@
 #include "device/hip/isa_mix.h"
 #include "kernels/core/exec.h"
 #include "kernels/core/family.h"
+#include "test_run_cli.h"
 
 Test(isa_mix, mnemonics_fall_in_their_classes)
 {
@@ -211,21 +212,7 @@ Test(isa_mix, hiprtc_gemm_code_objects_are_counted, .timeout = 300)
 
 static int run_cli(const char *args, char **out)
 {
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "%s isa %s 2>&1", MOETUNE_BIN, args);
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p);
-    size_t cap = 1 << 16, n = 0, r;
-    char *buf = malloc(cap);
-    while ((r = fread(buf + n, 1, cap - 1 - n, p)) > 0) {
-        n += r;
-        if (n + 1 >= cap)
-            buf = realloc(buf, cap *= 2);
-    }
-    buf[n] = 0;
-    int st = pclose(p);
-    *out = buf;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return test_run_cli("isa", args, out);
 }
 
 Test(isa_cli, json_names_the_hot_loop_and_bad_input_is_a_usage_error, .timeout = 300)

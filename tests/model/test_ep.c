@@ -32,6 +32,7 @@
 #include "model/plan/plan.h"
 #include "serve/serve_client.h"
 #include "test_forward_util.h"
+#include "test_mpi_procs.h"
 
 Test(ep, expert_ranges_tile_the_experts)
 {
@@ -517,59 +518,6 @@ Test(ep_mpi, three_ranks_run_their_own_sequences_bitwise, .timeout = 600)
         snprintf(want, sizeof want, "ep_check rank %d/3 ok", r);
         cr_assert(strstr(out, want), "no '%s' in:\n%s", want, out);
     }
-}
-
-/* The pid of mpirun's child with OMPI_COMM_WORLD_RANK=rank (-1: none). */
-static int rank_pid(int mpirun_pid, int rank)
-{
-    DIR *d = opendir("/proc");
-    cr_assert_not_null(d);
-    struct dirent *de;
-    int found = -1;
-    char want[64];
-    snprintf(want, sizeof want, "OMPI_COMM_WORLD_RANK=%d", rank);
-    while (found < 0 && (de = readdir(d))) {
-        int pid = atoi(de->d_name), ppid = 0;
-        char path[300], buf[4096];
-        if (pid <= 0)
-            continue;
-        snprintf(path, sizeof path, "/proc/%d/stat", pid);
-        FILE *f = fopen(path, "r");
-        if (!f)
-            continue;
-        size_t n = fread(buf, 1, sizeof buf - 1, f);
-        fclose(f);
-        buf[n] = 0;
-        const char *rp = strrchr(buf, ')'); /* "pid (comm) state ppid ..." */
-        if (!rp || sscanf(rp + 1, " %*c %d", &ppid) != 1 || ppid != mpirun_pid)
-            continue;
-        snprintf(path, sizeof path, "/proc/%d/environ", pid);
-        if (!(f = fopen(path, "r")))
-            continue;
-        static char env[1 << 16];
-        n = fread(env, 1, sizeof env - 1, f);
-        fclose(f);
-        for (size_t i = 0; i < n; i += strlen(env + i) + 1)
-            if (!strcmp(env + i, want))
-                found = pid;
-    }
-    closedir(d);
-    return found;
-}
-
-/* Whether pid runs (a zombie nobody reaped has ended). */
-static bool alive(int pid)
-{
-    char path[64], buf[512];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return false;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    const char *rp = strrchr(buf, ')');
-    return rp && rp[1] == ' ' && rp[2] != 'Z' && rp[2] != 'X';
 }
 
 /* serve --ranks 2 under mpirun answers a completion (the numbers are the

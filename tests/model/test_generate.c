@@ -10,6 +10,7 @@
 #include "kernels/core/kern_db.h"
 #include "model/plan/plan.h"
 #include "test_forward_util.h"
+#include "test_run_cli.h"
 
 /* ---- sampling ------------------------------------------------------------------ */
 
@@ -204,25 +205,10 @@ Test(selection, database_hits_nearest_other_device_stale_and_misses)
 
 /* ---- moetune generate ------------------------------------------------------------ */
 
-/* Runs the CLI; returns its exit code and its stdout (and stderr) text. */
+/* `moetune generate args`: its exit code and its output. */
 static int run_cli(const char *args, char **out)
 {
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%s generate %s 2>&1", MOETUNE_BIN, args);
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p);
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    size_t r;
-    while ((r = fread(buf + n, 1, cap - 1 - n, p)) > 0) {
-        n += r;
-        if (n + 1 >= cap)
-            buf = realloc(buf, cap *= 2);
-    }
-    buf[n] = 0;
-    int st = pclose(p);
-    *out = buf;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return test_run_cli("generate", args, out);
 }
 
 Test(generate_cli, tokens_in_ids_and_logits_out)
