@@ -117,40 +117,6 @@ Test(tune_confirm, interval_is_deterministic_and_checks_its_input)
 
 /* ---- end to end ---------------------------------------------------------- */
 
-typedef struct dec {
-    char key[256], challenger[256];
-    db_decision decision;
-    double ratio, hi;
-    int rounds;
-    int64_t dev, ker;
-} dec;
-
-static int dec_cb(void *arg, const db_winner_row *w)
-{
-    dec *d = arg;
-    snprintf(d->key, sizeof d->key, "%s", w->config_key);
-    snprintf(d->challenger, sizeof d->challenger, "%s",
-             w->confirm.challenger_key ? w->confirm.challenger_key : "");
-    d->decision = w->confirm.decision;
-    d->ratio = w->confirm.ratio;
-    d->hi = w->confirm.ratio_hi;
-    d->rounds = w->confirm.rounds;
-    d->dev = w->device_id;
-    d->ker = w->kernel_id;
-    return 0;
-}
-
-static dec read_dec(const char *path)
-{
-    dec d = {0};
-    db_t *db = NULL;
-    mt_err e = MT_ERR_INIT;
-    cr_assert_eq(db_open(path, DB_OPEN_READONLY, &db, &e), MT_OK, "%s", e.msg);
-    cr_assert_eq(db_winners_each(db, NULL, dec_cb, &d, &e), MT_OK, "%s", e.msg);
-    db_close(db);
-    return d;
-}
-
 static void quick_opts(tune_opts *o, const char *db)
 {
     tt_opts(o, "cpu", db);
@@ -184,7 +150,7 @@ Test(tune_confirm, a_lucky_median_is_rejected_and_the_default_stays, .timeout = 
     char lucky[256];
     cr_assert(!strncmp(dflt, "V=1,", 4), "default %s", dflt);
     snprintf(lucky, sizeof lucky, "V=3,%s", dflt + 4);
-    dec d0 = read_dec(db);
+    tt_decision d0 = tt_read_decision(db);
     db_t *h = NULL;
     cr_assert_eq(db_open(db, DB_OPEN_DEFAULT, &h, &err), MT_OK, "%s", err.msg);
     db_trial t = {.device_id = d0.dev, .kernel_id = d0.ker, .shape_key = "N=256", .m = 1,
@@ -226,7 +192,7 @@ Test(tune_confirm, a_lucky_median_is_rejected_and_the_default_stays, .timeout = 
               "%s", l);
     free(logbuf);
 
-    dec d = read_dec(db);
+    tt_decision d = tt_read_decision(db);
     cr_expect_str_eq(d.key, dflt);
     cr_expect_eq(d.decision, DB_DECIDED_DEFAULT_KEPT);
     cr_expect_str_eq(d.challenger, lucky);
@@ -238,7 +204,7 @@ Test(tune_confirm, a_lucky_median_is_rejected_and_the_default_stays, .timeout = 
     cr_assert_eq(db_open(db, DB_OPEN_DEFAULT, &h, &err), MT_OK, "%s", err.msg);
     cr_assert_eq(db_winners_recompute(h, 0, 0, NULL, 0, NULL, &err), MT_OK, "%s", err.msg);
     db_close(h);
-    cr_expect_str_eq(read_dec(db).key, dflt);
+    cr_expect_str_eq(tt_read_decision(db).key, dflt);
 
     /* A rerun measures nothing new and keeps the decision. */
     o.log = getenv("MT_TUNE_TEST_LOG") ? stderr : NULL;
@@ -247,7 +213,7 @@ Test(tune_confirm, a_lucky_median_is_rejected_and_the_default_stays, .timeout = 
     cr_expect_eq(rep->jobs[0].m[0].decision, DB_DECIDED_DEFAULT_KEPT);
     cr_expect_str_eq(rep->jobs[0].m[0].best_key, dflt);
     tune_report_free(rep);
-    cr_expect_eq(read_dec(db).rounds, 10);
+    cr_expect_eq(tt_read_decision(db).rounds, 10);
 }
 
 Test(tune_confirm, a_truly_faster_config_is_confirmed, .timeout = 300)
@@ -268,7 +234,7 @@ Test(tune_confirm, a_truly_faster_config_is_confirmed, .timeout = 300)
     cr_expect(strstr(mr->best_key, "SPIN=1,PAD=1"), "%s won", mr->best_key);
     cr_expect(mr->ratio_hi < 1 && mr->ratio < 0.5, "ratio %g [%g, %g]", mr->ratio, mr->ratio_lo,
               mr->ratio_hi);
-    dec d = read_dec(db);
+    tt_decision d = tt_read_decision(db);
     cr_expect_str_eq(d.key, mr->best_key);
     cr_expect_eq(d.decision, DB_DECIDED_CONFIRMED);
     cr_expect_str_eq(d.challenger, mr->best_key);
@@ -286,5 +252,5 @@ Test(tune_confirm, a_truly_faster_config_is_confirmed, .timeout = 300)
     cr_expect_eq(rep->jobs[0].m[0].decision, DB_DECIDED_MEDIAN);
     cr_expect_eq(rep->jobs[0].m[0].rounds, 0);
     tune_report_free(rep);
-    cr_expect_eq(read_dec(db2).decision, DB_DECIDED_MEDIAN);
+    cr_expect_eq(tt_read_decision(db2).decision, DB_DECIDED_MEDIAN);
 }

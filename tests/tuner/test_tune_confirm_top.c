@@ -79,37 +79,6 @@ Test(tune_confirm_top, the_fastest_confirmed_challenger_wins_and_doubt_asks_for_
 
 /* ---- end to end ---------------------------------------------------------- */
 
-typedef struct stored_winner {
-    char key[256], challenger[256];
-    db_decision decision;
-    int rounds;
-    int64_t dev, ker;
-} stored_winner;
-
-static int winner_cb(void *arg, const db_winner_row *w)
-{
-    stored_winner *s = arg;
-    snprintf(s->key, sizeof s->key, "%s", w->config_key);
-    snprintf(s->challenger, sizeof s->challenger, "%s",
-             w->confirm.challenger_key ? w->confirm.challenger_key : "");
-    s->decision = w->confirm.decision;
-    s->rounds = w->confirm.rounds;
-    s->dev = w->device_id;
-    s->ker = w->kernel_id;
-    return 0;
-}
-
-static stored_winner read_winner(const char *path)
-{
-    stored_winner s = {0};
-    db_t *db = NULL;
-    mt_err e = MT_ERR_INIT;
-    cr_assert_eq(db_open(path, DB_OPEN_READONLY, &db, &e), MT_OK, "%s", e.msg);
-    cr_assert_eq(db_winners_each(db, NULL, winner_cb, &s, &e), MT_OK, "%s", e.msg);
-    db_close(db);
-    return s;
-}
-
 static void quick_opts(tune_opts *o, const char *db, int top)
 {
     tt_opts(o, "cpu", db);
@@ -153,7 +122,7 @@ static tune_report *tune_with_lucky_v3(char *db, size_t cap, const char *name, i
     config_with_v(dflt, 2, v2, 256);
     config_with_v(dflt, 3, v3, 256);
 
-    stored_winner w0 = read_winner(db);
+    tt_decision w0 = tt_read_decision(db);
     db_t *h = NULL;
     cr_assert_eq(db_open(db, DB_OPEN_DEFAULT, &h, &err), MT_OK, "%s", err.msg);
     db_trial t = {.device_id = w0.dev, .kernel_id = w0.ker, .shape_key = "N=256", .m = 1,
@@ -211,7 +180,7 @@ Test(tune_confirm_top, a_lucky_best_median_loses_to_its_faster_runner_up, .timeo
               mr->rival_ratio, mr->rival_lo, mr->rival_hi);
     cr_expect_eq(mr->rounds, 10);
     tune_report_free(rep);
-    stored_winner w = read_winner(db);
+    tt_decision w = tt_read_decision(db);
     cr_expect_str_eq(w.key, v2);
     cr_expect_str_eq(w.challenger, v2);
     cr_expect_eq(w.decision, DB_DECIDED_CONFIRMED);

@@ -139,4 +139,41 @@ static inline int tt_report_measured(const tune_report *r)
     return n;
 }
 
+/* The one winner a database holds, with its confirmation (tt_read_decision). */
+typedef struct tt_decision {
+    char key[256], challenger[256];
+    db_decision decision;
+    double ratio, hi;
+    int rounds;
+    int64_t dev, ker;
+} tt_decision;
+
+static inline int tt_decision_cb(void *arg, const db_winner_row *w)
+{
+    tt_decision *d = arg;
+    snprintf(d->key, sizeof d->key, "%s", w->config_key);
+    snprintf(d->challenger, sizeof d->challenger, "%s",
+             w->confirm.challenger_key ? w->confirm.challenger_key : "");
+    d->decision = w->confirm.decision;
+    d->ratio = w->confirm.ratio;
+    d->hi = w->confirm.ratio_hi;
+    d->rounds = w->confirm.rounds;
+    d->dev = w->device_id;
+    d->ker = w->kernel_id;
+    return 0;
+}
+
+/* The winner stored in the database at path (the last one read where there
+ * are several). */
+static inline tt_decision tt_read_decision(const char *path)
+{
+    tt_decision d = {0};
+    db_t *db = NULL;
+    mt_err e = MT_ERR_INIT;
+    cr_assert_eq(db_open(path, DB_OPEN_READONLY, &db, &e), MT_OK, "%s", e.msg);
+    cr_assert_eq(db_winners_each(db, NULL, tt_decision_cb, &d, &e), MT_OK, "%s", e.msg);
+    db_close(db);
+    return d;
+}
+
 #endif
