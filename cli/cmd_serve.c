@@ -7,6 +7,7 @@
 
 #include "comm/comm.h"
 #include "serve/serve_server.h"
+#include "serve/serve_tune.h"
 #include "cli.h"
 #include "cli_ranks.h"
 
@@ -14,7 +15,35 @@ typedef struct serve_cli {
     serve_server_opts o;
     int ranks, max_body;
     bool max_cached_given;
+    bool tune_misses;
+    serve_tune_opts tune;
 } serve_cli;
+
+/* --tune-share: "10%" or a fraction, (0, 1]. */
+static bool set_share(void *dst, const char *v, char *err, size_t cap)
+{
+    char *end = NULL;
+    double x = strtod(v, &end);
+    if (end && *end == '%' && !end[1])
+        x /= 100;
+    else if (!end || *end)
+        x = -1;
+    if (!(x > 0 && x <= 1)) {
+        snprintf(err, cap, "a share of the device: 10%% or 0.1, above 0 and at most 1");
+        return false;
+    }
+    *(double *)dst = x;
+    return true;
+}
+
+static bool set_budget(void *dst, const char *v, char *err, size_t cap)
+{
+    mt_err e = MT_ERR_INIT;
+    if (tune_budget_parse(v, dst, &e) == MT_OK)
+        return true;
+    snprintf(err, cap, "%s", e.msg);
+    return false;
+}
 
 static int parse(int argc, char **argv, serve_cli *c)
 {
@@ -67,6 +96,27 @@ static int parse(int argc, char **argv, serve_cli *c)
                  "parallelism over MPI); rank 0 serves HTTP and schedules, and announces "
                  "each step to the other ranks, which serve their experts to it. A rank that "
                  "dies ends the whole job (mpirun's abort), server included"},
+        {.name = "--tune-misses", .type = CLI_OPT_FLAG, .dst = &c->tune_misses,
+         .help = "tune in the background what the runtime runs without a tuned config "
+                 "(its misses, nearest-bucket selections), costliest first in the time the "
+                 "load spends in them; every candidate runs in a worker process, verified "
+                 "against the reference; a winner confirmed faster than the default goes "
+                 "into --db and is swapped into the running server between steps (not on "
+                 "a --batch-invariant server); a swap that runs slower here is undone and "
+                 "marked stale"},
+        {.name = "--tune-share", .type = CLI_OPT_CUSTOM, .dst = &c->tune.share,
+         .set = set_share, .arg = "P", .def = "10%",
+         .help = "with --tune-misses: the tuner's share of the device: compile threads at "
+                 "most P of the cores (at least 1), everything it runs at the lowest "
+                 "priority"},
+        {.name = "--tune-budget", .type = CLI_OPT_CUSTOM, .dst = &c->tune.budget,
+         .set = set_budget, .arg = "B", .def_text = "15%",
+         .help = "with --tune-misses: the search's budget per kernel and M, as tune's "
+                 "--budget (trials, a share of the space, or wall time: 30s)"},
+        {.name = "--tune-queue", .type = CLI_OPT_INT, .dst = &c->tune.queue_max, .arg = "N",
+         .min = 1, .max = 1 << 20, .def = "1",
+         .help = "with --tune-misses: measure only while fewer than N requests wait for a "
+                 "slot"},
         {.name = "--tp", .type = CLI_OPT_FLAG, .dst = &rt->tp,
          .help = "with --ranks: tensor parallelism too: each rank also holds 1/N of the "
                  "attention heads, of o_proj's rows and of the vocabulary, runs every step "
@@ -80,7 +130,8 @@ static int parse(int argc, char **argv, serve_cli *c)
                  "      [--max-batch-tokens N] [--threads N] [--max-cached N]\n"
                  "      [--served-model-name NAME] [--max-body BYTES]\n"
                  "      [--batch-invariant] [--speculative-steps K]\n"
-                 "      [--act-quant none|mxfp4|int8] [--ranks N [--tp]]",
+                 "      [--act-quant none|mxfp4|int8] [--ranks N [--tp]]\n"
+                 "      [--tune-misses [--tune-share P] [--tune-budget B] [--tune-queue N]]",
         .about = "Serves the checkpoint in DIR over HTTP with OpenAI's API: POST "
                  "/v1/completions, POST /v1/chat/completions (streaming or not), GET "
                  "/v1/models, GET /health, GET /metrics (Prometheus), POST /tokenize, POST "
@@ -147,8 +198,9 @@ static int open_ranks(serve_cli *c, cli_ranks *ranks, bool *done)
     return CLI_OK;
 }
 
-/* Starts the server, waits for the model, then for SIGINT or SIGTERM. */
-static int run_server(const serve_server_opts *o)
+/* Starts the server, waits for the model, then for SIGINT or SIGTERM.
+ * tuner (may be NULL): the background tuner, created before any thread. */
+static int run_server(const serve_server_opts *o, serve_tune *tuner)
 {
     /* Every thread started from here on inherits the mask, so only sigwait
      * below sees the signals. */
@@ -173,6 +225,9 @@ static int run_server(const serve_server_opts *o)
                 "batch %d, step %d tokens\n",
                 (long long)in->max_context, (long long)in->kv_pages_total, in->page_size,
                 in->max_batch, in->token_budget);
+        if (tuner && serve_tune_start(tuner, serve_engine_kernels(serve_server_engine(s)),
+                                      serve_server_metrics(s), &err) != MT_OK)
+            cli_error("serve", "--tune-misses: %s (serving without it)", err.msg);
         int sig = 0;
         sigwait(&sigs, &sig);
         fprintf(stderr, "moetune serve: signal %d, stopping\n", sig);
@@ -184,6 +239,7 @@ static int run_server(const serve_server_opts *o)
      * never end if a rank died (mpirun's SIGTERM to this rank follows such
      * a death, and its SIGKILL comes 1 s later): after 250 ms the exchanges
      * are aborted, the step fails and its clients get an error event. */
+    serve_tune_destroy(tuner); /* before the kernel set it swaps into goes */
     cli_ranks_watch *w = o->engine.rt.comm ? cli_ranks_watch_start(o->engine.rt.comm, 250) : NULL;
     serve_server_stop(s); /* with --ranks: closing the runtime stops the other ranks */
     if (cli_ranks_watch_end(w))
@@ -205,11 +261,32 @@ int cmd_serve(int argc, char **argv)
         cli_error("serve", "--tp splits the model over the --ranks N of mpirun");
         return CLI_USAGE;
     }
+    serve_tune *tuner = NULL;
+    if (c.tune_misses) {
+        if (c.ranks) {
+            cli_error("serve", "--tune-misses runs on one device: not with --ranks");
+            return CLI_USAGE;
+        }
+        if (!c.o.engine.rt.db_path) {
+            cli_error("serve", "--tune-misses writes its winners to the tuning database: give "
+                      "--db FILE (an empty or missing file is fine)");
+            return CLI_USAGE;
+        }
+        c.tune.db_path = c.o.engine.rt.db_path;
+        c.tune.log = stderr;
+        c.o.engine.live_swaps = true;
+        mt_err err = MT_ERR_INIT;
+        /* Before any thread: it forks the tuner's worker spawner. */
+        if (serve_tune_create(&c.tune, &tuner, &err) != MT_OK) {
+            cli_error("serve", "--tune-misses: %s", err.msg);
+            return CLI_FAIL;
+        }
+    }
     cli_ranks ranks = {0};
     bool done = false;
     if (c.ranks && ((rc = open_ranks(&c, &ranks, &done)) != CLI_OK || done))
         return rc;
-    rc = run_server(&c.o);
+    rc = run_server(&c.o, tuner);
     cli_ranks_close(&ranks);
     return rc;
 }

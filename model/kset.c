@@ -8,7 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/clock.h"
 #include "kernels/core/kern_db.h"
+#include "kset_swap.h"
 
 const int64_t model_buckets[MODEL_N_BUCKETS] = {1,  2,   4,   8,   16,  24,   32,   48,
                                                 64, 96, 128, 256, 512, 1024, 2048, 4096};
@@ -47,6 +49,7 @@ struct model_kset {
     int n_mods, cap_mods;
     kern_scratch *scratch;
     bool invariant;
+    model_kset_live *live; /* live swaps and per-call timing (kset_swap.c); NULL: off */
 };
 
 mt_status model_kset_create(dev_device *d, db_t *db, FILE *log, model_kset **out, mt_err *err)
@@ -80,6 +83,7 @@ void model_kset_destroy(model_kset *ks)
         dev_code_free(ks->mods[i].code);
     }
     free(ks->mods);
+    model_kset_live_free(ks->live);
     for (int i = 0; i < ks->n_kerns; i++)
         free(ks->kerns[i]);
     free(ks->kerns);
@@ -112,6 +116,7 @@ mt_status model_kset_add(model_kset *ks, const kern_family *f, const kern_shape 
     snprintf(k->use, sizeof k->use, "%s", use);
     k->m_max = m_max;
     k->set = ks;
+    k->index = ks->n_kerns;
     ks->kerns[ks->n_kerns++] = k;
     if (out)
         *out = k;
@@ -447,13 +452,64 @@ mt_status model_kern_run(model_kern *k, int64_t m, const kern_shape *shape, void
 {
     if (m <= 0)
         return MT_OK;
-    const model_choice *c = model_kern_choice(k, m);
-    mt_status st = kern_exec_run(k->set->mods[c->module].exec, shape ? shape : &k->shape, m,
-                                 bufs, err);
+    int b = bucket_of(k, m);
+    model_kset_live *lv = k->set->live;
+    uint64_t t0 = lv ? mt_now_ns() : 0;
+    mt_status st = kern_exec_run(k->set->mods[k->ch[b].module].exec, shape ? shape : &k->shape,
+                                 m, bufs, err);
     if (st != MT_OK)
         mt_err_prefix(err, "%s (%s, %s)", k->fam->name, k->use, k->key);
+    else if (lv)
+        model_kset_live_note(lv, k, b, m, mt_now_ns() - t0);
     return st;
 }
+
+mt_status model_kset_replace(model_kset *ks, model_kern *k, int b, const kern_config *cfg,
+                             dev_code *code, model_choice *old, mt_err *err)
+{
+    if (ks->invariant) {
+        dev_code_free(code);
+        return mt_fail(err, MT_E_UNSUPPORTED, "%s (%s): a batch-invariant kernel set runs one "
+                       "config at every M: no live swap", k->fam->name, k->key);
+    }
+    if (b < 0 || b >= k->n) {
+        dev_code_free(code);
+        return mt_fail(err, MT_E_INVALID, "%s (%s): no bucket %d", k->fam->name, k->key, b);
+    }
+    model_choice c = k->ch[b];
+    c.cfg = *cfg;
+    int n_before = ks->n_mods;
+    mt_status st = module_for(ks, k, &c, err);
+    if (st == MT_OK && c.module == n_before) { /* a new executor */
+        kset_module *md = &ks->mods[c.module];
+        if (!code)
+            st = mt_fail(err, MT_E_INVALID, "%s (%s): no code for a new config", k->fam->name,
+                         k->key);
+        else
+            st = kern_exec_open_code(ks->dev, k->fam, &k->shape, cfg, code, &md->exec, err);
+        code = NULL; /* taken */
+        if (st == MT_OK)
+            kern_exec_share_scratch(md->exec, ks->scratch);
+        else
+            ks->n_mods = n_before;
+    }
+    dev_code_free(code);
+    if (st != MT_OK)
+        return mt_err_prefix(err, "%s (%s) M=%" PRId64, k->fam->name, k->key, k->ch[b].m);
+    if (old)
+        *old = k->ch[b];
+    c.swapped = true;
+    c.prov = MODEL_PROV_TUNED;
+    c.tuned_m = c.m;
+    c.note[0] = 0;
+    k->ch[b] = c;
+    return MT_OK;
+}
+
+dev_device *model_kset_device(const model_kset *ks) { return ks->dev; }
+
+model_kset_live *model_kset_live_get(const model_kset *ks) { return ks->live; }
+void model_kset_live_set(model_kset *ks, model_kset_live *lv) { ks->live = lv; }
 
 int model_kset_n_kernels(const model_kset *ks) { return ks->n_kerns; }
 model_kern *model_kset_kernel(const model_kset *ks, int i) { return ks->kerns[i]; }
@@ -467,12 +523,17 @@ void model_kset_counts(const model_kset *ks, model_selection_counts *out)
     for (int i = 0; i < ks->n_kerns; i++)
         for (int b = 0; b < ks->kerns[i]->n; b++)
             switch (ks->kerns[i]->ch[b].prov) {
-            case MODEL_PROV_TUNED: out->tuned++; break;
+            case MODEL_PROV_TUNED:
+                out->tuned++;
+                out->swapped += ks->kerns[i]->ch[b].swapped;
+                break;
             case MODEL_PROV_NEAREST: out->nearest++; break;
             case MODEL_PROV_OTHER_DEVICE: out->other_device++; break;
             case MODEL_PROV_STALE: out->stale++; break;
             default: out->defaults++; break;
             }
+    if (ks->live)
+        model_kset_live_totals(ks->live, &out->swaps, &out->swapped_back);
 }
 
 void model_kset_report(const model_kset *ks, FILE *f)
@@ -506,7 +567,8 @@ void model_kset_report(const model_kset *ks, FILE *f)
                          c->miss_recorded ? " recorded" : ", not recorded");
                 break;
             default:
-                snprintf(prov, sizeof prov, "%s", model_prov_name(c->prov));
+                snprintf(prov, sizeof prov, "%s%s", model_prov_name(c->prov),
+                         c->swapped ? " (swapped in while serving)" : "");
             }
             if (c->pinned_m && c->pinned_m != c->m) {
                 size_t l = strlen(prov);
@@ -522,4 +584,8 @@ void model_kset_report(const model_kset *ks, FILE *f)
     fprintf(f, "summary: %d tuned, %d nearest bucket, %d other device, %d stale, %d default "
             "(%d kernels, %d modules)\n", n.tuned, n.nearest, n.other_device, n.stale,
             n.defaults, ks->n_kerns, ks->n_mods);
+    if (ks->live)
+        fprintf(f, "live swaps: %lld applied, %lld swapped back; %d selections run a config "
+                "swapped in while serving\n", (long long)n.swaps, (long long)n.swapped_back,
+                n.swapped);
 }

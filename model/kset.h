@@ -19,7 +19,9 @@
  * the database (may be NULL) and the log stream are the caller's and must
  * outlive the set. Kernels are read-only to callers. destroy(NULL) is a
  * no-op. Not thread-safe: one thread runs a set's kernels (they launch on
- * the device's stream and share scratch). */
+ * the device's stream and share scratch). A serving set can have its
+ * choices replaced while it runs (kset_swap.h: other threads post
+ * compiled configs, the running thread applies them between steps). */
 #ifndef MT_MODEL_KSET_H
 #define MT_MODEL_KSET_H
 
@@ -58,6 +60,7 @@ typedef struct model_choice {
     char note[192];      /* other device's name, stale hash, rejection reason */
     int64_t pinned_m;    /* batch-invariant: the bucket whose choice runs every M; 0 */
     int module;          /* index of the set's executor */
+    bool swapped;        /* replaced while serving (model_kset_replace) */
 } model_choice;
 
 typedef struct model_kern {
@@ -70,12 +73,16 @@ typedef struct model_kern {
     int n;                       /* buckets in use (after select) */
     model_choice ch[MODEL_N_BUCKETS];
     struct model_kset *set;
+    int index;                   /* in the set (model_kset_kernel) */
 } model_kern;
 
 typedef struct model_kset model_kset;
 
 typedef struct model_selection_counts {
     int tuned, nearest, other_device, stale, defaults;
+    int swapped;          /* of those, selections replaced while serving (counted in tuned) */
+    int64_t swaps, swapped_back; /* live swaps applied, and of them the ones undone
+                                    (kset_swap.h) */
 } model_selection_counts;
 
 /* An empty set on d; db may be NULL (every bucket runs the default); log
@@ -118,6 +125,18 @@ mt_status model_kern_run(model_kern *k, int64_t m, const kern_shape *shape, void
 const model_choice *model_kern_choice(const model_kern *k, int64_t m);
 /* Sets runtime dim `name` of s (a copy of k's shape). */
 void model_kern_shape_set(const model_kern *k, kern_shape *s, const char *name, int64_t v);
+
+/* Replaces k's choice of bucket index b (into k->ch) with cfg: the
+ * executor of (family, key, cfg) when the set has one, else one opened
+ * from code. Takes code in every case (NULL: the executor must exist).
+ * *old (may be NULL) receives the choice it replaced. Call on the thread
+ * that runs the set, between calls (kset_swap.h does). MT_E_UNSUPPORTED on
+ * a batch-invariant set (one config per kernel at every M is its promise);
+ * MT_E_INVALID for a bucket out of range or no code for a new config. */
+mt_status model_kset_replace(model_kset *ks, model_kern *k, int b, const kern_config *cfg,
+                             dev_code *code, model_choice *old, mt_err *err);
+/* The device the set runs on. */
+dev_device *model_kset_device(const model_kset *ks);
 
 int model_kset_n_kernels(const model_kset *ks);
 model_kern *model_kset_kernel(const model_kset *ks, int i);

@@ -240,6 +240,7 @@ void model_runtime_selection(const model_runtime *rt, model_selection_counts *ou
 }
 
 void model_runtime_report(const model_runtime *rt, FILE *f) { model_kset_report(rt->ks, f); }
+model_kset *model_runtime_kernels(model_runtime *rt) { return rt->ks; }
 const model_tokenizer *model_runtime_tokenizer(const model_runtime *rt) { return rt->tok; }
 int32_t model_runtime_vocab(const model_runtime *rt) { return (int32_t)rt->V; }
 int64_t model_runtime_max_context(const model_runtime *rt) { return rt->max_ctx; }

@@ -87,6 +87,9 @@ int64_t model_runtime_max_context(const model_runtime *rt);
  * (family, shape, M bucket, config, provenance). */
 void model_runtime_selection(const model_runtime *rt, model_selection_counts *out);
 void model_runtime_report(const model_runtime *rt, FILE *f);
+/* The runtime's kernel set (owned by the runtime, valid until close): for
+ * live swaps (kset_swap.h), whose calls say which thread may make them. */
+model_kset *model_runtime_kernels(model_runtime *rt);
 /* Token rows model_step has attended since open, per attention path: dense
  * mla_prefill (prompt rows whose context is at most index_topk;
  * model_step_item.n_prompt; never on a batch-invariant runtime) and

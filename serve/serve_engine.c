@@ -18,6 +18,7 @@
 
 #include "common/clock.h"
 #include "model/format/chat.h"
+#include "model/kset_swap.h"
 #include "model/spec.h"
 #include "serve_logits.h"
 #include "serve_prefix.h"
@@ -74,6 +75,7 @@ struct serve_engine {
     model_runtime_opts rt_opts;
     int max_batch_opt, max_cached;
     serve_metrics *metrics;
+    bool live_swaps;
     serve_sample_hook hook;
     void *hook_ctx;
 
@@ -784,12 +786,31 @@ static mt_status load(serve_engine *e, mt_err *err)
         return mt_fail(err, MT_E_NOMEM, "serve engine: out of memory");
     if (e->max_cached > 0 && (st = serve_prefix_create(in->page_size, &e->cache, err)))
         return st;
+    if (e->live_swaps) {
+        FILE *log = e->rt_opts.log ? e->rt_opts.log : stderr;
+        if ((st = model_kset_live_enable(model_runtime_kernels(e->rt), log, err)))
+            return st;
+        if (e->rt_opts.batch_invariant)
+            fprintf(log, "live swaps: refused on this batch-invariant server (a swap would "
+                    "change its output): tuned winners go to the database only\n");
+    }
     if (e->metrics) {
         model_selection_counts c;
         model_runtime_selection(e->rt, &c);
         serve_metrics_selection(e->metrics, &c);
     }
     return MT_OK;
+}
+
+/* Between steps: the swaps other threads posted, and the judgement of
+ * earlier ones (kset_swap.h); the selection gauges follow. */
+static void live_step(serve_engine *e)
+{
+    if (model_kset_swap_apply(model_runtime_kernels(e->rt)) && e->metrics) {
+        model_selection_counts c;
+        model_runtime_selection(e->rt, &c);
+        serve_metrics_selection(e->metrics, &c);
+    }
 }
 
 static void fail_all(serve_engine *e, const serve_error *se)
@@ -853,6 +874,8 @@ static void *engine_main(void *arg)
             handle_cancels(e);
         admit(e);
         run_step(e);
+        if (e->live_swaps)
+            live_step(e);
         update_gauges(e);
     }
     serve_error se = SERVE_ERROR_INIT;
@@ -862,6 +885,8 @@ static void *engine_main(void *arg)
         while (evict_one(e))
             ;
         update_gauges(e);
+        if (e->live_swaps) /* what the swaps changed */
+            model_runtime_report(e->rt, e->rt_opts.log ? e->rt_opts.log : stderr);
     } else {
         fail_all(e, &se);
     }
@@ -890,6 +915,7 @@ mt_status serve_engine_start(const serve_engine_opts *o, serve_engine **out, mt_
     e->max_batch_opt = o->max_batch;
     e->max_cached = o->max_cached == 0 ? 64 : o->max_cached < 0 ? 0 : o->max_cached;
     e->metrics = o->metrics;
+    e->live_swaps = o->live_swaps;
     e->hook = o->sample_hook;
     e->hook_ctx = o->sample_hook_ctx;
     pthread_mutex_init(&e->mu, NULL);
@@ -998,6 +1024,12 @@ mt_status serve_engine_wait_ready(serve_engine *e, double timeout_s, mt_err *err
 }
 
 const serve_model_info *serve_engine_info(const serve_engine *e) { return &e->info; }
+
+model_kset *serve_engine_kernels(serve_engine *e)
+{
+    return serve_engine_state_get(e, NULL) == SERVE_ENGINE_READY ? model_runtime_kernels(e->rt)
+                                                                 : NULL;
+}
 
 /* A request that failed before its locks were made. */
 static void gen_free_partial(serve_gen *g)

@@ -52,6 +52,11 @@ typedef struct serve_engine_opts {
     /* Speculative decoding: rt.speculative_steps > 0 drafts that many tokens
      * per request and step with the MTP layer (off while sample_hook is set). */
     serve_metrics *metrics; /* borrowed; may be NULL */
+    /* Live swaps (model/kset_swap.h): per-call kernel timing on, and
+     * configs other threads post to the kernel set (serve_tune.h) swapped in
+     * between steps, counted in /metrics and in the report printed when the
+     * engine stops. A batch-invariant runtime refuses them (said at load). */
+    bool live_swaps;
 } serve_engine_opts;
 
 /* Facts about the loaded model, valid once the engine is ready. */
@@ -93,6 +98,9 @@ serve_engine_state serve_engine_state_get(serve_engine *e, mt_err *err);
 mt_status serve_engine_wait_ready(serve_engine *e, double timeout_s, mt_err *err);
 /* Valid once READY; immutable afterwards. */
 const serve_model_info *serve_engine_info(const serve_engine *e);
+/* The runtime's kernel set, once READY until the engine stops; only its
+ * thread-safe calls (kset_swap.h) may be made from other threads. */
+model_kset *serve_engine_kernels(serve_engine *e);
 
 struct serve_logits;
 

@@ -277,6 +277,14 @@ static mt_status render_locked(const serve_metrics *m, serve_buf *o)
         scalar(o, "moetune_kernel_misses", "gauge",
                "Kernels running the default config because the database had no entry.",
                (double)c->defaults) ||
+        scalar(o, "moetune_kernel_swaps_total", "counter",
+               "Tuned configs swapped into the kernel set while serving.", (double)c->swaps) ||
+        scalar(o, "moetune_kernel_swaps_undone_total", "counter",
+               "Live swaps undone because the new config ran slower while serving.",
+               (double)c->swapped_back) ||
+        scalar(o, "moetune_kernel_selections_swapped", "gauge",
+               "Selections now running a config swapped in while serving.",
+               (double)c->swapped) ||
         scalar(o, "moetune_ready", "gauge", "1 once the model is loaded.", m->ready ? 1 : 0))
         return MT_E_NOMEM;
     return MT_OK;

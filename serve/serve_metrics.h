@@ -22,6 +22,8 @@
  *   prefix_cache_sequences                 gauge, finished sequences retained
  *   kernel_selections{provenance}          gauge, the runtime's selection counts
  *   kernel_misses                          gauge, kernels on the default config
+ *   kernel_swaps_total, kernel_swaps_undone_total   counters, live swaps (kset_swap.h)
+ *   kernel_selections_swapped              gauge, selections running a swapped-in config
  *   ready                                  gauge, 1 once the model is loaded
  *
  * Thread safety: every call may come from any thread (one mutex inside).

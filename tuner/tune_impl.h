@@ -38,10 +38,9 @@ void tune_pool_cancel(tune_pool *p);
  * A spawner process is forked first (single-threaded, before any device is
  * opened); it forks one worker per request. The worker opens the device
  * itself and serves requests over a socket. */
-typedef struct tune_spawner tune_spawner;
 typedef struct tune_worker tune_worker;
 
-mt_status tune_spawner_start(tune_spawner **out, mt_err *err);
+mt_status tune_spawner_start(tune_spawner **out, mt_err *err); /* tune_spawner_open(0, ...) */
 /* Kills remaining workers and the spawner. NULL is a no-op. */
 void tune_spawner_stop(tune_spawner *s);
 

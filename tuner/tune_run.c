@@ -228,6 +228,8 @@ static db_trial_status outcome_status(const tune_measure *ms)
 
 static mt_status ensure_worker(run_ctx *r, mt_err *err)
 {
+    if (r->o->gate && !r->o->gate(r->o->gate_ctx))
+        return mt_fail(err, MT_E_INTERRUPTED, "interrupted while waiting to measure");
     if (!r->worker) {
         mt_status st = tune_worker_start(r->sp, r->o->device, r->o->arch, 120, r->o->stop,
                                          &r->worker, NULL, err);
@@ -1078,8 +1080,12 @@ mt_status tune_run(const tune_job *jobs, int n_jobs, const tune_opts *opts,
     for (int i = 0; i < n_jobs; i++)
         r->pairs_left += jobs[i].n_m;
 
-    /* The spawner is forked first: no device, no thread exists yet. */
-    st = tune_spawner_start(&r->sp, err);
+    /* The spawner is forked first: no device, no thread exists yet (or
+     * the caller forked it before its threads). */
+    if (opts->spawner)
+        r->sp = opts->spawner;
+    else
+        st = tune_spawner_start(&r->sp, err);
     if (st == MT_OK)
         st = open_all(r, rep, err);
     if (st == MT_OK && opts->log)
@@ -1093,7 +1099,8 @@ mt_status tune_run(const tune_job *jobs, int n_jobs, const tune_opts *opts,
     }
     tune_worker_stop(r->worker);
     tune_pool_destroy(r->pool);
-    tune_spawner_stop(r->sp);
+    if (r->sp != opts->spawner)
+        tune_spawner_stop(r->sp);
     if (st == MT_OK && tune_stopped(opts->stop))
         st = mt_fail(err, MT_E_INTERRUPTED, "interrupted");
     rep->interrupted = st == MT_E_INTERRUPTED;

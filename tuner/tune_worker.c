@@ -407,9 +407,12 @@ struct tune_worker {
 
 #define SP_MAX_KIDS 64
 
-static void spawner_main(int ch)
+static void spawner_main(int ch, int nice_incr)
 {
     signal(SIGINT, SIG_IGN);
+    if (nice_incr > 0 && nice(nice_incr) == -1) {
+        /* still at the caller's priority: measurements run, only less politely */
+    }
     pid_t kids[SP_MAX_KIDS];
     int n_kids = 0;
     for (;;) {
@@ -469,7 +472,16 @@ static void spawner_main(int ch)
 
 mt_status tune_spawner_start(tune_spawner **out, mt_err *err)
 {
+    return tune_spawner_open(0, out, err);
+}
+
+void tune_spawner_close(tune_spawner *s) { tune_spawner_stop(s); }
+
+mt_status tune_spawner_open(int nice_incr, tune_spawner **out, mt_err *err)
+{
     *out = NULL;
+    if (nice_incr < 0 || nice_incr > 19)
+        return mt_fail(err, MT_E_INVALID, "tuner: niceness increment %d (0..19)", nice_incr);
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
         return mt_fail(err, MT_E_IO, "tuner: socketpair for the worker spawner: %s",
@@ -491,7 +503,7 @@ mt_status tune_spawner_start(tune_spawner **out, mt_err *err)
     }
     if (pid == 0) {
         close(sv[0]);
-        spawner_main(sv[1]);
+        spawner_main(sv[1], nice_incr);
     }
     close(sv[1]);
     s->fd = sv[0];

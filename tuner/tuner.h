@@ -120,6 +120,16 @@ typedef struct tune_opts {
                                 trial of it is known) and decide nothing: no
                                 winner is written (tune --misses orders its
                                 work by these times) */
+    struct tune_spawner *spawner; /* the worker spawner to use, started by the caller
+                                with tune_spawner_open while it had no thread (a
+                                server tuning in the background); NULL: tune_run
+                                forks its own */
+    /* Called before each measurement in the worker (candidate, paired
+     * rounds, determinism): returns when the worker may run, or false to
+     * stop the run as interrupted. Lets a caller run measurements only
+     * while its own work allows (a server's step queue). NULL: always. */
+    bool (*gate)(void *ctx);
+    void *gate_ctx;
     volatile sig_atomic_t *stop; /* set (by a signal handler) to stop; may be NULL */
     FILE *log;               /* progress and log lines; NULL: silent */
     bool tty;                /* log is a terminal: one line rewritten in place */
@@ -218,6 +228,20 @@ mt_status tune_ratio_interval(const double *cand_ms, const double *dflt_ms, int 
                               uint64_t seed, tune_interval *out, mt_err *err);
 /* The decision rule: faster with confidence (hi < 1). */
 bool tune_interval_accepts(const tune_interval *iv);
+
+/* ---- tuning inside a process that has threads -------------------------------
+ * tune_run forks a spawner process that forks the measurement workers; it
+ * must be forked while the process has no other thread (a fork copies only
+ * the calling thread, and locks other threads held stay locked in the
+ * copy). A process that tunes while it serves (`serve --tune-misses`) opens
+ * one before it starts any thread and hands it to tune_run through
+ * tune_opts.spawner, one tune_run at a time.
+ * nice_incr (0..19) is added to the spawner's niceness, so every worker
+ * runs at that lower priority. The caller owns the spawner; close kills
+ * its remaining workers. close(NULL) is a no-op. */
+typedef struct tune_spawner tune_spawner;
+mt_status tune_spawner_open(int nice_incr, tune_spawner **out, mt_err *err);
+void tune_spawner_close(tune_spawner *s);
 
 /* Runs the jobs (at most TUNE_MAX_JOBS). *report (out may be NULL) receives
  * a report the caller frees with tune_report_free, filled as far as the run

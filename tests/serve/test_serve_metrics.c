@@ -111,7 +111,8 @@ Test(serve_metrics, counters_gauges_and_hit_rate)
     serve_metrics_generated(m, 9);
     serve_metrics_state s = {3, 4, 50, 200, 2};
     serve_metrics_state_set(m, &s);
-    model_selection_counts c = {5, 1, 0, 2, 7};
+    model_selection_counts c = {.tuned = 5, .nearest = 1, .stale = 2, .defaults = 7,
+                                .swapped = 2, .swaps = 3, .swapped_back = 1};
     serve_metrics_selection(m, &c);
     serve_metrics_ready(m, true);
     char *t = render(m);
@@ -132,6 +133,9 @@ Test(serve_metrics, counters_gauges_and_hit_rate)
     cr_assert_eq(sample(t, "moetune_kv_pages_total"), 200);
     cr_assert_eq(sample(t, "moetune_kernel_selections{provenance=\"stale\"}"), 2);
     cr_assert_eq(sample(t, "moetune_kernel_misses"), 7);
+    cr_assert_eq(sample(t, "moetune_kernel_swaps_total"), 3);
+    cr_assert_eq(sample(t, "moetune_kernel_swaps_undone_total"), 1);
+    cr_assert_eq(sample(t, "moetune_kernel_selections_swapped"), 2);
     cr_assert_eq(sample(t, "moetune_ready"), 1);
     free(t);
     serve_metrics_destroy(m);

@@ -1,0 +1,397 @@
+/* serve_tune.c: the server's background tuner (see serve_tune.h): plan from
+ * the kernel set's counters, one tune_run per item through the caller's
+ * spawner and a queue gate, winners posted as live swaps, undone swaps
+ * marked stale. */
+#define _GNU_SOURCE
+#include "serve_tune.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+#include "kernels/core/kern_db.h"
+#include "model/kset_swap.h"
+
+#define TUNE_NICE 19
+
+/* A (family, key, bucket) the tuner took up: never planned again. */
+typedef struct done_item {
+    const kern_family *fam;
+    char key[KERN_KEY_MAX];
+    int b;
+} done_item;
+
+struct serve_tune {
+    serve_tune_opts o;
+    char *db_path;
+    tune_spawner *sp;
+    int jobs;
+    model_kset *ks;
+    serve_metrics *metrics;
+    char spec[32];
+    pthread_t thread;
+    bool started;
+    volatile sig_atomic_t stop;
+    done_item *done;
+    int n_done, cap_done;
+    pthread_mutex_t mu; /* stats */
+    serve_tune_stats st;
+};
+
+mt_status serve_tune_create(const serve_tune_opts *o, serve_tune **out, mt_err *err)
+{
+    *out = NULL;
+    if (!o->db_path || !*o->db_path)
+        return mt_fail(err, MT_E_INVALID, "live tuning writes its winners to the server's "
+                       "database: give one (--db FILE)");
+    if (o->share < 0 || o->share > 1 || isnan(o->share))
+        return mt_fail(err, MT_E_INVALID, "live tuning: share %g of the device (0 to 1]",
+                       o->share);
+    serve_tune *t = calloc(1, sizeof *t);
+    if (!t || !(t->db_path = strdup(o->db_path))) {
+        free(t);
+        return mt_fail(err, MT_E_NOMEM, "live tuning");
+    }
+    t->o = *o;
+    t->o.db_path = t->db_path;
+    if (t->o.share == 0)
+        t->o.share = 0.10;
+    if (t->o.budget.trials == 0 && t->o.budget.seconds == 0 && t->o.budget.space_fraction == 0)
+        t->o.budget.space_fraction = 0.15;
+    if (t->o.queue_max <= 0)
+        t->o.queue_max = 1;
+    if (t->o.timeout_s <= 0)
+        t->o.timeout_s = 10;
+    if (t->o.warmup_s == 0)
+        t->o.warmup_s = 2;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    t->jobs = (int)floor(t->o.share * (double)(cores > 0 ? cores : 1));
+    if (t->jobs < 1)
+        t->jobs = 1;
+    pthread_mutex_init(&t->mu, NULL);
+    db_t *db = NULL; /* a missing database is created: the server starts on it empty */
+    mt_status st = db_open(t->db_path, DB_OPEN_DEFAULT, &db, err);
+    db_close(db);
+    if (st == MT_OK)
+        st = tune_spawner_open(TUNE_NICE, &t->sp, err);
+    if (st != MT_OK) {
+        serve_tune_destroy(t);
+        return st;
+    }
+    *out = t;
+    return MT_OK;
+}
+
+static void stat_add(serve_tune *t, int64_t *field, int64_t n)
+{
+    pthread_mutex_lock(&t->mu);
+    *field += n;
+    pthread_mutex_unlock(&t->mu);
+}
+
+void serve_tune_stats_get(serve_tune *t, serve_tune_stats *out)
+{
+    pthread_mutex_lock(&t->mu);
+    *out = t->st;
+    pthread_mutex_unlock(&t->mu);
+}
+
+/* Sleeps up to s seconds in slices, returning early (false) on stop. */
+static bool nap(serve_tune *t, double s)
+{
+    double end = mt_now_ms() + s * 1000;
+    while (!t->stop) {
+        double left = end - mt_now_ms();
+        if (left <= 0)
+            return true;
+        struct timespec ts = {0, (long)(left < 20 ? left : 20) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    return false;
+}
+
+/* tune_opts.gate: a measurement waits while requests queue. */
+static bool gate(void *ctx)
+{
+    serve_tune *t = ctx;
+    while (!t->stop) {
+        if (!t->metrics)
+            return true;
+        serve_metrics_state s;
+        serve_metrics_state_get(t->metrics, &s);
+        if (s.waiting < t->o.queue_max)
+            return true;
+        nap(t, 0.01);
+    }
+    return false;
+}
+
+/* ---- the plan ------------------------------------------------------------------ */
+
+static bool is_done(const serve_tune *t, const kern_family *f, const char *key, int b)
+{
+    for (int i = 0; i < t->n_done; i++)
+        if (t->done[i].fam == f && t->done[i].b == b && !strcmp(t->done[i].key, key))
+            return true;
+    return false;
+}
+
+static void mark_done(serve_tune *t, const kern_family *f, const char *key, int b)
+{
+    if (t->n_done == t->cap_done) {
+        int cap = t->cap_done ? 2 * t->cap_done : 32;
+        done_item *p = realloc(t->done, sizeof *p * (size_t)cap);
+        if (!p)
+            return; /* planned again: tuned again, which changes nothing */
+        t->done = p;
+        t->cap_done = cap;
+    }
+    done_item *d = &t->done[t->n_done++];
+    d->fam = f;
+    snprintf(d->key, sizeof d->key, "%s", key);
+    d->b = b;
+}
+
+typedef struct item {
+    const model_kern *k; /* the first kernel of the group */
+    int b;
+    double ms;           /* serving time so far, over the group */
+    int64_t calls;
+} item;
+
+/* The costliest (family, key, bucket) to tune; false when none. *pending
+ * counts the candidates. */
+static bool plan_next(serve_tune *t, item *out, int64_t *pending)
+{
+    int nk = model_kset_n_kernels(t->ks);
+    item best = {0};
+    *pending = 0;
+    for (int i = 0; i < nk; i++) {
+        const model_kern *k = model_kset_kernel(t->ks, i);
+        if (k->impl->n_params == 0)
+            continue;
+        for (int b = 0; b < k->n; b++) {
+            model_choice c;
+            model_kset_choice_get(t->ks, i, b, &c);
+            if (c.prov == MODEL_PROV_TUNED || is_done(t, k->fam, k->key, b))
+                continue;
+            /* the group: every kernel with this family and key (the first one leads) */
+            bool first = true;
+            for (int j = 0; j < i && first; j++) {
+                const model_kern *o = model_kset_kernel(t->ks, j);
+                first = !(o->fam == k->fam && !strcmp(o->key, k->key));
+            }
+            if (!first)
+                continue;
+            item it = {k, b, 0, 0};
+            for (int j = i; j < nk; j++) {
+                const model_kern *o = model_kset_kernel(t->ks, j);
+                if (o->fam != k->fam || strcmp(o->key, k->key) || b >= o->n)
+                    continue;
+                model_kern_usage u;
+                model_kset_usage(t->ks, j, b, &u);
+                it.ms += u.ms;
+                it.calls += u.calls;
+            }
+            if (!it.calls)
+                continue;
+            (*pending)++;
+            if (!best.k || it.ms > best.ms)
+                best = it;
+        }
+    }
+    *out = best;
+    return best.k != NULL;
+}
+
+/* ---- one item ---------------------------------------------------------------- */
+
+static void tune_item(serve_tune *t, const item *it)
+{
+    const model_kern *k = it->k;
+    int64_t m = model_buckets[it->b];
+    mark_done(t, k->fam, k->key, it->b);
+    tune_job job;
+    mt_err err = MT_ERR_INIT;
+    mt_status st = tune_job_make(k->fam, k->key, &m, 1, &job, &err);
+    static char *const argv[] = {"moetune", "serve", "--tune-misses", NULL};
+    tune_opts o;
+    tune_opts_default(&o);
+    o.device = t->spec;
+    o.db_path = t->db_path;
+    o.budget = t->o.budget;
+    o.jobs = t->jobs;
+    o.timeout_s = t->o.timeout_s;
+    if (t->o.confirm_rounds > 0)
+        o.confirm_rounds = t->o.confirm_rounds;
+    o.spawner = t->sp;
+    o.gate = gate;
+    o.gate_ctx = t;
+    o.stop = &t->stop;
+    o.argc = 3;
+    o.argv = argv;
+    double t0 = mt_now_ms();
+    tune_report *rep = NULL;
+    if (st == MT_OK)
+        st = tune_run(&job, 1, &o, &rep, &err);
+    double secs = (mt_now_ms() - t0) / 1000;
+    pthread_mutex_lock(&t->mu);
+    t->st.busy_s += secs;
+    pthread_mutex_unlock(&t->mu);
+    const tune_m_report *mr = rep && rep->n_jobs == 1 && rep->jobs[0].n_m == 1 ? &rep->jobs[0].m[0]
+                                                                               : NULL;
+    if (st == MT_E_INTERRUPTED && t->stop) {
+        tune_report_free(rep);
+        return;
+    }
+    if (st != MT_OK || !mr || !mr->has_winner) {
+        stat_add(t, &t->st.failed, 1);
+        if (t->o.log)
+            fprintf(t->o.log, "live tuning: %s %s M=%lld: %s\n", k->fam->name, k->key,
+                    (long long)m, st != MT_OK ? err.msg : "no winner (no config ran)");
+        tune_report_free(rep);
+        return;
+    }
+    stat_add(t, &t->st.tuned, 1);
+    int failed = 0;
+    for (int s = 0; s < DB_TRIAL_STATUS_COUNT; s++)
+        if (s != DB_TRIAL_OK && s != DB_TRIAL_SKIPPED)
+            failed += mr->counts[s];
+    if (t->o.log)
+        fprintf(t->o.log, "live tuning: %s %s M=%lld (%.3g ms while serving, %lld calls): %s "
+                "%s, %d trials (%d failed) in %.1f s\n", k->fam->name, k->key, (long long)m,
+                it->ms, (long long)it->calls, db_decision_str(mr->decision), mr->best_key,
+                mr->measured, failed, secs);
+    if (mr->decision == DB_DECIDED_CONFIRMED) {
+        stat_add(t, &t->st.confirmed, 1);
+        kern_config cfg;
+        model_choice cur;
+        model_kset_choice_get(t->ks, k->index, it->b, &cur);
+        char cur_key[256];
+        kern_config_key(k->impl, &cur.cfg, cur_key, sizeof cur_key);
+        if (strcmp(cur_key, mr->best_key) &&
+            ((st = kern_config_parse(k->impl, mr->best_key, &cfg, &err)) != MT_OK ||
+             (st = model_kset_swap_post(t->ks, k->fam, k->key, m, &cfg, &err)) != MT_OK)) {
+            if (t->o.log)
+                fprintf(t->o.log, "live tuning: %s %s M=%lld: not swapped in: %s\n",
+                        k->fam->name, k->key, (long long)m, err.msg);
+        } else if (strcmp(cur_key, mr->best_key)) {
+            stat_add(t, &t->st.posted, 1);
+        }
+    }
+    tune_report_free(rep);
+}
+
+/* Marks the swaps the set undid stale in the database. */
+static void mark_reverted(serve_tune *t)
+{
+    model_swap_revert rv[8];
+    int n;
+    while ((n = model_kset_swap_reverted(t->ks, rv, 8)) > 0) {
+        db_t *db = NULL;
+        mt_err err = MT_ERR_INIT;
+        mt_status st = db_open(t->db_path, DB_OPEN_DEFAULT, &db, &err);
+        db_device dd;
+        kern_db_device(dev_get_props(model_kset_device(t->ks)), &dd);
+        int64_t dev_id = 0;
+        if (st == MT_OK)
+            st = db_device_upsert(db, &dd, &dev_id, &err);
+        for (int i = 0; i < n && st == MT_OK; i++) {
+            char hash[65];
+            kern_source_hash(rv[i].fam, dev_get_props(model_kset_device(t->ks))->backend, hash);
+            db_kernel kr = {rv[i].fam->name, rv[i].fam->version, hash};
+            int64_t kid = 0;
+            double ms = rv[i].new_ms > 0 ? rv[i].new_ms : 1e-6;
+            mt_status s2 = db_kernel_upsert(db, &kr, &kid, &err);
+            if (s2 == MT_OK)
+                s2 = db_winner_verify(db, dev_id, kid, rv[i].key, rv[i].m, ms, true, &err);
+            if (s2 == MT_OK)
+                stat_add(t, &t->st.marked_stale, 1);
+            if (t->o.log)
+                fprintf(t->o.log, "live tuning: %s %s M=%lld: swap undone (%.3fx slower while "
+                        "serving); %s\n", rv[i].fam->name, rv[i].key, (long long)rv[i].m,
+                        rv[i].ratio, s2 == MT_OK ? "winner marked stale in the database"
+                                                 : err.msg);
+        }
+        if (st != MT_OK && t->o.log)
+            fprintf(t->o.log, "live tuning: marking undone swaps stale: %s\n", err.msg);
+        db_close(db);
+    }
+}
+
+static void *tune_main(void *arg)
+{
+    serve_tune *t = arg;
+    /* This thread, the compile threads it starts and their compilers run
+     * below the serving threads (nice is per thread on Linux, inherited). */
+    if (setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), TUNE_NICE) != 0 && t->o.log)
+        fprintf(t->o.log, "live tuning: could not lower the tuner's priority\n");
+    if (t->o.warmup_s > 0 && !nap(t, t->o.warmup_s))
+        return NULL;
+    int64_t items = 0;
+    bool idle_logged = false;
+    while (!t->stop) {
+        mark_reverted(t);
+        item it;
+        int64_t pending = 0;
+        bool any = (!t->o.max_items || items < t->o.max_items) && plan_next(t, &it, &pending);
+        pthread_mutex_lock(&t->mu);
+        t->st.pending = pending;
+        t->st.idle = !any;
+        pthread_mutex_unlock(&t->mu);
+        if (!any) {
+            if (!idle_logged && t->o.log)
+                fprintf(t->o.log, "live tuning: nothing left to tune for the load so far "
+                        "(%lld tuned)\n", (long long)items);
+            idle_logged = true;
+            nap(t, 0.25);
+            continue;
+        }
+        idle_logged = false;
+        tune_item(t, &it);
+        items++;
+    }
+    return NULL;
+}
+
+mt_status serve_tune_start(serve_tune *t, model_kset *ks, serve_metrics *metrics, mt_err *err)
+{
+    if (t->started)
+        return mt_fail(err, MT_E_INVALID, "live tuning: already started");
+    if (!model_kset_live_on(ks))
+        return mt_fail(err, MT_E_INVALID, "live tuning: the kernel set has live swaps off");
+    t->ks = ks;
+    t->metrics = metrics;
+    snprintf(t->spec, sizeof t->spec, "%s", dev_get_props(model_kset_device(ks))->spec);
+    int rc = pthread_create(&t->thread, NULL, tune_main, t);
+    if (rc)
+        return mt_fail(err, MT_E_IO, "live tuning: pthread_create: %s", strerror(rc));
+    t->started = true;
+    if (t->o.log)
+        fprintf(t->o.log, "live tuning: on %s, %d compile thread%s at nice %d, measuring while "
+                "fewer than %d requests wait; winners into %s%s\n", t->spec, t->jobs,
+                t->jobs == 1 ? "" : "s", TUNE_NICE, t->o.queue_max, t->db_path,
+                model_kset_batch_invariant(ks) ? " (batch-invariant: none swapped in)" : "");
+    return MT_OK;
+}
+
+void serve_tune_destroy(serve_tune *t)
+{
+    if (!t)
+        return;
+    t->stop = 1;
+    if (t->started)
+        pthread_join(t->thread, NULL);
+    tune_spawner_close(t->sp);
+    pthread_mutex_destroy(&t->mu);
+    free(t->done);
+    free(t->db_path);
+    free(t);
+}

@@ -1,0 +1,90 @@
+/* serve_tune.h: the server's background tuner (`moetune serve
+ * --tune-misses`): it tunes, while the server serves, the kernels the
+ * runtime runs without a tuned config, costliest first, and hands each
+ * confirmed winner to the serving kernel set as a live swap (kset_swap.h).
+ *
+ * What it tunes: every (family, tuning key, M bucket) of the kernel set
+ * that the load has called (the set's own per-call counters) and that has
+ * no exact tuned config: the misses the set recorded in the database when
+ * it loaded (default configs), and the nearest-bucket, other-device, stale
+ * and rejected selections. Order: the serving time each has cost so far
+ * (calls x the time each call took, summed over the kernels that share the
+ * key), costliest first, planned again after each one (the load goes on).
+ * Families without parameters are left out (nothing to choose).
+ *
+ * How: one tune_run per (family, key, M) with the default strategy, the
+ * given budget and the paired confirmation, on the server's own device
+ * spec (so the winner is this device's), written to the server's database:
+ * every candidate runs in a worker process, verified against the family's
+ * reference, so a candidate that crashes, hangs or computes a wrong answer
+ * is a recorded trial, never a config of the serving process. A winner
+ * confirmed faster than the default is compiled on this thread and posted
+ * to the kernel set (model_kset_swap_post); the serving thread swaps it in
+ * between steps. A swap the set undoes (slower in its own timings) is
+ * marked stale in the database (db_winner_verify) and not tuned again.
+ *
+ * Its share of the device (serve_tune_opts.share): its threads (compiles)
+ * are at most share x the cores (at least one), and it runs at the lowest
+ * priority: the tuner thread, its compiler processes and its measurement
+ * workers at nice 19, below the serving threads. A measurement starts only
+ * while fewer than queue_max requests wait for a slot (the engine's
+ * requests_waiting gauge), else it waits (tune_opts.gate). The workers time
+ * kernels with the server's thread count: that is the device the winners
+ * are for.
+ *
+ * Ownership and threads: serve_tune_create forks the tuner's worker spawner
+ * (tune_spawner_open) and must be called before the process starts any
+ * thread; serve_tune_start starts the tuner thread on a kernel set another
+ * thread serves (live swaps enabled, model_kset_swap_apply between steps)
+ * and must outlive the tuner; destroy stops the thread (a tune in flight
+ * stops at its next candidate, the database stays consistent), then closes
+ * the spawner. destroy(NULL) is a no-op. serve_tune_stats may be called
+ * from any thread. */
+#ifndef MT_SERVE_TUNE_H
+#define MT_SERVE_TUNE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "model/kset.h"
+#include "serve_metrics.h"
+#include "tuner/tuner.h"
+
+typedef struct serve_tune_opts {
+    const char *db_path;   /* the server's tuning database (required) */
+    double share;          /* of the device, (0, 1]; 0: 0.10 */
+    tune_budget budget;    /* per (kernel, M); all zero: 15% of its space */
+    int queue_max;         /* measure only while fewer requests wait; 0: 1 */
+    int confirm_rounds;    /* paired rounds of the confirmation; 0: tune's default */
+    double timeout_s;      /* per candidate in the worker; 0: 10 */
+    double warmup_s;       /* serving time before the first plan; 0: 2; < 0: none */
+    int max_items;         /* (kernel, M) to tune at most; 0: no limit */
+    FILE *log;             /* the plan, one line per item and per swap; NULL: silent */
+} serve_tune_opts;
+
+typedef struct serve_tune serve_tune;
+
+typedef struct serve_tune_stats {
+    int64_t tuned;         /* (kernel, M) tuned: a winner decided in the database */
+    int64_t confirmed;     /* of them, a config faster than the default with confidence */
+    int64_t posted;        /* winners posted to the kernel set as swaps */
+    int64_t failed;        /* tunes that ended in an error (logged) */
+    int64_t marked_stale;  /* swaps undone by the set, marked stale in the database */
+    int64_t pending;       /* (kernel, M) called and still to tune at the last plan */
+    double busy_s;         /* time spent in tune runs */
+    bool idle;             /* no item in flight and none to tune at the last plan */
+} serve_tune_stats;
+
+/* Creates the database when it does not exist (so a server can start on
+ * an empty one) and forks the worker spawner (see above: before any
+ * thread). MT_E_INVALID without a database path or for a share outside
+ * (0, 1]; the database's errors. */
+mt_status serve_tune_create(const serve_tune_opts *o, serve_tune **out, mt_err *err);
+/* Starts the tuner thread on ks; metrics (may be NULL: no queue gate)
+ * gives the queue length. Once per tuner. */
+mt_status serve_tune_start(serve_tune *t, model_kset *ks, serve_metrics *metrics, mt_err *err);
+void serve_tune_stats_get(serve_tune *t, serve_tune_stats *out);
+void serve_tune_destroy(serve_tune *t);
+
+#endif
