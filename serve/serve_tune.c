@@ -7,6 +7,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,7 +69,7 @@ mt_status serve_tune_create(const serve_tune_opts *o, serve_tune **out, mt_err *
     if (t->o.queue_max <= 0)
         t->o.queue_max = 1;
     if (t->o.timeout_s <= 0)
-        t->o.timeout_s = 10;
+        t->o.timeout_s = 30;
     if (t->o.warmup_s == 0)
         t->o.warmup_s = 2;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -331,7 +332,10 @@ static void *tune_main(void *arg)
     serve_tune *t = arg;
     /* This thread, the compile threads it starts and their compilers run
      * below the serving threads (nice is per thread on Linux, inherited). */
-    if (setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), TUNE_NICE) != 0 && t->o.log)
+    pid_t tid = (pid_t)syscall(SYS_gettid);
+    struct sched_param no_prio = {0};
+    if ((setpriority(PRIO_PROCESS, (id_t)tid, TUNE_NICE) != 0 ||
+         sched_setscheduler(tid, SCHED_IDLE, &no_prio) != 0) && t->o.log)
         fprintf(t->o.log, "live tuning: could not lower the tuner's priority\n");
     if (t->o.warmup_s > 0 && !nap(t, t->o.warmup_s))
         return NULL;

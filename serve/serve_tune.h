@@ -28,7 +28,9 @@
  * priority: the tuner thread, its compiler processes and its measurement
  * workers at nice 19, below the serving threads. A measurement starts only
  * while fewer than queue_max requests wait for a slot (the engine's
- * requests_waiting gauge), else it waits (tune_opts.gate). The workers time
+ * requests_waiting gauge), else it waits (tune_opts.gate). The workers are
+ * in Linux's SCHED_IDLE class (tune_spawner_open), so a serving thread that
+ * wakes up takes its core at once. The workers time
  * kernels with the server's thread count: that is the device the winners
  * are for.
  *
@@ -57,7 +59,7 @@ typedef struct serve_tune_opts {
     tune_budget budget;    /* per (kernel, M); all zero: 15% of its space */
     int queue_max;         /* measure only while fewer requests wait; 0: 1 */
     int confirm_rounds;    /* paired rounds of the confirmation; 0: tune's default */
-    double timeout_s;      /* per candidate in the worker; 0: 10 */
+    double timeout_s;      /* per candidate in the worker; 0: 30 */
     double warmup_s;       /* serving time before the first plan; 0: 2; < 0: none */
     int max_items;         /* (kernel, M) to tune at most; 0: no limit */
     FILE *log;             /* the plan, one line per item and per swap; NULL: silent */

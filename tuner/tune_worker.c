@@ -12,7 +12,9 @@
  *
  * Sockets rather than pipes: send() with MSG_NOSIGNAL reports a dead peer
  * as EPIPE instead of raising SIGPIPE in the tuner. */
+#define _GNU_SOURCE /* SCHED_IDLE */
 #include <errno.h>
+#include <sched.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdint.h>
@@ -413,6 +415,11 @@ static void spawner_main(int ch, int nice_incr)
     if (nice_incr > 0 && nice(nice_incr) == -1) {
         /* still at the caller's priority: measurements run, only less politely */
     }
+    /* The lowest: run only where nothing else wants the core, so a
+     * serving thread that wakes up takes the core at once. */
+    struct sched_param no_prio = {0};
+    if (nice_incr >= 19)
+        sched_setscheduler(0, SCHED_IDLE, &no_prio);
     pid_t kids[SP_MAX_KIDS];
     int n_kids = 0;
     for (;;) {

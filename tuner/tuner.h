@@ -237,7 +237,8 @@ bool tune_interval_accepts(const tune_interval *iv);
  * one before it starts any thread and hands it to tune_run through
  * tune_opts.spawner, one tune_run at a time.
  * nice_incr (0..19) is added to the spawner's niceness, so every worker
- * runs at that lower priority. The caller owns the spawner; close kills
+ * runs at that lower priority; 19 also puts them in Linux's SCHED_IDLE
+ * class (they run only on cores nothing else wants). The caller owns the spawner; close kills
  * its remaining workers. close(NULL) is a no-op. */
 typedef struct tune_spawner tune_spawner;
 mt_status tune_spawner_open(int nice_incr, tune_spawner **out, mt_err *err);
