@@ -226,15 +226,19 @@ Test(tune_confirm_top, the_best_median_confirmed_alone_is_found_stale, .timeout 
     tune_verify_report *vr = verify(db, TUNE_VERIFY_MARGIN);
     cr_expect_eq(vr->stale, 1, "stale %d", vr->stale);
     cr_expect_str_eq(vr->rows[0].vs[TUNE_VS_RUNNER_UP], v2);
-    cr_expect(vr->rows[0].iv[TUNE_VS_RUNNER_UP].lo > 1.2, "vs runner-up %g [%g, %g]",
-              vr->rows[0].iv[TUNE_VS_RUNNER_UP].ratio, vr->rows[0].iv[TUNE_VS_RUNNER_UP].lo,
-              vr->rows[0].iv[TUNE_VS_RUNNER_UP].hi);
+    /* 1.5x planted; confirmed faster (a loaded machine under the
+     * sanitizers has read the interval's low end at 1.2 and below) */
+    const tune_interval *iv = &vr->rows[0].iv[TUNE_VS_RUNNER_UP];
+    cr_expect(iv->lo > 1 && iv->ratio > 1.2, "vs runner-up %g [%g, %g]", iv->ratio, iv->lo,
+              iv->hi);
     tune_verify_report_free(vr);
     /* A runner-up faster by less than the margin leaves the winner alone
      * (and clears the mark). */
     vr = verify(db, 0.6);
     cr_expect_eq(vr->stale, 0, "stale %d within a 60%% margin", vr->stale);
     cr_expect_eq(vr->verified, 1);
-    cr_expect(vr->rows[0].iv[TUNE_VS_RUNNER_UP].lo > 1.2);
+    iv = &vr->rows[0].iv[TUNE_VS_RUNNER_UP];
+    cr_expect(iv->lo > 1 && iv->ratio > 1.2, "vs runner-up %g [%g, %g]", iv->ratio, iv->lo,
+              iv->hi);
     tune_verify_report_free(vr);
 }
