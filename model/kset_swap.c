@@ -471,6 +471,10 @@ int model_kset_swap_reverted(model_kset *ks, model_swap_revert *out, int cap)
         return 0;
     pthread_mutex_lock(&lv->mu);
     int n = lv->nrv < cap ? lv->nrv : cap;
+    if (n <= 0) {
+        pthread_mutex_unlock(&lv->mu);
+        return 0;
+    }
     memcpy(out, lv->rv, sizeof *out * (size_t)n);
     memmove(lv->rv, lv->rv + n, sizeof *out * (size_t)(lv->nrv - n));
     lv->nrv -= n;
