@@ -16,6 +16,7 @@ typedef struct serve_cli {
     int ranks, max_body;
     bool max_cached_given;
     bool tune_misses;
+    int tune_first;
     serve_tune_opts tune;
 } serve_cli;
 
@@ -113,6 +114,11 @@ static int parse(int argc, char **argv, serve_cli *c)
          .set = set_budget, .arg = "B", .def_text = "15%",
          .help = "with --tune-misses: the search's budget per kernel and M, as tune's "
                  "--budget (trials, a share of the space, or wall time: 30s)"},
+        {.name = "--tune-first", .type = CLI_OPT_INT, .dst = &c->tune_first, .arg = "N",
+         .min = 0, .max = 1 << 20, .def = "8",
+         .help = "with --tune-misses: coverage first: every kernel and M the load calls is "
+                 "tuned with N trials before the costliest are searched to the whole "
+                 "budget (0: one pass, the whole budget each)"},
         {.name = "--tune-queue", .type = CLI_OPT_INT, .dst = &c->tune.queue_max, .arg = "N",
          .min = 1, .max = 1 << 20, .def = "1",
          .help = "with --tune-misses: measure only while fewer than N requests wait for a "
@@ -131,7 +137,8 @@ static int parse(int argc, char **argv, serve_cli *c)
                  "      [--served-model-name NAME] [--max-body BYTES]\n"
                  "      [--batch-invariant] [--speculative-steps K]\n"
                  "      [--act-quant none|mxfp4|int8] [--ranks N [--tp]]\n"
-                 "      [--tune-misses [--tune-share P] [--tune-budget B] [--tune-queue N]]",
+                 "      [--tune-misses [--tune-share P] [--tune-budget B] [--tune-first N]\n"
+                 "      [--tune-queue N]]",
         .about = "Serves the checkpoint in DIR over HTTP with OpenAI's API: POST "
                  "/v1/completions, POST /v1/chat/completions (streaming or not), GET "
                  "/v1/models, GET /health, GET /metrics (Prometheus), POST /tokenize, POST "
@@ -273,6 +280,7 @@ int cmd_serve(int argc, char **argv)
             return CLI_USAGE;
         }
         c.tune.db_path = c.o.engine.rt.db_path;
+        c.tune.first_trials = c.tune_first > 0 ? c.tune_first : -1;
         c.tune.log = stderr;
         c.o.engine.live_swaps = true;
         mt_err err = MT_ERR_INIT;

@@ -105,8 +105,8 @@ mt_status dev_host_cc(const char *text, const char *const *flags, int n_flags,
 mt_status dev_parse_index(const char *backend, const char *arg, int *index, mt_err *err);
 
 /* Runs argv[0] (searched in PATH) with stdout and stderr into log_path and
- * waits for it: its exit status, or -1 when it could not run or died of a
- * signal. */
+ * waits for it: its exit status; 127 when it could not be started (why, in
+ * log_path); -1 when it died of a signal. */
 int dev_run_tool(const char *const *argv, const char *log_path);
 
 /* Part of the cpu and emu compiler ids: what dev_host_cc's objects hold,

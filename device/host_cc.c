@@ -10,7 +10,9 @@
 #include <ctype.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <spawn.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,18 +65,31 @@ static bool cc_writes_prototypes(void)
     return !strstr(dev_host_cc_id(), "clang");
 }
 
+/* posix_spawn, not fork: a fork of a serving process (a server compiling a
+ * live swap or a tuner's candidate) copies its page tables under the
+ * address-space lock and leaves every page copy-on-write, so the serving
+ * threads stall and then fault on each page they write. The child keeps
+ * the calling thread's scheduling class (a tuner's SCHED_IDLE). */
 int dev_run_tool(const char *const *argv, const char *log_path)
 {
-    pid_t pid = fork();
-    if (pid < 0)
+    posix_spawn_file_actions_t fa;
+    if (posix_spawn_file_actions_init(&fa) != 0)
         return -1;
-    if (pid == 0) {
-        FILE *f = freopen(log_path, "w", stderr);
-        if (f)
-            dup2(2, 1);
-        execvp(argv[0], (char *const *)argv);
-        fprintf(stderr, "cannot run %s: %s\n", argv[0], strerror(errno));
-        _exit(127);
+    int rc = posix_spawn_file_actions_addopen(&fa, 2, log_path, O_WRONLY | O_CREAT | O_TRUNC,
+                                              0644);
+    if (rc == 0)
+        rc = posix_spawn_file_actions_adddup2(&fa, 2, 1);
+    pid_t pid = -1;
+    if (rc == 0)
+        rc = posix_spawnp(&pid, argv[0], &fa, NULL, (char *const *)argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0) {
+        FILE *f = fopen(log_path, "w");
+        if (f) {
+            fprintf(f, "cannot run %s: %s\n", argv[0], strerror(rc));
+            fclose(f);
+        }
+        return 127;
     }
     int ws = 0;
     while (waitpid(pid, &ws, 0) < 0)

@@ -22,11 +22,16 @@
 
 #define TUNE_NICE 19
 
-/* A (family, key, bucket) the tuner took up: never planned again. */
+/* How far a (family, key, bucket) has been tuned: not yet, by the first
+ * pass (a few trials), or to the whole budget (never planned again). */
+enum { PASS_NONE = 0, PASS_FIRST = 1, PASS_FULL = 2 };
+
+/* A (family, key, bucket) the tuner took up and the pass it has had. */
 typedef struct done_item {
     const kern_family *fam;
     char key[KERN_KEY_MAX];
     int b;
+    int pass;
 } done_item;
 
 struct serve_tune {
@@ -44,6 +49,8 @@ struct serve_tune {
     int n_done, cap_done;
     pthread_mutex_t mu; /* stats */
     serve_tune_stats st;
+    double t0_ms;       /* when the tuner started */
+    bool covered;       /* no (kernel, M) the load called waits for its first pass */
 };
 
 mt_status serve_tune_create(const serve_tune_opts *o, serve_tune **out, mt_err *err)
@@ -72,6 +79,8 @@ mt_status serve_tune_create(const serve_tune_opts *o, serve_tune **out, mt_err *
         t->o.timeout_s = 30;
     if (t->o.warmup_s == 0)
         t->o.warmup_s = 2;
+    if (t->o.first_trials == 0)
+        t->o.first_trials = 8;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     t->jobs = (int)floor(t->o.share * (double)(cores > 0 ? cores : 1));
     if (t->jobs < 1)
@@ -136,16 +145,21 @@ static bool gate(void *ctx)
 
 /* ---- the plan ------------------------------------------------------------------ */
 
-static bool is_done(const serve_tune *t, const kern_family *f, const char *key, int b)
+static done_item *find_done(const serve_tune *t, const kern_family *f, const char *key, int b)
 {
     for (int i = 0; i < t->n_done; i++)
         if (t->done[i].fam == f && t->done[i].b == b && !strcmp(t->done[i].key, key))
-            return true;
-    return false;
+            return &t->done[i];
+    return NULL;
 }
 
-static void mark_done(serve_tune *t, const kern_family *f, const char *key, int b)
+static void set_pass(serve_tune *t, const kern_family *f, const char *key, int b, int pass)
 {
+    done_item *d = find_done(t, f, key, b);
+    if (d) {
+        d->pass = pass;
+        return;
+    }
     if (t->n_done == t->cap_done) {
         int cap = t->cap_done ? 2 * t->cap_done : 32;
         done_item *p = realloc(t->done, sizeof *p * (size_t)cap);
@@ -154,26 +168,29 @@ static void mark_done(serve_tune *t, const kern_family *f, const char *key, int 
         t->done = p;
         t->cap_done = cap;
     }
-    done_item *d = &t->done[t->n_done++];
+    d = &t->done[t->n_done++];
     d->fam = f;
     snprintf(d->key, sizeof d->key, "%s", key);
     d->b = b;
+    d->pass = pass;
 }
 
 typedef struct item {
     const model_kern *k; /* the first kernel of the group */
     int b;
+    int pass;            /* the pass it has had (PASS_NONE or PASS_FIRST) */
     double ms;           /* serving time so far, over the group */
     int64_t calls;
 } item;
 
-/* The costliest (family, key, bucket) to tune; false when none. *pending
- * counts the candidates. */
-static bool plan_next(serve_tune *t, item *out, int64_t *pending)
+/* The next (family, key, bucket) to tune; false when none. Coverage first:
+ * the costliest of those without a first pass, then the costliest of those
+ * with only a first pass. *n_first and *n_full count the candidates of each. */
+static bool plan_next(serve_tune *t, item *out, int64_t *n_first, int64_t *n_full)
 {
     int nk = model_kset_n_kernels(t->ks);
     item best = {0};
-    *pending = 0;
+    *n_first = *n_full = 0;
     for (int i = 0; i < nk; i++) {
         const model_kern *k = model_kset_kernel(t->ks, i);
         if (k->impl->n_params == 0)
@@ -181,7 +198,10 @@ static bool plan_next(serve_tune *t, item *out, int64_t *pending)
         for (int b = 0; b < k->n; b++) {
             model_choice c;
             model_kset_choice_get(t->ks, i, b, &c);
-            if (c.prov == MODEL_PROV_TUNED || is_done(t, k->fam, k->key, b))
+            /* tuned: by this tuner (its pass says how far) or in the database */
+            const done_item *d = find_done(t, k->fam, k->key, b);
+            int pass = d ? d->pass : c.prov == MODEL_PROV_TUNED ? PASS_FULL : PASS_NONE;
+            if (pass == PASS_FULL)
                 continue;
             /* the group: every kernel with this family and key (the first one leads) */
             bool first = true;
@@ -191,7 +211,7 @@ static bool plan_next(serve_tune *t, item *out, int64_t *pending)
             }
             if (!first)
                 continue;
-            item it = {k, b, 0, 0};
+            item it = {k, b, pass, 0, 0};
             for (int j = i; j < nk; j++) {
                 const model_kern *o = model_kset_kernel(t->ks, j);
                 if (o->fam != k->fam || strcmp(o->key, k->key) || b >= o->n)
@@ -203,8 +223,8 @@ static bool plan_next(serve_tune *t, item *out, int64_t *pending)
             }
             if (!it.calls)
                 continue;
-            (*pending)++;
-            if (!best.k || it.ms > best.ms)
+            (*(pass == PASS_NONE ? n_first : n_full))++;
+            if (!best.k || it.pass < best.pass || (it.pass == best.pass && it.ms > best.ms))
                 best = it;
         }
     }
@@ -214,11 +234,33 @@ static bool plan_next(serve_tune *t, item *out, int64_t *pending)
 
 /* ---- one item ---------------------------------------------------------------- */
 
+/* The trials the whole budget b gives a space of that many configs (0: no
+ * count, a wall-time budget alone). */
+static int64_t budget_trials(const tune_budget *b, int space)
+{
+    int64_t n = b->trials;
+    if (b->space_fraction > 0 && space > 0) {
+        int64_t share = (int64_t)ceil(b->space_fraction * space);
+        share = share < 1 ? 1 : share;
+        n = n > 0 && n < share ? n : share;
+    }
+    return n;
+}
+
 static void tune_item(serve_tune *t, const item *it)
 {
     const model_kern *k = it->k;
     int64_t m = model_buckets[it->b];
-    mark_done(t, k->fam, k->key, it->b);
+    /* Taken up: a tune that fails is not planned again. */
+    set_pass(t, k->fam, k->key, it->b, PASS_FULL);
+    /* The first pass: a few trials (the default, the transfer seeds of the
+     * nearest tuned M, the search's first picks); the second resumes the
+     * same search up to the whole budget (trials in the database count). */
+    bool first = it->pass == PASS_NONE && t->o.first_trials > 0;
+    tune_budget budget = t->o.budget;
+    if (first)
+        budget.trials = budget.trials > 0 && budget.trials < t->o.first_trials
+                            ? budget.trials : t->o.first_trials;
     tune_job job;
     mt_err err = MT_ERR_INIT;
     mt_status st = tune_job_make(k->fam, k->key, &m, 1, &job, &err);
@@ -227,7 +269,7 @@ static void tune_item(serve_tune *t, const item *it)
     tune_opts_default(&o);
     o.device = t->spec;
     o.db_path = t->db_path;
-    o.budget = t->o.budget;
+    o.budget = budget;
     o.jobs = t->jobs;
     o.timeout_s = t->o.timeout_s;
     if (t->o.confirm_rounds > 0)
@@ -260,16 +302,25 @@ static void tune_item(serve_tune *t, const item *it)
         tune_report_free(rep);
         return;
     }
-    stat_add(t, &t->st.tuned, 1);
+    if (first) {
+        int64_t all = budget_trials(&t->o.budget, mr->space);
+        if (all <= 0 || all > budget_trials(&budget, mr->space))
+            set_pass(t, k->fam, k->key, it->b, PASS_FIRST); /* more to search */
+    }
+    if (it->pass == PASS_FIRST)
+        stat_add(t, &t->st.deepened, 1);
+    else
+        stat_add(t, &t->st.tuned, 1);
     int failed = 0;
     for (int s = 0; s < DB_TRIAL_STATUS_COUNT; s++)
         if (s != DB_TRIAL_OK && s != DB_TRIAL_SKIPPED)
             failed += mr->counts[s];
     if (t->o.log)
         fprintf(t->o.log, "live tuning: %s %s M=%lld (%.3g ms while serving, %lld calls): %s "
-                "%s, %d trials (%d failed) in %.1f s\n", k->fam->name, k->key, (long long)m,
+                "%s, %d trials (%d failed) in %.1f s%s\n", k->fam->name, k->key, (long long)m,
                 it->ms, (long long)it->calls, db_decision_str(mr->decision), mr->best_key,
-                mr->measured, failed, secs);
+                mr->measured, failed, secs, first ? ", first pass" : it->pass == PASS_FIRST
+                                                                        ? ", whole budget" : "");
     if (mr->decision == DB_DECIDED_CONFIRMED) {
         stat_add(t, &t->st.confirmed, 1);
         kern_config cfg;
@@ -341,19 +392,31 @@ static void *tune_main(void *arg)
         return NULL;
     int64_t items = 0;
     bool idle_logged = false;
+    t->t0_ms = mt_now_ms();
     while (!t->stop) {
         mark_reverted(t);
         item it;
-        int64_t pending = 0;
-        bool any = (!t->o.max_items || items < t->o.max_items) && plan_next(t, &it, &pending);
+        int64_t first = 0, full = 0;
+        bool any = (!t->o.max_items || items < t->o.max_items) && plan_next(t, &it, &first, &full);
+        bool covered = items > 0 && first == 0;
         pthread_mutex_lock(&t->mu);
-        t->st.pending = pending;
+        t->st.pending = first + full;
+        t->st.pending_first = first;
         t->st.idle = !any;
+        if (covered && !t->covered)
+            t->st.covered_s = (mt_now_ms() - t->t0_ms) / 1000;
+        t->st.covered = covered;
         pthread_mutex_unlock(&t->mu);
+        if (covered && !t->covered && t->o.log)
+            fprintf(t->o.log, "live tuning: covered: every kernel and M bucket the load has "
+                    "called is tuned (%lld tunes in %.0f s)%s\n", (long long)items,
+                    (mt_now_ms() - t->t0_ms) / 1000,
+                    full ? "; now the costliest to the whole budget" : "");
+        t->covered = covered;
         if (!any) {
             if (!idle_logged && t->o.log)
                 fprintf(t->o.log, "live tuning: nothing left to tune for the load so far "
-                        "(%lld tuned)\n", (long long)items);
+                        "(%lld tunes)\n", (long long)items);
             idle_logged = true;
             nap(t, 0.25);
             continue;

@@ -12,8 +12,16 @@
  * key), costliest first, planned again after each one (the load goes on).
  * Families without parameters are left out (nothing to choose).
  *
- * How: one tune_run per (family, key, M) with the default strategy, the
- * given budget and the paired confirmation, on the server's own device
+ * Coverage first: a first pass tunes every (family, key, M) the load has
+ * called with a few trials (first_trials: the default, the transfer seeds
+ * from the nearest tuned M, the search's first picks), costliest first;
+ * once none waits for its first pass (covered), a second pass resumes the
+ * costliest ones' searches up to the whole budget (the trials already in
+ * the database count toward it). A new bucket the load calls goes ahead of
+ * the second pass.
+ *
+ * How: one tune_run per (family, key, M) and pass with the default
+ * strategy, the pass's budget and the paired confirmation, on the server's own device
  * spec (so the winner is this device's), written to the server's database:
  * every candidate runs in a worker process, verified against the family's
  * reference, so a candidate that crashes, hangs or computes a wrong answer
@@ -61,7 +69,9 @@ typedef struct serve_tune_opts {
     int confirm_rounds;    /* paired rounds of the confirmation; 0: tune's default */
     double timeout_s;      /* per candidate in the worker; 0: 30 */
     double warmup_s;       /* serving time before the first plan; 0: 2; < 0: none */
-    int max_items;         /* (kernel, M) to tune at most; 0: no limit */
+    int max_items;         /* tunes to run at most; 0: no limit */
+    int first_trials;      /* the first pass's trials per (kernel, M); 0: 8; < 0: one
+                              pass, the whole budget */
     FILE *log;             /* the plan, one line per item and per swap; NULL: silent */
 } serve_tune_opts;
 
@@ -69,11 +79,16 @@ typedef struct serve_tune serve_tune;
 
 typedef struct serve_tune_stats {
     int64_t tuned;         /* (kernel, M) tuned: a winner decided in the database */
-    int64_t confirmed;     /* of them, a config faster than the default with confidence */
+    int64_t deepened;      /* of them, searched again to the whole budget */
+    int64_t confirmed;     /* tunes (either pass) that confirmed a config faster than the
+                              default */
     int64_t posted;        /* winners posted to the kernel set as swaps */
     int64_t failed;        /* tunes that ended in an error (logged) */
     int64_t marked_stale;  /* swaps undone by the set, marked stale in the database */
     int64_t pending;       /* (kernel, M) called and still to tune at the last plan */
+    int64_t pending_first; /* of them, still without a first pass */
+    bool covered;          /* none without a first pass at the last plan (after one tune) */
+    double covered_s;      /* seconds from the start to the last time it became covered */
     double busy_s;         /* time spent in tune runs */
     bool idle;             /* no item in flight and none to tune at the last plan */
 } serve_tune_stats;

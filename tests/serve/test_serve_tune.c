@@ -4,11 +4,13 @@
  * crash and to hang never reach the serving set, while the correct faster
  * configs are swapped in between steps; a config the tuner confirms but
  * that runs slower in the serving process is swapped back and marked stale
- * in the database; a batch-invariant set refuses swaps; and a real server on
+ * in the database; every kernel gets its first pass before any is searched
+ * to the whole budget; a batch-invariant set refuses swaps; and a real server on
  * loopback, started on an empty database with the tiny model, tunes the
  * kernels its load calls while every request succeeds. */
 #include <math.h>
 #include <pthread.h>
+#include <sqlite3.h>
 
 #include "kernels/core/kern_db.h"
 #include "model/kset_swap.h"
@@ -121,6 +123,7 @@ static serve_tune_opts quick_opts(const char *db)
     o.timeout_s = 4;      /* the planted hang; SCHED_IDLE workers wait on a busy machine */
     o.confirm_rounds = 6;
     o.warmup_s = 0.3;
+    o.first_trials = -1; /* one pass: each item's search to the whole budget */
     o.log = getenv("MT_TUNE_TEST_LOG") ? stderr : NULL;
     return o;
 }
@@ -245,6 +248,68 @@ Test(serve_tune, a_swap_slower_while_serving_is_undone_and_marked_stale)
     cr_expect_str_eq(r.config_key, "V=2,SPIN=4,PAD=1");
     cr_expect(r.stale, "the undone winner is not marked stale");
     db_close(d);
+    tset_close(&t);
+}
+
+static bool deepened_all(tset *t, const serve_tune_stats *st)
+{
+    (void)t;
+    return st->deepened >= 3 && st->pending == 0;
+}
+
+/* The tune runs the tuner started, in order: each one's budget text. */
+static int read_session_budgets(const char *db, char out[][64], int cap)
+{
+    sqlite3 *s = NULL;
+    cr_assert_eq(sqlite3_open_v2(db, &s, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    sqlite3_stmt *q = NULL;
+    cr_assert_eq(sqlite3_prepare_v2(s, "SELECT budget FROM sessions ORDER BY id", -1, &q, NULL),
+                 SQLITE_OK, "%s", sqlite3_errmsg(s));
+    int n = 0;
+    while (sqlite3_step(q) == SQLITE_ROW && n < cap)
+        snprintf(out[n++], 64, "%s", (const char *)sqlite3_column_text(q, 0));
+    sqlite3_finalize(q);
+    sqlite3_close(s);
+    return n;
+}
+
+Test(serve_tune, every_kernel_gets_its_first_pass_before_any_gets_the_whole_budget)
+{
+    char db[600];
+    tt_db_path(db, sizeof db, "passes.db");
+    serve_tune_opts o = quick_opts(db);
+    o.first_trials = 2;
+    o.budget.trials = 12;
+    serve_tune *tu = NULL;
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(serve_tune_create(&o, &tu, &err), MT_OK, "%s", err.msg);
+    const kern_family *fams[] = {&tspin, &tlucky, &tpodium};
+    tset t;
+    tset_open(&t, fams, 3, false);
+    cr_assert_eq(serve_tune_start(tu, t.ks, NULL, &err), MT_OK, "%s", err.msg);
+    serve_until(&t, tu, deepened_all, 240, "three kernels searched to the whole budget");
+    serve_tune_stats st;
+    serve_tune_stats_get(tu, &st);
+    serve_tune_destroy(tu);
+    cr_expect_eq(t.wrong, 0, "%lld of %lld served calls were wrong", (long long)t.wrong,
+                 (long long)t.calls);
+    cr_expect_eq(st.tuned, 3);
+    cr_expect_eq(st.deepened, 3);
+    cr_expect_eq(st.failed, 0);
+    cr_expect(st.covered);
+    cr_expect_gt(st.covered_s, 0);
+    /* Three first passes of 2 trials, then three runs to the whole budget. */
+    char budgets[16][64];
+    int n = read_session_budgets(db, budgets, 16);
+    cr_assert_eq(n, 6, "%d tune runs", n);
+    for (int i = 0; i < 6; i++)
+        cr_expect_str_eq(budgets[i], i < 3 ? "2 trials per M" : "12 trials per M", "run %d", i);
+    /* The second pass went on with each search: more trials than the first. */
+    for (int f = 0; f < 3; f++) {
+        tt_trials tr;
+        tt_read_trials(db, fams[f]->name, &tr);
+        cr_expect_gt(tr.n, 2, "%s: %d trials", fams[f]->name, tr.n);
+    }
     tset_close(&t);
 }
 
