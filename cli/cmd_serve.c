@@ -15,7 +15,7 @@ typedef struct serve_cli {
     serve_server_opts o;
     int ranks, max_body;
     bool max_cached_given;
-    bool tune_misses;
+    bool tune_misses, tune_cold;
     int tune_first;
     serve_tune_opts tune;
 } serve_cli;
@@ -119,6 +119,10 @@ static int parse(int argc, char **argv, serve_cli *c)
          .help = "with --tune-misses: coverage first: every kernel and M the load calls is "
                  "tuned with N trials before the costliest are searched to the whole "
                  "budget (0: one pass, the whole budget each)"},
+        {.name = "--tune-cold", .type = CLI_OPT_FLAG, .dst = &c->tune_cold,
+         .help = "with --tune-misses: flush the caches between a candidate's timed runs, "
+                 "as tune does (default: time warm, as the server runs its kernels; a "
+                 "flush also evicts what the serving threads work on)"},
         {.name = "--tune-queue", .type = CLI_OPT_INT, .dst = &c->tune.queue_max, .arg = "N",
          .min = 1, .max = 1 << 20, .def = "1",
          .help = "with --tune-misses: measure only while fewer than N requests wait for a "
@@ -138,7 +142,7 @@ static int parse(int argc, char **argv, serve_cli *c)
                  "      [--batch-invariant] [--speculative-steps K]\n"
                  "      [--act-quant none|mxfp4|int8] [--ranks N [--tp]]\n"
                  "      [--tune-misses [--tune-share P] [--tune-budget B] [--tune-first N]\n"
-                 "      [--tune-queue N]]",
+                 "      [--tune-cold] [--tune-queue N]]",
         .about = "Serves the checkpoint in DIR over HTTP with OpenAI's API: POST "
                  "/v1/completions, POST /v1/chat/completions (streaming or not), GET "
                  "/v1/models, GET /health, GET /metrics (Prometheus), POST /tokenize, POST "
@@ -281,6 +285,7 @@ int cmd_serve(int argc, char **argv)
         }
         c.tune.db_path = c.o.engine.rt.db_path;
         c.tune.first_trials = c.tune_first > 0 ? c.tune_first : -1;
+        c.tune.cold_timing = c.tune_cold;
         c.tune.log = stderr;
         c.o.engine.live_swaps = true;
         mt_err err = MT_ERR_INIT;

@@ -21,6 +21,10 @@
 #include "model/kset_swap.h"
 
 #define TUNE_NICE 19
+/* A first-pass trial's timing stops after this much wall time (the whole
+ * budget's the tuner's default, 2 s): the paired confirmation, not one
+ * trial's median, decides what is swapped in. */
+#define FIRST_MAX_MS 500.0
 
 /* How far a (family, key, bucket) has been tuned: not yet, by the first
  * pass (a few trials), or to the whole budget (never planned again). */
@@ -274,6 +278,10 @@ static void tune_item(serve_tune *t, const item *it)
     o.timeout_s = t->o.timeout_s;
     if (t->o.confirm_rounds > 0)
         o.confirm_rounds = t->o.confirm_rounds;
+    if (t->o.cold_timing <= 0)
+        o.timing.flush_cache = false; /* see serve_tune.h: cold_timing */
+    if (first && o.timing.max_ms > FIRST_MAX_MS)
+        o.timing.max_ms = FIRST_MAX_MS;
     o.spawner = t->sp;
     o.gate = gate;
     o.gate_ctx = t;

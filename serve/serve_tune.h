@@ -72,6 +72,9 @@ typedef struct serve_tune_opts {
     int max_items;         /* tunes to run at most; 0: no limit */
     int first_trials;      /* the first pass's trials per (kernel, M); 0: 8; < 0: one
                               pass, the whole budget */
+    int cold_timing;       /* > 0: flush the caches between timed runs, as `tune` does;
+                              0 (default): time warm, as the server runs its kernels:
+                              a flush evicts the serving threads' working set too */
     FILE *log;             /* the plan, one line per item and per swap; NULL: silent */
 } serve_tune_opts;
 
