@@ -13,7 +13,10 @@
 # usage: bench/serve_tune_accept.sh [BUILD_DIR] (default build)
 # env:   SHORT (s, 120), LIMIT (s, 600), PORT (18555), BUDGET (--tune-budget,
 #        default the server's own: 15% of each space), FIRST (--tune-first,
-#        default the server's own: 8 trials)
+#        default the server's own: 8 trials), KEEP_CACHE (1: use the kernel
+#        compile cache as it is; default: an empty one, as on fresh hardware,
+#        so every candidate the tuner tries is compiled), LOGS (where B's
+#        log is kept: LOGS/serve_tune_accept_b.log; default /tmp)
 set -euo pipefail
 build=${1:-build}
 moetune=$build/moetune
@@ -24,7 +27,8 @@ tune_opts=(--tune-misses)
 [ -n "${BUDGET:-}" ] && tune_opts+=(--tune-budget "$BUDGET")
 [ -n "${FIRST:-}" ] && tune_opts+=(--tune-first "$FIRST")
 work=$(mktemp -d /tmp/mt_accept.XXXXXX)
-trap 'kill "${srv:-0}" 2>/dev/null || true; rm -rf "$work"' EXIT
+trap 'kill "${srv:-0}" 2>/dev/null || true; cp "$work"/b.log "${LOGS:-/tmp}/serve_tune_accept_b.log" 2>/dev/null || true; rm -rf "$work"' EXIT
+[ "${KEEP_CACHE:-0}" = 1 ] || export MOETUNE_CACHE="$work/cache"
 load="--input-len 64 --output-len 32 --cache-hit 0.5"
 "$moetune" make-tiny-model --out "$work/tiny" >/dev/null
 

@@ -405,7 +405,7 @@ static void *tune_main(void *arg)
         mark_reverted(t);
         item it;
         int64_t first = 0, full = 0;
-        bool any = (!t->o.max_items || items < t->o.max_items) && plan_next(t, &it, &first, &full);
+        bool any = plan_next(t, &it, &first, &full) && (!t->o.max_items || items < t->o.max_items);
         bool covered = items > 0 && first == 0;
         pthread_mutex_lock(&t->mu);
         t->st.pending = first + full;
