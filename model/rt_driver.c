@@ -10,12 +10,17 @@
  *     nothing to run: it then runs only the MoE layers' exchanges
  *     (empty_forward), serving its experts to the others;
  *   - comm_lead: rank 0 drives; before each forward it broadcasts the
- *     step's token count (rt_ep_step_begin), and the other ranks run an
- *     empty step per announcement until rank 0 closes its runtime (which
- *     broadcasts the end);
+ *     step's token count (rt_ep_step_begin), or RT_EP_MTP before an MTP
+ *     draft step (rt_ep_mtp_begin), and the other ranks run an empty step
+ *     (of the model's MoE layers, or of the MTP layer's) per announcement
+ *     until rank 0 closes its runtime (which broadcasts the end);
  *   - tensor parallelism (o.tp) with comm_lead: rank 0 announces its
- *     sequence journal and the step's items (rt_tp_announce), and the other
- *     ranks replay both and run the same step (tp_follow).
+ *     sequence journal and the step's items (rt_tp_announce, and
+ *     rt_tp_announce_mtp for a draft step), and the other ranks replay
+ *     both and run the same step (tp_follow).
+ * model_mtp_step keeps the same lockstep as model_step: without a leader
+ * every rank calls it as often as the others, with zero items to only
+ * serve its share of the MTP layer's experts.
  * Above the forward pass and the per-layer hooks of rt_ep.c and rt_tp.c;
  * nothing below calls into this file. */
 #include <inttypes.h>
@@ -37,6 +42,7 @@ static mt_status replay_ops(model_runtime *rt, const int32_t *ops, int n_ops, mt
         case RT_TP_OP_FORK: st = model_seq_fork(rt, e[2], e[3], &got, err); break;
         case RT_TP_OP_FREE: model_seq_free(rt, e[1]); break;
         case RT_TP_OP_TRUNCATE: st = model_seq_truncate(rt, e[1], e[2], err); break;
+        case RT_TP_OP_MTP_TRUNCATE: st = model_mtp_truncate(rt, e[1], e[2], err); break;
         default: return mt_fail(err, MT_E_FORMAT, "tensor parallelism: operation %d", e[0]);
         }
         if (st != MT_OK)
@@ -48,13 +54,60 @@ static mt_status replay_ops(model_runtime *rt, const int32_t *ops, int n_ops, mt
     return MT_OK;
 }
 
+/* A step (rt_step or rt_mtp_step) as a follower runs it: one that failed
+ * before its forward failed the same way on rank 0 (the same sequences),
+ * so the ranks are still in step. */
+static mt_status follower_ran(model_runtime *rt, mt_status st)
+{
+    st = rt_xchg_step_failed(rt, st);
+    return st != MT_OK && !rt->ep_joined ? MT_OK : st;
+}
+
+/* An announced MTP step on a follower: n items from m[off]; the draft
+ * logits go to scratch. */
+static mt_status follow_mtp(model_runtime *rt, const int32_t *m, int64_t len, int64_t off,
+                            int n, mt_err *err)
+{
+    if (!rt->mtp.on)
+        return mt_fail(err, MT_E_INVALID, "rank 0 runs MTP draft steps, but this rank opened "
+                       "its runtime without speculative_steps: every rank needs the same options");
+    if (n > RT_MAX_SEQS)
+        return mt_fail(err, MT_E_FORMAT, "tensor parallelism: an MTP step of %d items", n);
+    model_mtp_item *items = calloc((size_t)n, sizeof *items);
+    float *logits = malloc(sizeof(float) * (size_t)n * (size_t)rt->V);
+    mt_status st = MT_OK;
+    if (!items || !logits)
+        st = mt_fail(err, MT_E_NOMEM, "tensor parallelism: MTP step");
+    for (int i = 0; i < n && st == MT_OK; i++) {
+        if (off + 4 > len || m[off + 1] < 0 || off + 4 + m[off + 1] > len) {
+            st = mt_fail(err, MT_E_FORMAT, "tensor parallelism: item %d of an MTP step message",
+                         i);
+            break;
+        }
+        items[i] = (model_mtp_item){.seq = m[off], .tokens = m + off + 4, .n_tokens = m[off + 1],
+                                    .hidden_row = m[off + 2],
+                                    .logits = (m[off + 3] & 1) ? logits + (size_t)i * (size_t)rt->V
+                                                               : NULL};
+        off += 4 + m[off + 1];
+    }
+    if (st == MT_OK) {
+        rt->ep_joined = false;
+        st = follower_ran(rt, rt_mtp_step(rt, items, n, err));
+    }
+    free(items);
+    free(logits);
+    return st;
+}
+
 /* One announced step on a follower: message m of len entries. */
 static mt_status follow_step(model_runtime *rt, const int32_t *m, int64_t len, mt_err *err)
 {
-    if (len < 2 || m[0] < 0 || m[1] < 0 || 2 + 4 * (int64_t)m[0] > len)
+    if (len < 2 || m[0] < 0 || 2 + 4 * (int64_t)m[0] > len)
         return mt_fail(err, MT_E_FORMAT, "tensor parallelism: a step message of %" PRId64
                        " entries", len);
     MT_CHECK(replay_ops(rt, m + 2, m[0], err));
+    if (m[1] < 0)
+        return follow_mtp(rt, m, len, 2 + 4 * (int64_t)m[0], -m[1], err);
     int n = m[1];
     if (n == 0)
         return MT_OK;
@@ -94,10 +147,7 @@ static mt_status follow_step(model_runtime *rt, const int32_t *m, int64_t len, m
     }
     if (st == MT_OK) {
         rt->ep_joined = false;
-        st = rt_xchg_step_failed(rt, rt_step(rt, items, n, err));
-        /* Refused before its forward: rank 0 was refused the same way. */
-        if (st != MT_OK && !rt->ep_joined)
-            st = MT_OK;
+        st = follower_ran(rt, rt_step(rt, items, n, err));
     }
     free(items);
     free(logits);
@@ -134,6 +184,19 @@ static mt_status tp_follow(model_runtime *rt, int64_t *steps, mt_err *err)
     }
     free(m);
     return st;
+}
+
+/* An MTP step with no local tokens: only its MoE layer's exchanges. */
+static mt_status empty_mtp(model_runtime *rt, mt_err *err)
+{
+    if (!rt->mtp.on)
+        return mt_fail(err, MT_E_INVALID, "rank 0 runs MTP draft steps, but this rank opened "
+                       "its runtime without speculative_steps: every rank needs the same options");
+    rt_layer *ly = &rt->layers[rt->n_layers];
+    if (!rt->ep || !ly->moe)
+        return MT_OK;
+    mt_status st = rt_ep_moe(rt, ly, NULL, 0, NULL, err);
+    return st == MT_OK ? MT_OK : mt_err_prefix(err, "MTP layer (no local tokens)");
 }
 
 /* A forward with no local tokens: only the MoE layers' exchanges (none
@@ -181,6 +244,50 @@ static mt_status ep_step(model_runtime *rt, model_step_item *items, int n, mt_er
     return st;
 }
 
+/* model_mtp_step with a communicator: as ep_step, the MTP layer standing
+ * for the model's layers. */
+static mt_status ep_mtp_step(model_runtime *rt, model_mtp_item *items, int n, mt_err *err)
+{
+    if (rt->o.comm_lead && mt_comm_rank(rt->o.comm) != 0)
+        return mt_fail(err, MT_E_INVALID, "rank %d follows rank 0's steps "
+                       "(model_runtime_follow): it runs no MTP steps of its own",
+                       mt_comm_rank(rt->o.comm));
+    if (rt->tp.on) {
+        if (n == 0)
+            return MT_OK;
+        if (rt->tp.lead)
+            MT_CHECK(rt_tp_announce_mtp(rt, items, n, err));
+        rt->ep_joined = false;
+        return rt_xchg_step_failed(rt, rt_mtp_step(rt, items, n, err));
+    }
+    if (n == 0) {
+        rt->ep_joined = true;
+        return rt->o.comm_lead ? MT_OK : rt_xchg_step_failed(rt, empty_mtp(rt, err));
+    }
+    rt->ep_joined = false;
+    mt_status st = rt_xchg_step_failed(rt, rt_mtp_step(rt, items, n, err));
+    if (st != MT_OK && !rt->ep_joined && !rt->o.comm_lead) {
+        mt_err e2 = MT_ERR_INIT;
+        if (empty_mtp(rt, &e2) != MT_OK)
+            fprintf(rt->log, "expert parallelism: %s\n", e2.msg);
+    }
+    return st;
+}
+
+mt_status model_mtp_step(model_runtime *rt, model_mtp_item *items, int n, mt_err *err)
+{
+    if (!rt->mtp.on)
+        return mt_fail(err, MT_E_UNSUPPORTED, "model_mtp_step: the runtime was opened without "
+                       "speculative_steps (no MTP layer loaded)");
+    if (n < 0 || n > RT_MAX_SEQS)
+        return mt_fail(err, MT_E_INVALID, "model_mtp_step: %d items", n);
+    if (rt->xc.out_of_step)
+        return mt_fail(err, MT_E_DEVICE, "rank %d is out of step with the other ranks since a "
+                       "forward failed inside its exchanges: the job must end",
+                       mt_comm_rank(rt->o.comm));
+    return rt->o.comm ? ep_mtp_step(rt, items, n, err) : rt_mtp_step(rt, items, n, err);
+}
+
 mt_status model_step(model_runtime *rt, model_step_item *items, int n, mt_err *err)
 {
     if (rt->xc.out_of_step)
@@ -202,10 +309,13 @@ mt_status model_runtime_follow(model_runtime *rt, int64_t *steps, mt_err *err)
     for (;;) {
         int32_t m = 0;
         MT_CHECK(rt_xchg_bcast(rt, &m, 1, err));
-        if (m < 0)
+        if (m == RT_EP_END)
             return MT_OK;
+        if (m < 0 && m != RT_EP_MTP)
+            return mt_fail(err, MT_E_FORMAT, "expert parallelism: step message %" PRId32, m);
         rt->ep_joined = true;
-        MT_CHECK(rt_xchg_step_failed(rt, empty_forward(rt, err)));
+        MT_CHECK(rt_xchg_step_failed(rt, m == RT_EP_MTP ? empty_mtp(rt, err)
+                                                          : empty_forward(rt, err)));
         if (steps)
             ++*steps;
     }

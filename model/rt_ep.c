@@ -2,8 +2,11 @@
  * a communicator (runtime.h, model_runtime_opts.comm): the MoE layers run
  * expert-parallel (ep_moe.h), everything else is replicated. Here: the
  * rank's expert range, its kernels and workspace, the MoE MLP the forward
- * pass calls, and the leader's per-step announcement. Who steps and who
- * follows (the lockstep) is rt_driver.c's. */
+ * pass calls, and the leader's per-step announcement (a main step's token
+ * count, or RT_EP_MTP before an MTP draft step, whose MTP layer is
+ * expert-parallel like the others: its experts, quantized at load, are
+ * split by the same ranges). Who steps and who follows (the lockstep) is
+ * rt_driver.c's. */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,9 +32,6 @@ mt_status rt_ep_open(model_runtime *rt, mt_err *err)
     if (!c)
         return MT_OK;
     MT_CHECK(rt_xchg_open(rt, err));
-    if (rt->plan->mtp)
-        return mt_fail(err, MT_E_UNSUPPORTED, "speculative decoding (the MTP layer) does not run "
-                       "across ranks yet: run without speculative_steps under --comm");
     bool any_moe = false;
     for (int64_t i = 0; i < rt->n_layers; i++)
         any_moe |= rt->plan->layers[i].moe;
@@ -78,7 +78,7 @@ void rt_ep_close(model_runtime *rt)
 {
     if (rt->o.comm && leads(rt) && !rt->ep_ended && !rt->xc.out_of_step &&
         !mt_comm_aborted(rt->o.comm)) {
-        int32_t end = -1;
+        int32_t end = RT_EP_END;
         mt_err e = MT_ERR_INIT;
         if (rt_xchg_bcast(rt, &end, 1, &e) != MT_OK)
             fprintf(rt->log, "expert parallelism: telling the other ranks to stop: %s\n", e.msg);
@@ -106,6 +106,15 @@ mt_status rt_ep_step_begin(model_runtime *rt, int64_t M, mt_err *err)
     if (!leads(rt) || rt->tp.on) /* tensor parallelism announced the whole step */
         return MT_OK;
     int32_t m = (int32_t)M;
+    return rt_xchg_bcast(rt, &m, 1, err);
+}
+
+mt_status rt_ep_mtp_begin(model_runtime *rt, mt_err *err)
+{
+    rt->ep_joined = true;
+    if (!leads(rt) || rt->tp.on) /* tensor parallelism announced the MTP step's items */
+        return MT_OK;
+    int32_t m = RT_EP_MTP;
     return rt_xchg_bcast(rt, &m, 1, err);
 }
 

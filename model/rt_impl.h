@@ -256,6 +256,12 @@ mt_status rt_ep_moe(model_runtime *rt, rt_layer *ly, const void *x, int64_t M, f
 /* Right before a forward with a communicator (rt_step calls it): the
  * leader of a comm_lead runtime announces the step's token count. */
 mt_status rt_ep_step_begin(model_runtime *rt, int64_t M, mt_err *err);
+/* The same before an MTP layer's forward (rt_mtp_step): the leader
+ * announces RT_EP_MTP, on which a follower joins that layer's exchanges. */
+mt_status rt_ep_mtp_begin(model_runtime *rt, mt_err *err);
+/* What the leader of an expert-parallel (not tensor-parallel) runtime
+ * announces besides a step's token count (>= 0). */
+enum { RT_EP_END = -1, RT_EP_MTP = -2 };
 
 /* ---- rt_xchg.c: the exchanges' memory and the leader's messages ---- */
 
@@ -297,9 +303,19 @@ mt_status rt_tp_embed_sum(model_runtime *rt, int64_t M, mt_err *err);
  * rank's share of the rows expert-parallel, then every rank's rows. */
 mt_status rt_tp_moe(model_runtime *rt, rt_layer *ly, int64_t M, mt_err *err);
 /* Sequence operations the leader's followers replay (RT_TP_OP_*). */
-enum { RT_TP_OP_CREATE = 1, RT_TP_OP_FORK, RT_TP_OP_FREE, RT_TP_OP_TRUNCATE };
+enum { RT_TP_OP_CREATE = 1, RT_TP_OP_FORK, RT_TP_OP_FREE, RT_TP_OP_TRUNCATE,
+       RT_TP_OP_MTP_TRUNCATE };
 void rt_tp_note(model_runtime *rt, int op, int seq, int64_t a, int64_t b);
 /* The leader's step: the journal and the items to the followers. */
 mt_status rt_tp_announce(model_runtime *rt, const model_step_item *items, int n, mt_err *err);
+/* The leader's MTP step (model_mtp_step): the journal and its items. */
+mt_status rt_tp_announce_mtp(model_runtime *rt, const model_mtp_item *items, int n,
+                             mt_err *err);
+
+/* ---- rt_mtp.c: the MTP draft layer ---- */
+
+/* model_mtp_step on this runtime alone (rt_driver.c's adds the ranks'
+ * lockstep); n >= 1 items, the MTP layer loaded. */
+mt_status rt_mtp_step(model_runtime *rt, model_mtp_item *items, int n, mt_err *err);
 
 #endif

@@ -1,7 +1,12 @@
 /* rt_mtp.c: the MTP layer as a draft model (runtime.h, speculative
- * decoding): model_mtp_step runs the MTP head and its decoder layer over a
- * batch of positions, model_seq_truncate rolls a sequence's caches back to
- * the accepted tokens.
+ * decoding): rt_mtp_step (model_mtp_step on one rank; rt_driver.c keeps
+ * the ranks in step) runs the MTP head and its decoder layer over a batch
+ * of positions, model_mtp_truncate rolls a sequence's MTP cache back.
+ *
+ * Across ranks the MTP layer is split like the others: its routed experts
+ * over the ranks (expert-parallel), and under tensor parallelism its
+ * heads, o_proj rows and bf16 shared expert, the embedding it reads and the
+ * lm_head it shares with the main model by vocabulary.
  *
  * MTP position p of a sequence reads the embedding of token p + 1 and the
  * hidden state of position p: [enorm(embed(t[p+1])) | hnorm(h[p])] ->
@@ -46,6 +51,7 @@ mt_status model_mtp_truncate(model_runtime *rt, int seq, int64_t len, mt_err *er
 {
     if (model_mtp_len(rt, seq) < 0)
         return mt_fail(err, MT_E_INVALID, "MTP truncate: no MTP cache for sequence %d", seq);
+    rt_tp_note(rt, RT_TP_OP_MTP_TRUNCATE, seq, len, 0);
     return kvc_seq_truncate(rt->layers[rt->n_layers].kv, rt->seqs[seq].mtp_kv, len, err);
 }
 
@@ -61,6 +67,8 @@ static mt_status mtp_forward(model_runtime *rt, int64_t M, int64_t cmax, int64_t
     RUN(rt->k_norm_final, M, NULL, b->xg, m->last_was_mtp ? m->head_norm : rt->final_norm, m->hin);
     RUN(rt->k_norm_final, M, NULL, m->hin, m->hnorm, b->xg);
     RUN(rt->k_embed, M, NULL, rt->embed, b->tok, b->resid, b->xb);
+    if (rt->tp.on) /* each rank embedded its vocabulary's tokens, zeros for the others */
+        MT_CHECK(rt_tp_embed_sum(rt, M, err));
     RUN(rt->k_norm_final, M, NULL, b->xb, m->enorm, b->xn);
     RUN(m->cat_e, M, NULL, b->xn, m->cat);
     RUN(m->cat_h, M, NULL, b->xg, m->cat);
@@ -75,7 +83,9 @@ static mt_status mtp_forward(model_runtime *rt, int64_t M, int64_t cmax, int64_t
         s = rt->k_gather->shape;
         model_kern_shape_set(rt->k_gather, &s, "V", M);
         RUN(rt->k_gather, nl, &s, b->xn, b->lrows, b->xgf, b->xg);
-        RUN(rt->k_lm_head, nl, NULL, b->xg, rt->lm_head, b->logits);
+        RUN(rt->k_lm_head, nl, NULL, b->xg, rt->lm_head, rt->tp.lg_l);
+        if (rt->tp.on) /* every rank's vocabulary */
+            MT_CHECK(rt_tp_gather(rt, rt->V, 1, rt->tp.lg_l, b->logits, nl, 4, err));
     }
     return dev_synchronize(rt->dev, err);
 }
@@ -119,11 +129,8 @@ static mt_status check_items(model_runtime *rt, const model_mtp_item *items, int
     return MT_OK;
 }
 
-mt_status model_mtp_step(model_runtime *rt, model_mtp_item *items, int n, mt_err *err)
+mt_status rt_mtp_step(model_runtime *rt, model_mtp_item *items, int n, mt_err *err)
 {
-    if (!rt->mtp.on)
-        return mt_fail(err, MT_E_UNSUPPORTED, "model_mtp_step: the runtime was opened without "
-                       "speculative_steps (no MTP layer loaded)");
     if (n <= 0 || n > RT_MAX_SEQS)
         return n == 0 ? MT_OK : mt_fail(err, MT_E_INVALID, "model_mtp_step: %d items", n);
     int64_t M;
@@ -176,6 +183,8 @@ mt_status model_mtp_step(model_runtime *rt, model_mtp_item *items, int n, mt_err
     }
     int64_t max_pages = (cmax + rt->ps - 1) / rt->ps;
     rt_bufs *b = &rt->b;
+    if (rt->tp.on)
+        rt_tp_local_tokens(rt, tok, M);
     void *dst[] = {b->tok, b->pos, b->rows, b->qseq, b->ctx};
     for (int j = 0; j < 5 && st == MT_OK; j++)
         st = dev_copy_to(rt->dev, dst[j], rt->h_i32 + j * M, sizeof(int32_t) * (size_t)M, err);
@@ -188,6 +197,8 @@ mt_status model_mtp_step(model_runtime *rt, model_mtp_item *items, int n, mt_err
                      n, max_pages, b->table_entries);
     if (st == MT_OK)
         st = kvc_table_upload(kv, seqs, n, max_pages, b->table, err);
+    if (st == MT_OK && rt->o.comm)
+        st = rt_ep_mtp_begin(rt, err);
     if (st == MT_OK)
         st = mtp_forward(rt, M, cmax, nl, err);
     /* From here on the activation buffers hold this step's rows. */

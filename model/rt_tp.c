@@ -28,8 +28,10 @@
  * embedding's sum is an all-reduce in place. The host copies nothing.
  *
  * Lockstep: with comm_lead rank 0 journals its sequence operations
- * (create, fork, free, truncate) and, before each step, broadcasts the
- * journal and the step's items; the other ranks, in rt_driver.c's tp_follow, replay
+ * (create, fork, free, truncate, an MTP cache's truncation) and, before
+ * each step (a model_step or a model_mtp_step: the MTP layer runs
+ * tensor-parallel like the others), broadcasts the journal and the step's
+ * items; the other ranks, in rt_driver.c's tp_follow, replay
  * both. A step that fails before its forward (bad items, KV cache full)
  * fails the same way on every rank, since their sequences are the same. */
 #include <inttypes.h>
@@ -210,7 +212,9 @@ mt_status rt_tp_moe(model_runtime *rt, rt_layer *ly, int64_t M, mt_err *err)
 /* ---- the leader's journal and steps ----------------------------------------- */
 
 /* The message: [n_ops, n_items, ops (4 each)..., items...]; an item is
- * [seq, n_tokens, n_prompt, flags, tokens...], flags 1: logits, 2: all. */
+ * [seq, n_tokens, n_prompt, flags, tokens...], flags 1: logits, 2: all.
+ * An MTP step's message has -n_items (n_items >= 1) and items [seq,
+ * n_tokens, hidden_row, flags, tokens...], flags 1: logits. */
 static bool msg_room(rt_tp *t, int64_t more)
 {
     if (t->n_msg + more <= t->msg_cap)
@@ -252,6 +256,34 @@ void rt_tp_note(model_runtime *rt, int op, int seq, int64_t a, int64_t b)
     t->msg[0]++;
 }
 
+/* One item of a step message: [seq, nt, third, flags, tokens...]. */
+static bool msg_item(rt_tp *t, int seq, const int32_t *tokens, int n_tokens, int third,
+                     int flags)
+{
+    int nt = n_tokens > 0 && tokens ? n_tokens : 0;
+    if (!msg_reserve(t, 4 + nt))
+        return false;
+    int32_t *e = t->msg + t->n_msg;
+    e[0] = seq, e[1] = nt, e[2] = third, e[3] = flags;
+    if (nt)
+        memcpy(e + 4, tokens, sizeof(int32_t) * (size_t)nt);
+    t->n_msg += 4 + nt;
+    return true;
+}
+
+/* The message as it stands, n_items its header's second entry. */
+static mt_status msg_send(model_runtime *rt, int32_t n_items, mt_err *err)
+{
+    rt_tp *t = &rt->tp;
+    t->msg[1] = n_items;
+    int32_t len = (int32_t)t->n_msg;
+    mt_status st = rt_xchg_bcast(rt, &len, 1, err);
+    if (st == MT_OK)
+        st = rt_xchg_bcast(rt, t->msg, (size_t)len, err);
+    t->n_msg = 0;
+    return st;
+}
+
 mt_status rt_tp_announce(model_runtime *rt, const model_step_item *items, int n, mt_err *err)
 {
     rt_tp *t = &rt->tp;
@@ -259,22 +291,24 @@ mt_status rt_tp_announce(model_runtime *rt, const model_step_item *items, int n,
         return mt_fail(err, MT_E_NOMEM, "tensor parallelism: step message");
     for (int i = 0; i < n; i++) {
         const model_step_item *it = &items[i];
-        int nt = it->n_tokens > 0 && it->tokens ? it->n_tokens : 0;
-        if (!msg_reserve(t, 4 + nt))
+        if (!msg_item(t, it->seq, it->tokens, it->n_tokens, it->n_prompt,
+                      (it->logits ? 1 : 0) | (it->all_logits ? 2 : 0)))
             return mt_fail(err, MT_E_NOMEM, "tensor parallelism: step message");
-        int32_t *e = t->msg + t->n_msg;
-        e[0] = it->seq, e[1] = nt, e[2] = it->n_prompt;
-        e[3] = (it->logits ? 1 : 0) | (it->all_logits ? 2 : 0);
-        if (nt)
-            memcpy(e + 4, it->tokens, sizeof(int32_t) * (size_t)nt);
-        t->n_msg += 4 + nt;
     }
-    t->msg[1] = n;
-    int32_t len = (int32_t)t->n_msg;
-    mt_status st = rt_xchg_bcast(rt, &len, 1, err);
-    if (st == MT_OK)
-        st = rt_xchg_bcast(rt, t->msg, (size_t)len, err);
-    t->n_msg = 0;
-    return st;
+    return msg_send(rt, n, err);
+}
+
+mt_status rt_tp_announce_mtp(model_runtime *rt, const model_mtp_item *items, int n,
+                             mt_err *err)
+{
+    rt_tp *t = &rt->tp;
+    if (!msg_reserve(t, 0))
+        return mt_fail(err, MT_E_NOMEM, "tensor parallelism: MTP step message");
+    for (int i = 0; i < n; i++) {
+        const model_mtp_item *it = &items[i];
+        if (!msg_item(t, it->seq, it->tokens, it->n_tokens, it->hidden_row, it->logits ? 1 : 0))
+            return mt_fail(err, MT_E_NOMEM, "tensor parallelism: MTP step message");
+    }
+    return msg_send(rt, -n, err);
 }
 

@@ -241,7 +241,12 @@ typedef struct model_mtp_item {
  * items' tokens in order) or a model_mtp_step (then the MTP layer's output
  * after shared_head.norm, which is what autoregressive drafting feeds
  * back). No other forward may run in between. Errors as model_step
- * (nothing appended); MT_E_UNSUPPORTED without MTP. */
+ * (nothing appended); MT_E_UNSUPPORTED without MTP. With a communicator
+ * the ranks keep in step as model_step's do: with comm_lead rank 0 calls
+ * it and the followers join (expert-parallel: the MTP layer's exchanges;
+ * tensor-parallel: the same step on their mirrored sequences); without a
+ * leader every rank calls it as often as the others (zero items: only its
+ * share of the MTP layer's experts), and under tp with the same items. */
 mt_status model_mtp_step(model_runtime *rt, model_mtp_item *items, int n, mt_err *err);
 
 /* ---- sampling --------------------------------------------------------------- */
