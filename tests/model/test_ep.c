@@ -2,7 +2,7 @@
  * model/rt_ep.c). In process: expert ranges tile the experts; the
  * expert-parallel path over the one-rank "self" communicator (dispatch,
  * local expert kernels, combine) gives bitwise the plain runtime's logits;
- * speculative decoding, which does not run across ranks, is refused by name.
+ * so does speculative decoding (the MTP layer expert-parallel too).
  * Under mpirun (when the build has MPI): `moetune generate --comm mpi
  * --batch-invariant` at 2 and 4 ranks gives bitwise the single-device
  * logits and the same greedy tokens (generate_matches also has a
@@ -30,6 +30,7 @@
 #include "comm/comm.h"
 #include "model/ep_moe.h"
 #include "model/plan/plan.h"
+#include "model/spec.h"
 #include "serve/serve_client.h"
 #include "test_forward_util.h"
 #include "test_mpi_procs.h"
@@ -234,14 +235,44 @@ Test(ep, plan_lists_the_expert_parallel_kernels_the_ranks_look_up, .timeout = 30
     fw_rm_dir(dir);
 }
 
-Test(ep, speculative_decoding_across_ranks_is_refused_by_name, .timeout = 300)
+/* Speculative decoding through the expert-parallel path (the MTP layer's
+ * experts too) over the one-rank "self" communicator: the same tokens and
+ * the same acceptance as the plain runtime; an MTP step of no items joins
+ * the MTP layer's (one-rank) exchanges. */
+Test(ep, one_rank_speculative_decoding_is_the_plain_runtimes, .timeout = 300)
 {
     char *dir = fw_tiny_dir();
     mt_comm *c = NULL;
     mt_err err = MT_ERR_INIT;
     cr_assert_eq(mt_comm_open("self", &c, &err), MT_OK, "%s", err.msg);
-    cr_assert_null(open_comm(dir, c, 2, &err));
-    cr_assert(strstr(err.msg, "speculative"), "%s", err.msg);
+    model_runtime *rts[2] = {open_comm(dir, c, 3, &err), NULL};
+    cr_assert_not_null(rts[0], "%s", err.msg);
+    rts[1] = open_comm(dir, NULL, 3, &err);
+    cr_assert_not_null(rts[1], "%s", err.msg);
+    uint64_t seed = mt_seed_fresh();
+    int n = 18 + (int)(seed % 12);
+    int32_t *tok = fw_tokens(seed, n, model_runtime_vocab(rts[0]));
+    int32_t out[2][16];
+    int produced[2];
+    model_spec_seq st[2];
+    for (int k = 0; k < 2; k++) {
+        int seq;
+        mt_rng rng;
+        mt_rng_seed(&rng, seed);
+        cr_assert_eq(model_seq_create(rts[k], &seq, &err), MT_OK, "%s", err.msg);
+        model_spec_gen_opts go = {.k = 3, .max_tokens = 16, .rng = &rng};
+        cr_assert_eq(model_spec_generate(rts[k], seq, tok, n, &go, out[k], &produced[k], &st[k],
+                                         &err), MT_OK, "%s", err.msg);
+    }
+    cr_assert_eq(produced[0], produced[1]);
+    cr_assert_arr_eq(out[0], out[1], sizeof(int32_t) * (size_t)produced[0], "seed %" PRIu64, seed);
+    cr_assert_eq(st[0].drafted, st[1].drafted, "seed %" PRIu64, seed);
+    cr_assert_eq(st[0].accepted, st[1].accepted, "seed %" PRIu64, seed);
+    cr_assert_gt(st[0].drafted, 0);
+    cr_assert_eq(model_mtp_step(rts[0], NULL, 0, &err), MT_OK, "%s", err.msg);
+    free(tok);
+    model_runtime_close(rts[0]);
+    model_runtime_close(rts[1]);
     mt_comm_close(c);
     fw_rm_dir(dir);
 }

@@ -4,7 +4,11 @@
  * tensor-parallel at 2 and 4 (test_ep runs 3): the greedy tokens and every
  * logit bitwise one device's (batch-invariant kernels) on prompts past the DSA indexer's top-k, and
  * no host copy beyond the step's announcement and the MoE layers' count
- * reads, per step on rank 0 and over the run on the others. In process:
+ * reads, per step on rank 0 and over the run on the others. Speculative
+ * decoding (tests/mpi/spec_check.c) at 2 and 4 ranks, expert- and
+ * tensor-parallel: every logit row it reads (verify and MTP draft rows)
+ * bitwise one device's, the same tokens, greedy and sampled, and the same
+ * drafts accepted. In process:
  * a communicator that cannot reach the device's memory is refused, naming
  * both (a GPU communicator on emu, through the stand-in NCCL). */
 #include <criterion/criterion.h>
@@ -38,31 +42,56 @@ Test(xchg, gpu_communicator_on_host_memory_is_refused_by_kind, .timeout = 300)
 }
 
 #ifdef MOETUNE_HAVE_MPI
-static void xchg_check(int np, const char *mode)
+/* mpirun -np np of a check program (name, its binary) with arguments
+ * first and args; every rank must say "<name> rank R/np ok". */
+static void run_check(int np, const char *name, const char *bin, const char *first,
+                      const char *args)
 {
-    char *dir = fw_tiny_dir();
     char cmd[2048];
     static char out[1 << 16];
-    unsigned long long seed = (unsigned long long)mt_seed_fresh();
     snprintf(cmd, sizeof cmd,
              "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
              "ASAN_OPTIONS=detect_leaks=0:intercept_tls_get_addr=0 "
-             "%s --oversubscribe -np %d %s %s %llu %s 2>&1", MPIEXEC, np, MT_XCHG_CHECK, dir,
-             seed, mode);
+             "%s --oversubscribe -np %d %s %s %s 2>&1", MPIEXEC, np, bin, first, args);
     FILE *p = popen(cmd, "r");
     cr_assert_not_null(p);
     size_t n = fread(out, 1, sizeof out - 1, p);
     out[n] = 0;
     int st = pclose(p);
     int rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    cr_assert_eq(rc, 0, "mpirun -np %d mt_xchg_check %s (seed %llu): exit %d\n%s", np, mode,
-                 seed, rc, out);
+    cr_assert_eq(rc, 0, "mpirun -np %d %s %s: exit %d\n%s", np, name, args, rc, out);
     for (int r = 0; r < np; r++) {
         char want[64];
-        snprintf(want, sizeof want, "xchg_check rank %d/%d ok", r, np);
+        snprintf(want, sizeof want, "%s rank %d/%d ok", name, r, np);
         cr_assert(strstr(out, want), "no '%s' in:\n%s", want, out);
     }
-    printf("-np %d %s:\n%s", np, mode, out);
+    printf("-np %d %s %s:\n%s", np, name, args, out);
+}
+
+static void xchg_check(int np, const char *mode)
+{
+    char *dir = fw_tiny_dir();
+    char args[128];
+    snprintf(args, sizeof args, "%llu %s", (unsigned long long)mt_seed_fresh(), mode);
+    run_check(np, "xchg_check", MT_XCHG_CHECK, dir, args);
+    fw_rm_dir(dir);
+}
+
+/* Speculative decoding across ranks (tests/mpi/spec_check.c) on two tiny
+ * checkpoints: one whose MTP layer predicts the main model's next token
+ * (drafts accepted), one with a random MTP layer (greedy drafts rejected,
+ * sampled ones partly accepted). */
+static void spec_check(int np, const char *mode)
+{
+    char *map = tmp_dir_dup("mt_xchg_spec"), *dir = fw_tiny_dir();
+    uint64_t seed = mt_seed_fresh();
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(model_tiny_write_mtp_map(map, seed, &err), MT_OK, "%s", err.msg);
+    char seed_s[32], args[1024];
+    snprintf(seed_s, sizeof seed_s, "%" PRIu64, seed);
+    snprintf(args, sizeof args, "%s 3 %s %s", mode, map, dir);
+    run_check(np, "spec_check", MT_SPEC_CHECK, seed_s, args);
+    fw_rm_dir(map);
     fw_rm_dir(dir);
 }
 
@@ -71,6 +100,10 @@ Test(xchg_mpi, expert_parallel_three_ranks_bitwise_no_staging, .timeout = 600) {
 Test(xchg_mpi, expert_parallel_four_ranks_bitwise_no_staging, .timeout = 600) { xchg_check(4, "ep"); }
 Test(xchg_mpi, tensor_parallel_two_ranks_bitwise_no_staging, .timeout = 600) { xchg_check(2, "tp"); }
 Test(xchg_mpi, tensor_parallel_four_ranks_bitwise_no_staging, .timeout = 600) { xchg_check(4, "tp"); }
+Test(xchg_mpi, speculative_expert_parallel_two_ranks_bitwise, .timeout = 600) { spec_check(2, "ep"); }
+Test(xchg_mpi, speculative_expert_parallel_four_ranks_bitwise, .timeout = 600) { spec_check(4, "ep"); }
+Test(xchg_mpi, speculative_tensor_parallel_two_ranks_bitwise, .timeout = 600) { spec_check(2, "tp"); }
+Test(xchg_mpi, speculative_tensor_parallel_four_ranks_bitwise, .timeout = 600) { spec_check(4, "tp"); }
 #else
 Test(xchg_mpi, needs_mpi)
 {
