@@ -1,8 +1,9 @@
 /* test_ep.c: the runtime across ranks with expert parallelism (model/ep_moe.h,
  * model/rt_ep.c). In process: expert ranges tile the experts; the
  * expert-parallel path over the one-rank "self" communicator (dispatch,
- * local expert kernels, combine) gives bitwise the plain runtime's logits;
- * so does speculative decoding (the MTP layer expert-parallel too).
+ * local expert kernels, combine) gives bitwise the plain runtime's logits,
+ * and speculative decoding over it (the MTP layer expert-parallel too) the
+ * plain runtime's tokens and acceptance.
  * Under mpirun (when the build has MPI): `moetune generate --comm mpi
  * --batch-invariant` at 2 and 4 ranks gives bitwise the single-device
  * logits and the same greedy tokens (generate_matches also has a
@@ -10,8 +11,10 @@
  * per-bucket configs take too long to compile for CI); mt_ep_check at 3
  * ranks (16 experts split 6/5/5) has every rank run its own sequences or
  * none, one bad item included, bitwise against a one-device runtime in the
- * same process; and `serve --ranks 2` answers a completion, then goes down,
- * server included, when rank 1 is killed. (mt_ep_check's "die" mode, a rank
+ * same process; `serve --ranks 2` answers a completion, then goes down,
+ * server included, when rank 1 is killed; `serve --device emu
+ * --speculative-steps 3` at 2 ranks and at 4 with --tp answers with one
+ * device's greedy tokens and as many drafts accepted. (mt_ep_check's "die" mode, a rank
  * dying while the others wait inside an exchange, is left to manual runs:
  * test_comm covers a rank dying under a waiting collective, and CI time is
  * tight.) */
@@ -555,18 +558,20 @@ Test(ep_mpi, three_ranks_run_their_own_sequences_bitwise, .timeout = 600)
  * generate tests' business: the server steps the same runtime); then rank
  * 1 is killed and the whole job, server included, goes down instead of
  * hanging. */
-/* Starts `mpirun -np 2 moetune serve ... --ranks 2 flags` on dir's tiny
- * model in the background; returns its port once ready, *mp the mpirun pid. */
-static int start_serve(const char *dir, const char *flags, int *mp)
+/* Starts `mpirun -np np moetune serve ... --device device --ranks np flags`
+ * on dir's tiny model in the background; returns its port once ready, *mp
+ * the mpirun pid. */
+static int start_serve_on(const char *dir, int np, const char *device, const char *flags,
+                          int *mp)
 {
     char log[600], pidf[600], cmd[4096];
     snprintf(log, sizeof log, "%s/serve.log", dir);
     snprintf(pidf, sizeof pidf, "%s/mpirun.pid", dir);
     snprintf(cmd, sizeof cmd,
              "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-             "ASAN_OPTIONS=detect_leaks=0:intercept_tls_get_addr=0 %s --oversubscribe -np 2 %s "
-             "serve --model %s --device cpu --port 0 --ranks 2 --batch-invariant %s > %s 2>&1 & "
-             "echo $! > %s", MPIEXEC, MOETUNE_BIN, dir, flags, log, pidf);
+             "ASAN_OPTIONS=detect_leaks=0:intercept_tls_get_addr=0 %s --oversubscribe -np %d %s "
+             "serve --model %s --device %s --port 0 --ranks %d --batch-invariant %s > %s 2>&1 & "
+             "echo $! > %s", MPIEXEC, np, MOETUNE_BIN, dir, device, np, flags, log, pidf);
     cr_assert_eq(system(cmd), 0);
     FILE *f = fopen(pidf, "r");
     int port = 0;
@@ -589,6 +594,11 @@ static int start_serve(const char *dir, const char *flags, int *mp)
         kill(*mp, SIGTERM);
     cr_assert(strstr(out, "ready:") && port > 0, "server not ready:\n%s", out);
     return port;
+}
+
+static int start_serve(const char *dir, const char *flags, int *mp)
+{
+    return start_serve_on(dir, 2, "cpu", flags, mp);
 }
 
 Test(ep_mpi, serve_across_two_ranks_answers_and_goes_down_with_a_dead_rank, .timeout = 600)
@@ -724,6 +734,105 @@ Test(ep_mpi, tensor_parallel_serve_answers_what_one_device_generates, .timeout =
     if (!gone)
         kill(mp, SIGKILL);
     cr_assert(gone, "mpirun still runs 60 s after SIGTERM");
+    free(tok);
+    fw_rm_dir(dir);
+}
+
+/* SIGTERM to mpirun; the job must end within 60 s. */
+static void stop_job(int mp)
+{
+    kill(mp, SIGTERM);
+    bool gone = false;
+    int status = 0;
+    for (int i = 0; i < 600 && !gone; i++) {
+        usleep(100000);
+        gone = waitpid(mp, &status, WNOHANG) == mp || !alive(mp);
+    }
+    if (!gone)
+        kill(mp, SIGKILL);
+    cr_assert(gone, "mpirun still runs 60 s after SIGTERM");
+}
+
+/* An integer field of the response's usage.speculative (-1: none). */
+static int64_t spec_usage(const char *body, const char *field)
+{
+    cJSON *j = cJSON_Parse(body);
+    cJSON *u = j ? cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"), "speculative") : NULL;
+    cJSON *f = u ? cJSON_GetObjectItem(u, field) : NULL;
+    int64_t v = cJSON_IsNumber(f) ? (int64_t)f->valuedouble : -1;
+    cJSON_Delete(j);
+    return v;
+}
+
+/* serve --device emu --ranks N --speculative-steps 3, expert-parallel at 2
+ * ranks and tensor-parallel at 4, on a tiny checkpoint whose MTP layer
+ * predicts the main model's next token, a prompt past the DSA indexer's
+ * top-k: the greedy tokens one device generates with the same drafts, and
+ * as many drafts drafted and accepted. */
+Test(ep_mpi, speculative_serve_across_ranks_answers_what_one_device_generates, .timeout = 600)
+{
+    char *dir = tmp_dir_dup("mt_ep_spec");
+    uint64_t seed = mt_seed_fresh();
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(model_tiny_write_mtp_map(dir, seed, &err), MT_OK, "%s", err.msg);
+    int n = 18 + (int)(seed % 12), max_tokens = 10;
+    int32_t *tok = fw_tokens(seed, n, 512);
+    char toks[512] = "", cmd[4096], body[1024];
+    for (int i = 0; i < n; i++)
+        snprintf(toks + strlen(toks), sizeof toks - strlen(toks), "%s%" PRId32, i ? "," : "",
+                 tok[i]);
+    static char out[1 << 16];
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --device emu --tokens %s --max-tokens %d "
+             "--batch-invariant --speculative-steps 3", MOETUNE_BIN, dir, toks, max_tokens);
+    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    char one[600];
+    ids_of(out, one, sizeof one);
+    const char *want = one + strlen("ids: ");
+    long long acc = -1, drafted = -1;
+    const char *a = strstr(out, "acceptance rate");
+    cr_assert(a && strchr(a, '(') && sscanf(strchr(a, '('), "(%lld of %lld", &acc, &drafted) == 2,
+              "no acceptance in:\n%s", out);
+    cr_assert_gt(drafted, 0);
+    int commas = 0;
+    for (const char *c = want; *c; c++)
+        commas += *c == ',';
+    bool whole = commas + 1 == max_tokens; /* generate stopped at no end of sequence */
+    snprintf(body, sizeof body, "{\"prompt\":[%s],\"max_tokens\":%d,\"temperature\":0,"
+             "\"ignore_eos\":true,\"return_token_ids\":true}", toks, max_tokens);
+    const struct {
+        int np;
+        const char *flags;
+    } runs[] = {{2, "--speculative-steps 3"}, {4, "--tp --speculative-steps 3"}};
+    for (int r = 0; r < 2; r++) {
+        int mp = 0, port = start_serve_on(dir, runs[r].np, "emu", runs[r].flags, &mp);
+        serve_url url = {0};
+        char base[64];
+        snprintf(base, sizeof base, "http://127.0.0.1:%d", port);
+        cr_assert_eq(serve_url_parse(base, &url, &err), MT_OK, "%s", err.msg);
+        serve_client_resp resp = SERVE_CLIENT_RESP_INIT;
+        mt_status st = serve_client_request(&url, "POST", "/v1/completions", body, strlen(body),
+                                            120, NULL, NULL, &resp, &err);
+        bool ok = st == MT_OK && resp.status == 200;
+        char ids[1][256] = {""};
+        if (ok)
+            ok = choice_ids(resp.body.data, ids, 1) == 1 && !strncmp(ids[0], want, strlen(want));
+        int64_t sd = ok ? spec_usage(resp.body.data, "draft_tokens") : -1;
+        int64_t sa = ok ? spec_usage(resp.body.data, "accepted_tokens") : -1;
+        if (!ok || (whole && (sd != drafted || sa != acc)))
+            kill(mp, SIGTERM);
+        cr_assert(ok, "seed %" PRIu64 ", -np %d %s: %s %d %.*s; one device %s", seed, runs[r].np,
+                  runs[r].flags, err.msg, resp.status, (int)resp.body.len,
+                  resp.body.data ? resp.body.data : "", want);
+        if (whole)
+            cr_assert(sd == drafted && sa == acc, "seed %" PRIu64 ", -np %d %s: %" PRId64 " of %"
+                      PRId64 " drafts accepted, one device %lld of %lld", seed, runs[r].np,
+                      runs[r].flags, sa, sd, acc, drafted);
+        printf("speculative serve -np %d %s: %s; %" PRId64 " of %" PRId64 " drafts accepted "
+               "(one device %lld of %lld)\n", runs[r].np, runs[r].flags, ids[0], sa, sd, acc,
+               drafted);
+        serve_client_resp_release(&resp);
+        stop_job(mp);
+    }
     free(tok);
     fw_rm_dir(dir);
 }
