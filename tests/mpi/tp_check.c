@@ -3,9 +3,11 @@
  * attention heads, o_proj rows and vocabulary, and of the routed experts),
  * and the driving rank(s) also open it alone (the reference). A script of
  * sequence operations and steps runs on both: two prefills in one step,
- * decodes, a fork mid-sequence, a truncation, a refused step (a token past
- * the vocabulary), a free and a new sequence. Every logit row must be
- * bitwise the reference's (batch-invariant kernels).
+ * decodes, MTP draft steps (over the prompts, on their own output, after
+ * a truncation of an MTP cache), a fork mid-sequence, a truncation, a
+ * refused step (a token past the vocabulary), a free and a new sequence.
+ * Every logit row, draft logits included, must be bitwise the reference's
+ * (batch-invariant kernels).
  *
  * Usage: mt_tp_check MODEL_DIR SEED spmd|lead
  *   spmd: no leader; every rank runs the same script and checks it;
@@ -30,7 +32,8 @@ static model_runtime *open_rt(const char *dir, mt_comm *c, bool lead, FILE *quie
 {
     model_runtime_opts o = {.model_dir = dir, .device = "cpu", .kv_pages = 64,
                             .max_batch_tokens = 96, .batch_invariant = true, .log = quiet,
-                            .comm = c, .comm_lead = lead, .tp = c != NULL};
+                            .comm = c, .comm_lead = lead, .tp = c != NULL,
+                            .speculative_steps = 2};
     model_runtime *rt = NULL;
     mt_err err = MT_ERR_INIT;
     if (model_runtime_open(&o, &rt, &err) != MT_OK)
@@ -44,7 +47,7 @@ typedef struct pair {
     int32_t V;
     float *lg_tp, *lg_ref;
     mt_rng r;
-    int steps;
+    int steps, mtp_steps;
 } pair;
 
 static int create(pair *p)
@@ -90,13 +93,56 @@ static void step(pair *p, const int *seq, const int *nt, int n)
     p->steps++;
 }
 
+/* One MTP draft step of n items (sequence, token count, hidden row of the
+ * step before) with fresh random tokens; every item's draft logits
+ * compared bitwise. */
+static void mtp_step(pair *p, const int *seq, const int *nt, const int *row, int n)
+{
+    model_mtp_item it_tp[4], it_ref[4];
+    int32_t tok[96];
+    int used = 0;
+    for (int i = 0; i < n; i++) {
+        for (int t = 0; t < nt[i]; t++)
+            tok[used + t] = (int32_t)mt_rng_below(&p->r, (uint64_t)p->V);
+        it_tp[i] = (model_mtp_item){.seq = seq[i], .tokens = tok + used, .n_tokens = nt[i],
+                                    .hidden_row = row[i],
+                                    .logits = p->lg_tp + (size_t)i * (size_t)p->V};
+        it_ref[i] = it_tp[i];
+        it_ref[i].logits = p->lg_ref + (size_t)i * (size_t)p->V;
+        used += nt[i];
+    }
+    mt_err err = MT_ERR_INIT;
+    if (model_mtp_step(p->tp, it_tp, n, &err) != MT_OK)
+        die("tensor-parallel MTP step", err.msg);
+    if (model_mtp_step(p->ref, it_ref, n, &err) != MT_OK)
+        die("reference MTP step", err.msg);
+    for (size_t i = 0; i < (size_t)n * (size_t)p->V; i++)
+        if (memcmp(&p->lg_tp[i], &p->lg_ref[i], sizeof(float))) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "MTP step after step %d: logit %zu of item %zu is %.9g, "
+                     "alone %.9g", p->steps, i % (size_t)p->V, i / (size_t)p->V, p->lg_tp[i],
+                     p->lg_ref[i]);
+            die("draft logits differ", msg);
+        }
+    p->mtp_steps++;
+}
+
 static void script(pair *p)
 {
     mt_err err = MT_ERR_INIT;
     int a = create(p), b = create(p);
     int la = 2 + (int)mt_rng_below(&p->r, 40), lb = 1 + (int)mt_rng_below(&p->r, 20);
     step(p, (int[]){a, b}, (int[]){la, lb}, 2);
+    /* The MTP layer over both prompts, then a draft step on its own rows. */
+    mtp_step(p, (int[]){a, b}, (int[]){la, lb}, (int[]){0, la}, 2);
+    mtp_step(p, (int[]){b, a}, (int[]){1, 1}, (int[]){la + lb - 1, la - 1}, 2);
     step(p, (int[]){a, b}, (int[]){1, 1}, 2);
+    /* a's drafts rejected: its MTP cache cut back, then caught up. */
+    int64_t ma = model_mtp_len(p->tp, a) - 1;
+    if (model_mtp_truncate(p->tp, a, ma, &err) != MT_OK ||
+        model_mtp_truncate(p->ref, a, ma, &err) != MT_OK)
+        die("MTP truncate", err.msg);
+    mtp_step(p, (int[]){a}, (int[]){1}, (int[]){0}, 1);
     /* A fork sharing all but the last pages of a, then two tokens on it. */
     int c, c2;
     int64_t at = model_seq_len(p->tp, a) - 1;
@@ -149,7 +195,8 @@ int main(int argc, char **argv)
         p.lg_ref = malloc(sizeof(float) * (size_t)p.V * 96);
         mt_rng_seed(&p.r, seed); /* the same script on every rank */
         script(&p);
-        printf("tp_check rank %d/%d ok: %d steps bitwise\n", rank, size, p.steps);
+        printf("tp_check rank %d/%d ok: %d steps and %d MTP steps bitwise\n", rank, size,
+               p.steps, p.mtp_steps);
     }
     model_runtime_close(p.tp); /* the leader's tells the followers to stop */
     model_runtime_close(p.ref);
