@@ -5,8 +5,11 @@
  * lockstep steps each rank runs its own sequences (prefills of different
  * lengths, two items in a step, decodes) or nothing at all, and one rank
  * sends a bad item once (refused, but it still joins the step's
- * exchanges). Every logit row must be bitwise the reference's
- * (batch-invariant kernels). Prints "ep_check rank R/N ok" and exits 0, or
+ * exchanges). After each step every rank runs an MTP draft step over its
+ * step's items (none: it only serves its share of the MTP layer's
+ * experts; the bad one refused, joining all the same). Every logit row,
+ * draft logits included, must be bitwise the reference's (batch-invariant
+ * kernels). Prints "ep_check rank R/N ok" and exits 0, or
  * names the first difference and exits 1.
  * Usage: mt_ep_check MODEL_DIR SEED [die]  ("die": rank 1 exits with status
  * 3 before step 2; the others block in that step's exchanges: mpirun must
@@ -27,7 +30,7 @@ static model_runtime *open_rt(const char *dir, mt_comm *c, FILE *quiet)
 {
     model_runtime_opts o = {.model_dir = dir, .device = "cpu", .kv_pages = 64,
                             .max_batch_tokens = 64, .batch_invariant = true, .log = quiet,
-                            .comm = c};
+                            .comm = c, .speculative_steps = 2};
     model_runtime *rt = NULL;
     mt_err err = MT_ERR_INIT;
     if (model_runtime_open(&o, &rt, &err) != MT_OK)
@@ -37,6 +40,44 @@ static model_runtime *open_rt(const char *dir, mt_comm *c, FILE *quiet)
 
 #define MAXSEQ 2
 #define STEPS 5
+
+/* The MTP layer over the n items of the step just run (each item's rows,
+ * fresh tokens), on both runtimes; its draft logits compared bitwise. A
+ * rank with no items still joins the MTP layer's exchanges. */
+static void mtp_step(model_runtime *ep, model_runtime *ref, const model_step_item *it_ep,
+                     const model_step_item *it_ref, int n, mt_rng *r, int32_t V, int s)
+{
+    model_mtp_item m_ep[MAXSEQ], m_ref[MAXSEQ];
+    int32_t tok[64];
+    float *lg = malloc(sizeof(float) * (size_t)V * 2 * MAXSEQ);
+    if (!lg)
+        die("memory", "draft logits");
+    int row = 0;
+    for (int q = 0; q < n; q++) {
+        for (int t = 0; t < it_ep[q].n_tokens; t++)
+            tok[row + t] = (int32_t)mt_rng_below(r, (uint64_t)V);
+        m_ep[q] = (model_mtp_item){.seq = it_ep[q].seq, .tokens = tok + row,
+                                   .n_tokens = it_ep[q].n_tokens, .hidden_row = row,
+                                   .logits = lg + (size_t)q * V};
+        m_ref[q] = m_ep[q];
+        m_ref[q].seq = it_ref[q].seq;
+        m_ref[q].logits = lg + (size_t)(MAXSEQ + q) * V;
+        row += it_ep[q].n_tokens;
+    }
+    mt_err err = MT_ERR_INIT;
+    if (model_mtp_step(ep, m_ep, n, &err) != MT_OK)
+        die("expert-parallel MTP step", err.msg);
+    if (n && ref && model_mtp_step(ref, m_ref, n, &err) != MT_OK)
+        die("reference MTP step", err.msg);
+    for (size_t i = 0; ref && i < (size_t)n * (size_t)V; i++)
+        if (memcmp(&lg[i], &lg[(size_t)MAXSEQ * V + i], sizeof(float))) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "MTP step %d: logit %zu of item %zu is %.9g, alone %.9g", s,
+                     i % (size_t)V, i / (size_t)V, lg[i], lg[(size_t)MAXSEQ * V + i]);
+            die("draft logits differ", msg);
+        }
+    free(lg);
+}
 
 int main(int argc, char **argv)
 {
@@ -79,6 +120,10 @@ int main(int argc, char **argv)
             model_step_item b = {.seq = n_seq ? sq_ep[0] : -1, .tokens = &bad, .n_tokens = 1};
             if (model_step(ep, &b, 1, &err) != MT_E_INVALID)
                 die("bad item", "a token id past the vocabulary was not refused");
+            /* And a bad draft step (no tokens): refused, yet it joins. */
+            model_mtp_item bm = {.seq = b.seq, .tokens = &bad, .n_tokens = 0};
+            if (model_mtp_step(ep, &bm, 1, &err) != MT_E_INVALID)
+                die("bad MTP item", "an MTP item of no tokens was not refused");
             continue;
         }
         if ((rank + s) % 3 != 2) {
@@ -120,6 +165,7 @@ int main(int argc, char **argv)
                     die("logits differ", msg);
                 }
         }
+        mtp_step(ep, ref, it_ep, it_ref, n, &r, V, s);
         /* Greedy continuation of every sequence. */
         int row = 0;
         for (int q = 0; q < n; q++) {
