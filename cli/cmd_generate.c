@@ -32,7 +32,7 @@ static const char gen_usage[] =
     "         [--act-quant none|mxfp4|int8] [--kv-dtype bf16|fp8]\n"
     "         [--logits FILE] [--step-logits FILE] [--report]\n"
     "         [--batch-invariant]\n"
-    "         [--speculative-steps K] [--comm self|mpi [--tp]]";
+    "         [--speculative-steps K] [--comm self|mpi [--tp [--tp-size N]]]";
 
 static const char gen_about[] =
     "Runs the GLM-5 checkpoint in DIR on the device with kernels from the tuning database "
@@ -98,6 +98,11 @@ static int parse(int argc, char **argv, gen_cli *c)
                  "attention heads, of o_proj's rows and of the vocabulary (embedding, "
                  "lm_head), and every rank runs every token; the MoE layers split the tokens "
                  "over the ranks"},
+        {.name = "--tp-size", .type = CLI_OPT_INT, .dst = &o->tp_size, .arg = "N", .min = 1,
+         .max = 4096, .def_text = "every rank",
+         .help = "with --tp: ranks per tensor-parallel group (it must divide the job); the "
+                 "routed experts stay split over every rank, and the other groups mirror the "
+                 "first's steps"},
         {0},
     };
     const cli_cmd cmd = {.name = "generate", .usage = gen_usage, .about = gen_about,
@@ -119,6 +124,10 @@ static int check_args(const gen_cli *c)
     }
     if (c->o.tp && !c->comm_name) {
         cli_error("generate", "--tp splits the model over the ranks of --comm mpi");
+        return CLI_USAGE;
+    }
+    if (c->o.tp_size && !c->o.tp) {
+        cli_error("generate", "--tp-size N sets the size of --tp's groups");
         return CLI_USAGE;
     }
     return CLI_OK;

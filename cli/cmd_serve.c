@@ -131,6 +131,11 @@ static int parse(int argc, char **argv, serve_cli *c)
          .help = "with --ranks: tensor parallelism too: each rank also holds 1/N of the "
                  "attention heads, of o_proj's rows and of the vocabulary, runs every step "
                  "with rank 0 and mirrors its sequences"},
+        {.name = "--tp-size", .type = CLI_OPT_INT, .dst = &rt->tp_size, .arg = "N", .min = 1,
+         .max = 4096, .def_text = "every rank",
+         .help = "with --tp: ranks per tensor-parallel group (it must divide --ranks); the "
+                 "routed experts stay split over every rank, and the other groups mirror the "
+                 "first's steps"},
         {0},
     };
     const cli_cmd cmd = {
@@ -140,8 +145,10 @@ static int parse(int argc, char **argv, serve_cli *c)
                  "      [--max-batch-tokens N] [--threads N] [--max-cached N]\n"
                  "      [--served-model-name NAME] [--max-body BYTES]\n"
                  "      [--batch-invariant] [--speculative-steps K]\n"
-                 "      [--act-quant none|mxfp4|int8] [--ranks N [--tp]]\n"
-                 "      [--tune-misses [--tune-share P] [--tune-budget B] [--tune-first N]\n"
+                 "      [--act-quant none|mxfp4|int8] [--ranks N [--tp [--tp-size N]]]
+"
+                 "      [--tune-misses [--tune-share P] [--tune-budget B] [--tune-first N]
+"
                  "      [--tune-cold] [--tune-queue N]]",
         .about = "Serves the checkpoint in DIR over HTTP with OpenAI's API: POST "
                  "/v1/completions, POST /v1/chat/completions (streaming or not), GET "
@@ -270,6 +277,10 @@ int cmd_serve(int argc, char **argv)
     c.o.max_body = (size_t)c.max_body;
     if (c.o.engine.rt.tp && !c.ranks) {
         cli_error("serve", "--tp splits the model over the --ranks N of mpirun");
+        return CLI_USAGE;
+    }
+    if (c.o.engine.rt.tp_size && !c.o.engine.rt.tp) {
+        cli_error("serve", "--tp-size N sets the size of --tp's groups");
         return CLI_USAGE;
     }
     serve_tune *tuner = NULL;

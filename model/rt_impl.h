@@ -152,7 +152,8 @@ typedef struct rt_xchg {
  * whole ones (v_l is b.v, d_l b.delta, lg_l b.logits). */
 typedef struct rt_tp {
     bool on;
-    int rank, size;
+    int rank, size;              /* in the group (o.tp_size ranks; all without it) */
+    int group, world;            /* which group; the communicator's size */
     model_tp_dims me;            /* this rank's heads, o_proj rows, vocabulary rows */
     void *v_l, *d_l, *lg_l, *h_l; /* device: this rank's heads' attention output
                                   * [T][heads*VD] bf16, o_proj / MLP down rows [T][o_rows]
@@ -163,7 +164,7 @@ typedef struct rt_tp {
     size_t x_cap;
     rt_tp_cols cols[RT_TP_MAX_COLS]; /* the gathers' layout kernels (tp_cols) */
     int n_cols;
-    size_t *cnt;                 /* [4 * size]: all-to-all-v counts and displacements */
+    size_t *cnt;                 /* [4 * world]: all-to-all-v counts and displacements */
     int64_t *w;                  /* [size]: an exchange's columns per rank */
     int32_t *msg;                /* the leader's step message (journal, then items) */
     int64_t n_msg, msg_cap;      /* int32 entries; the journal is msg[2 .. 2 + 4 * msg[0]) */

@@ -22,6 +22,16 @@
  * Every collective is a copy or a sum with one non-zero term, so no result
  * depends on a library's reduction order.
  *
+ * Groups (o.tp_size smaller than the job): the shares above are a group's
+ * (group g is ranks g * tp_size ..); the routed experts stay split over
+ * every rank. Without data-parallel attention every group mirrors the
+ * first (the leader's messages reach every rank; each group runs every
+ * step on the same sequences), so the experts run each group's rows. A
+ * gather is the communicator's all-to-all-v with nothing to or from the
+ * other groups; the embedding's sum runs over every rank, and only the
+ * first group's ranks contribute rows (the others read their zero row),
+ * so it stays a sum with one non-zero term.
+ *
  * Exchanges are on device buffers (the communicator reaches the device's
  * memory, rt_xchg.c): a gather receives the ranks' blocks one after
  * another and a tp_cols kernel lays their columns side by side; the
@@ -48,14 +58,20 @@ mt_status rt_tp_open(model_runtime *rt, mt_err *err)
         return MT_OK;
     if (!rt->o.comm)
         return mt_fail(err, MT_E_INVALID, "tensor parallelism (tp) needs a communicator");
-    t->size = mt_comm_size(rt->o.comm);
-    t->rank = mt_comm_rank(rt->o.comm);
+    t->world = mt_comm_size(rt->o.comm);
+    int me = mt_comm_rank(rt->o.comm);
+    t->size = rt->o.tp_size > 0 ? rt->o.tp_size : t->world;
+    if (t->world % t->size)
+        return mt_fail(err, MT_E_INVALID, "tensor-parallel groups of %d ranks do not divide the "
+                       "job's %d ranks", t->size, t->world);
+    t->rank = me % t->size;
+    t->group = me / t->size;
     if (t->size < 2)
         return MT_OK;
     t->on = true;
-    t->lead = rt->o.comm_lead && t->rank == 0;
-    t->cnt = calloc((size_t)t->size * 4, sizeof *t->cnt);
-    t->w = calloc((size_t)t->size, sizeof *t->w);
+    t->lead = rt->o.comm_lead && me == 0;
+    t->cnt = calloc((size_t)t->world * 4, sizeof *t->cnt);
+    t->w = calloc((size_t)t->world, sizeof *t->w);
     if (!t->cnt || !t->w)
         return mt_fail(err, MT_E_NOMEM, "tensor parallelism");
     fprintf(rt->log, "tensor parallelism: rank %d of %d (%s) holds attention heads %" PRId64
@@ -63,6 +79,10 @@ mt_status rt_tp_open(model_runtime *rt, mt_err *err)
             "\n", t->rank, t->size, mt_comm_backend(rt->o.comm), t->me.head0,
             t->me.head0 + t->me.heads - 1, t->me.o_row0, t->me.o_row0 + t->me.o_rows - 1,
             t->me.vocab0, t->me.vocab0 + t->me.vocab - 1);
+    if (t->size < t->world)
+        fprintf(rt->log, "tensor parallelism: group %d of %d (ranks %d-%d); the groups mirror "
+                "group 0's sequences and steps\n", t->group, t->world / t->size,
+                t->group * t->size, t->group * t->size + t->size - 1);
     return MT_OK;
 }
 
@@ -153,19 +173,22 @@ mt_status rt_tp_gather(model_runtime *rt, int64_t total, int64_t per, const void
                        void *full, int64_t rows, size_t es, mt_err *err)
 {
     rt_tp *t = &rt->tp;
-    int n = t->size;
+    /* Over the whole communicator, nothing to or from the other groups. */
+    int n = t->world, g0 = t->group * t->size;
     size_t *sc = t->cnt, *sd = sc + n, *rc = sd + n, *rd = rc + n, off = 0;
     size_t mine = 0;
     for (int q = 0; q < n; q++) {
-        int64_t q0, qn;
-        model_ep_range(total, n, q, &q0, &qn);
+        int64_t q0, qn = 0;
+        bool in = q >= g0 && q < g0 + t->size;
+        if (in)
+            model_ep_range(total, t->size, q - g0, &q0, &qn);
         rc[q] = (size_t)(rows * per * qn) * es;
-        rd[q] = off; /* rank q's block: rows x its columns, after rank q-1's */
+        rd[q] = off; /* group rank q's block: rows x its columns, after q-1's */
         off += rc[q];
-        mine = q == t->rank ? rc[q] : mine;
+        mine = in && q - g0 == t->rank ? rc[q] : mine;
     }
-    for (int q = 0; q < n; q++)
-        sc[q] = mine, sd[q] = 0; /* the same block to every rank */
+    for (int q = 0; q < n; q++) /* the same block to every rank of the group */
+        sc[q] = q >= g0 && q < g0 + t->size ? mine : 0, sd[q] = 0;
     if (rows <= 1) /* the blocks are the row's columns in order already */
         return mt_comm_all_to_all_v(rt->o.comm, local, sc, sd, full, rc, rd, MT_COMM_U8, err);
     rt_tp_cols *c = NULL;
@@ -184,7 +207,11 @@ mt_status rt_tp_gather(model_runtime *rt, int64_t total, int64_t per, const void
 void rt_tp_local_tokens(const model_runtime *rt, int32_t *tok, int64_t M)
 {
     const model_tp_dims *d = &rt->tp.me;
-    for (int64_t i = 0; i < M; i++)
+    /* The embedding's sum runs over every group: only the first's rows
+     * count (the others, mirroring it, read the zero row). */
+    for (int64_t i = 0; i < M && rt->tp.group; i++)
+        tok[i] = (int32_t)d->vocab;
+    for (int64_t i = 0; i < M && !rt->tp.group; i++)
         tok[i] = tok[i] >= d->vocab0 && tok[i] < d->vocab0 + d->vocab ? (int32_t)(tok[i] - d->vocab0)
                                                                       : (int32_t)d->vocab;
 }

@@ -32,9 +32,10 @@ void model_runtime_plan_opts(const model_runtime_opts *ro, model_plan_opts *out)
                              .kv_dtype = ro->kv_dtype, .kv_page_size = ro->kv_page_size,
                              .kv_pages = ro->kv_pages, .max_batch_tokens = ro->max_batch_tokens,
                              .mtp = ro->speculative_steps > 0, .ep_runtime = ro->comm != NULL};
-    if (ro->tp && ro->comm && mt_comm_size(ro->comm) > 1) {
-        out->tp_ranks = mt_comm_size(ro->comm);
-        out->tp_rank = mt_comm_rank(ro->comm);
+    int group = ro->tp && ro->comm ? (ro->tp_size > 0 ? ro->tp_size : mt_comm_size(ro->comm)) : 0;
+    if (group > 1) { /* the plan of this rank's place in its group */
+        out->tp_ranks = group;
+        out->tp_rank = mt_comm_rank(ro->comm) % group;
     }
 }
 

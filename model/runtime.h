@@ -61,6 +61,12 @@ typedef struct model_runtime_opts {
                               * ranks, expert-parallel. With comm_lead the followers mirror
                               * rank 0's sequences and steps; without it every rank must make
                               * the same calls with the same arguments */
+    int tp_size;             /* with tp: ranks per tensor-parallel group (it must divide the
+                              * communicator's size); 0 = every rank, one group. Group g is
+                              * ranks g * tp_size .. + tp_size - 1; routed experts stay split
+                              * over every rank. Without data-parallel attention every group
+                              * mirrors the first: each runs every step on the same sequences,
+                              * so the experts run each group's rows */
     unsigned xchg_timeout_ms; /* with comm: the longest an exchange inside a forward may wait
                               * for the other ranks (mt_comm_set_timeout; set on comm) before
                               * the step fails; 0 = 30000. A follower waiting for the next

@@ -455,6 +455,9 @@ static void generate_matches(const int *nps, int n_nps, bool invariant, const ch
         if (strstr(extra, "--tp"))
             cr_assert(strstr(out, "tensor parallelism: rank 0 of"), "rank 0 did not report its "
                       "tensor-parallel share:\n%s", out);
+        if (strstr(extra, "--tp-size"))
+            cr_assert(strstr(out, "tensor parallelism: group 0 of"), "rank 0 did not report its "
+                      "tensor-parallel group:\n%s", out);
         ids_of(out, many, sizeof many);
         cr_assert_str_eq(many, one, "seed %" PRIu64 ": -np %d greedy tokens differ", seed, np);
         float *b = read_logits(p2, &n2);
@@ -490,6 +493,13 @@ Test(ep_mpi, tensor_parallel_ranks_generate_the_single_device_logits, .timeout =
     generate_matches(nps, 2, true, "--tp");
 }
 
+/* Two tensor-parallel groups of 2 ranks, experts over all 4. */
+Test(ep_mpi, tensor_parallel_groups_generate_the_single_device_logits, .timeout = 600)
+{
+    const int nps[] = {4};
+    generate_matches(nps, 1, true, "--tp --tp-size 2");
+}
+
 /* Without the batch-invariant mode (each rank's MoE share picks configs
  * for its own row count), on 3 ranks: 4 heads split 2, 1, 1. */
 Test(ep_mpi, tensor_parallel_uneven_split_within_tolerance, .timeout = 600)
@@ -498,23 +508,33 @@ Test(ep_mpi, tensor_parallel_uneven_split_within_tolerance, .timeout = 600)
     generate_matches(nps, 1, false, "--tp");
 }
 
-static void tp_check(int np, const char *mode)
+static void tp_check_groups(int np, const char *mode, int group)
 {
     char *dir = fw_tiny_dir();
     char cmd[2048];
     static char out[1 << 16];
     unsigned long long seed = (unsigned long long)mt_seed_fresh();
-    snprintf(cmd, sizeof cmd, "%s --oversubscribe -np %d %s %s %llu %s", MPIEXEC, np,
-             MT_TP_CHECK, dir, seed, mode);
+    snprintf(cmd, sizeof cmd, "%s --oversubscribe -np %d %s %s %llu %s %d", MPIEXEC, np,
+             MT_TP_CHECK, dir, seed, mode, group);
     int rc = run(cmd, out, sizeof out);
-    cr_assert_eq(rc, 0, "mpirun -np %d mt_tp_check %s (seed %llu): exit %d\n%s", np, mode, seed,
-                 rc, out);
+    cr_assert_eq(rc, 0, "mpirun -np %d mt_tp_check %s %d (seed %llu): exit %d\n%s", np, mode,
+                 group, seed, rc, out);
     for (int r = 0; r < np; r++) {
         char want[64];
         snprintf(want, sizeof want, "tp_check rank %d/%d ok", r, np);
         cr_assert(strstr(out, want), "no '%s' in:\n%s", want, out);
     }
     fw_rm_dir(dir);
+}
+
+static void tp_check(int np, const char *mode) { tp_check_groups(np, mode, 0); }
+
+/* Tensor-parallel groups of 2 in a job of 4 (experts over all 4): the
+ * second group mirrors the first, led or not, bitwise one device's. */
+Test(ep_mpi, tensor_parallel_groups_smaller_than_the_job_match_one_device, .timeout = 600)
+{
+    tp_check_groups(4, "lead", 2);
+    tp_check_groups(4, "spmd", 2);
 }
 
 /* Every rank runs the same script (creates, two prefills in a step, a
@@ -802,8 +822,9 @@ Test(ep_mpi, speculative_serve_across_ranks_answers_what_one_device_generates, .
     const struct {
         int np;
         const char *flags;
-    } runs[] = {{2, "--speculative-steps 3"}, {4, "--tp --speculative-steps 3"}};
-    for (int r = 0; r < 2; r++) {
+    } runs[] = {{2, "--speculative-steps 3"}, {4, "--tp --speculative-steps 3"},
+                {4, "--tp --tp-size 2 --speculative-steps 3"}};
+    for (int r = 0; r < 3; r++) {
         int mp = 0, port = start_serve_on(dir, runs[r].np, "emu", runs[r].flags, &mp);
         serve_url url = {0};
         char base[64];

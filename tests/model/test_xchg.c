@@ -6,7 +6,7 @@
  * no host copy beyond the step's announcement and the MoE layers' count
  * reads, per step on rank 0 and over the run on the others. Speculative
  * decoding (tests/mpi/spec_check.c) at 2 and 4 ranks, expert- and
- * tensor-parallel: every logit row it reads (verify and MTP draft rows)
+ * tensor-parallel (and at 4 in tensor-parallel groups of 2): every logit row it reads (verify and MTP draft rows)
  * bitwise one device's, the same tokens, greedy and sampled, and the same
  * drafts accepted. In process:
  * a communicator that cannot reach the device's memory is refused, naming
@@ -104,6 +104,7 @@ Test(xchg_mpi, speculative_expert_parallel_two_ranks_bitwise, .timeout = 600) { 
 Test(xchg_mpi, speculative_expert_parallel_four_ranks_bitwise, .timeout = 600) { spec_check(4, "ep"); }
 Test(xchg_mpi, speculative_tensor_parallel_two_ranks_bitwise, .timeout = 600) { spec_check(2, "tp"); }
 Test(xchg_mpi, speculative_tensor_parallel_four_ranks_bitwise, .timeout = 600) { spec_check(4, "tp"); }
+Test(xchg_mpi, speculative_tensor_parallel_groups_of_two_bitwise, .timeout = 600) { spec_check(4, "tp2"); }
 #else
 Test(xchg_mpi, needs_mpi)
 {

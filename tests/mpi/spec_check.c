@@ -1,7 +1,8 @@
 /* spec_check.c: run under `mpirun -np N` by test_xchg. Speculative
  * decoding with the checkpoint's MTP layer across ranks on emu devices:
  * rank 0 leads (comm_lead) a runtime over the "mpi" communicator,
- * expert-parallel, or tensor-parallel too with "tp", with K draft steps,
+ * expert-parallel, or tensor-parallel too with "tp" ("tpG": in groups of G
+ * ranks, the other groups mirroring the first), with K draft steps,
  * and runs the same generations on a one-device runtime (batch-invariant
  * kernels), on each checkpoint named: two prompts longer than the DSA
  * indexer's top-k (so the main and MTP layers' decode attends sparsely),
@@ -13,7 +14,7 @@
  * drafts and accepted drafts equal. The other ranks follow; they must have
  * followed at least one MTP step per draft round. Prints "spec_check rank
  * R/N ok" and exits 0, or names the first difference and exits 1.
- * Usage: mt_spec_check SEED ep|tp K MODEL_DIR... */
+ * Usage: mt_spec_check SEED ep|tp|tpG K MODEL_DIR... */
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -26,12 +27,14 @@
 #include "model/spec.h"
 #include "mpi_check.h"
 
+static int group_size; /* tp_size: 0, every rank */
+
 static model_runtime *open_rt(const char *dir, mt_comm *c, bool tp, int k, FILE *quiet)
 {
     model_runtime_opts o = {.model_dir = dir, .device = "emu", .kv_pages = 64,
                             .max_batch_tokens = 96, .batch_invariant = true, .log = quiet,
                             .comm = c, .comm_lead = c != NULL, .tp = tp && c,
-                            .speculative_steps = k};
+                            .tp_size = tp && c ? group_size : 0, .speculative_steps = k};
     model_runtime *rt = NULL;
     mt_err err = MT_ERR_INIT;
     if (model_runtime_open(&o, &rt, &err) != MT_OK)
@@ -139,12 +142,13 @@ static int32_t lead(model_runtime *many, model_runtime *one, int k, const char *
 int main(int argc, char **argv)
 {
     check_name = "spec_check";
-    if (argc < 5 || (strcmp(argv[2], "ep") && strcmp(argv[2], "tp")) || atoi(argv[3]) < 1) {
-        fprintf(stderr, "usage: mt_spec_check SEED ep|tp K MODEL_DIR...\n");
+    if (argc < 5 || (strcmp(argv[2], "ep") && strncmp(argv[2], "tp", 2)) || atoi(argv[3]) < 1) {
+        fprintf(stderr, "usage: mt_spec_check SEED ep|tp|tpG K MODEL_DIR...\n");
         return 2;
     }
     seed = strtoull(argv[1], NULL, 10);
-    bool tp = !strcmp(argv[2], "tp");
+    bool tp = !strncmp(argv[2], "tp", 2);
+    group_size = tp ? atoi(argv[2] + 2) : 0;
     int k = atoi(argv[3]);
     mt_comm *c = NULL;
     mt_err err = MT_ERR_INIT;

@@ -9,7 +9,9 @@
  * Every logit row, draft logits included, must be bitwise the reference's
  * (batch-invariant kernels).
  *
- * Usage: mt_tp_check MODEL_DIR SEED spmd|lead
+ * Usage: mt_tp_check MODEL_DIR SEED spmd|lead [GROUP]
+ *   GROUP: ranks per tensor-parallel group (tp_size; default every rank);
+ *         the other groups mirror the first's steps;
  *   spmd: no leader; every rank runs the same script and checks it;
  *   lead: rank 0 runs the script (comm_lead: its sequence operations and
  *         steps are replayed by the others, which sit in
@@ -28,12 +30,14 @@
 #include "model/runtime.h"
 #include "mpi_check.h"
 
+static int group_size; /* tp_size: 0, every rank */
+
 static model_runtime *open_rt(const char *dir, mt_comm *c, bool lead, FILE *quiet)
 {
     model_runtime_opts o = {.model_dir = dir, .device = "cpu", .kv_pages = 64,
                             .max_batch_tokens = 96, .batch_invariant = true, .log = quiet,
                             .comm = c, .comm_lead = lead, .tp = c != NULL,
-                            .speculative_steps = 2};
+                            .speculative_steps = 2, .tp_size = c ? group_size : 0};
     model_runtime *rt = NULL;
     mt_err err = MT_ERR_INIT;
     if (model_runtime_open(&o, &rt, &err) != MT_OK)
@@ -171,9 +175,10 @@ int main(int argc, char **argv)
 {
     check_name = "tp_check";
     if (argc < 4 || (strcmp(argv[3], "spmd") && strcmp(argv[3], "lead"))) {
-        fprintf(stderr, "usage: mt_tp_check MODEL_DIR SEED spmd|lead\n");
+        fprintf(stderr, "usage: mt_tp_check MODEL_DIR SEED spmd|lead [GROUP]\n");
         return 2;
     }
+    group_size = argc > 4 ? atoi(argv[4]) : 0;
     seed = strtoull(argv[2], NULL, 10);
     bool lead = !strcmp(argv[3], "lead");
     mt_comm *c = NULL;
