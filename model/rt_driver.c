@@ -71,8 +71,6 @@ static mt_status follow_mtp(model_runtime *rt, const int32_t *m, int64_t len, in
     if (!rt->mtp.on)
         return mt_fail(err, MT_E_INVALID, "rank 0 runs MTP draft steps, but this rank opened "
                        "its runtime without speculative_steps: every rank needs the same options");
-    if (n > RT_MAX_SEQS)
-        return mt_fail(err, MT_E_FORMAT, "tensor parallelism: an MTP step of %d items", n);
     model_mtp_item *items = calloc((size_t)n, sizeof *items);
     float *logits = malloc(sizeof(float) * (size_t)n * (size_t)rt->V);
     mt_status st = MT_OK;
@@ -102,7 +100,7 @@ static mt_status follow_mtp(model_runtime *rt, const int32_t *m, int64_t len, in
 /* One announced step on a follower: message m of len entries. */
 static mt_status follow_step(model_runtime *rt, const int32_t *m, int64_t len, mt_err *err)
 {
-    if (len < 2 || m[0] < 0 || 2 + 4 * (int64_t)m[0] > len)
+    if (len < 2 || m[0] < 0 || m[1] < -RT_MAX_SEQS || 2 + 4 * (int64_t)m[0] > len)
         return mt_fail(err, MT_E_FORMAT, "tensor parallelism: a step message of %" PRId64
                        " entries", len);
     MT_CHECK(replay_ops(rt, m + 2, m[0], err));
