@@ -145,10 +145,8 @@ static int parse(int argc, char **argv, serve_cli *c)
                  "      [--max-batch-tokens N] [--threads N] [--max-cached N]\n"
                  "      [--served-model-name NAME] [--max-body BYTES]\n"
                  "      [--batch-invariant] [--speculative-steps K]\n"
-                 "      [--act-quant none|mxfp4|int8] [--ranks N [--tp [--tp-size N]]]
-"
-                 "      [--tune-misses [--tune-share P] [--tune-budget B] [--tune-first N]
-"
+                 "      [--act-quant none|mxfp4|int8] [--ranks N [--tp [--tp-size N]]]\n"
+                 "      [--tune-misses [--tune-share P] [--tune-budget B] [--tune-first N]\n"
                  "      [--tune-cold] [--tune-queue N]]",
         .about = "Serves the checkpoint in DIR over HTTP with OpenAI's API: POST "
                  "/v1/completions, POST /v1/chat/completions (streaming or not), GET "
