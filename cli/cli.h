@@ -42,6 +42,10 @@ const char *cli_db_default(void);
 /* --act-quant's setter (cli_opt_set_fn): dst is a model_act_quant; "none",
  * "mxfp4" or "int8" (model_act_quant_parse). */
 bool cli_set_act_quant(void *dst, const char *text, char *err, size_t cap);
+
+/* A tuning budget's setter (tune --budget, serve --tune-budget): dst is a
+ * tune_budget; "50", "15%", "30s" or a combination (tune_budget_parse). */
+bool cli_set_budget(void *dst, const char *text, char *err, size_t cap);
 #define CLI_ACT_QUANT_ARG "none|mxfp4|int8"
 
 /* --kv-dtype's values: bf16 and fp8 as kern_dtype values. */

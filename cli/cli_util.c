@@ -1,6 +1,6 @@
 /* cli_util.c: helpers several subcommands share: the error line, the
  * default database, and the option values more than one table takes
- * (--act-quant, --kv-dtype). */
+ * (--act-quant, --kv-dtype, a tuning budget). */
 #include "cli.h"
 
 #include <stdarg.h>
@@ -8,6 +8,7 @@
 
 #include "kernels/core/family.h"
 #include "model/plan/plan.h"
+#include "tuner/tuner.h"
 
 void cli_error(const char *cmd, const char *fmt, ...)
 {
@@ -30,6 +31,15 @@ bool cli_set_act_quant(void *dst, const char *text, char *err, size_t cap)
     if (model_act_quant_parse(text, dst))
         return true;
     snprintf(err, cap, "none, mxfp4 or int8");
+    return false;
+}
+
+bool cli_set_budget(void *dst, const char *text, char *err, size_t cap)
+{
+    mt_err e = MT_ERR_INIT;
+    if (tune_budget_parse(text, dst, &e) == MT_OK)
+        return true;
+    snprintf(err, cap, "%s", e.msg);
     return false;
 }
 

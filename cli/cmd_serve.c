@@ -37,15 +37,6 @@ static bool set_share(void *dst, const char *v, char *err, size_t cap)
     return true;
 }
 
-static bool set_budget(void *dst, const char *v, char *err, size_t cap)
-{
-    mt_err e = MT_ERR_INIT;
-    if (tune_budget_parse(v, dst, &e) == MT_OK)
-        return true;
-    snprintf(err, cap, "%s", e.msg);
-    return false;
-}
-
 static int parse(int argc, char **argv, serve_cli *c)
 {
     model_runtime_opts *rt = &c->o.engine.rt;
@@ -111,7 +102,7 @@ static int parse(int argc, char **argv, serve_cli *c)
                  "most P of the cores (at least 1), everything it runs at the lowest "
                  "priority"},
         {.name = "--tune-budget", .type = CLI_OPT_CUSTOM, .dst = &c->tune.budget,
-         .set = set_budget, .arg = "B", .def_text = "15%",
+         .set = cli_set_budget, .arg = "B", .def_text = "15%",
          .help = "with --tune-misses: the search's budget per kernel and M, as tune's "
                  "--budget (trials, a share of the space, or wall time: 30s)"},
         {.name = "--tune-first", .type = CLI_OPT_INT, .dst = &c->tune_first, .arg = "N",

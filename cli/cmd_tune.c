@@ -75,15 +75,6 @@ static bool set_strategy(void *dst, const char *v, char *err, size_t cap)
     return false;
 }
 
-static bool set_budget(void *dst, const char *v, char *err, size_t cap)
-{
-    mt_err e = MT_ERR_INIT;
-    if (tune_budget_parse(v, dst, &e) == MT_OK)
-        return true;
-    snprintf(err, cap, "%s", e.msg);
-    return false;
-}
-
 /* --shard I/N: dst is the tune_opts. */
 static bool set_shard(void *dst, const char *v, char *err, size_t cap)
 {
@@ -157,7 +148,7 @@ static int parse(int argc, char **argv, tune_opts *o, tune_cli *c)
         {.name = "--strategy", .type = CLI_OPT_CUSTOM, .dst = &o->strategy,
          .set = set_strategy, .arg = "S", .def_text = "model",
          .help = "model, exhaustive, random or evolve"},
-        {.name = "--budget", .type = CLI_OPT_CUSTOM, .dst = &o->budget, .set = set_budget,
+        {.name = "--budget", .type = CLI_OPT_CUSTOM, .dst = &o->budget, .set = cli_set_budget,
          .arg = "B", .help = "trials per M (2000), a share of each M's valid space (15%) or "
                              "wall time for the run (30m, 90s)"},
         {.name = "--jobs", .type = CLI_OPT_INT, .dst = &o->jobs, .arg = "N", .def = "2",

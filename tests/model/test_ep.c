@@ -594,26 +594,9 @@ static int start_serve_on(const char *dir, int np, const char *device, const cha
              "echo $! > %s", MPIEXEC, np, MOETUNE_BIN, dir, device, np, flags, log, pidf);
     cr_assert_eq(system(cmd), 0);
     FILE *f = fopen(pidf, "r");
-    int port = 0;
     cr_assert(f && fscanf(f, "%d", mp) == 1, "no mpirun pid");
     fclose(f);
-    static char out[1 << 21]; /* the server logs its whole kernel selection */
-    out[0] = 0;
-    for (int i = 0; i < 2400 && !strstr(out, "ready:"); i++) {
-        usleep(100000);
-        out[0] = 0;
-        if ((f = fopen(log, "r"))) {
-            out[fread(out, 1, sizeof out - 1, f)] = 0;
-            fclose(f);
-        }
-        const char *u = strstr(out, "http://127.0.0.1:");
-        if (u)
-            port = atoi(u + strlen("http://127.0.0.1:"));
-    }
-    if (!strstr(out, "ready:") || port <= 0)
-        kill(*mp, SIGTERM);
-    cr_assert(strstr(out, "ready:") && port > 0, "server not ready:\n%s", out);
-    return port;
+    return mpi_server_port(log, *mp, SIGTERM);
 }
 
 static int start_serve(const char *dir, const char *flags, int *mp)
@@ -670,6 +653,21 @@ Test(ep_mpi, serve_across_two_ranks_answers_and_goes_down_with_a_dead_rank, .tim
     fw_rm_dir(dir);
 }
 /* The token ids of every choice in a completion response, each as "a,b,c". */
+/* SIGTERM to mpirun; the job must end within 60 s. */
+static void stop_job(int mp)
+{
+    kill(mp, SIGTERM);
+    bool gone = false;
+    int status = 0;
+    for (int i = 0; i < 600 && !gone; i++) {
+        usleep(100000);
+        gone = waitpid(mp, &status, WNOHANG) == mp || !alive(mp);
+    }
+    if (!gone)
+        kill(mp, SIGKILL);
+    cr_assert(gone, "mpirun still runs 60 s after SIGTERM");
+}
+
 static int choice_ids(const char *body, char ids[][256], int cap)
 {
     cJSON *j = cJSON_Parse(body);
@@ -744,33 +742,9 @@ Test(ep_mpi, tensor_parallel_serve_answers_what_one_device_generates, .timeout =
                       "choice %d: %s, one device %s", seed, round, c, ids[c], want);
         }
     }
-    kill(mp, SIGTERM);
-    bool gone = false;
-    int status = 0;
-    for (int i = 0; i < 600 && !gone; i++) {
-        usleep(100000);
-        gone = waitpid(mp, &status, WNOHANG) == mp || !alive(mp);
-    }
-    if (!gone)
-        kill(mp, SIGKILL);
-    cr_assert(gone, "mpirun still runs 60 s after SIGTERM");
+    stop_job(mp);
     free(tok);
     fw_rm_dir(dir);
-}
-
-/* SIGTERM to mpirun; the job must end within 60 s. */
-static void stop_job(int mp)
-{
-    kill(mp, SIGTERM);
-    bool gone = false;
-    int status = 0;
-    for (int i = 0; i < 600 && !gone; i++) {
-        usleep(100000);
-        gone = waitpid(mp, &status, WNOHANG) == mp || !alive(mp);
-    }
-    if (!gone)
-        kill(mp, SIGKILL);
-    cr_assert(gone, "mpirun still runs 60 s after SIGTERM");
 }
 
 /* An integer field of the response's usage.speculative (-1: none). */

@@ -1,6 +1,7 @@
 /* test_mpi_procs.h: the processes of an mpirun job as /proc shows them,
- * for the tests that kill one rank (test_ep, test_rank_failure): the pid
- * of a rank, and whether a pid still runs. */
+ * for the tests that serve across ranks and kill one (test_ep,
+ * test_rank_failure): the pid of a rank, whether a pid still runs, and the
+ * port a job's server listens on once it is ready. */
 #ifndef MT_TEST_MPI_PROCS_H
 #define MT_TEST_MPI_PROCS_H
 
@@ -9,7 +10,9 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
+#include <unistd.h>
 
 /* The pid of mpirun's child with OMPI_COMM_WORLD_RANK=rank (-1: none). */
 static inline int rank_pid(int mpirun_pid, int rank)
@@ -62,6 +65,32 @@ static inline bool alive(int pid)
     buf[n] = 0;
     const char *rp = strrchr(buf, ')');
     return rp && rp[1] == ' ' && rp[2] != 'Z' && rp[2] != 'X';
+}
+
+/* The port of `moetune serve --port 0` once its log (at log) says
+ * "ready:" (within 240 s); otherwise sends sig to mpirun_pid and fails the
+ * test with the log. */
+static inline int mpi_server_port(const char *log, int mpirun_pid, int sig)
+{
+    static char out[1 << 21]; /* the server logs its whole kernel selection */
+    int port = 0;
+    out[0] = 0;
+    for (int i = 0; i < 2400 && !strstr(out, "ready:"); i++) {
+        usleep(100000);
+        out[0] = 0;
+        FILE *f = fopen(log, "r");
+        if (f) {
+            out[fread(out, 1, sizeof out - 1, f)] = 0;
+            fclose(f);
+        }
+        const char *u = strstr(out, "http://127.0.0.1:");
+        if (u)
+            port = atoi(u + strlen("http://127.0.0.1:"));
+    }
+    if (!strstr(out, "ready:") || port <= 0)
+        kill(mpirun_pid, sig);
+    cr_assert(strstr(out, "ready:") && port > 0, "server not ready:\n%s", out);
+    return port;
 }
 
 #endif

@@ -66,22 +66,7 @@ Test(rank_failure, killed_follower_ends_the_job_and_the_stream_gets_an_error, .t
     FILE *f = fopen(pidf, "r");
     cr_assert(f && fscanf(f, "%d", &s.mpirun) == 1, "no mpirun pid");
     fclose(f);
-    static char out[1 << 21];
-    int port = 0;
-    for (int i = 0; i < 2400 && !strstr(out, "ready:"); i++) {
-        usleep(100000);
-        out[0] = 0;
-        if ((f = fopen(log, "r"))) {
-            out[fread(out, 1, sizeof out - 1, f)] = 0;
-            fclose(f);
-        }
-        const char *u = strstr(out, "http://127.0.0.1:");
-        if (u)
-            port = atoi(u + strlen("http://127.0.0.1:"));
-    }
-    if (!strstr(out, "ready:") || port <= 0)
-        kill(s.mpirun, SIGKILL);
-    cr_assert(strstr(out, "ready:") && port > 0, "server not ready:\n%s", out);
+    int port = mpi_server_port(log, s.mpirun, SIGKILL);
 
     serve_url url = {0};
     mt_err err = MT_ERR_INIT;
