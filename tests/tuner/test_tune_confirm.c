@@ -145,7 +145,7 @@ Test(tune_confirm, a_lucky_median_is_rejected_and_the_default_stays, .timeout = 
     cr_expect_eq(rep->jobs[0].m[0].decision, DB_DECIDED_DEFAULT_BEST);
     tune_report_free(rep);
 
-    /* An earlier run's lucky draw: V=3 (1.5x the work) recorded at a
+    /* An earlier run's lucky draw: V=3 (3x the work) recorded at a
      * quarter of the default's median. */
     char lucky[256];
     cr_assert(!strncmp(dflt, "V=1,", 4), "default %s", dflt);
@@ -175,7 +175,10 @@ Test(tune_confirm, a_lucky_median_is_rejected_and_the_default_stays, .timeout = 
                  db_decision_str(mr->decision));
     cr_expect_str_eq(mr->best_key, dflt, "the lucky config won");
     cr_expect_str_eq(mr->challenger_key, lucky);
-    cr_expect_eq(mr->rounds, 10);
+    /* One set of 10 rounds, or up to two more where a loaded machine made
+     * the first set's ratio fall below 1 (undecided). */
+    const int rounds = mr->rounds;
+    cr_expect(rounds == 10 || rounds == 20 || rounds == 30, "%d rounds", rounds);
     cr_expect(mr->ratio_hi >= 1 && mr->ratio > 1.2, "ratio %g [%g, %g]", mr->ratio,
               mr->ratio_lo, mr->ratio_hi);
     tune_report_free(rep);
@@ -196,7 +199,7 @@ Test(tune_confirm, a_lucky_median_is_rejected_and_the_default_stays, .timeout = 
     cr_expect_str_eq(d.key, dflt);
     cr_expect_eq(d.decision, DB_DECIDED_DEFAULT_KEPT);
     cr_expect_str_eq(d.challenger, lucky);
-    cr_expect_eq(d.rounds, 10);
+    cr_expect_eq(d.rounds, rounds);
     cr_expect_geq(d.hi, 1.0);
 
     /* The lucky trial still has the lowest median: a recompute alone must
@@ -213,7 +216,7 @@ Test(tune_confirm, a_lucky_median_is_rejected_and_the_default_stays, .timeout = 
     cr_expect_eq(rep->jobs[0].m[0].decision, DB_DECIDED_DEFAULT_KEPT);
     cr_expect_str_eq(rep->jobs[0].m[0].best_key, dflt);
     tune_report_free(rep);
-    cr_expect_eq(tt_read_decision(db).rounds, 10);
+    cr_expect_eq(tt_read_decision(db).rounds, rounds);
 }
 
 Test(tune_confirm, a_truly_faster_config_is_confirmed, .timeout = 300)
