@@ -1,7 +1,8 @@
 /* serve_tune.c: the server's background tuner (see serve_tune.h): plan from
  * the kernel set's counters, one tune_run per item through the caller's
- * spawner and a queue gate, winners posted as live swaps, undone swaps
- * marked stale. */
+ * spawner and a queue gate, all of them recorded under one tuning session
+ * of the database, winners posted as live swaps, undone swaps marked
+ * stale. */
 #define _GNU_SOURCE
 #include "serve_tune.h"
 
@@ -54,6 +55,7 @@ struct serve_tune {
     pthread_mutex_t mu; /* stats */
     serve_tune_stats st;
     double t0_ms;       /* when the tuner started */
+    int64_t session_id; /* the server's tuning session; 0: none (each tune_run its own) */
     bool covered;       /* no (kernel, M) the load called waits for its first pass */
 };
 
@@ -268,7 +270,6 @@ static void tune_item(serve_tune *t, const item *it)
     tune_job job;
     mt_err err = MT_ERR_INIT;
     mt_status st = tune_job_make(k->fam, k->key, &m, 1, &job, &err);
-    static char *const argv[] = {"moetune", "serve", "--tune-misses", NULL};
     tune_opts o;
     tune_opts_default(&o);
     o.device = t->spec;
@@ -286,8 +287,7 @@ static void tune_item(serve_tune *t, const item *it)
     o.gate = gate;
     o.gate_ctx = t;
     o.stop = &t->stop;
-    o.argc = 3;
-    o.argv = argv;
+    o.session_id = t->session_id;
     double t0 = mt_now_ms();
     tune_report *rep = NULL;
     if (st == MT_OK)
@@ -386,6 +386,44 @@ static void mark_reverted(serve_tune *t)
     }
 }
 
+/* Begins the session every tune of this server is recorded under; on
+ * failure each tune_run records a session of its own. */
+static void session_begin(serve_tune *t)
+{
+    static char *const argv[] = {"moetune", "serve", "--tune-misses", NULL};
+    char budget[96];
+    tune_budget_text(&t->o.budget, budget, sizeof budget);
+    db_session_info si = {3, argv, "moetune " MOETUNE_VERSION, NULL,
+                          tune_strategy_name(TUNE_MODEL), budget};
+    db_t *db = NULL;
+    mt_err err = MT_ERR_INIT;
+    mt_status st = db_open(t->db_path, DB_OPEN_DEFAULT, &db, &err);
+    if (st == MT_OK)
+        st = db_session_begin(db, &si, &t->session_id, &err);
+    db_close(db);
+    if (st != MT_OK) {
+        t->session_id = 0;
+        if (t->o.log)
+            fprintf(t->o.log, "live tuning: no session of its own in %s (%s): each tune "
+                    "records one\n", t->db_path, err.msg);
+    }
+}
+
+static void session_end(serve_tune *t)
+{
+    if (!t->session_id)
+        return;
+    db_t *db = NULL;
+    mt_err err = MT_ERR_INIT;
+    mt_status st = db_open(t->db_path, DB_OPEN_DEFAULT, &db, &err);
+    if (st == MT_OK)
+        st = db_session_end(db, t->session_id, DB_SESSION_DONE, &err);
+    db_close(db);
+    if (st != MT_OK && t->o.log)
+        fprintf(t->o.log, "live tuning: ending session %lld: %s\n", (long long)t->session_id,
+                err.msg);
+}
+
 static void *tune_main(void *arg)
 {
     serve_tune *t = arg;
@@ -400,6 +438,7 @@ static void *tune_main(void *arg)
         return NULL;
     int64_t items = 0;
     bool idle_logged = false;
+    session_begin(t);
     t->t0_ms = mt_now_ms();
     while (!t->stop) {
         mark_reverted(t);
@@ -464,6 +503,7 @@ void serve_tune_destroy(serve_tune *t)
     t->stop = 1;
     if (t->started)
         pthread_join(t->thread, NULL);
+    session_end(t);
     tune_spawner_close(t->sp);
     pthread_mutex_destroy(&t->mu);
     free(t->done);

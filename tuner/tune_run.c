@@ -46,6 +46,7 @@ struct run_ctx {
     bool compile_only;
     db_t *db;
     int64_t device_id, session_id;
+    bool own_session; /* begun here: ended here */
     tune_spawner *sp;
     tune_worker *worker;
     tune_pool *pool;
@@ -985,14 +986,20 @@ static mt_status open_all(run_ctx *r, tune_report *rep, mt_err *err)
     st = db_device_upsert(r->db, &dd, &r->device_id, err);
     if (st != MT_OK)
         return st;
-    char budget[96];
-    tune_budget_text(&o->budget, budget, sizeof budget);
-    db_session_info si = {o->argc, o->argv, "moetune " MOETUNE_VERSION, NULL,
-                          tune_strategy_name(o->strategy), budget};
-    st = db_session_begin(r->db, &si, &r->session_id, err);
-    rep->session_id = r->session_id;
-    if (st != MT_OK)
-        return st;
+    if (o->session_id > 0) {
+        /* The caller's session: it ends it (own_session stays false). */
+        r->session_id = rep->session_id = o->session_id;
+    } else {
+        char budget[96];
+        tune_budget_text(&o->budget, budget, sizeof budget);
+        db_session_info si = {o->argc, o->argv, "moetune " MOETUNE_VERSION, NULL,
+                              tune_strategy_name(o->strategy), budget};
+        st = db_session_begin(r->db, &si, &r->session_id, err);
+        rep->session_id = r->session_id;
+        if (st != MT_OK)
+            return st;
+        r->own_session = true;
+    }
     return tune_pool_create(r->jobs, &r->pool, err);
 }
 
@@ -1104,7 +1111,7 @@ mt_status tune_run(const tune_job *jobs, int n_jobs, const tune_opts *opts,
     if (st == MT_OK && tune_stopped(opts->stop))
         st = mt_fail(err, MT_E_INTERRUPTED, "interrupted");
     rep->interrupted = st == MT_E_INTERRUPTED;
-    if (r->db && r->session_id) {
+    if (r->db && r->own_session) {
         db_session_status ss = st == MT_OK                ? DB_SESSION_DONE
                                : st == MT_E_INTERRUPTED ? DB_SESSION_INTERRUPTED
                                                         : DB_SESSION_FAILED;

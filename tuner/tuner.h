@@ -120,6 +120,10 @@ typedef struct tune_opts {
                                 trial of it is known) and decide nothing: no
                                 winner is written (tune --misses orders its
                                 work by these times) */
+    int64_t session_id;      /* > 0: record the trials under this session of
+                                db_path, which the caller began
+                                (db_session_begin) and ends; 0: the run
+                                begins a session of its own and ends it */
     struct tune_spawner *spawner; /* the worker spawner to use, started by the caller
                                 with tune_spawner_open while it had no thread (a
                                 server tuning in the background); NULL: tune_run
