@@ -132,6 +132,19 @@ typedef struct dev_code_info {
  * log is in err->msg. The code is owned by the caller (dev_code_free). */
 mt_status dev_compile(dev_device *d, const dev_compile_req *req, dev_code **out,
                       mt_err *err);
+/* Compiles in the background while serving: with a hold set, a compiler
+ * process that dev_compile starts from a SCHED_IDLE thread (a server's
+ * background tuner and the threads it starts) is stopped (SIGSTOP to its
+ * process group) while hold(ctx) returns true and continued when it returns
+ * false, checked every millisecond; such a compile then runs only while
+ * hold says the device is free. Compilers started from other threads, and
+ * in-process compilers (NVRTC, hipRTC), are never held. Process-wide;
+ * NULL clears it. Clearing waits for a hold call in progress, so ctx may
+ * be freed once this returns. */
+void dev_set_tool_hold(bool (*hold)(void *ctx), void *ctx);
+/* Since the process started: how long compilers were held stopped, and
+ * how many times they were stopped. */
+void dev_tool_hold_stats(double *held_s, int64_t *holds);
 const dev_code_info *dev_code_get_info(const dev_code *c);
 /* The compiler's log (possibly empty, never NULL). */
 const char *dev_code_get_log(const dev_code *c);

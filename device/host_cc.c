@@ -12,6 +12,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
+#include <signal.h>
 #include <spawn.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -19,8 +21,10 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/files.h"
 
 static const char *cc_path(void)
@@ -65,24 +69,119 @@ static bool cc_writes_prototypes(void)
     return !strstr(dev_host_cc_id(), "clang");
 }
 
+/* The hold on background compilers (device.h, dev_set_tool_hold). */
+static pthread_mutex_t hold_mu = PTHREAD_MUTEX_INITIALIZER;
+static bool (*hold_fn)(void *);
+static void *hold_ctx;
+static double held_ms;
+static int64_t holds;
+
+void dev_set_tool_hold(bool (*hold)(void *ctx), void *ctx)
+{
+    pthread_mutex_lock(&hold_mu);
+    hold_fn = hold;
+    hold_ctx = ctx;
+    pthread_mutex_unlock(&hold_mu);
+}
+
+void dev_tool_hold_stats(double *held_s, int64_t *n)
+{
+    pthread_mutex_lock(&hold_mu);
+    *held_s = held_ms / 1000;
+    *n = holds;
+    pthread_mutex_unlock(&hold_mu);
+}
+
+/* A tool this thread starts may be held: a hold is set and the thread is
+ * a background one (SCHED_IDLE). */
+static bool tool_holdable(void)
+{
+    pthread_mutex_lock(&hold_mu);
+    bool set = hold_fn != NULL;
+    pthread_mutex_unlock(&hold_mu);
+    return set && sched_getscheduler(0) == SCHED_IDLE;
+}
+
+static bool tool_held(void)
+{
+    pthread_mutex_lock(&hold_mu);
+    bool h = hold_fn && hold_fn(hold_ctx);
+    pthread_mutex_unlock(&hold_mu);
+    return h;
+}
+
+static void hold_count(double ms, bool stopped_now)
+{
+    pthread_mutex_lock(&hold_mu);
+    held_ms += ms;
+    holds += stopped_now;
+    pthread_mutex_unlock(&hold_mu);
+}
+
+/* Waits for a holdable tool (its own process group, pid): polls every
+ * millisecond, stopping the group while the hold says so. */
+static int wait_held(pid_t pid, int *ws)
+{
+    bool stopped = false;
+    double since = 0;
+    for (;;) {
+        pid_t r = waitpid(pid, ws, WNOHANG);
+        if (r == pid)
+            break;
+        if (r < 0 && errno != EINTR) {
+            if (stopped)
+                kill(-pid, SIGCONT);
+            return -1;
+        }
+        bool h = tool_held();
+        if (h != stopped && kill(-pid, h ? SIGSTOP : SIGCONT) == 0) {
+            double now = mt_now_ms();
+            if (stopped)
+                hold_count(now - since, false);
+            else
+                hold_count(0, true);
+            since = now;
+            stopped = h;
+        }
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+    }
+    if (stopped)
+        hold_count(mt_now_ms() - since, false);
+    return 0;
+}
+
 /* posix_spawn, not fork: a fork of a serving process (a server compiling a
  * live swap or a tuner's candidate) copies its page tables under the
  * address-space lock and leaves every page copy-on-write, so the serving
  * threads stall and then fault on each page they write. The child keeps
- * the calling thread's scheduling class (a tuner's SCHED_IDLE). */
+ * the calling thread's scheduling class (a tuner's SCHED_IDLE); a holdable
+ * one gets a process group of its own (the compiler driver and what it
+ * starts stop together). */
 int dev_run_tool(const char *const *argv, const char *log_path)
 {
     posix_spawn_file_actions_t fa;
+    posix_spawnattr_t at;
     if (posix_spawn_file_actions_init(&fa) != 0)
         return -1;
+    if (posix_spawnattr_init(&at) != 0) {
+        posix_spawn_file_actions_destroy(&fa);
+        return -1;
+    }
+    bool holdable = tool_holdable();
     int rc = posix_spawn_file_actions_addopen(&fa, 2, log_path, O_WRONLY | O_CREAT | O_TRUNC,
                                               0644);
     if (rc == 0)
         rc = posix_spawn_file_actions_adddup2(&fa, 2, 1);
+    if (rc == 0 && holdable)
+        rc = posix_spawnattr_setflags(&at, POSIX_SPAWN_SETPGROUP);
+    if (rc == 0 && holdable)
+        rc = posix_spawnattr_setpgroup(&at, 0);
     pid_t pid = -1;
     if (rc == 0)
-        rc = posix_spawnp(&pid, argv[0], &fa, NULL, (char *const *)argv, environ);
+        rc = posix_spawnp(&pid, argv[0], &fa, &at, (char *const *)argv, environ);
     posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&at);
     if (rc != 0) {
         FILE *f = fopen(log_path, "w");
         if (f) {
@@ -92,9 +191,14 @@ int dev_run_tool(const char *const *argv, const char *log_path)
         return 127;
     }
     int ws = 0;
-    while (waitpid(pid, &ws, 0) < 0)
-        if (errno != EINTR)
+    if (holdable) {
+        if (wait_held(pid, &ws) != 0)
             return -1;
+    } else {
+        while (waitpid(pid, &ws, 0) < 0)
+            if (errno != EINTR)
+                return -1;
+    }
     return WIFEXITED(ws) ? WEXITSTATUS(ws) : -1;
 }
 

@@ -56,6 +56,8 @@ struct serve_tune {
     serve_tune_stats st;
     double t0_ms;       /* when the tuner started */
     int64_t session_id; /* the server's tuning session; 0: none (each tune_run its own) */
+    bool hold_set;      /* this tuner set the compilers' hold (dev_set_tool_hold) */
+    double held0_s;     /* the hold's total when it started */
     bool covered;       /* no (kernel, M) the load called waits for its first pass */
 };
 
@@ -117,6 +119,11 @@ void serve_tune_stats_get(serve_tune *t, serve_tune_stats *out)
     pthread_mutex_lock(&t->mu);
     *out = t->st;
     pthread_mutex_unlock(&t->mu);
+    if (t->hold_set) {
+        int64_t n;
+        dev_tool_hold_stats(&out->held_s, &n);
+        out->held_s -= t->held0_s;
+    }
 }
 
 /* Sleeps up to s seconds in slices, returning early (false) on stop. */
@@ -131,6 +138,15 @@ static bool nap(serve_tune *t, double s)
         nanosleep(&ts, NULL);
     }
     return false;
+}
+
+/* dev_set_tool_hold: a compiler is held while any request waits or runs. */
+static bool serving_busy(void *ctx)
+{
+    serve_tune *t = ctx;
+    serve_metrics_state s;
+    serve_metrics_state_get(t->metrics, &s);
+    return s.running > 0 || s.waiting > 0;
 }
 
 /* tune_opts.gate: a measurement waits while requests queue. */
@@ -454,11 +470,14 @@ static void *tune_main(void *arg)
             t->st.covered_s = (mt_now_ms() - t->t0_ms) / 1000;
         t->st.covered = covered;
         pthread_mutex_unlock(&t->mu);
-        if (covered && !t->covered && t->o.log)
+        if (covered && !t->covered && t->o.log) {
+            serve_tune_stats now;
+            serve_tune_stats_get(t, &now);
             fprintf(t->o.log, "live tuning: covered: every kernel and M bucket the load has "
-                    "called is tuned (%lld tunes in %.0f s)%s\n", (long long)items,
-                    (mt_now_ms() - t->t0_ms) / 1000,
+                    "called is tuned (%lld tunes in %.0f s, compilers held %.0f s)%s\n",
+                    (long long)items, (mt_now_ms() - t->t0_ms) / 1000, now.held_s,
                     full ? "; now the costliest to the whole budget" : "");
+        }
         t->covered = covered;
         if (!any) {
             if (!idle_logged && t->o.log)
@@ -484,14 +503,26 @@ mt_status serve_tune_start(serve_tune *t, model_kset *ks, serve_metrics *metrics
     t->ks = ks;
     t->metrics = metrics;
     snprintf(t->spec, sizeof t->spec, "%s", dev_get_props(model_kset_device(ks))->spec);
+    if (metrics && !t->o.compile_busy) {
+        int64_t n;
+        dev_tool_hold_stats(&t->held0_s, &n);
+        dev_set_tool_hold(serving_busy, t);
+        t->hold_set = true;
+    }
     int rc = pthread_create(&t->thread, NULL, tune_main, t);
-    if (rc)
+    if (rc) {
+        if (t->hold_set)
+            dev_set_tool_hold(NULL, NULL);
+        t->hold_set = false;
         return mt_fail(err, MT_E_IO, "live tuning: pthread_create: %s", strerror(rc));
+    }
     t->started = true;
     if (t->o.log)
-        fprintf(t->o.log, "live tuning: on %s, %d compile thread%s at nice %d, measuring while "
-                "fewer than %d requests wait; winners into %s%s\n", t->spec, t->jobs,
-                t->jobs == 1 ? "" : "s", TUNE_NICE, t->o.queue_max, t->db_path,
+        fprintf(t->o.log, "live tuning: on %s, %d compile thread%s at nice %d%s, measuring "
+                "while fewer than %d requests wait; winners into %s%s\n", t->spec, t->jobs,
+                t->jobs == 1 ? "" : "s", TUNE_NICE,
+                t->hold_set ? " (compilers held while requests run)" : "", t->o.queue_max,
+                t->db_path,
                 model_kset_batch_invariant(ks) ? " (batch-invariant: none swapped in)" : "");
     return MT_OK;
 }
@@ -503,6 +534,8 @@ void serve_tune_destroy(serve_tune *t)
     t->stop = 1;
     if (t->started)
         pthread_join(t->thread, NULL);
+    if (t->hold_set)
+        dev_set_tool_hold(NULL, NULL);
     session_end(t);
     tune_spawner_close(t->sp);
     pthread_mutex_destroy(&t->mu);

@@ -38,7 +38,10 @@
  * while fewer than queue_max requests wait for a slot (the engine's
  * requests_waiting gauge), else it waits (tune_opts.gate). The workers are
  * in Linux's SCHED_IDLE class (tune_spawner_open), so a serving thread that
- * wakes up takes its core at once. The workers time
+ * wakes up takes its core at once. Its compilers run only while no request
+ * waits or runs (unless compile_busy): they are held stopped while one does
+ * (dev_set_tool_hold), since a compiler evicts what the serving threads
+ * keep in the caches even at the lowest priority. The workers time
  * kernels with the server's thread count: that is the device the winners
  * are for.
  *
@@ -72,6 +75,9 @@ typedef struct serve_tune_opts {
     int max_items;         /* tunes to run at most; 0: no limit */
     int first_trials;      /* the first pass's trials per (kernel, M); 0: 8; < 0: one
                               pass, the whole budget */
+    bool compile_busy;     /* compile candidates while requests run too (default: the
+                              compilers are held stopped while any request waits or
+                              runs, dev_set_tool_hold) */
     int cold_timing;       /* > 0: flush the caches between timed runs, as `tune` does;
                               0 (default): time warm, as the server runs its kernels:
                               a flush evicts the serving threads' working set too */
@@ -93,6 +99,7 @@ typedef struct serve_tune_stats {
     bool covered;          /* none without a first pass at the last plan (after one tune) */
     double covered_s;      /* seconds from the start to the last time it became covered */
     double busy_s;         /* time spent in tune runs */
+    double held_s;         /* time its compilers were held stopped while serving */
     bool idle;             /* no item in flight and none to tune at the last plan */
 } serve_tune_stats;
 

@@ -4,14 +4,22 @@
  * that running a tool leaves the caller's memory alone: a server compiles
  * live swaps and tuning candidates while it serves, and a fork() there
  * left every page of the server copy-on-write, so each page it wrote next
- * took a fault (measured here as minor faults over 64 MiB written again). */
+ * took a fault (measured here as minor faults over 64 MiB written again).
+ * And the hold a serving process sets on its background compilers
+ * (dev_set_tool_hold): a tool started from a SCHED_IDLE thread stops, with
+ * every process it started, while the hold says so, and goes on after; one
+ * started from another thread is never held. */
+#define _GNU_SOURCE /* SCHED_IDLE */
 #include <criterion/criterion.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 
+#include "common/clock.h"
 #include "common/files.h"
 #include "device/device_impl.h"
 #include "test_tmp.h"
@@ -82,4 +90,145 @@ Test(run_tool, the_callers_pages_are_not_left_copy_on_write)
                  faults, PAGES);
     cr_expect_eq(buf[BYTES - 1], 2);
     munmap(buf, BYTES);
+}
+
+/* ---- the hold on background tools ------------------------------------- */
+
+/* The hold: off until the tool and the shell it started have written their
+ * pids, then on for hold_ms, during which it records each one's state
+ * (field 3 of /proc/PID/stat: 'T' when stopped). */
+typedef struct hold_probe {
+    char dir[512];
+    double hold_ms, on_at;
+    int polls;
+    char state[2];   /* last state seen while on: driver, grandchild */
+    bool stopped[2]; /* 'T' seen while on */
+} hold_probe;
+
+static int read_pid(const char *dir, const char *name)
+{
+    char path[600], *text = NULL;
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (mt_file_read(path, &text, NULL, NULL) != MT_OK)
+        return 0;
+    int pid = atoi(text);
+    free(text);
+    return pid;
+}
+
+static char proc_state(int pid)
+{
+    char path[64], text[512] = "";
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r"); /* /proc files have no size: read, not stat */
+    if (!f)
+        return '?';
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = 0;
+    const char *p = strrchr(text, ')');
+    return p && p[1] == ' ' ? p[2] : '?';
+}
+
+static bool probe_hold(void *ctx)
+{
+    hold_probe *h = ctx;
+    h->polls++;
+    int pids[2] = {read_pid(h->dir, "driver.pid"), read_pid(h->dir, "inner.pid")};
+    if (!pids[0] || !pids[1])
+        return false;
+    double now = mt_now_ms();
+    if (h->on_at == 0)
+        h->on_at = now;
+    if (now - h->on_at >= h->hold_ms)
+        return false;
+    if (now - h->on_at > 20)
+        for (int i = 0; i < 2; i++) {
+            h->state[i] = proc_state(pids[i]);
+            h->stopped[i] |= h->state[i] == 'T';
+        }
+    return true;
+}
+
+typedef struct tool_call {
+    bool idle;       /* run from a SCHED_IDLE thread */
+    const char *log;
+    const char *const *argv;
+    int rc;
+    double ms;
+} tool_call;
+
+static void *call_tool(void *arg)
+{
+    tool_call *c = arg;
+    struct sched_param none = {0};
+    if (c->idle)
+        cr_assert_eq(sched_setscheduler(0, SCHED_IDLE, &none), 0, "SCHED_IDLE");
+    double t0 = mt_now_ms();
+    c->rc = dev_run_tool(c->argv, c->log);
+    c->ms = mt_now_ms() - t0;
+    return NULL;
+}
+
+static void run_on_thread(tool_call *c)
+{
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, call_tool, c), 0);
+    pthread_join(th, NULL);
+}
+
+Test(run_tool, a_background_tool_and_its_children_stop_while_held)
+{
+    hold_probe h = {.hold_ms = 400};
+    tmp_dir_make(h.dir, sizeof h.dir, "mt_run_tool");
+    char log[600], script[2048];
+    snprintf(log, sizeof log, "%s/tool.log", h.dir);
+    /* A driver that starts a child, as cc starts cc1 and as. */
+    snprintf(script, sizeof script,
+             "echo $$ > '%s/driver.pid'; sh -c 'echo $$ > \"$1\"/inner.pid; sleep 0.1; "
+             "exit 6' inner '%s'; exit $?", h.dir, h.dir);
+    const char *argv[] = {"sh", "-c", script, NULL};
+    double held0;
+    int64_t holds0;
+    dev_tool_hold_stats(&held0, &holds0);
+    dev_set_tool_hold(probe_hold, &h);
+    tool_call c = {.idle = true, .log = log, .argv = argv};
+    run_on_thread(&c);
+    dev_set_tool_hold(NULL, NULL);
+    cr_expect_eq(c.rc, 6, "the tool's own exit status after the hold");
+    cr_expect(h.stopped[0], "the driver was not stopped (state %c)", h.state[0]);
+    cr_expect(h.stopped[1], "its child was not stopped (state %c)", h.state[1]);
+    cr_expect_geq(c.ms, h.hold_ms, "ran %.0f ms through a %.0f ms hold", c.ms, h.hold_ms);
+    double held;
+    int64_t holds;
+    dev_tool_hold_stats(&held, &holds);
+    cr_expect_eq(holds - holds0, 1);
+    cr_expect(held - held0 >= 0.3 && held - held0 < 2, "held %.3f s", held - held0);
+}
+
+static bool always(void *ctx)
+{
+    ++*(int *)ctx;
+    return true;
+}
+
+Test(run_tool, a_tool_from_a_serving_thread_is_never_held)
+{
+    char dir[512], log[600];
+    tmp_dir_make(dir, sizeof dir, "mt_run_tool");
+    snprintf(log, sizeof log, "%s/tool.log", dir);
+    const char *argv[] = {"sh", "-c", "sleep 0.05; exit 4", NULL};
+    int calls = 0;
+    dev_set_tool_hold(always, &calls);
+    tool_call c = {.idle = false, .log = log, .argv = argv};
+    run_on_thread(&c);
+    cr_expect_eq(c.rc, 4);
+    cr_expect_eq(calls, 0, "the hold was asked %d times", calls);
+    cr_expect_lt(c.ms, 5000);
+    /* Cleared: a background thread's tool is not held either. */
+    dev_set_tool_hold(NULL, NULL);
+    c = (tool_call){.idle = true, .log = log, .argv = argv};
+    run_on_thread(&c);
+    cr_expect_eq(c.rc, 4);
+    cr_expect_eq(calls, 0);
 }
