@@ -26,6 +26,10 @@
  * budget's the tuner's default, 2 s): the paired confirmation, not one
  * trial's median, decides what is swapped in. */
 #define FIRST_MAX_MS 500.0
+/* The compilers' hold while serving: at most this long at a stretch, then
+ * they run for the gap (serving_busy). */
+#define HOLD_MAX_MS 2000.0
+#define HOLD_GAP_MS 100.0
 
 /* How far a (family, key, bucket) has been tuned: not yet, by the first
  * pass (a few trials), or to the whole budget (never planned again). */
@@ -58,6 +62,7 @@ struct serve_tune {
     int64_t session_id; /* the server's tuning session; 0: none (each tune_run its own) */
     bool hold_set;      /* this tuner set the compilers' hold (dev_set_tool_hold) */
     double held0_s;     /* the hold's total when it started */
+    double free_at_ms;  /* the hold last let the compilers run (under mu) */
     bool covered;       /* no (kernel, M) the load called waits for its first pass */
 };
 
@@ -140,13 +145,23 @@ static bool nap(serve_tune *t, double s)
     return false;
 }
 
-/* dev_set_tool_hold: a compiler is held while any request waits or runs. */
+/* dev_set_tool_hold: a compiler is held while any request waits or runs,
+ * but at most HOLD_MAX_MS at a stretch, then let go for HOLD_GAP_MS: a
+ * server that is never idle still gets its load tuned, compiling about 5%
+ * of the time. */
 static bool serving_busy(void *ctx)
 {
     serve_tune *t = ctx;
     serve_metrics_state s;
     serve_metrics_state_get(t->metrics, &s);
-    return s.running > 0 || s.waiting > 0;
+    double now = mt_now_ms();
+    pthread_mutex_lock(&t->mu);
+    bool busy = s.running > 0 || s.waiting > 0;
+    if (!busy || now - t->free_at_ms > HOLD_MAX_MS + HOLD_GAP_MS)
+        t->free_at_ms = now;
+    bool held = busy && now - t->free_at_ms < HOLD_MAX_MS;
+    pthread_mutex_unlock(&t->mu);
+    return held;
 }
 
 /* tune_opts.gate: a measurement waits while requests queue. */
