@@ -1246,6 +1246,73 @@ static mt_status compile_enum(cc *c, const cJSON *sch, int types, uint32_t *out)
     return st;
 }
 
+/* The node of an object (K_OBJ, first '{') or of a tool call's arguments
+ * (K_ARGS, first '<') over np properties: keys[k] (klen[k] bytes, the key
+ * as written up to its value), its value node vals[k], required[k]. Slot s
+ * (0..np) offers the keys s.. up to the first required one at or after s,
+ * and the literal `close` once no required key is left at or after s
+ * (NULL: the node closes itself, as an object's '}', and slot np offers
+ * nothing). Frees the arrays; st: the caller's status so far (nothing is
+ * made unless MT_OK). */
+static mt_status props_node(cc *c, mt_status st, int np, char **keys, size_t *klen,
+                            uint32_t *vals, bool *required, const char *close, int kind,
+                            char first, uint32_t *out)
+{
+    serve_grammar *g = c->g;
+    uint32_t p0 = 0;
+    if (st == MT_OK && !props_reserve(c, (uint32_t)np + 1))
+        st = MT_E_NOMEM;
+    if (st == MT_OK) {
+        p0 = g->n_props;
+        g->n_props += (uint32_t)np + 1;
+    }
+    int32_t last_req = -1;
+    for (int k = 0; k < np && st == MT_OK; k++)
+        if (required[k])
+            last_req = k;
+    for (int s = 0; st == MT_OK && s <= np; s++) {
+        if (s < np)
+            g->props[p0 + (uint32_t)s].value = vals[s];
+        g->slots[p0 + (uint32_t)s] = 0;
+        if (s == np && !close)
+            continue; /* only the node's own close there */
+        litb l = {0};
+        if (close && last_req < s && !litb_add(&l, close, strlen(close), -1))
+            st = MT_E_NOMEM;
+        for (int k = s; k < np && st == MT_OK; k++) {
+            if (!litb_add(&l, keys[k], klen[k], k))
+                st = MT_E_NOMEM;
+            if (required[k])
+                break;
+        }
+        uint32_t id = st == MT_OK ? lit_node(c, &l) : 0;
+        litb_free(&l);
+        if (!id)
+            st = MT_E_NOMEM;
+        else
+            g->slots[p0 + (uint32_t)s] = id - 1;
+    }
+    uint32_t id = st == MT_OK ? node_new(c, kind) : 0;
+    if (st == MT_OK && !id)
+        st = MT_E_NOMEM;
+    if (st == MT_OK) {
+        gnode *nd = &g->nodes[id - 1];
+        nd->p0 = p0;
+        nd->np = (uint32_t)np;
+        nd->last_req = last_req;
+        set_first(nd, first);
+        *out = id - 1;
+    }
+    for (int k = 0; k < np; k++)
+        if (keys)
+            free(keys[k]);
+    free(keys);
+    free(klen);
+    free(vals);
+    free(required);
+    return st;
+}
+
 static mt_status compile_object(cc *c, const cJSON *sch, int nest, uint32_t *out)
 {
     serve_grammar *g = c->g;
@@ -1309,56 +1376,7 @@ static mt_status compile_object(cc *c, const cJSON *sch, int nest, uint32_t *out
         cJSON_ArrayForEach(r, req) required[i] |= !strcmp(r->valuestring, x->string);
         i++;
     }
-    /* Slot s offers the keys s.. up to the first required one at or after s. */
-    uint32_t p0 = 0;
-    if (st == MT_OK && !props_reserve(c, (uint32_t)np + 1))
-        st = MT_E_NOMEM;
-    if (st == MT_OK) {
-        p0 = g->n_props;
-        g->n_props += (uint32_t)np + 1;
-    }
-    int32_t last_req = -1;
-    for (int k = 0; k < np; k++)
-        if (required[k])
-            last_req = k;
-    for (int s = 0; st == MT_OK && s <= np; s++) {
-        if (s < np)
-            g->props[p0 + (uint32_t)s].value = vals[s];
-        g->slots[p0 + (uint32_t)s] = 0;
-        if (s == np)
-            continue; /* only '}' there */
-        litb l = {0};
-        for (int k = s; k < np && st == MT_OK; k++) {
-            if (!litb_add(&l, keys[k], klen[k], k))
-                st = MT_E_NOMEM;
-            if (required[k])
-                break;
-        }
-        uint32_t id = st == MT_OK ? lit_node(c, &l) : 0;
-        litb_free(&l);
-        if (!id)
-            st = MT_E_NOMEM;
-        else
-            g->slots[p0 + (uint32_t)s] = id - 1;
-    }
-    uint32_t id = st == MT_OK ? node_new(c, K_OBJ) : 0;
-    if (st == MT_OK && !id)
-        st = MT_E_NOMEM;
-    if (st == MT_OK) {
-        gnode *nd = &g->nodes[id - 1];
-        nd->p0 = p0;
-        nd->np = (uint32_t)np;
-        nd->last_req = last_req;
-        set_first(nd, '{');
-        *out = id - 1;
-    }
-    for (int k = 0; k < np; k++)
-        free(keys[k]);
-    free(keys);
-    free(klen);
-    free(vals);
-    free(required);
-    return st;
+    return props_node(c, st, np, keys, klen, vals, required, NULL, K_OBJ, '{', out);
 }
 
 static mt_status compile_type(cc *c, const cJSON *sch, int type, int nest, uint32_t *out)
@@ -1587,7 +1605,6 @@ static mt_status compile_arg(cc *c, const cJSON *sch, uint32_t *out)
  * argument is left, and the keys s.. up to the first required one. */
 static mt_status compile_args(cc *c, const cJSON *params, uint32_t *out)
 {
-    serve_grammar *g = c->g;
     const cJSON *props = NULL, *req = NULL;
     if (params && !cJSON_IsNull(params)) {
         if (!cJSON_IsObject(params))
@@ -1624,7 +1641,8 @@ static mt_status compile_args(cc *c, const cJSON *params, uint32_t *out)
     uint32_t *vals = calloc((size_t)np + 1, sizeof *vals);
     bool *required = calloc((size_t)np + 1, sizeof *required);
     char **keys = calloc((size_t)np + 1, sizeof *keys);
-    mt_status st = vals && required && keys ? MT_OK : MT_E_NOMEM;
+    size_t *klen = calloc((size_t)np + 1, sizeof *klen);
+    mt_status st = vals && required && keys && klen ? MT_OK : MT_E_NOMEM;
     int i = 0;
     const cJSON *x;
     cJSON_ArrayForEach(x, props)
@@ -1642,58 +1660,13 @@ static mt_status compile_args(cc *c, const cJSON *params, uint32_t *out)
         serve_buf kb = SERVE_BUF_INIT;
         if (st == MT_OK && serve_buf_printf(&kb, "<arg_key>%s</arg_key><arg_value>", x->string))
             st = MT_E_NOMEM;
+        klen[i] = kb.len;
         keys[i] = serve_buf_detach(&kb, NULL);
         const cJSON *r;
         cJSON_ArrayForEach(r, req) required[i] |= !strcmp(r->valuestring, x->string);
         i++;
     }
-    uint32_t p0 = 0;
-    if (st == MT_OK && !props_reserve(c, (uint32_t)np + 1))
-        st = MT_E_NOMEM;
-    if (st == MT_OK) {
-        p0 = g->n_props;
-        g->n_props += (uint32_t)np + 1;
-    }
-    int32_t last_req = -1;
-    for (int k = 0; k < np; k++)
-        if (required[k])
-            last_req = k;
-    for (int s = 0; st == MT_OK && s <= np; s++) {
-        if (s < np)
-            g->props[p0 + (uint32_t)s].value = vals[s];
-        litb l = {0};
-        if (last_req < s && !litb_add(&l, "</tool_call>", strlen("</tool_call>"), -1))
-            st = MT_E_NOMEM;
-        for (int k = s; k < np && st == MT_OK; k++) {
-            if (!litb_add(&l, keys[k], strlen(keys[k]), k))
-                st = MT_E_NOMEM;
-            if (required[k])
-                break;
-        }
-        uint32_t id = st == MT_OK ? lit_node(c, &l) : 0;
-        litb_free(&l);
-        if (!id)
-            st = MT_E_NOMEM;
-        else
-            g->slots[p0 + (uint32_t)s] = id - 1;
-    }
-    uint32_t id = st == MT_OK ? node_new(c, K_ARGS) : 0;
-    if (st == MT_OK && !id)
-        st = MT_E_NOMEM;
-    if (st == MT_OK) {
-        gnode *nd = &g->nodes[id - 1];
-        nd->p0 = p0;
-        nd->np = (uint32_t)np;
-        nd->last_req = last_req;
-        set_first(nd, '<');
-        *out = id - 1;
-    }
-    for (int k = 0; k < np; k++)
-        free(keys[k]);
-    free(keys);
-    free(vals);
-    free(required);
-    return st;
+    return props_node(c, st, np, keys, klen, vals, required, "</tool_call>", K_ARGS, '<', out);
 }
 
 static mt_status compile_calls(cc *c, const serve_grammar_opts *o, uint32_t *out)
