@@ -200,9 +200,13 @@ Test(spec, rollback_into_a_shared_page_leaves_the_source_intact)
 
 /* Pearson chi-square of counts against probabilities p (cells with p = 0
  * must stay empty). */
+/* Pearson's statistic of N draws against p. Tokens expected fewer than 5
+ * times are pooled into one cell (the chi-square approximation needs about
+ * 5 per cell: one draw of a token expected 0.1 times alone adds 8.1). */
 static double chi_square(const int *count, const double *p, int V, int N, int *df)
 {
-    double x = 0;
+    double x = 0, pool_e = 0;
+    int pool_n = 0;
     *df = -1;
     for (int i = 0; i < V; i++) {
         if (p[i] == 0) {
@@ -211,7 +215,16 @@ static double chi_square(const int *count, const double *p, int V, int N, int *d
             continue;
         }
         double e = p[i] * N;
+        if (e < 5) {
+            pool_e += e;
+            pool_n += count[i];
+            continue;
+        }
         x += (count[i] - e) * (count[i] - e) / e;
+        (*df)++;
+    }
+    if (pool_e > 0) {
+        x += (pool_n - pool_e) * (pool_n - pool_e) / pool_e;
         (*df)++;
     }
     return x;
