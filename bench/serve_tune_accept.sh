@@ -16,7 +16,9 @@
 #        default the server's own: 8 trials), KEEP_CACHE (1: use the kernel
 #        compile cache as it is; default: an empty one, as on fresh hardware,
 #        so every candidate the tuner tries is compiled), LOGS (where B's
-#        log is kept: LOGS/serve_tune_accept_b.log; default /tmp)
+#        log is kept: LOGS/serve_tune_accept_b.log; default /tmp), RATES
+#        (the knee sweep, req/s: 4,8,16,32,64,128,256), COMPILE_BUSY (1: B
+#        with --tune-compile-busy, its compilers not held while requests run)
 set -euo pipefail
 build=${1:-build}
 moetune=$build/moetune
@@ -26,6 +28,8 @@ port=${PORT:-18555}
 tune_opts=(--tune-misses)
 [ -n "${BUDGET:-}" ] && tune_opts+=(--tune-budget "$BUDGET")
 [ -n "${FIRST:-}" ] && tune_opts+=(--tune-first "$FIRST")
+[ "${COMPILE_BUSY:-0}" = 1 ] && tune_opts+=(--tune-compile-busy)
+rates=${RATES:-4,8,16,32,64,128,256}
 work=$(mktemp -d /tmp/mt_accept.XXXXXX)
 trap 'kill "${srv:-0}" 2>/dev/null || true; cp "$work"/b.log "${LOGS:-/tmp}/serve_tune_accept_b.log" 2>/dev/null || true; rm -rf "$work"' EXIT
 [ "${KEEP_CACHE:-0}" = 1 ] || export MOETUNE_CACHE="$work/cache"
@@ -56,7 +60,7 @@ itl95() { col "$1" 6 | awk -F'/' '{gsub(/ ms/, "", $2); gsub(/ /, "", $2); print
 
 echo "== knee on the defaults"
 serve "$work/knee.db" "$work/knee.log"
-"$moetune" bench-serve --url "http://127.0.0.1:$port" $load --rates 4,8,16,32,64 \
+"$moetune" bench-serve --url "http://127.0.0.1:$port" $load --rates "$rates" \
   --duration 10 --seed 7 | tee "$work/knee.txt" | grep -E '^\| [0-9]|^knee'
 stop
 knee=$(awk '/^knee:/ {print $2}' "$work/knee.txt")
@@ -80,13 +84,14 @@ stop
 first_pass=$(grep -c 'live tuning: .*, first pass$' "$work/b.log" || true)
 deep=$(grep -c 'live tuning: .*, whole budget$' "$work/b.log" || true)
 confirmed=$(grep -c 'live tuning: .*: confirmed ' "$work/b.log" || true)
-cover_first=$(grep -m1 'live tuning: covered:' "$work/b.log" | sed -E 's/.* in ([0-9]+) s\).*/\1/' || true)
+cover_first=$(grep -m1 'live tuning: covered:' "$work/b.log" | sed -E 's/.* in ([0-9]+) s[,)].*/\1/' || true)
+held=$(grep 'live tuning: covered:' "$work/b.log" | tail -1 | sed -nE 's/.*compilers held ([0-9]+) s.*/\1/p' || true)
 # covered at the end: no first pass after the last "covered" line
 last_cover=$(grep -n 'live tuning: covered:' "$work/b.log" | tail -1 | cut -d: -f1 || true)
 last_first=$(grep -n ', first pass$' "$work/b.log" | tail -1 | cut -d: -f1 || true)
 cover_last=none
 if [ -n "$last_cover" ] && [ "${last_first:-0}" -lt "$last_cover" ]; then
-  cover_last=$(sed -n "${last_cover}p" "$work/b.log" | sed -E 's/.* in ([0-9]+) s\).*/\1/')
+  cover_last=$(sed -n "${last_cover}p" "$work/b.log" | sed -E 's/.* in ([0-9]+) s[,)].*/\1/')
 fi
 
 echo "== C: the database B wrote, no tuning"
@@ -101,7 +106,8 @@ itlb=$(itl95 "$rowb")
 echo
 echo "== summary ($(date -u +%Y-%m-%d), $(nproc) cores)"
 echo "rate $rate req/s (knee $knee); B's first passes covered the load's kernels at" \
-     "${cover_first:-never} s, covered at the end since ${cover_last} s (of $limit);" \
+     "${cover_first:-never} s, covered at the end since ${cover_last} s (of $limit)," \
+     "compilers held ${held:-0} s while requests ran;" \
      "$first_pass first passes, $deep searched to the whole budget, $confirmed confirmed," \
      "$swaps swapped in, $undone swapped back; failed requests: ${fails:-0}"
 echo "ITL p95: A $itla ms, B (while tuning, $limit s) $itlb ms ($(awk -v a="$itla" -v b="$itlb" \
