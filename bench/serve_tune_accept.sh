@@ -109,9 +109,13 @@ echo "rate $rate req/s (knee $knee); B's first passes covered the load's kernels
      "${cover_first:-never} s, covered at the end since ${cover_last} s (of $limit)," \
      "compilers held ${held:-0} s while requests ran;" \
      "$first_pass first passes, $deep searched to the whole budget, $confirmed confirmed," \
-     "$swaps swapped in, $undone swapped back; failed requests: ${fails:-0}"
+     "$swaps swapped in, $undone swapped back; failed requests: ${fails:-0} in B's server," \
+     "client successes A $(col "$rowa" 7), B $(col "$rowb" 7), C $(col "$rowc" 7)"
+itlc=$(itl95 "$rowc")
 echo "ITL p95: A $itla ms, B (while tuning, $limit s) $itlb ms ($(awk -v a="$itla" -v b="$itlb" \
-     'BEGIN {if (a > 0) printf "%.2fx", b / a; else print "n/a"}'))"
+     'BEGIN {if (a > 0) printf "%.2fx", b / a; else print "n/a"}') A's, $(awk -v a="$itlc" \
+     -v b="$itlb" 'BEGIN {if (a > 0) printf "%.2fx", b / a; else print "n/a"}') C's: C runs" \
+     "untuned too, so A against C shows the spread of two runs without tuning)"
 echo "tok/s at that rate: A $(col "$rowa" 4), B $(col "$rowb" 4), C $(col "$rowc" 4);" \
      "ITL p50/p95 A $(col "$rowa" 6), B $(col "$rowb" 6), C $(col "$rowc" 6)"
 "$build/bench_db_ab" --model "$work/tiny" --db "$work/b.db" --rounds 10

@@ -96,6 +96,7 @@ typedef struct req {
     /* parsing */
     serve_sse_parser sse;
     bool done, failed;
+    int finished; /* set (atomically) when its thread is about to return */
 } req;
 
 bool serve_bench_arrive(serve_bench_arrivals *a, int k, uint64_t now)
@@ -198,6 +199,7 @@ static void *req_main(void *arg)
     r->ok = !st && resp.status == 200 && r->done && !r->failed && r->a.tokens == r->want_tokens;
     serve_client_resp_release(&resp);
     serve_sse_release(&r->sse);
+    __atomic_store_n(&r->finished, 1, __ATOMIC_RELEASE);
     return NULL;
 }
 
@@ -327,6 +329,7 @@ static mt_status run_rate(const serve_bench_opts *o, const serve_url *u, double 
     pthread_t *th = calloc((size_t)n, sizeof *th);
     bool *started = calloc((size_t)n, sizeof *started);
     mt_status st = MT_OK;
+    int joined = 0; /* request threads [0, joined) are joined */
     if (!rs || !th || !started) {
         st = mt_fail(err, MT_E_NOMEM, "bench-serve: out of memory");
         goto out;
@@ -357,10 +360,19 @@ static mt_status run_rate(const serve_bench_opts *o, const serve_url *u, double 
         started[i] = pthread_create(&th[i], NULL, req_main, r) == 0;
         if (!started[i])
             snprintf(r->error, sizeof r->error, "cannot start a client thread");
+        /* Join the requests that are done, in order, as it goes: a thread
+         * keeps its stack until it is joined, and a long run at a high rate
+         * starts tens of thousands. */
+        while (joined < i && (!started[joined] ||
+                              __atomic_load_n(&rs[joined].finished, __ATOMIC_ACQUIRE))) {
+            if (started[joined])
+                pthread_join(th[joined], NULL);
+            joined++;
+        }
     }
-    for (int i = 0; i < n; i++)
-        if (started[i])
-            pthread_join(th[i], NULL);
+    for (; joined < n; joined++)
+        if (started[joined])
+            pthread_join(th[joined], NULL);
     fill_row(row, rs, n, t0, t0 + (uint64_t)(o->duration_s * 1e9));
     row->server_up = health_ok(u);
 out:
