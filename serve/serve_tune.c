@@ -31,6 +31,9 @@
 #define HOLD_MAX_MS 2000.0
 #define HOLD_GAP_MS 100.0
 
+/* The command line a tuning session of the server records. */
+static char *const session_argv[] = {"moetune", "serve", "--tune-misses", NULL};
+
 /* How far a (family, key, bucket) has been tuned: not yet, by the first
  * pass (a few trials), or to the whole budget (never planned again). */
 enum { PASS_NONE = 0, PASS_FIRST = 1, PASS_FULL = 2 };
@@ -319,6 +322,8 @@ static void tune_item(serve_tune *t, const item *it)
     o.gate_ctx = t;
     o.stop = &t->stop;
     o.session_id = t->session_id;
+    o.argc = 3; /* for a session of its own (session_id 0) */
+    o.argv = session_argv;
     double t0 = mt_now_ms();
     tune_report *rep = NULL;
     if (st == MT_OK)
@@ -421,10 +426,9 @@ static void mark_reverted(serve_tune *t)
  * failure each tune_run records a session of its own. */
 static void session_begin(serve_tune *t)
 {
-    static char *const argv[] = {"moetune", "serve", "--tune-misses", NULL};
     char budget[96];
     tune_budget_text(&t->o.budget, budget, sizeof budget);
-    db_session_info si = {3, argv, "moetune " MOETUNE_VERSION, NULL,
+    db_session_info si = {3, session_argv, "moetune " MOETUNE_VERSION, NULL,
                           tune_strategy_name(TUNE_MODEL), budget};
     db_t *db = NULL;
     mt_err err = MT_ERR_INIT;
