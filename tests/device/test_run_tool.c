@@ -24,6 +24,13 @@
 #include "device/device_impl.h"
 #include "test_tmp.h"
 
+/* A fresh folder and the path of the tool's log in it. */
+static void tool_log(char dir[512], char log[600])
+{
+    tmp_dir_make(dir, 512, "mt_run_tool");
+    snprintf(log, 600, "%s/tool.log", dir);
+}
+
 static char *read_log(const char *path)
 {
     char *text = NULL;
@@ -34,8 +41,7 @@ static char *read_log(const char *path)
 Test(run_tool, exit_status_and_both_streams_in_the_log)
 {
     char dir[512], log[600];
-    tmp_dir_make(dir, sizeof dir, "mt_run_tool");
-    snprintf(log, sizeof log, "%s/tool.log", dir);
+    tool_log(dir, log);
     const char *argv[] = {"sh", "-c", "echo to-stdout; echo to-stderr >&2; exit 3", NULL};
     cr_expect_eq(dev_run_tool(argv, log), 3);
     char *text = read_log(log);
@@ -54,8 +60,7 @@ Test(run_tool, exit_status_and_both_streams_in_the_log)
 Test(run_tool, a_program_that_cannot_start_is_127_with_the_reason)
 {
     char dir[512], log[600];
-    tmp_dir_make(dir, sizeof dir, "mt_run_tool");
-    snprintf(log, sizeof log, "%s/tool.log", dir);
+    tool_log(dir, log);
     const char *argv[] = {"moetune-no-such-compiler", "-c", "x.c", NULL};
     cr_expect_eq(dev_run_tool(argv, log), 127);
     char *text = read_log(log);
@@ -78,8 +83,7 @@ Test(run_tool, the_callers_pages_are_not_left_copy_on_write)
     madvise(buf, BYTES, MADV_NOHUGEPAGE); /* 4 KiB pages: one fault per page to count */
     memset(buf, 1, BYTES);
     char dir[512], log[600];
-    tmp_dir_make(dir, sizeof dir, "mt_run_tool");
-    snprintf(log, sizeof log, "%s/tool.log", dir);
+    tool_log(dir, log);
     const char *argv[] = {"sh", "-c", "exit 0", NULL};
     cr_assert_eq(dev_run_tool(argv, log), 0);
     long before = minor_faults();
@@ -180,9 +184,8 @@ static void run_on_thread(tool_call *c)
 Test(run_tool, a_background_tool_and_its_children_stop_while_held)
 {
     hold_probe h = {.hold_ms = 400};
-    tmp_dir_make(h.dir, sizeof h.dir, "mt_run_tool");
     char log[600], script[2048];
-    snprintf(log, sizeof log, "%s/tool.log", h.dir);
+    tool_log(h.dir, log);
     /* A driver that starts a child, as cc starts cc1 and as. */
     snprintf(script, sizeof script,
              "echo $$ > '%s/driver.pid'; sh -c 'echo $$ > \"$1\"/inner.pid; sleep 0.1; "
@@ -215,8 +218,7 @@ static bool always(void *ctx)
 Test(run_tool, a_tool_from_a_serving_thread_is_never_held)
 {
     char dir[512], log[600];
-    tmp_dir_make(dir, sizeof dir, "mt_run_tool");
-    snprintf(log, sizeof log, "%s/tool.log", dir);
+    tool_log(dir, log);
     const char *argv[] = {"sh", "-c", "sleep 0.05; exit 4", NULL};
     int calls = 0;
     dev_set_tool_hold(always, &calls);

@@ -44,23 +44,31 @@ Test(serve_bench, tokens_arriving_together_each_count_for_itl)
     free(one.itl);
 }
 
+/* Options for a load of input_len prompt and output_len answer tokens
+ * per request against t, duration_s per rate or concurrency, a fresh seed. */
+static void bench_opts(serve_bench_opts *o, const tsrv *t, int input_len, int output_len,
+                       double duration_s)
+{
+    memset(o, 0, sizeof *o);
+    o->url = t->url_text;
+    o->input_len = input_len;
+    o->output_len = output_len;
+    o->duration_s = duration_s;
+    o->ttft_limit_s = 5;
+    o->timeout_s = 120;
+    o->seed = mt_seed_fresh();
+}
+
 Test(serve_bench, sweep_has_a_knee_and_no_failures_below_it)
 {
     tsrv t;
     tsrv_start(&t, NULL);
     double rates[] = {1, 3, 6};
     serve_bench_opts o;
-    memset(&o, 0, sizeof o);
-    o.url = t.url_text;
-    o.input_len = 96;
-    o.output_len = 12;
+    bench_opts(&o, &t, 96, 12, 4);
     o.cache_hit = 0.5;
     o.rates = rates;
     o.n_rates = 3;
-    o.duration_s = 4;
-    o.ttft_limit_s = 5;
-    o.timeout_s = 120;
-    o.seed = mt_seed_fresh();
     serve_bench_row rows[3];
     mt_err err = MT_ERR_INIT;
     cr_assert_eq(serve_bench_run(&o, rows, &err), MT_OK, "%s", err.msg);
@@ -127,16 +135,9 @@ Test(serve_bench, the_open_loop_joins_its_request_threads_as_they_finish, .timeo
     tsrv_start(&t, NULL);
     double rates[] = {100};
     serve_bench_opts o;
-    memset(&o, 0, sizeof o);
-    o.url = t.url_text;
-    o.input_len = 8;
-    o.output_len = 2;
+    bench_opts(&o, &t, 8, 2, 3);
     o.rates = rates;
     o.n_rates = 1;
-    o.duration_s = 3;
-    o.ttft_limit_s = 5;
-    o.timeout_s = 60;
-    o.seed = mt_seed_fresh();
     maps_watch w = {.peak = count_maps()};
     int base = w.peak;
     pthread_t th;
@@ -163,15 +164,9 @@ Test(serve_bench, closed_loop_keeps_each_client_busy_and_counts_every_request)
     tsrv_start(&t, NULL);
     int conc[] = {1, 3};
     serve_bench_opts o;
-    memset(&o, 0, sizeof o);
-    o.url = t.url_text;
-    o.input_len = 40;
-    o.output_len = 6;
+    bench_opts(&o, &t, 40, 6, 1);
     o.concurrency = conc;
     o.n_conc = 2;
-    o.duration_s = 1;
-    o.timeout_s = 120;
-    o.seed = mt_seed_fresh();
     serve_bench_row rows[2];
     mt_err err = MT_ERR_INIT;
     cr_assert_eq(serve_bench_run(&o, rows, &err), MT_OK, "%s", err.msg);
