@@ -328,9 +328,10 @@ static mt_status run_rate(const serve_bench_opts *o, const serve_url *u, double 
     req *rs = calloc((size_t)n, sizeof *rs);
     pthread_t *th = calloc((size_t)n, sizeof *th);
     bool *started = calloc((size_t)n, sizeof *started);
+    int *pending = malloc((size_t)n * sizeof *pending); /* started, not joined */
+    int n_pending = 0;
     mt_status st = MT_OK;
-    int joined = 0; /* request threads [0, joined) are joined */
-    if (!rs || !th || !started) {
+    if (!rs || !th || !started || !pending) {
         st = mt_fail(err, MT_E_NOMEM, "bench-serve: out of memory");
         goto out;
     }
@@ -360,19 +361,23 @@ static mt_status run_rate(const serve_bench_opts *o, const serve_url *u, double 
         started[i] = pthread_create(&th[i], NULL, req_main, r) == 0;
         if (!started[i])
             snprintf(r->error, sizeof r->error, "cannot start a client thread");
-        /* Join the requests that are done, in order, as it goes: a thread
-         * keeps its stack until it is joined, and a long run at a high rate
-         * starts tens of thousands. */
-        while (joined < i && (!started[joined] ||
-                              __atomic_load_n(&rs[joined].finished, __ATOMIC_ACQUIRE))) {
-            if (started[joined])
-                pthread_join(th[joined], NULL);
-            joined++;
+        /* Join the requests that are done as it goes: a thread keeps its
+         * stack until it is joined, and a long run at a high rate starts
+         * tens of thousands. */
+        if (started[i])
+            pending[n_pending++] = i;
+        int keep = 0;
+        for (int k = 0; k < n_pending; k++) {
+            int j = pending[k];
+            if (__atomic_load_n(&rs[j].finished, __ATOMIC_ACQUIRE))
+                pthread_join(th[j], NULL);
+            else
+                pending[keep++] = j;
         }
+        n_pending = keep;
     }
-    for (; joined < n; joined++)
-        if (started[joined])
-            pthread_join(th[joined], NULL);
+    for (int k = 0; k < n_pending; k++)
+        pthread_join(th[pending[k]], NULL);
     fill_row(row, rs, n, t0, t0 + (uint64_t)(o->duration_s * 1e9));
     row->server_up = health_ok(u);
 out:
@@ -384,6 +389,7 @@ out:
     free(rs);
     free(th);
     free(started);
+    free(pending);
     free(at);
     return st;
 }

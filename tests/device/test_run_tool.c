@@ -191,10 +191,14 @@ Test(run_tool, a_background_tool_and_its_children_stop_while_held)
     hold_probe h = {0};
     char log[600], script[2048];
     tool_log(h.dir, log);
-    /* A driver that starts a child, as cc starts cc1 and as. */
+    /* A driver that starts a child, as cc starts cc1 and as. The child
+     * starts nothing itself (a loop of shell builtins): a shell that
+     * vforks waits in uninterruptible sleep ('D', not 'T') while its
+     * vforked child is stopped before its exec. */
     snprintf(script, sizeof script,
-             "echo $$ > '%s/driver.pid'; sh -c 'echo $$ > \"$1\"/inner.pid; sleep 0.1; "
-             "exit 6' inner '%s'; exit $?", h.dir, h.dir);
+             "echo $$ > '%s/driver.pid'; sh -c 'echo $$ > \"$1\"/inner.pid; i=0; "
+             "while [ $i -lt 20000 ]; do i=$((i + 1)); done; exit 6' inner '%s'; exit $?",
+             h.dir, h.dir);
     const char *argv[] = {"sh", "-c", script, NULL};
     double held0;
     int64_t holds0;

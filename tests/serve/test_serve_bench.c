@@ -151,8 +151,9 @@ Test(serve_bench, the_open_loop_joins_its_request_threads_as_they_finish, .timeo
     cr_assert_gt(row.sent, 200, "%d requests sent", row.sent);
     cr_expect_eq(row.ok, row.sent, "%s", row.first_error);
     /* Joined as they finish, the stacks are reused: the maps grow with the
-     * requests in flight, not with every request sent (two maps each). */
-    cr_expect_lt(w.peak - base, row.sent / 2, "%d maps more at the peak over %d requests",
+     * requests in flight (many on a loaded machine), not with every request
+     * sent (two maps each: the stack and its guard). */
+    cr_expect_lt(w.peak - base, row.sent, "%d maps more at the peak over %d requests",
                  w.peak - base, row.sent);
     cr_log_info("open loop: %d requests, at most %d maps more", row.sent, w.peak - base);
     tsrv_stop(&t);
