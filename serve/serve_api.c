@@ -838,6 +838,7 @@ int serve_api_generate(serve_api_ctx *a, struct mg_connection *c, serve_api api)
             .logprobs = req.logprobs || req.best_of > req.n,
             .top_logprobs = req.logprobs ? req.top_logprobs : 0,
             .follow = i ? runs[0].g : NULL,
+            .n_followers = i ? 0 : req.best_of - 1,
         };
         if (serve_engine_submit(a->engine, &p, &run->g, &e)) {
             serve_logits_destroy(lp);

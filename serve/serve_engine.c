@@ -53,6 +53,7 @@ struct serve_gen {
     float *logits;
     uint64_t t_last;
     bool ever_admitted;
+    int followers_due;    /* choices still to be queued behind this one (n > 1) */
     model_spec_seq *sp;   /* speculative decoding state; NULL when off */
     int32_t verify[MODEL_SPEC_MAX_STEPS + 1]; /* the verify step's tokens */
     /* Under mu. */
@@ -358,6 +359,10 @@ static void fill_sreq(serve_engine *e)
 static mt_status gen_process(void *ctx, const int32_t *gen, int64_t n_gen, const int32_t *extra,
                              int n_extra, float *logits, mt_err *err);
 
+/* The oldest waiting request waits for its other choices to be queued:
+ * nothing to admit until the next submission. */
+static bool held(const serve_engine *e) { return e->waiting[0]->followers_due > 0; }
+
 /* Admits waiting requests, oldest first, while the policy allows. */
 static void admit(serve_engine *e)
 {
@@ -366,6 +371,8 @@ static void admit(serve_engine *e)
         uint64_t now = mt_now_ns();
         int src = -1;
         int64_t match = 0;
+        if (held(e))
+            return; /* n > 1: the other choices are still being queued */
         serve_gen *l = g->follow;
         if (l && l->seq >= 0 && l->n_computed < g->n_prompt - 1 && !g->ever_admitted)
             return; /* n > 1: the first choice is still reading the shared prompt */
@@ -848,7 +855,7 @@ static void *engine_main(void *arg)
     for (;;) {
         pthread_mutex_lock(&e->mu);
         while (!e->stop && !e->sub_head && !e->cancel_hint &&
-               (st != MT_OK || (e->n_running == 0 && e->n_waiting == 0)))
+               (st != MT_OK || (e->n_running == 0 && (e->n_waiting == 0 || held(e)))))
             pthread_cond_wait(&e->wake, &e->mu);
         if (e->stop) {
             pthread_mutex_unlock(&e->mu);
@@ -863,6 +870,8 @@ static void *engine_main(void *arg)
             continue; /* failed load: submit refuses; wait for stop */
         while (sub) {
             serve_gen *next = sub->next;
+            if (sub->follow)
+                sub->follow->followers_due--;
             if (!push_waiting(e, sub, false)) {
                 serve_error se = SERVE_ERROR_INIT;
                 serve_reject(&se, 503, NULL, NULL, "out of memory queueing the request");
@@ -1122,8 +1131,14 @@ mt_status serve_engine_submit(serve_engine *e, const serve_gen_params *p, serve_
     g->refs = 2; /* the caller's and the engine's */
     pthread_mutex_init(&g->mu, NULL);
     pthread_cond_init(&g->cond, NULL);
-    if (p->follow && p->follow->n_prompt == p->n_prompt &&
-        !memcmp(p->follow->tokens, p->prompt, (size_t)p->n_prompt * sizeof *p->prompt)) {
+    g->followers_due = p->n_followers > 0 ? p->n_followers : 0;
+    if (p->follow) {
+        if (p->follow->n_prompt != p->n_prompt ||
+            memcmp(p->follow->tokens, p->prompt, (size_t)p->n_prompt * sizeof *p->prompt)) {
+            gen_free(g);
+            return serve_reject(err, 500, NULL, NULL,
+                                "internal: a follower's prompt differs from its first choice's");
+        }
         pthread_mutex_lock(&p->follow->mu);
         p->follow->refs++;
         pthread_mutex_unlock(&p->follow->mu);

@@ -129,6 +129,11 @@ typedef struct serve_gen_params {
      * reference). This one waits until that one has computed its prompt and
      * forks its KV there, so the prompt is computed once for all choices. */
     serve_gen *follow;
+    /* n > 1, on the first choice: how many choices will follow it (each
+     * submitted next with .follow = it and the same prompt). It is not
+     * admitted until they all are queued (or it is cancelled), so no
+     * follower comes too late to fork its prompt. */
+    int n_followers;
 } serve_gen_params;
 
 /* Queues a generation. Rejects (4xx in e) a request that could never run:

@@ -425,6 +425,63 @@ Test(serve_agent, n4_returns_four_choices_and_computes_the_prompt_once)
     free(pj);
 }
 
+/* The first choice is held until its followers are queued: one submitted
+ * long after it (a loaded HTTP thread) still forks the whole prompt
+ * rather than finding the finished first choice's KV in the prefix cache
+ * at a page boundary. A held first choice that is cancelled ends. */
+Test(serve_agent, a_first_choice_waits_for_its_followers)
+{
+    serve_engine *e = serve_server_engine(T.s);
+    int32_t prompt[40];
+    for (int i = 0; i < 40; i++)
+        prompt[i] = 310 + (i * 11) % 140; /* a prompt no other test sends */
+    serve_gen_params p = {.prompt = prompt, .n_prompt = 40, .max_tokens = 2,
+                          .sampler = {.temperature = 0, .top_p = 1}, .ignore_eos = true,
+                          .n_followers = 1};
+    serve_gen *lead = NULL, *fol = NULL;
+    serve_error se = SERVE_ERROR_INIT;
+    cr_assert_eq(serve_engine_submit(e, &p, &lead, &se), MT_OK, "%s", se.err.msg);
+    serve_gen_view v;
+    serve_gen_wait(lead, 0, 0.5, &v); /* long enough to finish two tokens were it admitted */
+    cr_assert(!v.admitted && v.finish == SERVE_FINISH_NONE && v.n_generated == 0,
+              "the first choice ran before its follower was queued");
+    p.n_followers = 0;
+    p.follow = lead;
+    cr_assert_eq(serve_engine_submit(e, &p, &fol, &se), MT_OK, "%s", se.err.msg);
+    serve_gen *both[2] = {lead, fol};
+    for (int k = 0; k < 2; k++) {
+        do
+            serve_gen_wait(both[k], -1, 60, &v);
+        while (v.finish == SERVE_FINISH_NONE);
+        cr_assert_eq(v.finish, SERVE_FINISH_LENGTH, "choice %d: %s", k, v.error.err.msg);
+        cr_assert_eq(v.n_cached, k ? 39 : 0, "choice %d took %lld prompt tokens from the cache",
+                     k, (long long)v.n_cached);
+    }
+    serve_gen_release(fol);
+    serve_gen_release(lead);
+    /* A follower whose prompt differs is refused, not forked from the wrong KV. */
+    p.n_followers = 1;
+    p.follow = NULL;
+    cr_assert_eq(serve_engine_submit(e, &p, &lead, &se), MT_OK, "%s", se.err.msg);
+    int32_t other[40];
+    memcpy(other, prompt, sizeof other);
+    other[39]++;
+    serve_gen_params q = p;
+    q.prompt = other;
+    q.n_followers = 0;
+    q.follow = lead;
+    serve_gen *bad = NULL;
+    cr_assert_neq(serve_engine_submit(e, &q, &bad, &se), MT_OK);
+    cr_assert_null(bad);
+    /* The caller gives up on the held first choice: it ends, cancelled. */
+    serve_gen_cancel(lead, true);
+    do
+        serve_gen_wait(lead, -1, 10, &v);
+    while (v.finish == SERVE_FINISH_NONE);
+    cr_assert_eq(v.finish, SERVE_FINISH_CANCELLED);
+    serve_gen_release(lead);
+}
+
 /* ---- hostile text: NUL, surrogates, overlong UTF-8 -------------------------------------- */
 
 Test(serve_agent, nul_in_a_prompt_is_tokenized_whole)
