@@ -63,6 +63,14 @@ mt_status kvc_create(dev_device *d, const kvc_opts *o, kvc_cache **out, mt_err *
     for (int i = 0; st == MT_OK && i < o->n_pages; i++)
         c->free_list[i] = o->n_pages - 1 - i;
     c->n_free = o->n_pages;
+    if (!d) { /* bookkeeping only */
+        if (st != MT_OK) {
+            kvc_destroy(c);
+            return st;
+        }
+        *out = c;
+        return MT_OK;
+    }
     if (st == MT_OK)
         st = dev_alloc(d, page_bytes(c) * (size_t)o->n_pages, &c->pool, err);
     if (st == MT_OK && o->index_dim > 0)
@@ -102,10 +110,12 @@ void kvc_destroy(kvc_cache *c)
         c->seqs = s->next;
         seq_free(c, s);
     }
-    dev_free(c->dev, c->pool);
-    dev_free(c->dev, c->index_pool);
-    dev_free(c->dev, c->scale);
-    dev_free(c->dev, c->index_scale);
+    if (c->dev) {
+        dev_free(c->dev, c->pool);
+        dev_free(c->dev, c->index_pool);
+        dev_free(c->dev, c->scale);
+        dev_free(c->dev, c->index_scale);
+    }
     free(c->refs);
     free(c->free_list);
     free(c);
@@ -168,6 +178,8 @@ static bool grow(kvc_seq *s, int64_t n_pages)
 /* Copies page src's contents (both pools) to page dst. */
 static mt_status copy_page(kvc_cache *c, int32_t dst, int32_t src, mt_err *err)
 {
+    if (!c->dev)
+        return MT_OK; /* bookkeeping only: no contents */
     size_t pb = page_bytes(c), ib = index_page_bytes(c);
     mt_status st = dev_copy_dev(c->dev, (char *)c->pool + (size_t)dst * pb,
                                 (char *)c->pool + (size_t)src * pb, pb, err);
@@ -217,6 +229,8 @@ mt_status kvc_seq_reserve(kvc_cache *c, kvc_seq *s, int64_t n, int64_t *rows, mt
 mt_status kvc_seq_append(kvc_cache *c, kvc_seq *s, int64_t n, const float *rows,
                          const float *index_rows, mt_err *err)
 {
+    if (!c->dev)
+        return mt_fail(err, MT_E_INVALID, "kvc_seq_append: a bookkeeping-only cache has no pools");
     int64_t start = s->len, ps = c->o.page_size;
     mt_status st = kvc_seq_reserve(c, s, n, NULL, err);
     if (st != MT_OK)
@@ -313,6 +327,8 @@ mt_status kvc_seq_fork(kvc_cache *c, const kvc_seq *src, int64_t len, kvc_seq **
 mt_status kvc_seq_read(kvc_cache *c, const kvc_seq *s, int64_t pos, float *row,
                        float *index_row, mt_err *err)
 {
+    if (!c->dev)
+        return mt_fail(err, MT_E_INVALID, "kvc_seq_read: a bookkeeping-only cache has no pools");
     if (pos < 0 || pos >= s->len)
         return mt_fail(err, MT_E_INVALID, "kvcache: read of token %lld of %lld",
                        (long long)pos, (long long)s->len);
@@ -348,6 +364,8 @@ int64_t kvc_seq_pages(const kvc_seq *s, int32_t *out, int64_t cap)
 mt_status kvc_table_upload(kvc_cache *c, kvc_seq *const *seqs, int n, int64_t max_pages,
                            void *dev_table, mt_err *err)
 {
+    if (!c->dev)
+        return mt_fail(err, MT_E_INVALID, "kvc_table_upload: a bookkeeping-only cache has no pools");
     int32_t *t = calloc((size_t)n * (size_t)max_pages + 1, sizeof(int32_t));
     if (!t)
         return mt_fail(err, MT_E_NOMEM, "kvcache: page table of %d x %lld", n,

@@ -39,7 +39,9 @@ typedef struct kvc_cache kvc_cache;
 typedef struct kvc_seq kvc_seq;
 
 /* Allocates the pools on d (which must outlive the cache). Bad options are
- * MT_E_INVALID naming the field. */
+ * MT_E_INVALID naming the field. d NULL: page bookkeeping only, no pools
+ * (what a leader keeps of another rank's cache: the same calls hand out
+ * the same pages); append, read and table_upload then fail. */
 mt_status kvc_create(dev_device *d, const kvc_opts *o, kvc_cache **out, mt_err *err);
 /* Frees the pools and every sequence still open. NULL is a no-op. */
 void kvc_destroy(kvc_cache *c);

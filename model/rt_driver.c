@@ -197,9 +197,8 @@ static mt_status empty_mtp(model_runtime *rt, mt_err *err)
     return st == MT_OK ? MT_OK : mt_err_prefix(err, "MTP layer (no local tokens)");
 }
 
-/* A forward with no local tokens: only the MoE layers' exchanges (none
- * without expert parallelism). */
-static mt_status empty_forward(model_runtime *rt, mt_err *err)
+/* Without expert parallelism there are none. */
+mt_status rt_empty_forward(model_runtime *rt, mt_err *err)
 {
     for (int64_t l = 0; rt->ep && l < rt->n_layers; l++) {
         if (!rt->layers[l].moe)
@@ -217,6 +216,8 @@ static mt_status ep_step(model_runtime *rt, model_step_item *items, int n, mt_er
         return mt_fail(err, MT_E_INVALID, "rank %d follows rank 0's steps "
                        "(model_runtime_follow): it runs no steps of its own",
                        mt_comm_rank(rt->o.comm));
+    if (rt->dp.lead)
+        return rt_dp_step(rt, items, n, err);
     if (rt->tp.on) {
         /* Every rank runs every step: nothing to join without one. */
         if (n == 0)
@@ -228,7 +229,7 @@ static mt_status ep_step(model_runtime *rt, model_step_item *items, int n, mt_er
     }
     if (n == 0) {
         rt->ep_joined = true;
-        return rt->o.comm_lead ? MT_OK : rt_xchg_step_failed(rt, empty_forward(rt, err));
+        return rt->o.comm_lead ? MT_OK : rt_xchg_step_failed(rt, rt_empty_forward(rt, err));
     }
     rt->ep_joined = false;
     mt_status st = rt_xchg_step_failed(rt, rt_step(rt, items, n, err));
@@ -236,7 +237,7 @@ static mt_status ep_step(model_runtime *rt, model_step_item *items, int n, mt_er
         /* Failed before its forward (bad items, KV cache full): still join
          * this step's exchanges so the other ranks are not left waiting. */
         mt_err e2 = MT_ERR_INIT;
-        if (empty_forward(rt, &e2) != MT_OK)
+        if (rt_empty_forward(rt, &e2) != MT_OK)
             fprintf(rt->log, "expert parallelism: %s\n", e2.msg);
     }
     return st;
@@ -304,6 +305,8 @@ mt_status model_runtime_follow(model_runtime *rt, int64_t *steps, mt_err *err)
                        "runtime opened with comm_lead follow");
     if (rt->tp.on)
         return tp_follow(rt, steps, err);
+    if (rt->dp.on)
+        return rt_dp_follow(rt, steps, err);
     for (;;) {
         int32_t m = 0;
         MT_CHECK(rt_xchg_bcast(rt, &m, 1, err));
@@ -313,7 +316,7 @@ mt_status model_runtime_follow(model_runtime *rt, int64_t *steps, mt_err *err)
             return mt_fail(err, MT_E_FORMAT, "expert parallelism: step message %" PRId32, m);
         rt->ep_joined = true;
         MT_CHECK(rt_xchg_step_failed(rt, m == RT_EP_MTP ? empty_mtp(rt, err)
-                                                          : empty_forward(rt, err)));
+                                                          : rt_empty_forward(rt, err)));
         if (steps)
             ++*steps;
     }

@@ -103,7 +103,7 @@ mt_status rt_ep_moe(model_runtime *rt, rt_layer *ly, const void *x, int64_t M, f
 mt_status rt_ep_step_begin(model_runtime *rt, int64_t M, mt_err *err)
 {
     rt->ep_joined = true;
-    if (!leads(rt) || rt->tp.on) /* tensor parallelism announced the whole step */
+    if (!leads(rt) || rt->tp.on || rt->dp.on) /* tp and dp announced the whole step */
         return MT_OK;
     int32_t m = (int32_t)M;
     return rt_xchg_bcast(rt, &m, 1, err);

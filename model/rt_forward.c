@@ -430,7 +430,7 @@ mt_status rt_step(model_runtime *rt, model_step_item *items, int n, mt_err *err)
     for (int i = 0; i < rt->pf.n_runs; i++)
         rt->pf.rows_absorbed -= rt->pf.runs[i].n;
 
-    if (nl) {
+    if (nl && !rt->dp.keep_logits) { /* a dp follower's rows go to rank 0 from b->logits */
         float *host = malloc(sizeof(float) * (size_t)(nl * rt->V));
         if (!host) {
             st = mt_fail(err, MT_E_NOMEM, "logits");

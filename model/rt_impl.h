@@ -147,6 +147,35 @@ typedef struct rt_xchg {
     bool out_of_step;            /* a step failed inside its forward (runtime.h) */
 } rt_xchg;
 
+/* Data-parallel attention under one leader (rt_dp.c; o.dp). The leader
+ * keeps, for every other rank, the page bookkeeping of that rank's cache
+ * (a kvc_cache without pools, driven by the same calls the rank replays,
+ * so it hands out the same pages) and its sequence slots. A sequence id
+ * names its rank: rank * RT_MAX_SEQS + the rank's own slot. */
+typedef struct rt_dp_rank {
+    kvc_cache *kv;               /* the rank's layer-0 pages, bookkeeping only */
+    kvc_seq *seq[RT_MAX_SEQS];   /* NULL: slot free */
+    bool shared[RT_MAX_SEQS];
+    int n_seqs;
+    int64_t tokens;              /* token rows its attention ran (the leader's count) */
+} rt_dp_rank;
+
+typedef struct rt_dp {
+    bool on, lead;
+    int rank, size;
+    rt_dp_rank *ranks;           /* the leader's: [size]; [0] counts only (its own are seqs) */
+    int32_t *ops;                /* the leader's journal since the last step, 4 per op */
+    int n_ops, cap_ops;
+    int32_t *msg;                /* a step message */
+    int64_t msg_cap;
+    void *recv;                  /* the leader's device buffer: the other ranks' logits rows */
+    size_t recv_cap;
+    size_t *cnt;                 /* [4 * size]: all-to-all-v counts and displacements */
+    bool keep_logits;            /* a follower's rt_step leaves its logits rows on the device */
+} rt_dp;
+
+#define RT_DP_SEQ(rank, slot) ((rank) * RT_MAX_SEQS + (slot))
+
 /* Tensor parallelism over the ranks of o.comm (rt_tp.c; o.tp with 2+
  * ranks). Off: `me` is the whole model and the local buffers are the
  * whole ones (v_l is b.v, d_l b.delta, lg_l b.logits). */
@@ -207,6 +236,7 @@ struct model_runtime {
     bool ep_ended;               /* the leader told the other ranks to stop */
 
     rt_tp tp;
+    rt_dp dp;
     rt_xchg xc;
     rt_bufs b;
     rt_prefill pf;
@@ -312,6 +342,35 @@ mt_status rt_tp_announce(model_runtime *rt, const model_step_item *items, int n,
 /* The leader's MTP step (model_mtp_step): the journal and its items. */
 mt_status rt_tp_announce_mtp(model_runtime *rt, const model_mtp_item *items, int n,
                              mt_err *err);
+
+/* ---- rt_dp.c: data-parallel attention under one leader (o.dp) ---- */
+
+/* After the MTP layer: the leader's bookkeeping of the other ranks (off
+ * without o.dp); MT_E_INVALID / MT_E_UNSUPPORTED for options it cannot
+ * run with. */
+mt_status rt_dp_open(model_runtime *rt, mt_err *err);
+void rt_dp_close(model_runtime *rt);
+/* A sequence id of another rank on the leader. */
+bool rt_dp_remote(const model_runtime *rt, int seq);
+/* The leader's operations on another rank's sequences (journaled for it). */
+mt_status rt_dp_create(model_runtime *rt, int rank, int *seq, mt_err *err);
+mt_status rt_dp_fork(model_runtime *rt, int src, int64_t n, int *seq, mt_err *err);
+void rt_dp_free(model_runtime *rt, int seq);
+mt_status rt_dp_truncate(model_runtime *rt, int seq, int64_t len, mt_err *err);
+int64_t rt_dp_len(const model_runtime *rt, int seq);
+int64_t rt_dp_pages_needed(const model_runtime *rt, int seq, int64_t n);
+/* The rank model_seq_create places a new sequence on: the most free KV
+ * pages, then the fewest sequences, then the lowest rank. */
+int rt_dp_pick(const model_runtime *rt);
+/* The leader's model_step: every item on its sequence's rank. */
+mt_status rt_dp_step(model_runtime *rt, model_step_item *items, int n, mt_err *err);
+/* A follower's loop (model_runtime_follow). */
+mt_status rt_dp_follow(model_runtime *rt, int64_t *steps, mt_err *err);
+
+/* ---- rt_driver.c ---- */
+
+/* A forward with no local tokens: only the MoE layers' exchanges. */
+mt_status rt_empty_forward(model_runtime *rt, mt_err *err);
 
 /* ---- rt_mtp.c: the MTP draft layer ---- */
 

@@ -32,6 +32,16 @@ static mt_status new_slot(model_runtime *rt, int *seq, mt_err *err)
 
 mt_status model_seq_create(model_runtime *rt, int *seq, mt_err *err)
 {
+    return model_seq_create_on(rt, rt->dp.lead ? rt_dp_pick(rt) : 0, seq, err);
+}
+
+mt_status model_seq_create_on(model_runtime *rt, int rank, int *seq, mt_err *err)
+{
+    if (rank < 0 || rank >= model_runtime_dp_ranks(rt))
+        return mt_fail(err, MT_E_INVALID, "create: rank %d; sequences go on ranks 0..%d", rank,
+                       model_runtime_dp_ranks(rt) - 1);
+    if (rank > 0)
+        return rt_dp_create(rt, rank, seq, err);
     int s = -1;
     mt_status st = new_slot(rt, &s, err);
     for (int64_t l = 0; st == MT_OK && l < rt->n_layers; l++)
@@ -50,6 +60,8 @@ mt_status model_seq_create(model_runtime *rt, int *seq, mt_err *err)
 
 mt_status model_seq_fork(model_runtime *rt, int src, int64_t n, int *seq, mt_err *err)
 {
+    if (rt_dp_remote(rt, src))
+        return rt_dp_fork(rt, src, n, seq, err);
     if (!seq_ok(rt, src))
         return mt_fail(err, MT_E_INVALID, "fork: no sequence %d", src);
     int64_t len = model_seq_len(rt, src);
@@ -80,6 +92,8 @@ mt_status model_seq_fork(model_runtime *rt, int src, int64_t n, int *seq, mt_err
 
 void model_seq_free(model_runtime *rt, int seq)
 {
+    if (rt && rt_dp_remote(rt, seq))
+        rt_dp_free(rt, seq);
     if (!rt || !seq_ok(rt, seq))
         return;
     rt_tp_note(rt, RT_TP_OP_FREE, seq, 0, 0);
@@ -97,15 +111,54 @@ void model_seq_free(model_runtime *rt, int seq)
 
 int64_t model_seq_len(const model_runtime *rt, int seq)
 {
+    if (rt_dp_remote(rt, seq))
+        return rt_dp_len(rt, seq);
     return seq_ok(rt, seq) ? kvc_seq_len(rt->seqs[seq].kv[0]) : -1;
 }
 
 int64_t model_kv_free_pages(const model_runtime *rt) { return kvc_free_pages(rt->layers[0].kv); }
 
+int model_runtime_dp_ranks(const model_runtime *rt) { return rt->dp.lead ? rt->dp.size : 1; }
+
+int model_seq_rank(const model_runtime *rt, int seq)
+{
+    if (rt_dp_remote(rt, seq))
+        return rt_dp_len(rt, seq) >= 0 ? seq / RT_MAX_SEQS : -1;
+    return seq_ok(rt, seq) ? 0 : -1;
+}
+
+int64_t model_kv_free_pages_on(const model_runtime *rt, int rank)
+{
+    if (rank == 0)
+        return model_kv_free_pages(rt);
+    return rank > 0 && rank < model_runtime_dp_ranks(rt) ? kvc_free_pages(rt->dp.ranks[rank].kv)
+                                                         : 0;
+}
+
+int model_seqs_on(const model_runtime *rt, int rank)
+{
+    int n = 0;
+    if (rank == 0)
+        for (int i = 0; i < RT_MAX_SEQS; i++)
+            n += rt->seqs[i].used;
+    else if (rank > 0 && rank < model_runtime_dp_ranks(rt))
+        n = rt->dp.ranks[rank].n_seqs;
+    return n;
+}
+
+int64_t model_rank_tokens(const model_runtime *rt, int rank)
+{
+    if (rt->dp.lead)
+        return rank >= 0 && rank < rt->dp.size ? rt->dp.ranks[rank].tokens : 0;
+    return rank == 0 ? rt->pf.rows_absorbed + rt->pf.rows_prefill : 0;
+}
+
 int model_kv_page_size(const model_runtime *rt) { return rt->ps; }
 
 int64_t model_seq_pages_needed(const model_runtime *rt, int seq, int64_t n)
 {
+    if (rt_dp_remote(rt, seq))
+        return rt_dp_pages_needed(rt, seq, n);
     if (!seq_ok(rt, seq) || n <= 0)
         return 0;
     int64_t len = model_seq_len(rt, seq), held = kvc_seq_pages(rt->seqs[seq].kv[0], NULL, 0);
@@ -119,6 +172,8 @@ int64_t model_seq_pages_needed(const model_runtime *rt, int seq, int64_t n)
 
 mt_status model_seq_truncate(model_runtime *rt, int seq, int64_t len, mt_err *err)
 {
+    if (rt_dp_remote(rt, seq))
+        return rt_dp_truncate(rt, seq, len, err);
     if (!seq_ok(rt, seq))
         return mt_fail(err, MT_E_INVALID, "truncate: no sequence %d", seq);
     int64_t have = model_seq_len(rt, seq);

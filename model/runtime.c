@@ -186,7 +186,7 @@ static mt_status setup(model_runtime *rt, mt_err *err)
         return st;
     if ((st = rt_load(rt, err)) != MT_OK || (st = model_kset_select(rt->ks, err)) != MT_OK ||
         (st = rt_bufs_alloc(rt, err)) != MT_OK || (st = rt_tp_bufs_alloc(rt, err)) != MT_OK ||
-        (st = rt_mtp_load(rt, err)) != MT_OK)
+        (st = rt_mtp_load(rt, err)) != MT_OK || (st = rt_dp_open(rt, err)) != MT_OK)
         return st;
     size_t stage = (size_t)rt->T * (size_t)(rt->TOPK > 8 ? rt->TOPK : 8) +
                    (size_t)(rt->b.table_entries);
@@ -219,6 +219,7 @@ void model_runtime_close(model_runtime *rt)
         return;
     for (int i = 0; i < RT_MAX_SEQS; i++)
         model_seq_free(rt, i);
+    rt_dp_close(rt);
     rt_tp_close(rt);
     rt_bufs_free(rt);
     rt_mtp_unload(rt);

@@ -67,6 +67,14 @@ typedef struct model_runtime_opts {
                               * over every rank. Without data-parallel attention every group
                               * mirrors the first: each runs every step on the same sequences,
                               * so the experts run each group's rows */
+    bool dp;                 /* with comm_lead, without tp: data-parallel attention under one
+                              * leader (rt_dp.c). Every rank holds the KV cache of its own
+                              * sequences and runs their attention; rank 0 places each new
+                              * sequence on a rank (model_seq_create: the most free KV pages;
+                              * model_seq_create_on; a fork stays on its source's rank), and
+                              * its model_step runs each item on its sequence's rank, the
+                              * logits coming back to rank 0. Sequence ids then name their
+                              * rank (model_seq_rank). Not with speculative_steps */
     unsigned xchg_timeout_ms; /* with comm: the longest an exchange inside a forward may wait
                               * for the other ranks (mt_comm_set_timeout; set on comm) before
                               * the step fails; 0 = 30000. A follower waiting for the next
@@ -128,6 +136,19 @@ int64_t model_kv_free_pages(const model_runtime *rt);
 int model_kv_page_size(const model_runtime *rt);
 /* Pages a sequence would need to grow by n tokens. */
 int64_t model_seq_pages_needed(const model_runtime *rt, int seq, int64_t n);
+
+/* Data-parallel attention (opts.dp; on rank 0). Without it there is one
+ * rank to place on (0) and these read this runtime's own cache. */
+int model_runtime_dp_ranks(const model_runtime *rt);  /* ranks sequences are placed on */
+/* A new empty sequence on rank `rank` (0 .. dp_ranks - 1). */
+mt_status model_seq_create_on(model_runtime *rt, int rank, int *seq, mt_err *err);
+/* The rank holding a sequence; -1 for no sequence. */
+int model_seq_rank(const model_runtime *rt, int seq);
+/* A rank's free KV pages, its live sequences, and the token rows its
+ * attention has run since open (on rank 0: its count of every rank's). */
+int64_t model_kv_free_pages_on(const model_runtime *rt, int rank);
+int model_seqs_on(const model_runtime *rt, int rank);
+int64_t model_rank_tokens(const model_runtime *rt, int rank);
 
 /* ---- forward ---------------------------------------------------------------- */
 

@@ -1,0 +1,580 @@
+/* rt_dp.c: data-parallel attention under one leader (model_runtime_opts.dp).
+ * Every rank holds the KV cache of its own sequences and runs their
+ * attention; the MoE layers stay expert-parallel over all ranks. Rank 0
+ * places each sequence on a rank and drives every step:
+ *   - its operations on another rank's sequences (create, fork, free,
+ *     truncate) are applied to its bookkeeping of that rank's pages (a
+ *     kvc_cache without pools) and journaled;
+ *   - before each step it checks every item against the rank that holds
+ *     it (sequence, tokens, context, KV pages: a step refused there is
+ *     refused before anything is announced), reserves the other ranks'
+ *     pages in its bookkeeping, and broadcasts the journal and the other
+ *     ranks' items;
+ *   - every rank then runs its own items (or only the MoE layers'
+ *     exchanges when it has none), and the rows whose logits were asked
+ *     for go from each rank's device buffer to rank 0's in one
+ *     all-to-all-v, where rank 0 copies them out to the items.
+ * The followers replay the journal entries for their own sequences: their
+ * slots and pages come out as the leader's bookkeeping says, since the
+ * same calls on the same state pick the same ones. With batch-invariant
+ * kernels a row's logits do not depend on the batch it ran in, and each
+ * MoE pair's down row is computed as on one device, so the logits are
+ * bitwise those of one device whichever rank ran the sequence. */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rt_impl.h"
+
+enum { OP_CREATE = 1, OP_FORK, OP_FREE, OP_TRUNCATE };
+enum { HEAD = 3 }; /* n_ops, n_items, logits rows from the other ranks */
+
+mt_status rt_dp_open(model_runtime *rt, mt_err *err)
+{
+    rt_dp *dp = &rt->dp;
+    const model_runtime_opts *o = &rt->o;
+    if (!o->dp)
+        return MT_OK;
+    if (!o->comm || !o->comm_lead)
+        return mt_fail(err, MT_E_INVALID, "dp: data-parallel attention under one leader needs "
+                       "a communicator and comm_lead (without a leader every rank already runs "
+                       "its own sequences)");
+    if (o->tp)
+        return mt_fail(err, MT_E_INVALID, "dp with tp: tensor-parallel groups running their "
+                       "own sequences are not built; choose one");
+    if (o->speculative_steps > 0)
+        return mt_fail(err, MT_E_UNSUPPORTED, "dp with speculative_steps: MTP drafts on the "
+                       "rank that holds their sequence are not built");
+    dp->size = mt_comm_size(o->comm);
+    dp->rank = mt_comm_rank(o->comm);
+    if (dp->size < 2)
+        return MT_OK; /* one rank: every sequence is its own */
+    dp->on = true;
+    dp->lead = dp->rank == 0;
+    if (!(dp->cnt = calloc(4 * (size_t)dp->size, sizeof *dp->cnt)))
+        return mt_fail(err, MT_E_NOMEM, "dp: counts");
+    dp->recv_cap = 64;
+    MT_CHECK(dev_alloc(rt->dev, dp->recv_cap, &dp->recv, err));
+    if (!dp->lead)
+        return MT_OK;
+    if (!(dp->ranks = calloc((size_t)dp->size, sizeof *dp->ranks)))
+        return mt_fail(err, MT_E_NOMEM, "dp: ranks");
+    for (int r = 1; r < dp->size; r++)
+        MT_CHECK(kvc_create(NULL, kvc_get_opts(rt->layers[0].kv), &dp->ranks[r].kv, err));
+    fprintf(rt->log, "data-parallel attention: %d ranks, each holds its own sequences' KV "
+            "(%" PRId64 " pages of %d tokens); rank 0 places and drives them\n", dp->size,
+            rt->n_pages, rt->ps);
+    return MT_OK;
+}
+
+void rt_dp_close(model_runtime *rt)
+{
+    rt_dp *dp = &rt->dp;
+    for (int r = 1; dp->ranks && r < dp->size; r++)
+        kvc_destroy(dp->ranks[r].kv); /* its sequences with it */
+    free(dp->ranks);
+    free(dp->ops);
+    free(dp->msg);
+    free(dp->cnt);
+    if (rt->dev)
+        dev_free(rt->dev, dp->recv);
+    memset(dp, 0, sizeof *dp);
+}
+
+bool rt_dp_remote(const model_runtime *rt, int seq)
+{
+    return rt->dp.lead && seq >= RT_MAX_SEQS && seq < RT_DP_SEQ(rt->dp.size, 0);
+}
+
+/* The rank and slot of a sequence id on the leader; NULL when it names no
+ * live sequence of another rank. */
+static rt_dp_rank *holder(const model_runtime *rt, int seq, int *slot)
+{
+    if (!rt_dp_remote(rt, seq))
+        return NULL;
+    rt_dp_rank *k = &rt->dp.ranks[seq / RT_MAX_SEQS];
+    *slot = seq % RT_MAX_SEQS;
+    return k->seq[*slot] ? k : NULL;
+}
+
+/* Room for one more journal entry (before the operation changes anything). */
+static mt_status journal_room(rt_dp *dp, mt_err *err)
+{
+    if (dp->n_ops < dp->cap_ops)
+        return MT_OK;
+    int cap = dp->cap_ops ? 2 * dp->cap_ops : 64;
+    int32_t *p = realloc(dp->ops, sizeof(int32_t) * 4 * (size_t)cap);
+    if (!p)
+        return mt_fail(err, MT_E_NOMEM, "dp: journal of %d operations", cap);
+    dp->ops = p;
+    dp->cap_ops = cap;
+    return MT_OK;
+}
+
+static void journal(rt_dp *dp, int op, int seq, int64_t a, int64_t b)
+{
+    int32_t *e = dp->ops + 4 * dp->n_ops++;
+    e[0] = op;
+    e[1] = seq;
+    e[2] = (int32_t)a;
+    e[3] = (int32_t)b;
+}
+
+static int free_slot(const rt_dp_rank *k)
+{
+    for (int i = 0; i < RT_MAX_SEQS; i++)
+        if (!k->seq[i])
+            return i;
+    return -1;
+}
+
+mt_status rt_dp_create(model_runtime *rt, int rank, int *seq, mt_err *err)
+{
+    rt_dp *dp = &rt->dp;
+    rt_dp_rank *k = &dp->ranks[rank];
+    int slot = free_slot(k);
+    if (slot < 0)
+        return mt_fail(err, MT_E_BUSY, "all %d sequence slots of rank %d are in use",
+                       RT_MAX_SEQS, rank);
+    MT_CHECK(journal_room(dp, err));
+    MT_CHECK(kvc_seq_create(k->kv, &k->seq[slot], err));
+    k->shared[slot] = false;
+    k->n_seqs++;
+    *seq = RT_DP_SEQ(rank, slot);
+    journal(dp, OP_CREATE, *seq, 0, 0);
+    return MT_OK;
+}
+
+mt_status rt_dp_fork(model_runtime *rt, int src, int64_t n, int *seq, mt_err *err)
+{
+    rt_dp *dp = &rt->dp;
+    int from;
+    rt_dp_rank *k = holder(rt, src, &from);
+    if (!k)
+        return mt_fail(err, MT_E_INVALID, "fork: no sequence %d", src);
+    int64_t len = kvc_seq_len(k->seq[from]);
+    if (n < 0 || n > len)
+        return mt_fail(err, MT_E_INVALID, "fork: %" PRId64 " tokens of sequence %d, which has %"
+                       PRId64, n, src, len);
+    int slot = free_slot(k);
+    if (slot < 0)
+        return mt_fail(err, MT_E_BUSY, "all %d sequence slots of rank %d are in use",
+                       RT_MAX_SEQS, src / RT_MAX_SEQS);
+    MT_CHECK(journal_room(dp, err));
+    MT_CHECK(kvc_seq_fork(k->kv, k->seq[from], n, &k->seq[slot], err));
+    k->shared[slot] = k->shared[from] = true;
+    k->n_seqs++;
+    *seq = RT_DP_SEQ(src / RT_MAX_SEQS, slot);
+    journal(dp, OP_FORK, *seq, src, n);
+    return MT_OK;
+}
+
+void rt_dp_free(model_runtime *rt, int seq)
+{
+    int slot;
+    rt_dp_rank *k = holder(rt, seq, &slot);
+    mt_err err = MT_ERR_INIT;
+    if (!k)
+        return;
+    if (journal_room(&rt->dp, &err) != MT_OK) {
+        /* The rank would keep the sequence: keep it here too (its pages
+         * stay counted), and say so. */
+        fprintf(rt->log, "dp: cannot free sequence %d: %s\n", seq, err.msg);
+        return;
+    }
+    kvc_seq_destroy(k->kv, k->seq[slot]);
+    k->seq[slot] = NULL;
+    k->n_seqs--;
+    journal(&rt->dp, OP_FREE, seq, 0, 0);
+}
+
+mt_status rt_dp_truncate(model_runtime *rt, int seq, int64_t len, mt_err *err)
+{
+    int slot;
+    rt_dp_rank *k = holder(rt, seq, &slot);
+    if (!k)
+        return mt_fail(err, MT_E_INVALID, "truncate: no sequence %d", seq);
+    int64_t have = kvc_seq_len(k->seq[slot]);
+    if (len < 0 || len > have)
+        return mt_fail(err, MT_E_INVALID, "truncate: sequence %d to %" PRId64 " of its %" PRId64
+                       " tokens", seq, len, have);
+    MT_CHECK(journal_room(&rt->dp, err));
+    MT_CHECK(kvc_seq_truncate(k->kv, k->seq[slot], len, err));
+    journal(&rt->dp, OP_TRUNCATE, seq, len, 0);
+    return MT_OK;
+}
+
+int64_t rt_dp_len(const model_runtime *rt, int seq)
+{
+    int slot;
+    const rt_dp_rank *k = holder(rt, seq, &slot);
+    return k ? kvc_seq_len(k->seq[slot]) : -1;
+}
+
+int64_t rt_dp_pages_needed(const model_runtime *rt, int seq, int64_t n)
+{
+    int slot;
+    const rt_dp_rank *k = holder(rt, seq, &slot);
+    if (!k || n <= 0)
+        return 0;
+    int64_t len = kvc_seq_len(k->seq[slot]), held = kvc_seq_pages(k->seq[slot], NULL, 0);
+    int64_t need = (len + n + rt->ps - 1) / rt->ps - held;
+    if (k->shared[slot] && len % rt->ps) /* as model_seq_pages_needed: an upper bound */
+        need++;
+    return need;
+}
+
+int rt_dp_pick(const model_runtime *rt)
+{
+    int best = 0;
+    for (int r = 1; r < rt->dp.size; r++) {
+        int64_t fr = model_kv_free_pages_on(rt, r), fb = model_kv_free_pages_on(rt, best);
+        if (fr > fb || (fr == fb && model_seqs_on(rt, r) < model_seqs_on(rt, best)))
+            best = r;
+    }
+    return best;
+}
+
+/* ---- the step ---------------------------------------------------------------------- */
+
+/* Logits rows an item asks for: every token's, or the last one's, or none. */
+static int64_t item_rows(bool all, bool last, int n_tokens) { return all ? n_tokens : last; }
+
+/* The rows each rank's items asked for go to rank 0's dp->recv, rank by
+ * rank (rows[r] on the leader; this rank's own count on a follower). */
+static mt_status gather_rows(model_runtime *rt, const int64_t *rows, int64_t mine, mt_err *err)
+{
+    rt_dp *dp = &rt->dp;
+    size_t S = (size_t)dp->size, row = sizeof(float) * (size_t)rt->V;
+    size_t *sc = dp->cnt, *sd = sc + S, *rc = sd + S, *rd = rc + S;
+    memset(dp->cnt, 0, 4 * S * sizeof *dp->cnt);
+    if (dp->lead) {
+        size_t total = 0;
+        for (size_t r = 1; r < S; r++) {
+            rc[r] = (size_t)rows[r] * row;
+            rd[r] = total;
+            total += rc[r];
+        }
+        if (total > dp->recv_cap) {
+            dev_free(rt->dev, dp->recv);
+            dp->recv = NULL;
+            dp->recv_cap = 0;
+            MT_CHECK(dev_alloc(rt->dev, total, &dp->recv, err));
+            dp->recv_cap = total;
+        }
+    } else {
+        sc[0] = (size_t)mine * row;
+    }
+    mt_status st = mt_comm_all_to_all_v(rt->o.comm, rt->b.logits, sc, sd, dp->recv, rc, rd,
+                                        MT_COMM_U8, err);
+    return st == MT_OK ? MT_OK : mt_err_prefix(err, "dp: logits rows to rank 0");
+}
+
+/* Every item against the rank holding its sequence, before anything is
+ * announced: per rank its tokens and the KV pages it needs. */
+static mt_status check_step(model_runtime *rt, const model_step_item *items, int n,
+                            int64_t *toks, int64_t *pages, mt_err *err)
+{
+    for (int i = 0; i < n; i++) {
+        const model_step_item *it = &items[i];
+        int64_t len = model_seq_len(rt, it->seq);
+        if (len < 0)
+            return mt_fail(err, MT_E_INVALID, "item %d: no sequence %d", i, it->seq);
+        for (int j = 0; j < i; j++)
+            if (items[j].seq == it->seq)
+                return mt_fail(err, MT_E_INVALID, "items %d and %d both extend sequence %d", j,
+                               i, it->seq);
+        if (it->n_tokens < 1 || !it->tokens)
+            return mt_fail(err, MT_E_INVALID, "item %d (sequence %d): %d tokens", i, it->seq,
+                           it->n_tokens);
+        if (it->n_prompt < 0 || it->n_prompt > it->n_tokens)
+            return mt_fail(err, MT_E_INVALID, "item %d (sequence %d): n_prompt %d outside "
+                           "0..%d (its token count)", i, it->seq, it->n_prompt, it->n_tokens);
+        for (int t = 0; t < it->n_tokens; t++)
+            if (it->tokens[t] < 0 || it->tokens[t] >= rt->V)
+                return mt_fail(err, MT_E_INVALID, "item %d (sequence %d): token %d is id %" PRId32
+                               ", outside the vocabulary [0, %" PRId64 ")", i, it->seq, t,
+                               it->tokens[t], rt->V);
+        if (len + it->n_tokens > rt->max_ctx)
+            return mt_fail(err, MT_E_INVALID, "item %d (sequence %d): %" PRId64 " + %d tokens "
+                           "exceed the maximum context %" PRId64, i, it->seq, len, it->n_tokens,
+                           rt->max_ctx);
+        int r = model_seq_rank(rt, it->seq);
+        toks[r] += it->n_tokens;
+        pages[r] += model_seq_pages_needed(rt, it->seq, it->n_tokens);
+    }
+    for (int r = 0; r < rt->dp.size; r++) {
+        if (toks[r] > rt->T)
+            return mt_fail(err, MT_E_INVALID, "step of %" PRId64 " tokens on rank %d exceeds "
+                           "max_batch_tokens %" PRId64, toks[r], r, rt->T);
+        if (pages[r] > model_kv_free_pages_on(rt, r))
+            return mt_fail(err, MT_E_NOMEM, "model_step: KV cache of rank %d full: its items "
+                           "need %" PRId64 " new pages, %" PRId64 " free", r, pages[r],
+                           model_kv_free_pages_on(rt, r));
+    }
+    return MT_OK;
+}
+
+/* The other ranks' pages in the leader's bookkeeping, as their rt_step
+ * reserves them (in item order); undone on failure. */
+static mt_status reserve_remote(model_runtime *rt, const model_step_item *items, int n,
+                                mt_err *err)
+{
+    for (int i = 0; i < n; i++) {
+        int slot;
+        rt_dp_rank *k = holder(rt, items[i].seq, &slot);
+        if (!k)
+            continue;
+        mt_status st = kvc_seq_reserve(k->kv, k->seq[slot], items[i].n_tokens, NULL, err);
+        if (st != MT_OK) {
+            for (int j = 0; j < i; j++) {
+                int s2;
+                rt_dp_rank *k2 = holder(rt, items[j].seq, &s2);
+                if (k2)
+                    kvc_seq_truncate(k2->kv, k2->seq[s2],
+                                     kvc_seq_len(k2->seq[s2]) - items[j].n_tokens, NULL);
+            }
+            return mt_err_prefix(err, "dp: rank %d's KV pages", items[i].seq / RT_MAX_SEQS);
+        }
+    }
+    return MT_OK;
+}
+
+static mt_status msg_room(rt_dp *dp, int64_t len, mt_err *err)
+{
+    if (len <= dp->msg_cap)
+        return MT_OK;
+    int32_t *m = realloc(dp->msg, sizeof(int32_t) * (size_t)len);
+    if (!m)
+        return mt_fail(err, MT_E_NOMEM, "dp: a step message of %" PRId64 " entries", len);
+    dp->msg = m;
+    dp->msg_cap = len;
+    return MT_OK;
+}
+
+/* The journal and the other ranks' items; returns the entries written. */
+static int64_t build_msg(model_runtime *rt, const model_step_item *items, int n, int64_t rows)
+{
+    rt_dp *dp = &rt->dp;
+    int32_t *m = dp->msg;
+    int64_t off = HEAD + 4 * (int64_t)dp->n_ops;
+    memcpy(m + HEAD, dp->ops, sizeof(int32_t) * 4 * (size_t)dp->n_ops);
+    int remote = 0;
+    for (int i = 0; i < n; i++) {
+        const model_step_item *it = &items[i];
+        if (!rt_dp_remote(rt, it->seq))
+            continue;
+        m[off] = it->seq;
+        m[off + 1] = it->n_tokens;
+        m[off + 2] = it->n_prompt;
+        m[off + 3] = (it->logits ? 1 : 0) | (it->all_logits ? 2 : 0);
+        memcpy(m + off + 4, it->tokens, sizeof(int32_t) * (size_t)it->n_tokens);
+        off += 4 + it->n_tokens;
+        remote++;
+    }
+    m[0] = dp->n_ops;
+    m[1] = remote;
+    m[2] = (int32_t)rows;
+    return off;
+}
+
+/* The other ranks' rows from dp->recv to their items, rank by rank. */
+static mt_status scatter_rows(model_runtime *rt, model_step_item *items, int n, int64_t rows,
+                              mt_err *err)
+{
+    size_t V = (size_t)rt->V;
+    float *host = malloc(sizeof(float) * (size_t)rows * V);
+    if (!host)
+        return mt_fail(err, MT_E_NOMEM, "dp: logits of %" PRId64 " rows", rows);
+    mt_status st = dev_copy_from(rt->dev, host, rt->dp.recv, sizeof(float) * (size_t)rows * V,
+                                 err);
+    const float *at = host;
+    for (int r = 1; st == MT_OK && r < rt->dp.size; r++)
+        for (int i = 0; i < n; i++) {
+            model_step_item *it = &items[i];
+            if (it->seq / RT_MAX_SEQS != r || !rt_dp_remote(rt, it->seq))
+                continue;
+            if (it->all_logits) {
+                memcpy(it->all_logits, at, sizeof(float) * V * (size_t)it->n_tokens);
+                if (it->logits)
+                    memcpy(it->logits, at + V * (size_t)(it->n_tokens - 1), sizeof(float) * V);
+                at += V * (size_t)it->n_tokens;
+            } else if (it->logits) {
+                memcpy(it->logits, at, sizeof(float) * V);
+                at += V;
+            }
+        }
+    free(host);
+    return st;
+}
+
+mt_status rt_dp_step(model_runtime *rt, model_step_item *items, int n, mt_err *err)
+{
+    rt_dp *dp = &rt->dp;
+    if (n == 0)
+        return MT_OK; /* the followers wait for a step with work */
+    if (n < 0 || n > RT_MAX_SEQS)
+        return mt_fail(err, MT_E_INVALID, "model_step: %d items, at most %d", n, RT_MAX_SEQS);
+    size_t S = (size_t)dp->size;
+    int64_t *toks = calloc(3 * S, sizeof *toks), *pages = toks + S, *rows = pages + S;
+    model_step_item *mine = malloc(sizeof *mine * (size_t)n);
+    mt_status st = MT_OK;
+    if (!toks || !mine) {
+        st = mt_fail(err, MT_E_NOMEM, "dp: step");
+        goto done;
+    }
+    if ((st = check_step(rt, items, n, toks, pages, err)) != MT_OK)
+        goto done;
+    int64_t len = HEAD + 4 * (int64_t)dp->n_ops, remote_rows = 0;
+    int n_mine = 0;
+    for (int i = 0; i < n; i++) {
+        int r = model_seq_rank(rt, items[i].seq);
+        if (r == 0) {
+            mine[n_mine++] = items[i];
+            continue;
+        }
+        len += 4 + items[i].n_tokens;
+        rows[r] += item_rows(items[i].all_logits, items[i].logits, items[i].n_tokens);
+        remote_rows += item_rows(items[i].all_logits, items[i].logits, items[i].n_tokens);
+    }
+    if ((st = msg_room(dp, len, err)) != MT_OK || (st = reserve_remote(rt, items, n, err)))
+        goto done;
+    build_msg(rt, items, n, remote_rows);
+    int32_t l32 = (int32_t)len;
+    if ((st = rt_xchg_bcast(rt, &l32, 1, err)) != MT_OK ||
+        (st = rt_xchg_bcast(rt, dp->msg, (size_t)len, err)) != MT_OK)
+        goto done;
+    dp->n_ops = 0;
+    rt->ep_joined = false;
+    if (n_mine) {
+        st = rt_step(rt, mine, n_mine, err);
+    } else {
+        rt->ep_joined = true;
+        st = rt_empty_forward(rt, err);
+    }
+    if (st != MT_OK && !rt->ep_joined) {
+        /* Refused before its forward although it was checked: still join
+         * the step so the other ranks are not left waiting. */
+        mt_err e2 = MT_ERR_INIT;
+        if (rt_empty_forward(rt, &e2) != MT_OK)
+            fprintf(rt->log, "dp: %s\n", e2.msg);
+    }
+    if (remote_rows && (st == MT_OK || !rt->ep_joined)) {
+        mt_err e2 = MT_ERR_INIT;
+        mt_status gs = gather_rows(rt, rows, 0, st == MT_OK ? err : &e2);
+        if (st == MT_OK && (st = gs) == MT_OK)
+            st = scatter_rows(rt, items, n, remote_rows, err);
+    }
+    for (size_t r = 0; st == MT_OK && r < S; r++)
+        dp->ranks[r].tokens += toks[r];
+    st = rt_xchg_step_failed(rt, st);
+done:
+    free(toks);
+    free(mine);
+    return st;
+}
+
+/* ---- the followers ----------------------------------------------------------------- */
+
+/* The journal entries for this rank's sequences. */
+static mt_status replay(model_runtime *rt, const int32_t *ops, int n_ops, mt_err *err)
+{
+    for (int i = 0; i < n_ops; i++) {
+        const int32_t *e = ops + 4 * i;
+        if (e[1] / RT_MAX_SEQS != rt->dp.rank)
+            continue;
+        int slot = e[1] % RT_MAX_SEQS, got = slot;
+        mt_status st = MT_OK;
+        switch (e[0]) {
+        case OP_CREATE: st = model_seq_create(rt, &got, err); break;
+        case OP_FORK: st = model_seq_fork(rt, e[2] % RT_MAX_SEQS, e[3], &got, err); break;
+        case OP_FREE: model_seq_free(rt, slot); break;
+        case OP_TRUNCATE: st = model_seq_truncate(rt, slot, e[2], err); break;
+        default: return mt_fail(err, MT_E_FORMAT, "dp: operation %d", e[0]);
+        }
+        if (st != MT_OK)
+            return mt_err_prefix(err, "dp: replaying rank 0's operation %d", i);
+        if (got != slot)
+            return mt_fail(err, MT_E_DEVICE, "dp: rank 0 placed sequence %d in slot %d; this "
+                           "rank picked %d", e[1], slot, got);
+    }
+    return MT_OK;
+}
+
+/* One announced step: this rank's items, its rows to rank 0. */
+static mt_status follow_one(model_runtime *rt, const int32_t *m, int64_t len,
+                            model_step_item *mine, mt_err *err)
+{
+    static float marker; /* with keep_logits an item's pointers only say which rows */
+    if (len < HEAD || m[0] < 0 || m[1] < 0 || m[1] > RT_MAX_SEQS * rt->dp.size || m[2] < 0 ||
+        HEAD + 4 * (int64_t)m[0] > len)
+        return mt_fail(err, MT_E_FORMAT, "dp: a step message of %" PRId64 " entries", len);
+    MT_CHECK(replay(rt, m + HEAD, m[0], err));
+    int64_t off = HEAD + 4 * (int64_t)m[0], rows = 0;
+    int n = 0;
+    for (int i = 0; i < m[1]; i++) {
+        if (off + 4 > len || m[off + 1] < 1 || off + 4 + m[off + 1] > len)
+            return mt_fail(err, MT_E_FORMAT, "dp: item %d of a step message", i);
+        if (m[off] / RT_MAX_SEQS == rt->dp.rank) {
+            if (n == RT_MAX_SEQS)
+                return mt_fail(err, MT_E_FORMAT, "dp: more than %d items", RT_MAX_SEQS);
+            int flags = m[off + 3];
+            mine[n++] = (model_step_item){.seq = m[off] % RT_MAX_SEQS, .n_tokens = m[off + 1],
+                                          .n_prompt = m[off + 2], .tokens = m + off + 4,
+                                          .logits = (flags & 1) ? &marker : NULL,
+                                          .all_logits = (flags & 2) ? &marker : NULL};
+            rows += item_rows(flags & 2, flags & 1, m[off + 1]);
+        }
+        off += 4 + m[off + 1];
+    }
+    rt->ep_joined = false;
+    rt->dp.keep_logits = true;
+    mt_status st;
+    if (n) {
+        st = rt_step(rt, mine, n, err);
+    } else {
+        rt->ep_joined = true;
+        st = rt_empty_forward(rt, err);
+    }
+    rt->dp.keep_logits = false;
+    bool before = st != MT_OK && !rt->ep_joined;
+    if (before) {
+        /* Rank 0 checked these items against its bookkeeping of this
+         * rank: a refusal here means the two disagree. Join the step,
+         * then stop. */
+        mt_err e2 = MT_ERR_INIT;
+        if (rt_empty_forward(rt, &e2) != MT_OK)
+            fprintf(rt->log, "dp: %s\n", e2.msg);
+    }
+    if (m[2] > 0 && (st == MT_OK || before)) {
+        mt_err e2 = MT_ERR_INIT;
+        mt_status gs = gather_rows(rt, NULL, rows, st == MT_OK ? err : &e2);
+        if (st == MT_OK)
+            st = gs;
+    }
+    if (before)
+        return mt_err_prefix(err, "dp: rank %d refused rank 0's step", rt->dp.rank);
+    return rt_xchg_step_failed(rt, st);
+}
+
+mt_status rt_dp_follow(model_runtime *rt, int64_t *steps, mt_err *err)
+{
+    rt_dp *dp = &rt->dp;
+    model_step_item *mine = malloc(sizeof *mine * RT_MAX_SEQS);
+    if (!mine)
+        return mt_fail(err, MT_E_NOMEM, "dp: items");
+    mt_status st = MT_OK;
+    for (;;) {
+        int32_t len = 0;
+        if ((st = rt_xchg_bcast(rt, &len, 1, err)) != MT_OK || len < 0)
+            break; /* RT_EP_END: rank 0 closed its runtime */
+        if ((st = msg_room(dp, len, err)) != MT_OK ||
+            (st = rt_xchg_bcast(rt, dp->msg, (size_t)len, err)) != MT_OK ||
+            (st = follow_one(rt, dp->msg, len, mine, err)) != MT_OK)
+            break;
+        if (steps)
+            ++*steps;
+    }
+    free(mine);
+    return st;
+}
