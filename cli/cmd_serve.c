@@ -85,8 +85,13 @@ static int parse(int argc, char **argv, serve_cli *c)
          .max = 1 << 16,
          .help = "run under `mpirun -np N moetune serve --ranks N ...` (every rank with the "
                  "same options): each rank holds 1/N of the routed experts (expert "
-                 "parallelism over MPI); rank 0 serves HTTP and schedules, and announces "
-                 "each step to the other ranks, which serve their experts to it. A rank that "
+                 "parallelism over MPI) and the KV cache of its own sequences (data-parallel "
+                 "attention): rank 0 serves HTTP and schedules, places each sequence on the "
+                 "rank with the most free KV pages, then the least work so far (a "
+                 "prefix-cache hit on the rank holding "
+                 "the prefix), and announces each step; every rank runs its sequences' "
+                 "attention and its experts, and the logits come back to rank 0. With "
+                 "--speculative-steps rank 0 runs every sequence's attention. A rank that "
                  "dies ends the whole job (mpirun's abort), server included"},
         {.name = "--tune-misses", .type = CLI_OPT_FLAG, .dst = &c->tune_misses,
          .help = "tune in the background what the runtime runs without a tuned config "
@@ -199,6 +204,13 @@ static int open_ranks(serve_cli *c, cli_ranks *ranks, bool *done)
     }
     c->o.engine.rt.comm = comm;
     c->o.engine.rt.comm_lead = true;
+    /* Data-parallel attention: each rank runs its own sequences' attention
+     * (not with --tp, which splits every sequence's; nor with MTP drafts). */
+    model_runtime_opts *rt = &c->o.engine.rt;
+    rt->dp = !rt->tp && rt->speculative_steps == 0;
+    if (!rt->tp && !rt->dp && mt_comm_rank(comm) == 0)
+        fprintf(stderr, "moetune serve: --speculative-steps: data-parallel attention is off; "
+                "rank 0 runs every sequence's attention, the other ranks their experts\n");
     if (mt_comm_rank(comm) != 0) {
         *done = true;
         int rc = serve_follow(&c->o.engine.rt, comm);

@@ -229,7 +229,9 @@ int rt_dp_pick(const model_runtime *rt)
     int best = 0;
     for (int r = 1; r < rt->dp.size; r++) {
         int64_t fr = model_kv_free_pages_on(rt, r), fb = model_kv_free_pages_on(rt, best);
-        if (fr > fb || (fr == fb && model_seqs_on(rt, r) < model_seqs_on(rt, best)))
+        int sr = model_seqs_on(rt, r), sb = model_seqs_on(rt, best);
+        if (fr > fb || (fr == fb && (sr < sb || (sr == sb && rt->dp.ranks[r].tokens <
+                                                              rt->dp.ranks[best].tokens))))
             best = r;
     }
     return best;

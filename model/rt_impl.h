@@ -360,7 +360,8 @@ mt_status rt_dp_truncate(model_runtime *rt, int seq, int64_t len, mt_err *err);
 int64_t rt_dp_len(const model_runtime *rt, int seq);
 int64_t rt_dp_pages_needed(const model_runtime *rt, int seq, int64_t n);
 /* The rank model_seq_create places a new sequence on: the most free KV
- * pages, then the fewest sequences, then the lowest rank. */
+ * pages, then the fewest sequences, then the fewest token rows run so far,
+ * then the lowest rank. */
 int rt_dp_pick(const model_runtime *rt);
 /* The leader's model_step: every item on its sequence's rank. */
 mt_status rt_dp_step(model_runtime *rt, model_step_item *items, int n, mt_err *err);

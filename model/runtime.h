@@ -70,7 +70,8 @@ typedef struct model_runtime_opts {
     bool dp;                 /* with comm_lead, without tp: data-parallel attention under one
                               * leader (rt_dp.c). Every rank holds the KV cache of its own
                               * sequences and runs their attention; rank 0 places each new
-                              * sequence on a rank (model_seq_create: the most free KV pages;
+                              * sequence on a rank (model_seq_create: the most free KV pages,
+                              * then the fewest sequences and token rows run so far;
                               * model_seq_create_on; a fork stays on its source's rank), and
                               * its model_step runs each item on its sequence's rank, the
                               * logits coming back to rank 0. Sequence ids then name their

@@ -104,6 +104,8 @@ struct serve_engine {
     serve_gen **item_gen;
     serve_sched_req *sreq;
     int *chunk;
+    int *idx;                  /* a rank's running requests (plan_step) */
+    int n_ranks;               /* data-parallel attention: ranks sequences live on */
     int spec_k;                /* drafts per round (0: speculative decoding off) */
     model_spec_catchup *catchup;
     int64_t prefill_positions; /* model_runtime_prefill_positions (path_exact) */
@@ -214,14 +216,30 @@ static void publish_finish(serve_engine *e, serve_gen *g, serve_finish f, const 
 }
 
 /* Evicts the least recently used retained sequence; false when none. */
-static bool evict_one(serve_engine *e)
+typedef struct rank_of {
+    model_runtime *rt;
+    int rank;
+} rank_of;
+
+static bool on_rank(void *ctx, int seq)
+{
+    const rank_of *r = ctx;
+    return model_seq_rank(r->rt, seq) == r->rank;
+}
+
+/* Frees the least recently used cached sequence; rank >= 0: of that rank
+ * (data-parallel attention: pages are a rank's own). */
+static bool evict_on(serve_engine *e, int rank)
 {
     int seq;
-    if (!e->cache || !serve_prefix_evict(e->cache, &seq))
+    rank_of ro = {e->rt, rank};
+    if (!e->cache || !serve_prefix_evict_if(e->cache, rank >= 0 ? on_rank : NULL, &ro, &seq))
         return false;
     model_seq_free(e->rt, seq);
     return true;
 }
+
+static bool evict_one(serve_engine *e) { return evict_on(e, -1); }
 
 /* Of g's first n tokens, how many the prefix cache may share, either way:
  * all of them, unless g's prompt ends below the positions where prompt and
@@ -348,12 +366,46 @@ static void preempt(serve_engine *e, int i)
         serve_metrics_preempted(e->metrics);
 }
 
-static void fill_sreq(serve_engine *e)
+/* The policy's view of the running requests on rank rk (all of them on
+ * one rank), in admission order; e->idx maps them back. Returns how many. */
+static int fill_sreq_on(serve_engine *e, int rk)
 {
+    int n = 0;
     for (int i = 0; i < e->n_running; i++) {
         serve_gen *g = e->running[i];
-        e->sreq[i] = (serve_sched_req){g->n_computed, g->n_tokens - g->n_computed};
+        if (e->n_ranks > 1 && model_seq_rank(e->rt, g->seq) != rk)
+            continue;
+        e->idx[n] = i;
+        e->sreq[n++] = (serve_sched_req){g->n_computed, g->n_tokens - g->n_computed};
     }
+    return n;
+}
+
+/* The next step's chunks (e->chunk), planned rank by rank: each rank's
+ * requests share its token budget and its free pages. False when a rank's
+ * decodes lack pages (*short_rank) or nothing can run. */
+static bool plan_step(serve_engine *e, serve_sched_plan *plan, int *short_rank)
+{
+    memset(plan, 0, sizeof *plan);
+    *short_rank = -1;
+    for (int rk = 0; rk < e->n_ranks; rk++) {
+        int n = fill_sreq_on(e, rk);
+        if (!n)
+            continue;
+        int *chunk = e->chunk + e->n_running; /* scratch past the running requests' */
+        serve_sched_plan p = serve_sched_step(&e->cfg, e->sreq, n,
+                                              model_kv_free_pages_on(e->rt, rk), chunk);
+        for (int j = 0; j < n; j++)
+            e->chunk[e->idx[j]] = chunk[j];
+        if (p.short_pages) {
+            *short_rank = rk;
+            return false;
+        }
+        plan->items += p.items;
+        plan->tokens += p.tokens;
+        plan->pages += p.pages;
+    }
+    return plan->items > 0;
 }
 
 static mt_status gen_process(void *ctx, const int32_t *gen, int64_t n_gen, const int32_t *extra,
@@ -410,14 +462,14 @@ static void admit(serve_engine *e)
             continue;
         }
         int64_t need = model_seq_pages_needed(e->rt, seq, g->n_tokens - match);
-        fill_sreq(e);
-        int64_t reserved = serve_sched_reserved(&e->cfg, e->sreq, e->n_running);
-        while (!serve_sched_can_admit(&e->cfg, e->n_running, model_kv_free_pages(e->rt),
+        int rk = model_seq_rank(e->rt, seq), n_on = fill_sreq_on(e, rk);
+        int64_t reserved = serve_sched_reserved(&e->cfg, e->sreq, n_on);
+        while (!serve_sched_can_admit(&e->cfg, e->n_running, model_kv_free_pages_on(e->rt, rk),
                                       reserved, need) &&
-               evict_one(e))
+               evict_on(e, rk))
             ;
-        if (!serve_sched_can_admit(&e->cfg, e->n_running, model_kv_free_pages(e->rt), reserved,
-                                   need)) {
+        if (!serve_sched_can_admit(&e->cfg, e->n_running, model_kv_free_pages_on(e->rt, rk),
+                                   reserved, need)) {
             model_seq_free(e->rt, seq);
             if (e->n_running > 0)
                 return; /* wait for pages */
@@ -482,19 +534,24 @@ static bool is_stop(const serve_engine *e, const serve_gen *g, int32_t tok)
 
 /* Makes room when the plan cannot proceed: evict, else preempt, else fail
  * the one request that cannot fit. */
-static void make_room(serve_engine *e)
+/* Pages for the next step on rank rk (-1: any): a cached sequence there
+ * goes, else its youngest running request is preempted; its only one
+ * fails. */
+static void make_room(serve_engine *e, int rk)
 {
-    if (evict_one(e))
+    if (evict_on(e, e->n_ranks > 1 ? rk : -1))
         return;
-    int v = serve_sched_victim(e->n_running);
+    int n = e->n_ranks > 1 && rk >= 0 ? fill_sreq_on(e, rk) : e->n_running;
+    int v = serve_sched_victim(n);
     if (v >= 0) {
-        preempt(e, v);
+        preempt(e, e->n_ranks > 1 && rk >= 0 ? e->idx[v] : v);
         return;
     }
-    if (e->n_running > 0) {
+    if (n > 0) {
         serve_error se = SERVE_ERROR_INIT;
         serve_reject(&se, 503, NULL, NULL, "the KV cache ran out of pages for this request");
-        finish_running(e, 0, SERVE_FINISH_ERROR, false, &se);
+        finish_running(e, e->n_ranks > 1 && rk >= 0 ? e->idx[0] : 0, SERVE_FINISH_ERROR, false,
+                       &se);
     }
 }
 
@@ -600,12 +657,10 @@ static void run_step(serve_engine *e)
     for (;;) {
         if (e->n_running == 0)
             return;
-        fill_sreq(e);
-        plan = serve_sched_step(&e->cfg, e->sreq, e->n_running, model_kv_free_pages(e->rt),
-                                e->chunk);
-        if (plan.short_pages == 0 && plan.items > 0)
+        int short_rank;
+        if (plan_step(e, &plan, &short_rank))
             break;
-        make_room(e);
+        make_room(e, short_rank);
     }
     if (e->spec_k > 0)
         add_drafts(e, &plan);
@@ -634,7 +689,7 @@ static void run_step(serve_engine *e)
     mt_err err = MT_ERR_INIT;
     mt_status st = model_step(e->rt, e->items, n, &err);
     if (st == MT_E_NOMEM) {
-        make_room(e);
+        make_room(e, -1);
         return;
     }
     if (st != MT_OK) {
@@ -749,10 +804,19 @@ static void update_gauges(serve_engine *e)
     serve_metrics_state s = {
         .running = e->n_running,
         .waiting = e->n_waiting + queued,
-        .kv_pages_total = e->info.kv_pages_total,
-        .kv_pages_used = e->info.kv_pages_total - model_kv_free_pages(e->rt),
+        .kv_pages_total = e->info.kv_pages_total * e->n_ranks,
         .cached_sequences = e->cache ? serve_prefix_retained(e->cache) : 0,
+        .n_ranks = e->n_ranks,
     };
+    for (int r = 0; r < e->n_ranks; r++) {
+        int64_t used = e->info.kv_pages_total - model_kv_free_pages_on(e->rt, r);
+        s.kv_pages_used += used;
+        if (r < SERVE_METRICS_MAX_RANKS) {
+            s.rank_seqs[r] = model_seqs_on(e->rt, r);
+            s.rank_pages_used[r] = used;
+            s.rank_tokens[r] = model_rank_tokens(e->rt, r);
+        }
+    }
     serve_metrics_state_set(e->metrics, &s);
 }
 
@@ -783,7 +847,9 @@ static mt_status load(serve_engine *e, mt_err *err)
     e->items = calloc((size_t)mb, sizeof *e->items);
     e->item_gen = calloc((size_t)mb, sizeof *e->item_gen);
     e->sreq = calloc((size_t)mb, sizeof *e->sreq);
-    e->chunk = calloc((size_t)mb, sizeof *e->chunk);
+    e->chunk = calloc(2 * (size_t)mb, sizeof *e->chunk); /* and plan_step's scratch */
+    e->idx = calloc((size_t)mb, sizeof *e->idx);
+    e->n_ranks = model_runtime_dp_ranks(e->rt);
     e->catchup = calloc((size_t)mb, sizeof *e->catchup);
     /* Speculative decoding needs the MTP layer; a scripted sampler (tests'
      * hook) picks tokens one at a time, so it turns speculation off. */
@@ -982,6 +1048,7 @@ void serve_engine_destroy(serve_engine *e)
     free(e->item_gen);
     free(e->sreq);
     free(e->chunk);
+    free(e->idx);
     free(e->catchup);
     free(e->model_dir);
     free(e->db_path);

@@ -208,6 +208,30 @@ static mt_status render_hist(serve_buf *o, const hist *h)
                             (unsigned long long)h->count);
 }
 
+/* Per-rank load under data-parallel attention (nothing on one rank). */
+static bool rank_load(serve_buf *o, const serve_metrics_state *s)
+{
+    static const struct {
+        const char *name, *type, *help;
+    } g[3] = {
+        {"moetune_rank_sequences", "gauge", "Sequences (running and cached) a rank holds."},
+        {"moetune_rank_kv_pages_used", "gauge", "KV cache pages in use on a rank."},
+        {"moetune_rank_tokens_total", "counter", "Token rows a rank's attention ran."},
+    };
+    int n = s->n_ranks < SERVE_METRICS_MAX_RANKS ? s->n_ranks : SERVE_METRICS_MAX_RANKS;
+    if (n < 2)
+        return false;
+    for (int k = 0; k < 3; k++) {
+        const int64_t *v = k == 0 ? s->rank_seqs : k == 1 ? s->rank_pages_used : s->rank_tokens;
+        if (head(o, g[k].name, g[k].type, g[k].help))
+            return true;
+        for (int r = 0; r < n; r++)
+            if (serve_buf_printf(o, "%s{rank=\"%d\"} %lld\n", g[k].name, r, (long long)v[r]))
+                return true;
+    }
+    return false;
+}
+
 static mt_status render_locked(const serve_metrics *m, serve_buf *o)
 {
     if (head(o, "moetune_requests_total", "counter", "Requests answered, by endpoint and outcome."))
@@ -265,6 +289,7 @@ static mt_status render_locked(const serve_metrics *m, serve_buf *o)
                (double)s->kv_pages_total) ||
         scalar(o, "moetune_prefix_cache_sequences", "gauge",
                "Finished sequences the prefix cache retains.", (double)s->cached_sequences) ||
+        rank_load(o, s) ||
         head(o, "moetune_kernel_selections", "gauge",
              "Kernels the runtime selected at load, by where the config came from.") ||
         serve_buf_printf(o,

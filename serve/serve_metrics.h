@@ -47,11 +47,18 @@ typedef enum serve_outcome {
 
 typedef struct serve_metrics serve_metrics;
 
+enum { SERVE_METRICS_MAX_RANKS = 64 }; /* ranks reported one by one */
+
 /* Scheduler state, written after every engine step. */
 typedef struct serve_metrics_state {
     int64_t running, waiting;
     int64_t kv_pages_used, kv_pages_total;
     int64_t cached_sequences;
+    /* Data-parallel attention (n_ranks > 1): per rank its sequences, KV
+     * pages in use and the token rows its attention ran. */
+    int n_ranks;
+    int64_t rank_seqs[SERVE_METRICS_MAX_RANKS], rank_pages_used[SERVE_METRICS_MAX_RANKS],
+        rank_tokens[SERVE_METRICS_MAX_RANKS];
 } serve_metrics_state;
 
 mt_status serve_metrics_create(serve_metrics **out, mt_err *err);

@@ -327,10 +327,16 @@ int64_t serve_prefix_match(serve_prefix *p, const int32_t *tokens, int64_t n, in
 
 bool serve_prefix_evict(serve_prefix *p, int *seq)
 {
+    return serve_prefix_evict_if(p, NULL, NULL, seq);
+}
+
+bool serve_prefix_evict_if(serve_prefix *p, bool (*ok)(void *ctx, int seq), void *ctx, int *seq)
+{
     int best = -1;
     for (int i = 0; i < p->nh; i++) {
         holder *h = &p->h[i];
-        if (h->used && !h->pinned && (best < 0 || h->last_used < p->h[best].last_used))
+        if (h->used && !h->pinned && (best < 0 || h->last_used < p->h[best].last_used) &&
+            (!ok || ok(ctx, i)))
             best = i;
     }
     if (best < 0)

@@ -52,6 +52,8 @@ int64_t serve_prefix_match(serve_prefix *p, const int32_t *tokens, int64_t n, in
 /* Removes the least recently used unpinned holder and returns true with its
  * seq (the caller frees the sequence); false when every holder is pinned. */
 bool serve_prefix_evict(serve_prefix *p, int *seq);
+/* The same among the holders whose seq ok(ctx, seq) accepts (ok NULL: all). */
+bool serve_prefix_evict_if(serve_prefix *p, bool (*ok)(void *ctx, int seq), void *ctx, int *seq);
 
 /* Holders that are retained (unpinned), and all holders. */
 int serve_prefix_retained(const serve_prefix *p);

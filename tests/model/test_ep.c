@@ -771,6 +771,96 @@ Test(ep_mpi, tensor_parallel_serve_answers_what_one_device_generates, .timeout =
     fw_rm_dir(dir);
 }
 
+/* A sample's value in a /metrics text (-1: none). */
+static double metric_of(const char *text, const char *sample)
+{
+    size_t n = strlen(sample);
+    for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+        if (!strncmp(p, sample, n) && p[n] == ' ')
+            return atof(p + n + 1);
+    return -1;
+}
+
+/* serve --device emu --ranks 3 (data-parallel attention): three prompts,
+ * one after another, land on three ranks (each placed where the most KV
+ * pages are free, then where attention has run the fewest rows), n = 2
+ * forks on the
+ * rank of its first choice, the first prompt again is a prefix-cache hit
+ * on the rank holding it; every choice is what one device generates
+ * greedily, and /metrics shows every rank's attention at work. */
+Test(ep_mpi, data_parallel_serve_answers_what_one_device_generates, .timeout = 600)
+{
+    char *dir = fw_tiny_dir();
+    uint64_t seed = mt_seed_fresh();
+    enum { NP = 3 };
+    char toks[NP][256], want[NP][600];
+    static char out[1 << 16];
+    for (int p = 0; p < NP; p++) {
+        int n = 4 + (int)((seed >> (8 * p)) % 20);
+        int32_t *tok = fw_tokens(seed + (uint64_t)p, n, 512);
+        toks[p][0] = 0;
+        for (int i = 0; i < n; i++)
+            snprintf(toks[p] + strlen(toks[p]), sizeof toks[p] - strlen(toks[p]), "%s%" PRId32,
+                     i ? "," : "", tok[i]);
+        free(tok);
+        char cmd[4096];
+        snprintf(cmd, sizeof cmd, "%s generate --model %s --device emu --tokens %s "
+                 "--max-tokens 5 --batch-invariant", MOETUNE_BIN, dir, toks[p]);
+        cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+        char one[600];
+        ids_of(out, one, sizeof one);
+        snprintf(want[p], sizeof want[p], "%s", one + strlen("ids: "));
+    }
+    int mp = 0, port = start_serve_on(dir, NP, "emu", "", &mp);
+    serve_url url = {0};
+    mt_err err = MT_ERR_INIT;
+    char base[64];
+    snprintf(base, sizeof base, "http://127.0.0.1:%d", port);
+    cr_assert_eq(serve_url_parse(base, &url, &err), MT_OK, "%s", err.msg);
+    for (int k = 0; k <= NP; k++) {
+        int p = k % NP;
+        char body[600];
+        snprintf(body, sizeof body, "{\"prompt\":[%s],\"max_tokens\":5,\"temperature\":0,"
+                 "\"ignore_eos\":true,\"n\":2,\"return_token_ids\":true}", toks[p]);
+        serve_client_resp resp = SERVE_CLIENT_RESP_INIT;
+        mt_status st = serve_client_request(&url, "POST", "/v1/completions", body, strlen(body),
+                                            300, NULL, NULL, &resp, &err);
+        if (st != MT_OK || resp.status != 200)
+            kill(mp, SIGTERM);
+        cr_assert(st == MT_OK && resp.status == 200, "%s %d %.*s", err.msg, resp.status,
+                  (int)resp.body.len, resp.body.data ? resp.body.data : "");
+        char ids[2][256];
+        int got = choice_ids(resp.body.data, ids, 2);
+        serve_client_resp_release(&resp);
+        if (got != 2)
+            kill(mp, SIGTERM);
+        cr_assert_eq(got, 2);
+        for (int c = 0; c < 2; c++) {
+            if (strncmp(ids[c], want[p], strlen(want[p])))
+                kill(mp, SIGTERM);
+            cr_assert(!strncmp(ids[c], want[p], strlen(want[p])), "seed %" PRIu64 ", request "
+                      "%d, choice %d: %s, one device %s", seed, k, c, ids[c], want[p]);
+        }
+    }
+    serve_client_resp m = SERVE_CLIENT_RESP_INIT;
+    mt_status st = serve_client_request(&url, "GET", "/metrics", NULL, 0, 30, NULL, NULL, &m,
+                                        &err);
+    if (st != MT_OK || m.status != 200)
+        kill(mp, SIGTERM);
+    cr_assert(st == MT_OK && m.status == 200, "%s", err.msg);
+    for (int r = 0; r < NP; r++) {
+        char name[80];
+        snprintf(name, sizeof name, "moetune_rank_tokens_total{rank=\"%d\"}", r);
+        double v = metric_of(m.body.data, name);
+        if (v <= 0)
+            kill(mp, SIGTERM);
+        cr_assert_gt(v, 0, "rank %d ran no attention rows:\n%s", r, m.body.data);
+    }
+    serve_client_resp_release(&m);
+    stop_job(mp);
+    fw_rm_dir(dir);
+}
+
 /* An integer field of the response's usage.speculative (-1: none). */
 static int64_t spec_usage(const char *body, const char *field)
 {
