@@ -100,6 +100,7 @@ Test(xchg_mpi, expert_parallel_three_ranks_bitwise_no_staging, .timeout = 600) {
 Test(xchg_mpi, expert_parallel_four_ranks_bitwise_no_staging, .timeout = 600) { xchg_check(4, "ep"); }
 Test(xchg_mpi, tensor_parallel_two_ranks_bitwise_no_staging, .timeout = 600) { xchg_check(2, "tp"); }
 Test(xchg_mpi, tensor_parallel_four_ranks_bitwise_no_staging, .timeout = 600) { xchg_check(4, "tp"); }
+Test(xchg_mpi, data_parallel_three_ranks_bitwise_no_staging, .timeout = 600) { xchg_check(3, "dp"); }
 /* Under the sanitizers (about 10x slower) two configurations run, one per
  * path (the expert-parallel announcement, the tensor-parallel replay in
  * groups); the Release pass runs all five. */

@@ -9,9 +9,15 @@
  * and bytes, each way) must be the one device's plus exactly the step's
  * announcement and the MoE layers' count reads; on the other ranks, over
  * the run, their forwards' own copies (none without "tp", the one device's
- * with it) plus the same. Prints "xchg_check rank R/N ok" and exits 0, or
- * names the first difference and exits 1.
- * Usage: mt_xchg_check MODEL_DIR SEED ep|tp */
+ * with it) plus the same. With "dp" (data-parallel attention: the two
+ * sequences on ranks 0 and 1) rank 0 runs its own item's forward (as many
+ * copies in as one device's step, fewer bytes), and reads back as many
+ * logits bytes as one device in one more copy (its rows, then the other
+ * ranks' gathered rows); the other ranks read back only announcements and
+ * count reads: their logits rows never pass through the host. Prints
+ * "xchg_check rank R/N ok" and exits 0, or names the first difference and
+ * exits 1.
+ * Usage: mt_xchg_check MODEL_DIR SEED ep|tp|dp */
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -23,11 +29,13 @@
 #include "model/runtime.h"
 #include "mpi_check.h"
 
+static bool dp; /* data-parallel attention */
+
 static model_runtime *open_rt(const char *dir, mt_comm *c, bool tp, FILE *quiet)
 {
     model_runtime_opts o = {.model_dir = dir, .device = "emu", .kv_pages = 64,
                             .max_batch_tokens = 96, .batch_invariant = true, .log = quiet,
-                            .comm = c, .comm_lead = c != NULL, .tp = tp && c};
+                            .comm = c, .comm_lead = c != NULL, .tp = tp && c, .dp = dp && c};
     model_runtime *rt = NULL;
     mt_err err = MT_ERR_INIT;
     if (model_runtime_open(&o, &rt, &err) != MT_OK)
@@ -65,6 +73,23 @@ static void check_copies(const char *when, const uint64_t own[4], const uint64_t
     }
 }
 
+/* Data-parallel attention, rank 0's step: d against the one device's
+ * step one (see the top). */
+static void check_dp_copies(const char *when, const uint64_t one[8], const uint64_t d[8])
+{
+    bool ok = d[0] == one[0] + d[4] && d[1] <= one[1] + d[5] && d[2] == one[2] + 1 + d[6] &&
+              d[3] == one[3] + d[7];
+    if (!ok) {
+        char msg[400];
+        snprintf(msg, sizeof msg, "%s: %" PRIu64 " copies in (%" PRIu64 " bytes) and %" PRIu64
+                 " out (%" PRIu64 " bytes); one device %" PRIu64 " in (%" PRIu64 ") and %" PRIu64
+                 " out (%" PRIu64 "), %" PRIu64 " announcements (%" PRIu64 " bytes), %" PRIu64
+                 " count reads (%" PRIu64 " bytes)", when, d[0], d[1], d[2], d[3], one[0], one[1],
+                 one[2], one[3], d[4], d[5], d[6], d[7]);
+        die("host copies (data-parallel)", msg);
+    }
+}
+
 static int32_t argmax(const float *l, int32_t V)
 {
     int32_t best = 0;
@@ -78,12 +103,13 @@ static int32_t argmax(const float *l, int32_t V)
 int main(int argc, char **argv)
 {
     check_name = "xchg_check";
-    if (argc < 4 || (strcmp(argv[3], "ep") && strcmp(argv[3], "tp"))) {
-        fprintf(stderr, "usage: mt_xchg_check MODEL_DIR SEED ep|tp\n");
+    if (argc < 4 || (strcmp(argv[3], "ep") && strcmp(argv[3], "tp") && strcmp(argv[3], "dp"))) {
+        fprintf(stderr, "usage: mt_xchg_check MODEL_DIR SEED ep|tp|dp\n");
         return 2;
     }
     seed = strtoull(argv[2], NULL, 10);
     bool tp = !strcmp(argv[3], "tp");
+    dp = !strcmp(argv[3], "dp");
     mt_comm *c = NULL;
     mt_err err = MT_ERR_INIT;
     if (mt_comm_open("mpi", &c, &err) != MT_OK)
@@ -105,7 +131,12 @@ int main(int argc, char **argv)
         if (mt_comm_broadcast(c, own_total, 4 * 2, MT_COMM_I32, 0, &err) != MT_OK)
             die("broadcast", err.msg);
         uint64_t none[4] = {0, 0, 0, 0};
-        check_copies("the run", tp ? own_total : none, d, false);
+        if (dp) { /* its forwards' copies in; nothing out but announcements and counts */
+            if (d[2] != d[4] + d[6] || d[3] != d[5] + d[7])
+                die("host copies (data-parallel)", "a rank's logits went through the host");
+        } else {
+            check_copies("the run", tp ? own_total : none, d, false);
+        }
         printf("xchg_check rank %d/%d ok: %" PRId64 " steps followed, %" PRIu64
                " announcements and %" PRIu64 " count reads (%" PRIu64 " bytes) through the "
                "host\n", rank, size, steps, d[4], d[6], d[7]);
@@ -129,6 +160,8 @@ int main(int argc, char **argv)
             for (int s = 0; s < 2; s++)
                 if (model_seq_create(rts[k], &sq[k][s], &err) != MT_OK)
                     die("sequence", err.msg);
+        if (dp && (model_seq_rank(many, sq[0][0]) != 0 || model_seq_rank(many, sq[0][1]) != 1))
+            die("placement", "the two sequences are not on ranks 0 and 1");
         for (int step = 0; step <= DECODES; step++) {
             uint64_t dd[2][8];
             int rows = 0;
@@ -163,7 +196,10 @@ int main(int argc, char **argv)
                 }
             char when[32];
             snprintf(when, sizeof when, "step %d", step);
-            check_copies(when, dd[1], dd[0], true);
+            if (dp)
+                check_dp_copies(when, dd[1], dd[0]);
+            else
+                check_copies(when, dd[1], dd[0], true);
             for (int k = 0; k < 4; k++)
                 own_total[k] += dd[1][k];
             printf("xchg_check step %d: %d rows; host copies %" PRIu64 " in + %" PRIu64
