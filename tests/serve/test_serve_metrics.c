@@ -109,7 +109,8 @@ Test(serve_metrics, counters_gauges_and_hit_rate)
     serve_metrics_prompt(m, 100, 0);
     serve_metrics_prompt(m, 100, 64);
     serve_metrics_generated(m, 9);
-    serve_metrics_state s = {3, 4, 50, 200, 2};
+    serve_metrics_state s = {.running = 3, .waiting = 4, .kv_pages_used = 50,
+                             .kv_pages_total = 200, .cached_sequences = 2, .n_ranks = 1};
     serve_metrics_state_set(m, &s);
     model_selection_counts c = {.tuned = 5, .nearest = 1, .stale = 2, .defaults = 7,
                                 .swapped = 2, .swaps = 3, .swapped_back = 1};
@@ -137,6 +138,39 @@ Test(serve_metrics, counters_gauges_and_hit_rate)
     cr_assert_eq(sample(t, "moetune_kernel_swaps_undone_total"), 1);
     cr_assert_eq(sample(t, "moetune_kernel_selections_swapped"), 2);
     cr_assert_eq(sample(t, "moetune_ready"), 1);
+    free(t);
+    serve_metrics_destroy(m);
+}
+
+/* Per-rank load: one sample per rank and gauge under data-parallel
+ * attention, none on one rank. */
+Test(serve_metrics, per_rank_load_is_reported_only_across_ranks)
+{
+    serve_metrics *m;
+    cr_assert_eq(serve_metrics_create(&m, NULL), MT_OK);
+    serve_metrics_state s = {.n_ranks = 1, .rank_seqs = {4}, .rank_tokens = {9}};
+    serve_metrics_state_set(m, &s);
+    char *t = render(m);
+    cr_assert_null(strstr(t, "moetune_rank_"), "%s", t);
+    free(t);
+    s = (serve_metrics_state){.n_ranks = 3};
+    for (int r = 0; r < 3; r++) {
+        s.rank_seqs[r] = 10 + r;
+        s.rank_pages_used[r] = 20 + r;
+        s.rank_tokens[r] = 1000 + r;
+    }
+    serve_metrics_state_set(m, &s);
+    t = render(m);
+    for (int r = 0; r < 3; r++) {
+        char name[80];
+        snprintf(name, sizeof name, "moetune_rank_sequences{rank=\"%d\"}", r);
+        cr_assert_eq(sample(t, name), 10 + r, "%s", t);
+        snprintf(name, sizeof name, "moetune_rank_kv_pages_used{rank=\"%d\"}", r);
+        cr_assert_eq(sample(t, name), 20 + r, "%s", t);
+        snprintf(name, sizeof name, "moetune_rank_tokens_total{rank=\"%d\"}", r);
+        cr_assert_eq(sample(t, name), 1000 + r, "%s", t);
+    }
+    cr_assert_null(strstr(t, "rank=\"3\""), "%s", t);
     free(t);
     serve_metrics_destroy(m);
 }
