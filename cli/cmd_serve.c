@@ -90,9 +90,8 @@ static int parse(int argc, char **argv, serve_cli *c)
                  "rank with the most free KV pages, then the least work so far (a "
                  "prefix-cache hit on the rank holding "
                  "the prefix), and announces each step; every rank runs its sequences' "
-                 "attention and its experts, and the logits come back to rank 0. With "
-                 "--speculative-steps rank 0 runs every sequence's attention. A rank that "
-                 "dies ends the whole job (mpirun's abort), server included"},
+                 "attention, MTP drafts and experts, and the logits come back to rank 0. A "
+                 "rank that dies ends the whole job (mpirun's abort), server included"},
         {.name = "--tune-misses", .type = CLI_OPT_FLAG, .dst = &c->tune_misses,
          .help = "tune in the background what the runtime runs without a tuned config "
                  "(its misses, nearest-bucket selections), costliest first in the time the "
@@ -205,12 +204,8 @@ static int open_ranks(serve_cli *c, cli_ranks *ranks, bool *done)
     c->o.engine.rt.comm = comm;
     c->o.engine.rt.comm_lead = true;
     /* Data-parallel attention: each rank runs its own sequences' attention
-     * (not with --tp, which splits every sequence's; nor with MTP drafts). */
-    model_runtime_opts *rt = &c->o.engine.rt;
-    rt->dp = !rt->tp && rt->speculative_steps == 0;
-    if (!rt->tp && !rt->dp && mt_comm_rank(comm) == 0)
-        fprintf(stderr, "moetune serve: --speculative-steps: data-parallel attention is off; "
-                "rank 0 runs every sequence's attention, the other ranks their experts\n");
+     * (not with --tp, which splits every sequence's). */
+    c->o.engine.rt.dp = !c->o.engine.rt.tp;
     if (mt_comm_rank(comm) != 0) {
         *done = true;
         int rc = serve_follow(&c->o.engine.rt, comm);

@@ -26,8 +26,11 @@
 
 #include "rt_impl.h"
 
-enum { OP_CREATE = 1, OP_FORK, OP_FREE, OP_TRUNCATE };
-enum { HEAD = 3 }; /* n_ops, n_items, logits rows from the other ranks */
+enum { OP_CREATE = 1, OP_FORK, OP_FREE, OP_TRUNCATE, OP_MTP_TRUNCATE };
+/* A step message: n_ops, n_items, logits rows from the other ranks, kind;
+ * then the journal (4 entries an operation), then the other ranks' items
+ * (sequence, tokens, n_prompt or the MTP hidden row there, flags, tokens). */
+enum { HEAD = 4, KIND_STEP = 0, KIND_MTP = 1 };
 
 mt_status rt_dp_open(model_runtime *rt, mt_err *err)
 {
@@ -42,9 +45,6 @@ mt_status rt_dp_open(model_runtime *rt, mt_err *err)
     if (o->tp)
         return mt_fail(err, MT_E_INVALID, "dp with tp: tensor-parallel groups running their "
                        "own sequences are not built; choose one");
-    if (o->speculative_steps > 0)
-        return mt_fail(err, MT_E_UNSUPPORTED, "dp with speculative_steps: MTP drafts on the "
-                       "rank that holds their sequence are not built");
     dp->size = mt_comm_size(o->comm);
     dp->rank = mt_comm_rank(o->comm);
     if (dp->size < 2)
@@ -59,8 +59,12 @@ mt_status rt_dp_open(model_runtime *rt, mt_err *err)
         return MT_OK;
     if (!(dp->ranks = calloc((size_t)dp->size, sizeof *dp->ranks)))
         return mt_fail(err, MT_E_NOMEM, "dp: ranks");
-    for (int r = 1; r < dp->size; r++)
+    for (int r = 1; r < dp->size; r++) {
         MT_CHECK(kvc_create(NULL, kvc_get_opts(rt->layers[0].kv), &dp->ranks[r].kv, err));
+        if (rt->mtp.on)
+            MT_CHECK(kvc_create(NULL, kvc_get_opts(rt->layers[rt->n_layers].kv),
+                                &dp->ranks[r].mtp_kv, err));
+    }
     fprintf(rt->log, "data-parallel attention: %d ranks, each holds its own sequences' KV "
             "(%" PRId64 " pages of %d tokens); rank 0 places and drives them\n", dp->size,
             rt->n_pages, rt->ps);
@@ -70,8 +74,12 @@ mt_status rt_dp_open(model_runtime *rt, mt_err *err)
 void rt_dp_close(model_runtime *rt)
 {
     rt_dp *dp = &rt->dp;
-    for (int r = 1; dp->ranks && r < dp->size; r++)
+    for (int r = 1; dp->ranks && r < dp->size; r++) {
         kvc_destroy(dp->ranks[r].kv); /* its sequences with it */
+        kvc_destroy(dp->ranks[r].mtp_kv);
+    }
+    free(dp->row_rank);
+    free(dp->row_local);
     free(dp->ranks);
     free(dp->ops);
     free(dp->msg);
@@ -138,6 +146,14 @@ mt_status rt_dp_create(model_runtime *rt, int rank, int *seq, mt_err *err)
                        RT_MAX_SEQS, rank);
     MT_CHECK(journal_room(dp, err));
     MT_CHECK(kvc_seq_create(k->kv, &k->seq[slot], err));
+    if (k->mtp_kv) {
+        mt_status st = kvc_seq_create(k->mtp_kv, &k->mtp[slot], err);
+        if (st != MT_OK) {
+            kvc_seq_destroy(k->kv, k->seq[slot]);
+            k->seq[slot] = NULL;
+            return st;
+        }
+    }
     k->shared[slot] = false;
     k->n_seqs++;
     *seq = RT_DP_SEQ(rank, slot);
@@ -162,6 +178,16 @@ mt_status rt_dp_fork(model_runtime *rt, int src, int64_t n, int *seq, mt_err *er
                        RT_MAX_SEQS, src / RT_MAX_SEQS);
     MT_CHECK(journal_room(dp, err));
     MT_CHECK(kvc_seq_fork(k->kv, k->seq[from], n, &k->seq[slot], err));
+    if (k->mtp_kv) { /* as far as the source's MTP cache goes (model_seq_fork) */
+        int64_t mlen = kvc_seq_len(k->mtp[from]);
+        mt_status st = kvc_seq_fork(k->mtp_kv, k->mtp[from], n < mlen ? n : mlen, &k->mtp[slot],
+                                    err);
+        if (st != MT_OK) {
+            kvc_seq_destroy(k->kv, k->seq[slot]);
+            k->seq[slot] = NULL;
+            return st;
+        }
+    }
     k->shared[slot] = k->shared[from] = true;
     k->n_seqs++;
     *seq = RT_DP_SEQ(src / RT_MAX_SEQS, slot);
@@ -184,6 +210,9 @@ void rt_dp_free(model_runtime *rt, int seq)
     }
     kvc_seq_destroy(k->kv, k->seq[slot]);
     k->seq[slot] = NULL;
+    if (k->mtp[slot])
+        kvc_seq_destroy(k->mtp_kv, k->mtp[slot]);
+    k->mtp[slot] = NULL;
     k->n_seqs--;
     journal(&rt->dp, OP_FREE, seq, 0, 0);
 }
@@ -200,7 +229,28 @@ mt_status rt_dp_truncate(model_runtime *rt, int seq, int64_t len, mt_err *err)
                        " tokens", seq, len, have);
     MT_CHECK(journal_room(&rt->dp, err));
     MT_CHECK(kvc_seq_truncate(k->kv, k->seq[slot], len, err));
+    if (k->mtp[slot] && kvc_seq_len(k->mtp[slot]) > len) /* as model_seq_truncate */
+        MT_CHECK(kvc_seq_truncate(k->mtp_kv, k->mtp[slot], len, err));
     journal(&rt->dp, OP_TRUNCATE, seq, len, 0);
+    return MT_OK;
+}
+
+int64_t rt_dp_mtp_len(const model_runtime *rt, int seq)
+{
+    int slot;
+    const rt_dp_rank *k = holder(rt, seq, &slot);
+    return k && k->mtp[slot] ? kvc_seq_len(k->mtp[slot]) : -1;
+}
+
+mt_status rt_dp_mtp_truncate(model_runtime *rt, int seq, int64_t len, mt_err *err)
+{
+    int slot;
+    rt_dp_rank *k = holder(rt, seq, &slot);
+    if (!k || !k->mtp[slot])
+        return mt_fail(err, MT_E_INVALID, "MTP truncate: no MTP cache for sequence %d", seq);
+    MT_CHECK(journal_room(&rt->dp, err));
+    MT_CHECK(kvc_seq_truncate(k->mtp_kv, k->mtp[slot], len, err));
+    journal(&rt->dp, OP_MTP_TRUNCATE, seq, len, 0);
     return MT_OK;
 }
 
@@ -211,17 +261,22 @@ int64_t rt_dp_len(const model_runtime *rt, int seq)
     return k ? kvc_seq_len(k->seq[slot]) : -1;
 }
 
+/* Pages s needs to grow by n tokens; shared: its last page may be shared
+ * (an upper bound, as model_seq_pages_needed). */
+static int64_t grow_pages(const model_runtime *rt, const kvc_seq *s, bool shared, int64_t n)
+{
+    if (!s || n <= 0)
+        return 0;
+    int64_t len = kvc_seq_len(s), held = kvc_seq_pages(s, NULL, 0);
+    int64_t need = (len + n + rt->ps - 1) / rt->ps - held;
+    return need + (shared && len % rt->ps);
+}
+
 int64_t rt_dp_pages_needed(const model_runtime *rt, int seq, int64_t n)
 {
     int slot;
     const rt_dp_rank *k = holder(rt, seq, &slot);
-    if (!k || n <= 0)
-        return 0;
-    int64_t len = kvc_seq_len(k->seq[slot]), held = kvc_seq_pages(k->seq[slot], NULL, 0);
-    int64_t need = (len + n + rt->ps - 1) / rt->ps - held;
-    if (k->shared[slot] && len % rt->ps) /* as model_seq_pages_needed: an upper bound */
-        need++;
-    return need;
+    return k ? grow_pages(rt, k->seq[slot], k->shared[slot], n) : 0;
 }
 
 int rt_dp_pick(const model_runtime *rt)
@@ -354,21 +409,28 @@ static mt_status msg_room(rt_dp *dp, int64_t len, mt_err *err)
     return MT_OK;
 }
 
-/* The journal and the other ranks' items; returns the entries written. */
-static int64_t build_msg(model_runtime *rt, const model_step_item *items, int n, int64_t rows)
+/* An item of either kind as the leader announces and answers it. */
+typedef struct dp_item {
+    int seq, rank, n_tokens;
+    int arg;                     /* n_prompt (a step); the hidden row on its rank (MTP) */
+    const int32_t *tokens;
+    float *logits, *all_logits;
+} dp_item;
+
+/* The journal and the other ranks' items. */
+static void build_msg(rt_dp *dp, int kind, const dp_item *its, int n, int64_t rows)
 {
-    rt_dp *dp = &rt->dp;
     int32_t *m = dp->msg;
     int64_t off = HEAD + 4 * (int64_t)dp->n_ops;
     memcpy(m + HEAD, dp->ops, sizeof(int32_t) * 4 * (size_t)dp->n_ops);
     int remote = 0;
     for (int i = 0; i < n; i++) {
-        const model_step_item *it = &items[i];
-        if (!rt_dp_remote(rt, it->seq))
+        const dp_item *it = &its[i];
+        if (it->rank == 0)
             continue;
         m[off] = it->seq;
         m[off + 1] = it->n_tokens;
-        m[off + 2] = it->n_prompt;
+        m[off + 2] = it->arg;
         m[off + 3] = (it->logits ? 1 : 0) | (it->all_logits ? 2 : 0);
         memcpy(m + off + 4, it->tokens, sizeof(int32_t) * (size_t)it->n_tokens);
         off += 4 + it->n_tokens;
@@ -377,11 +439,11 @@ static int64_t build_msg(model_runtime *rt, const model_step_item *items, int n,
     m[0] = dp->n_ops;
     m[1] = remote;
     m[2] = (int32_t)rows;
-    return off;
+    m[3] = kind;
 }
 
 /* The other ranks' rows from dp->recv to their items, rank by rank. */
-static mt_status scatter_rows(model_runtime *rt, model_step_item *items, int n, int64_t rows,
+static mt_status scatter_rows(model_runtime *rt, const dp_item *its, int n, int64_t rows,
                               mt_err *err)
 {
     size_t V = (size_t)rt->V;
@@ -393,8 +455,8 @@ static mt_status scatter_rows(model_runtime *rt, model_step_item *items, int n, 
     const float *at = host;
     for (int r = 1; st == MT_OK && r < rt->dp.size; r++)
         for (int i = 0; i < n; i++) {
-            model_step_item *it = &items[i];
-            if (it->seq / RT_MAX_SEQS != r || !rt_dp_remote(rt, it->seq))
+            const dp_item *it = &its[i];
+            if (it->rank != r)
                 continue;
             if (it->all_logits) {
                 memcpy(it->all_logits, at, sizeof(float) * V * (size_t)it->n_tokens);
@@ -410,6 +472,77 @@ static mt_status scatter_rows(model_runtime *rt, model_step_item *items, int n, 
     return st;
 }
 
+/* The step's rows: which rank ran each and where there (the next MTP
+ * step's hidden rows). */
+static mt_status map_rows(model_runtime *rt, const dp_item *its, int n, mt_err *err)
+{
+    rt_dp *dp = &rt->dp;
+    int64_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += its[i].n_tokens;
+    dp->n_rows = 0;
+    if (total > dp->cap_rows) {
+        int32_t *a = realloc(dp->row_rank, sizeof(int32_t) * (size_t)total);
+        if (a)
+            dp->row_rank = a;
+        int32_t *b = a ? realloc(dp->row_local, sizeof(int32_t) * (size_t)total) : NULL;
+        if (!b)
+            return mt_fail(err, MT_E_NOMEM, "dp: row map of %" PRId64 " rows", total);
+        dp->row_local = b;
+        dp->cap_rows = total;
+    }
+    int32_t *next = calloc((size_t)dp->size, sizeof *next);
+    if (!next)
+        return mt_fail(err, MT_E_NOMEM, "dp: row map");
+    for (int i = 0; i < n; i++)
+        for (int t = 0; t < its[i].n_tokens; t++) {
+            dp->row_rank[dp->n_rows] = its[i].rank;
+            dp->row_local[dp->n_rows++] = next[its[i].rank]++;
+        }
+    free(next);
+    return MT_OK;
+}
+
+/* Announces the journal and the other ranks' items (len entries); per
+ * rank rows[r] logits rows asked for, remote_rows in all. */
+static mt_status announce(model_runtime *rt, int kind, const dp_item *its, int n, int64_t len,
+                          int64_t remote_rows, mt_err *err)
+{
+    rt_dp *dp = &rt->dp;
+    MT_CHECK(msg_room(dp, len, err));
+    build_msg(dp, kind, its, n, remote_rows);
+    int32_t l32 = (int32_t)len;
+    MT_CHECK(rt_xchg_bcast(rt, &l32, 1, err));
+    MT_CHECK(rt_xchg_bcast(rt, dp->msg, (size_t)len, err));
+    dp->n_ops = 0;
+    return MT_OK;
+}
+
+/* After rank 0's own part of a step (st): joins the step if that part was
+ * refused before its forward, gathers and hands out the other ranks'
+ * logits rows, maps the rows. */
+static mt_status finish(model_runtime *rt, int kind, mt_status st, const dp_item *its, int n,
+                        const int64_t *rows, int64_t remote_rows, mt_err *err)
+{
+    if (st != MT_OK && !rt->ep_joined) {
+        /* Refused before its forward although it was checked: still join
+         * the step so the other ranks are not left waiting. */
+        mt_err e2 = MT_ERR_INIT;
+        if ((kind == KIND_MTP ? rt_empty_mtp(rt, &e2) : rt_empty_forward(rt, &e2)) != MT_OK)
+            fprintf(rt->log, "dp: %s\n", e2.msg);
+    }
+    if (remote_rows && (st == MT_OK || !rt->ep_joined)) {
+        mt_err e2 = MT_ERR_INIT;
+        mt_status gs = gather_rows(rt, rows, 0, st == MT_OK ? err : &e2);
+        if (st == MT_OK && (st = gs) == MT_OK)
+            st = scatter_rows(rt, its, n, remote_rows, err);
+    }
+    rt->dp.n_rows = 0;
+    if (st == MT_OK)
+        st = map_rows(rt, its, n, err);
+    return rt_xchg_step_failed(rt, st);
+}
+
 mt_status rt_dp_step(model_runtime *rt, model_step_item *items, int n, mt_err *err)
 {
     rt_dp *dp = &rt->dp;
@@ -420,8 +553,9 @@ mt_status rt_dp_step(model_runtime *rt, model_step_item *items, int n, mt_err *e
     size_t S = (size_t)dp->size;
     int64_t *toks = calloc(3 * S, sizeof *toks), *pages = toks + S, *rows = pages + S;
     model_step_item *mine = malloc(sizeof *mine * (size_t)n);
+    dp_item *its = malloc(sizeof *its * (size_t)n);
     mt_status st = MT_OK;
-    if (!toks || !mine) {
+    if (!toks || !mine || !its) {
         st = mt_fail(err, MT_E_NOMEM, "dp: step");
         goto done;
     }
@@ -430,23 +564,22 @@ mt_status rt_dp_step(model_runtime *rt, model_step_item *items, int n, mt_err *e
     int64_t len = HEAD + 4 * (int64_t)dp->n_ops, remote_rows = 0;
     int n_mine = 0;
     for (int i = 0; i < n; i++) {
-        int r = model_seq_rank(rt, items[i].seq);
+        const model_step_item *it = &items[i];
+        int r = model_seq_rank(rt, it->seq);
+        its[i] = (dp_item){it->seq, r, it->n_tokens, it->n_prompt, it->tokens, it->logits,
+                           it->all_logits};
         if (r == 0) {
-            mine[n_mine++] = items[i];
+            mine[n_mine++] = *it;
             continue;
         }
-        len += 4 + items[i].n_tokens;
-        rows[r] += item_rows(items[i].all_logits, items[i].logits, items[i].n_tokens);
-        remote_rows += item_rows(items[i].all_logits, items[i].logits, items[i].n_tokens);
+        len += 4 + it->n_tokens;
+        rows[r] += item_rows(it->all_logits, it->logits, it->n_tokens);
+        remote_rows += item_rows(it->all_logits, it->logits, it->n_tokens);
     }
-    if ((st = msg_room(dp, len, err)) != MT_OK || (st = reserve_remote(rt, items, n, err)))
+    if ((st = reserve_remote(rt, items, n, err)) != MT_OK)
         goto done;
-    build_msg(rt, items, n, remote_rows);
-    int32_t l32 = (int32_t)len;
-    if ((st = rt_xchg_bcast(rt, &l32, 1, err)) != MT_OK ||
-        (st = rt_xchg_bcast(rt, dp->msg, (size_t)len, err)) != MT_OK)
+    if ((st = announce(rt, KIND_STEP, its, n, len, remote_rows, err)) != MT_OK)
         goto done;
-    dp->n_ops = 0;
     rt->ep_joined = false;
     if (n_mine) {
         st = rt_step(rt, mine, n_mine, err);
@@ -454,25 +587,140 @@ mt_status rt_dp_step(model_runtime *rt, model_step_item *items, int n, mt_err *e
         rt->ep_joined = true;
         st = rt_empty_forward(rt, err);
     }
-    if (st != MT_OK && !rt->ep_joined) {
-        /* Refused before its forward although it was checked: still join
-         * the step so the other ranks are not left waiting. */
-        mt_err e2 = MT_ERR_INIT;
-        if (rt_empty_forward(rt, &e2) != MT_OK)
-            fprintf(rt->log, "dp: %s\n", e2.msg);
-    }
-    if (remote_rows && (st == MT_OK || !rt->ep_joined)) {
-        mt_err e2 = MT_ERR_INIT;
-        mt_status gs = gather_rows(rt, rows, 0, st == MT_OK ? err : &e2);
-        if (st == MT_OK && (st = gs) == MT_OK)
-            st = scatter_rows(rt, items, n, remote_rows, err);
-    }
+    st = finish(rt, KIND_STEP, st, its, n, rows, remote_rows, err);
     for (size_t r = 0; st == MT_OK && r < S; r++)
         dp->ranks[r].tokens += toks[r];
-    st = rt_xchg_step_failed(rt, st);
 done:
     free(toks);
     free(mine);
+    free(its);
+    return st;
+}
+
+/* ---- MTP draft steps ------------------------------------------------------------ */
+
+/* Every MTP item against the rank holding its sequence (its hidden rows
+ * must have run there, consecutively), before anything is announced. */
+static mt_status check_mtp(model_runtime *rt, const model_mtp_item *items, int n, dp_item *its,
+                           int64_t *toks, int64_t *pages, mt_err *err)
+{
+    rt_dp *dp = &rt->dp;
+    for (int i = 0; i < n; i++) {
+        const model_mtp_item *it = &items[i];
+        int64_t mlen = model_mtp_len(rt, it->seq);
+        if (mlen < 0)
+            return mt_fail(err, MT_E_INVALID, "MTP item %d: no sequence %d", i, it->seq);
+        for (int j = 0; j < i; j++)
+            if (items[j].seq == it->seq)
+                return mt_fail(err, MT_E_INVALID, "MTP items %d and %d both extend sequence %d",
+                               j, i, it->seq);
+        if (it->n_tokens < 1 || !it->tokens)
+            return mt_fail(err, MT_E_INVALID, "MTP item %d (sequence %d): %d tokens", i, it->seq,
+                           it->n_tokens);
+        for (int t = 0; t < it->n_tokens; t++)
+            if (it->tokens[t] < 0 || it->tokens[t] >= rt->V)
+                return mt_fail(err, MT_E_INVALID, "MTP item %d (sequence %d): token %d is id %"
+                               PRId32 ", outside the vocabulary [0, %" PRId64 ")", i, it->seq, t,
+                               it->tokens[t], rt->V);
+        int r = model_seq_rank(rt, it->seq);
+        if (it->hidden_row < 0 || it->hidden_row + it->n_tokens > dp->n_rows)
+            return mt_fail(err, MT_E_INVALID, "MTP item %d (sequence %d): hidden rows %d..%d, "
+                           "the previous forward left %" PRId64, i, it->seq, it->hidden_row,
+                           it->hidden_row + it->n_tokens - 1, dp->n_rows);
+        int32_t h0 = dp->row_local[it->hidden_row];
+        for (int t = 0; t < it->n_tokens; t++)
+            if (dp->row_rank[it->hidden_row + t] != r ||
+                dp->row_local[it->hidden_row + t] != h0 + t)
+                return mt_fail(err, MT_E_INVALID, "MTP item %d (sequence %d, on rank %d): hidden "
+                               "row %d ran on rank %d: a draft step reads its own sequence's "
+                               "rows", i, it->seq, r, it->hidden_row + t,
+                               dp->row_rank[it->hidden_row + t]);
+        if (mlen + it->n_tokens > rt->max_ctx)
+            return mt_fail(err, MT_E_INVALID, "MTP item %d (sequence %d): %" PRId64 " + %d "
+                           "positions exceed the maximum context %" PRId64, i, it->seq, mlen,
+                           it->n_tokens, rt->max_ctx);
+        int slot;
+        const rt_dp_rank *k = holder(rt, it->seq, &slot);
+        pages[r] += k ? grow_pages(rt, k->mtp[slot], k->shared[slot], it->n_tokens)
+                      : grow_pages(rt, rt->seqs[it->seq].mtp_kv, rt->seqs[it->seq].shared,
+                                   it->n_tokens);
+        toks[r] += it->n_tokens;
+        its[i] = (dp_item){it->seq, r, it->n_tokens, h0, it->tokens, it->logits, NULL};
+    }
+    for (int r = 0; r < dp->size; r++) {
+        if (toks[r] > rt->T)
+            return mt_fail(err, MT_E_INVALID, "MTP step of %" PRId64 " tokens on rank %d "
+                           "exceeds max_batch_tokens %" PRId64, toks[r], r, rt->T);
+        int64_t fr = r ? kvc_free_pages(dp->ranks[r].mtp_kv)
+                       : kvc_free_pages(rt->layers[rt->n_layers].kv);
+        if (pages[r] > fr)
+            return mt_fail(err, MT_E_NOMEM, "model_mtp_step: MTP KV cache of rank %d full: its "
+                           "items need %" PRId64 " new pages, %" PRId64 " free", r, pages[r], fr);
+    }
+    return MT_OK;
+}
+
+mt_status rt_dp_mtp_step(model_runtime *rt, model_mtp_item *items, int n, mt_err *err)
+{
+    rt_dp *dp = &rt->dp;
+    if (n == 0)
+        return MT_OK;
+    size_t S = (size_t)dp->size;
+    int64_t *toks = calloc(3 * S, sizeof *toks), *pages = toks + S, *rows = pages + S;
+    model_mtp_item *mine = malloc(sizeof *mine * (size_t)n);
+    dp_item *its = malloc(sizeof *its * (size_t)n);
+    mt_status st = MT_OK;
+    if (!toks || !mine || !its) {
+        st = mt_fail(err, MT_E_NOMEM, "dp: MTP step");
+        goto done;
+    }
+    if ((st = check_mtp(rt, items, n, its, toks, pages, err)) != MT_OK)
+        goto done;
+    int64_t len = HEAD + 4 * (int64_t)dp->n_ops, remote_rows = 0;
+    int n_mine = 0, reserved = 0;
+    for (int i = 0; i < n; i++) {
+        int r = its[i].rank;
+        if (r == 0) {
+            mine[n_mine] = items[i];
+            mine[n_mine++].hidden_row = its[i].arg; /* its rows on rank 0 */
+            continue;
+        }
+        len += 4 + items[i].n_tokens;
+        rows[r] += items[i].logits != NULL;
+        remote_rows += items[i].logits != NULL;
+    }
+    /* The other ranks' MTP pages in the bookkeeping, as their step takes them. */
+    for (int i = 0; i < n && st == MT_OK; i++) {
+        int slot;
+        rt_dp_rank *k = holder(rt, items[i].seq, &slot);
+        if (k && (st = kvc_seq_reserve(k->mtp_kv, k->mtp[slot], items[i].n_tokens, NULL,
+                                       err)) == MT_OK)
+            reserved = i + 1;
+    }
+    if (st != MT_OK) {
+        for (int i = 0; i < reserved; i++) {
+            int slot;
+            rt_dp_rank *k = holder(rt, items[i].seq, &slot);
+            if (k)
+                kvc_seq_truncate(k->mtp_kv, k->mtp[slot],
+                                 kvc_seq_len(k->mtp[slot]) - items[i].n_tokens, NULL);
+        }
+        goto done;
+    }
+    if ((st = announce(rt, KIND_MTP, its, n, len, remote_rows, err)) != MT_OK)
+        goto done;
+    rt->ep_joined = false;
+    if (n_mine) {
+        st = rt_mtp_step(rt, mine, n_mine, err);
+    } else {
+        rt->ep_joined = true;
+        st = rt_empty_mtp(rt, err);
+    }
+    st = finish(rt, KIND_MTP, st, its, n, rows, remote_rows, err);
+done:
+    free(toks);
+    free(mine);
+    free(its);
     return st;
 }
 
@@ -492,6 +740,7 @@ static mt_status replay(model_runtime *rt, const int32_t *ops, int n_ops, mt_err
         case OP_FORK: st = model_seq_fork(rt, e[2] % RT_MAX_SEQS, e[3], &got, err); break;
         case OP_FREE: model_seq_free(rt, slot); break;
         case OP_TRUNCATE: st = model_seq_truncate(rt, slot, e[2], err); break;
+        case OP_MTP_TRUNCATE: st = model_mtp_truncate(rt, slot, e[2], err); break;
         default: return mt_fail(err, MT_E_FORMAT, "dp: operation %d", e[0]);
         }
         if (st != MT_OK)
@@ -505,12 +754,16 @@ static mt_status replay(model_runtime *rt, const int32_t *ops, int n_ops, mt_err
 
 /* One announced step: this rank's items, its rows to rank 0. */
 static mt_status follow_one(model_runtime *rt, const int32_t *m, int64_t len,
-                            model_step_item *mine, mt_err *err)
+                            model_step_item *mine, model_mtp_item *mine_mtp, mt_err *err)
 {
     static float marker; /* with keep_logits an item's pointers only say which rows */
     if (len < HEAD || m[0] < 0 || m[1] < 0 || m[1] > RT_MAX_SEQS * rt->dp.size || m[2] < 0 ||
-        HEAD + 4 * (int64_t)m[0] > len)
+        (m[3] != KIND_STEP && m[3] != KIND_MTP) || HEAD + 4 * (int64_t)m[0] > len)
         return mt_fail(err, MT_E_FORMAT, "dp: a step message of %" PRId64 " entries", len);
+    bool mtp = m[3] == KIND_MTP;
+    if (mtp && !rt->mtp.on)
+        return mt_fail(err, MT_E_INVALID, "rank 0 runs MTP draft steps, but this rank opened "
+                       "its runtime without speculative_steps: every rank needs the same options");
     MT_CHECK(replay(rt, m + HEAD, m[0], err));
     int64_t off = HEAD + 4 * (int64_t)m[0], rows = 0;
     int n = 0;
@@ -521,11 +774,18 @@ static mt_status follow_one(model_runtime *rt, const int32_t *m, int64_t len,
             if (n == RT_MAX_SEQS)
                 return mt_fail(err, MT_E_FORMAT, "dp: more than %d items", RT_MAX_SEQS);
             int flags = m[off + 3];
-            mine[n++] = (model_step_item){.seq = m[off] % RT_MAX_SEQS, .n_tokens = m[off + 1],
-                                          .n_prompt = m[off + 2], .tokens = m + off + 4,
-                                          .logits = (flags & 1) ? &marker : NULL,
-                                          .all_logits = (flags & 2) ? &marker : NULL};
-            rows += item_rows(flags & 2, flags & 1, m[off + 1]);
+            if (mtp)
+                mine_mtp[n] = (model_mtp_item){.seq = m[off] % RT_MAX_SEQS,
+                                               .n_tokens = m[off + 1], .hidden_row = m[off + 2],
+                                               .tokens = m + off + 4,
+                                               .logits = (flags & 1) ? &marker : NULL};
+            else
+                mine[n] = (model_step_item){.seq = m[off] % RT_MAX_SEQS, .n_tokens = m[off + 1],
+                                            .n_prompt = m[off + 2], .tokens = m + off + 4,
+                                            .logits = (flags & 1) ? &marker : NULL,
+                                            .all_logits = (flags & 2) ? &marker : NULL};
+            n++;
+            rows += item_rows(!mtp && (flags & 2), flags & 1, m[off + 1]);
         }
         off += 4 + m[off + 1];
     }
@@ -533,10 +793,10 @@ static mt_status follow_one(model_runtime *rt, const int32_t *m, int64_t len,
     rt->dp.keep_logits = true;
     mt_status st;
     if (n) {
-        st = rt_step(rt, mine, n, err);
+        st = mtp ? rt_mtp_step(rt, mine_mtp, n, err) : rt_step(rt, mine, n, err);
     } else {
         rt->ep_joined = true;
-        st = rt_empty_forward(rt, err);
+        st = mtp ? rt_empty_mtp(rt, err) : rt_empty_forward(rt, err);
     }
     rt->dp.keep_logits = false;
     bool before = st != MT_OK && !rt->ep_joined;
@@ -545,7 +805,7 @@ static mt_status follow_one(model_runtime *rt, const int32_t *m, int64_t len,
          * rank: a refusal here means the two disagree. Join the step,
          * then stop. */
         mt_err e2 = MT_ERR_INIT;
-        if (rt_empty_forward(rt, &e2) != MT_OK)
+        if ((mtp ? rt_empty_mtp(rt, &e2) : rt_empty_forward(rt, &e2)) != MT_OK)
             fprintf(rt->log, "dp: %s\n", e2.msg);
     }
     if (m[2] > 0 && (st == MT_OK || before)) {
@@ -563,8 +823,12 @@ mt_status rt_dp_follow(model_runtime *rt, int64_t *steps, mt_err *err)
 {
     rt_dp *dp = &rt->dp;
     model_step_item *mine = malloc(sizeof *mine * RT_MAX_SEQS);
-    if (!mine)
+    model_mtp_item *mine_mtp = malloc(sizeof *mine_mtp * RT_MAX_SEQS);
+    if (!mine || !mine_mtp) {
+        free(mine);
+        free(mine_mtp);
         return mt_fail(err, MT_E_NOMEM, "dp: items");
+    }
     mt_status st = MT_OK;
     for (;;) {
         int32_t len = 0;
@@ -572,11 +836,12 @@ mt_status rt_dp_follow(model_runtime *rt, int64_t *steps, mt_err *err)
             break; /* RT_EP_END: rank 0 closed its runtime */
         if ((st = msg_room(dp, len, err)) != MT_OK ||
             (st = rt_xchg_bcast(rt, dp->msg, (size_t)len, err)) != MT_OK ||
-            (st = follow_one(rt, dp->msg, len, mine, err)) != MT_OK)
+            (st = follow_one(rt, dp->msg, len, mine, mine_mtp, err)) != MT_OK)
             break;
         if (steps)
             ++*steps;
     }
     free(mine);
+    free(mine_mtp);
     return st;
 }

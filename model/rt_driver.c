@@ -184,8 +184,8 @@ static mt_status tp_follow(model_runtime *rt, int64_t *steps, mt_err *err)
     return st;
 }
 
-/* An MTP step with no local tokens: only its MoE layer's exchanges. */
-static mt_status empty_mtp(model_runtime *rt, mt_err *err)
+/* Without local tokens: only the MTP layer's MoE exchanges. */
+mt_status rt_empty_mtp(model_runtime *rt, mt_err *err)
 {
     if (!rt->mtp.on)
         return mt_fail(err, MT_E_INVALID, "rank 0 runs MTP draft steps, but this rank opened "
@@ -251,6 +251,8 @@ static mt_status ep_mtp_step(model_runtime *rt, model_mtp_item *items, int n, mt
         return mt_fail(err, MT_E_INVALID, "rank %d follows rank 0's steps "
                        "(model_runtime_follow): it runs no MTP steps of its own",
                        mt_comm_rank(rt->o.comm));
+    if (rt->dp.lead)
+        return rt_dp_mtp_step(rt, items, n, err);
     if (rt->tp.on) {
         if (n == 0)
             return MT_OK;
@@ -261,13 +263,13 @@ static mt_status ep_mtp_step(model_runtime *rt, model_mtp_item *items, int n, mt
     }
     if (n == 0) {
         rt->ep_joined = true;
-        return rt->o.comm_lead ? MT_OK : rt_xchg_step_failed(rt, empty_mtp(rt, err));
+        return rt->o.comm_lead ? MT_OK : rt_xchg_step_failed(rt, rt_empty_mtp(rt, err));
     }
     rt->ep_joined = false;
     mt_status st = rt_xchg_step_failed(rt, rt_mtp_step(rt, items, n, err));
     if (st != MT_OK && !rt->ep_joined && !rt->o.comm_lead) {
         mt_err e2 = MT_ERR_INIT;
-        if (empty_mtp(rt, &e2) != MT_OK)
+        if (rt_empty_mtp(rt, &e2) != MT_OK)
             fprintf(rt->log, "expert parallelism: %s\n", e2.msg);
     }
     return st;
@@ -315,7 +317,7 @@ mt_status model_runtime_follow(model_runtime *rt, int64_t *steps, mt_err *err)
         if (m < 0 && m != RT_EP_MTP)
             return mt_fail(err, MT_E_FORMAT, "expert parallelism: step message %" PRId32, m);
         rt->ep_joined = true;
-        MT_CHECK(rt_xchg_step_failed(rt, m == RT_EP_MTP ? empty_mtp(rt, err)
+        MT_CHECK(rt_xchg_step_failed(rt, m == RT_EP_MTP ? rt_empty_mtp(rt, err)
                                                           : rt_empty_forward(rt, err)));
         if (steps)
             ++*steps;

@@ -112,7 +112,7 @@ mt_status rt_ep_step_begin(model_runtime *rt, int64_t M, mt_err *err)
 mt_status rt_ep_mtp_begin(model_runtime *rt, mt_err *err)
 {
     rt->ep_joined = true;
-    if (!leads(rt) || rt->tp.on) /* tensor parallelism announced the MTP step's items */
+    if (!leads(rt) || rt->tp.on || rt->dp.on) /* tp and dp announced the MTP step's items */
         return MT_OK;
     int32_t m = RT_EP_MTP;
     return rt_xchg_bcast(rt, &m, 1, err);

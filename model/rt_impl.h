@@ -154,7 +154,9 @@ typedef struct rt_xchg {
  * names its rank: rank * RT_MAX_SEQS + the rank's own slot. */
 typedef struct rt_dp_rank {
     kvc_cache *kv;               /* the rank's layer-0 pages, bookkeeping only */
+    kvc_cache *mtp_kv;           /* its MTP layer's pages (with MTP), bookkeeping only */
     kvc_seq *seq[RT_MAX_SEQS];   /* NULL: slot free */
+    kvc_seq *mtp[RT_MAX_SEQS];   /* the slot's MTP cache (with MTP) */
     bool shared[RT_MAX_SEQS];
     int n_seqs;
     int64_t tokens;              /* token rows its attention ran (the leader's count) */
@@ -171,6 +173,10 @@ typedef struct rt_dp {
     void *recv;                  /* the leader's device buffer: the other ranks' logits rows */
     size_t recv_cap;
     size_t *cnt;                 /* [4 * size]: all-to-all-v counts and displacements */
+    int32_t *row_rank, *row_local; /* the leader's: each row of the last forward (a step or
+                                  * an MTP step, over every rank's items in item order):
+                                  * the rank that ran it and its row there */
+    int64_t n_rows, cap_rows;
     bool keep_logits;            /* a follower's rt_step leaves its logits rows on the device */
 } rt_dp;
 
@@ -365,13 +371,20 @@ int64_t rt_dp_pages_needed(const model_runtime *rt, int seq, int64_t n);
 int rt_dp_pick(const model_runtime *rt);
 /* The leader's model_step: every item on its sequence's rank. */
 mt_status rt_dp_step(model_runtime *rt, model_step_item *items, int n, mt_err *err);
+/* MTP on the leader: another rank's MTP cache, and model_mtp_step with
+ * every item on its sequence's rank (its hidden rows must be there). */
+int64_t rt_dp_mtp_len(const model_runtime *rt, int seq);
+mt_status rt_dp_mtp_truncate(model_runtime *rt, int seq, int64_t len, mt_err *err);
+mt_status rt_dp_mtp_step(model_runtime *rt, model_mtp_item *items, int n, mt_err *err);
 /* A follower's loop (model_runtime_follow). */
 mt_status rt_dp_follow(model_runtime *rt, int64_t *steps, mt_err *err);
 
 /* ---- rt_driver.c ---- */
 
-/* A forward with no local tokens: only the MoE layers' exchanges. */
+/* A forward with no local tokens: only the MoE layers' exchanges; the
+ * same for the MTP layer. */
 mt_status rt_empty_forward(model_runtime *rt, mt_err *err);
+mt_status rt_empty_mtp(model_runtime *rt, mt_err *err);
 
 /* ---- rt_mtp.c: the MTP draft layer ---- */
 

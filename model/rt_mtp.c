@@ -42,6 +42,8 @@ static bool seq_used(const model_runtime *rt, int seq)
 
 int64_t model_mtp_len(const model_runtime *rt, int seq)
 {
+    if (rt_dp_remote(rt, seq))
+        return rt_dp_mtp_len(rt, seq);
     if (!rt->mtp.on || !seq_used(rt, seq) || !rt->seqs[seq].mtp_kv)
         return -1;
     return kvc_seq_len(rt->seqs[seq].mtp_kv);
@@ -49,6 +51,8 @@ int64_t model_mtp_len(const model_runtime *rt, int seq)
 
 mt_status model_mtp_truncate(model_runtime *rt, int seq, int64_t len, mt_err *err)
 {
+    if (rt_dp_remote(rt, seq))
+        return rt_dp_mtp_truncate(rt, seq, len, err);
     if (model_mtp_len(rt, seq) < 0)
         return mt_fail(err, MT_E_INVALID, "MTP truncate: no MTP cache for sequence %d", seq);
     rt_tp_note(rt, RT_TP_OP_MTP_TRUNCATE, seq, len, 0);
@@ -206,7 +210,7 @@ mt_status rt_mtp_step(model_runtime *rt, model_mtp_item *items, int n, mt_err *e
     rt->mtp.last_was_mtp = true;
     if (st != MT_OK)
         goto fail;
-    if (nl) {
+    if (nl && !rt->dp.keep_logits) { /* a dp follower's rows go to rank 0 from b->logits */
         host = malloc(sizeof(float) * (size_t)(nl * rt->V));
         if (!host) {
             st = mt_fail(err, MT_E_NOMEM, "MTP logits");

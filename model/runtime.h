@@ -75,7 +75,8 @@ typedef struct model_runtime_opts {
                               * model_seq_create_on; a fork stays on its source's rank), and
                               * its model_step runs each item on its sequence's rank, the
                               * logits coming back to rank 0. Sequence ids then name their
-                              * rank (model_seq_rank). Not with speculative_steps */
+                              * rank (model_seq_rank). MTP draft steps run on the rank
+                              * holding their sequence, from the hidden rows it ran */
     unsigned xchg_timeout_ms; /* with comm: the longest an exchange inside a forward may wait
                               * for the other ranks (mt_comm_set_timeout; set on comm) before
                               * the step fails; 0 = 30000. A follower waiting for the next

@@ -106,6 +106,8 @@ struct serve_engine {
     int *chunk;
     int *idx;                  /* a rank's running requests (plan_step) */
     int n_ranks;               /* data-parallel attention: ranks sequences live on */
+    int64_t *rank_free;        /* per rank: pages free after the planned step (plan_step) */
+    int *rank_tokens;          /* per rank: the planned step's tokens */
     int spec_k;                /* drafts per round (0: speculative decoding off) */
     model_spec_catchup *catchup;
     int64_t prefill_positions; /* model_runtime_prefill_positions (path_exact) */
@@ -389,6 +391,8 @@ static bool plan_step(serve_engine *e, serve_sched_plan *plan, int *short_rank)
     memset(plan, 0, sizeof *plan);
     *short_rank = -1;
     for (int rk = 0; rk < e->n_ranks; rk++) {
+        e->rank_free[rk] = model_kv_free_pages_on(e->rt, rk);
+        e->rank_tokens[rk] = 0;
         int n = fill_sreq_on(e, rk);
         if (!n)
             continue;
@@ -401,6 +405,8 @@ static bool plan_step(serve_engine *e, serve_sched_plan *plan, int *short_rank)
             *short_rank = rk;
             return false;
         }
+        e->rank_free[rk] = model_kv_free_pages_on(e->rt, rk) - p.pages;
+        e->rank_tokens[rk] = p.tokens;
         plan->items += p.items;
         plan->tokens += p.tokens;
         plan->pages += p.pages;
@@ -622,15 +628,17 @@ static bool must_stop(const serve_engine *e, const serve_gen *g, int32_t tok)
 }
 
 /* Speculative requests that are decoding verify their drafts in this step:
- * chunk i grows from 1 to 1 + drafts while the token budget and the free
- * pages allow (fewer drafts otherwise: verifying a prefix is as exact). */
+ * chunk i grows from 1 to 1 + drafts while its rank's token budget and
+ * free pages allow (fewer drafts otherwise: verifying a prefix is as
+ * exact). */
 static void add_drafts(serve_engine *e, serve_sched_plan *plan)
 {
-    int64_t free_pages = model_kv_free_pages(e->rt) - plan->pages;
     for (int i = 0; i < e->n_running; i++) {
         serve_gen *g = e->running[i];
         if (!g->sp || e->chunk[i] != 1 || g->n_computed != g->n_tokens - 1)
             continue;
+        int rk = model_seq_rank(e->rt, g->seq);
+        int64_t *free_pages = &e->rank_free[rk];
         int nd = g->sp->n_draft;
         int64_t left = g->max_tokens - (g->n_tokens - g->n_prompt) - 1;
         if (nd > left)
@@ -640,14 +648,15 @@ static void add_drafts(serve_engine *e, serve_sched_plan *plan)
         for (; nd > 0; nd--) {
             int64_t extra = model_seq_pages_needed(e->rt, g->seq, 1 + nd) -
                             model_seq_pages_needed(e->rt, g->seq, 1);
-            if (plan->tokens + nd <= e->cfg.token_budget && extra <= free_pages) {
-                free_pages -= extra;
+            if (e->rank_tokens[rk] + nd <= e->cfg.token_budget && extra <= *free_pages) {
+                *free_pages -= extra;
                 break;
             }
         }
         g->sp->n_draft = nd < 0 ? 0 : nd;
         e->chunk[i] = 1 + g->sp->n_draft;
         plan->tokens += g->sp->n_draft;
+        e->rank_tokens[rk] += g->sp->n_draft;
     }
 }
 
@@ -850,12 +859,15 @@ static mt_status load(serve_engine *e, mt_err *err)
     e->chunk = calloc(2 * (size_t)mb, sizeof *e->chunk); /* and plan_step's scratch */
     e->idx = calloc((size_t)mb, sizeof *e->idx);
     e->n_ranks = model_runtime_dp_ranks(e->rt);
+    e->rank_free = calloc((size_t)e->n_ranks, sizeof *e->rank_free);
+    e->rank_tokens = calloc((size_t)e->n_ranks, sizeof *e->rank_tokens);
     e->catchup = calloc((size_t)mb, sizeof *e->catchup);
     /* Speculative decoding needs the MTP layer; a scripted sampler (tests'
      * hook) picks tokens one at a time, so it turns speculation off. */
     e->spec_k = model_runtime_has_mtp(e->rt) && !e->hook ? e->rt_opts.speculative_steps : 0;
     e->prefill_positions = model_runtime_prefill_positions(e->rt);
-    if (!e->running || !e->items || !e->item_gen || !e->sreq || !e->chunk || !e->catchup)
+    if (!e->running || !e->items || !e->item_gen || !e->sreq || !e->chunk || !e->catchup ||
+        !e->idx || !e->rank_free || !e->rank_tokens)
         return mt_fail(err, MT_E_NOMEM, "serve engine: out of memory");
     if (e->max_cached > 0 && (st = serve_prefix_create(in->page_size, &e->cache, err)))
         return st;
@@ -1049,6 +1061,8 @@ void serve_engine_destroy(serve_engine *e)
     free(e->sreq);
     free(e->chunk);
     free(e->idx);
+    free(e->rank_free);
+    free(e->rank_tokens);
     free(e->catchup);
     free(e->model_dir);
     free(e->db_path);

@@ -1,7 +1,9 @@
 /* spec_check.c: run under `mpirun -np N` by test_xchg. Speculative
  * decoding with the checkpoint's MTP layer across ranks on emu devices:
  * rank 0 leads (comm_lead) a runtime over the "mpi" communicator,
- * expert-parallel, or tensor-parallel too with "tp" ("tpG": in groups of G
+ * expert-parallel ("dp": with data-parallel attention, the two prompts'
+ * sequences on ranks 0 and 1, drafting where they live), or
+ * tensor-parallel too with "tp" ("tpG": in groups of G
  * ranks, the other groups mirroring the first), with K draft steps,
  * and runs the same generations on a one-device runtime (batch-invariant
  * kernels), on each checkpoint named: two prompts longer than the DSA
@@ -28,13 +30,15 @@
 #include "mpi_check.h"
 
 static int group_size; /* tp_size: 0, every rank */
+static bool dp;        /* data-parallel attention: the prompts' sequences on ranks 0 and 1 */
 
 static model_runtime *open_rt(const char *dir, mt_comm *c, bool tp, int k, FILE *quiet)
 {
     model_runtime_opts o = {.model_dir = dir, .device = "emu", .kv_pages = 64,
                             .max_batch_tokens = 96, .batch_invariant = true, .log = quiet,
                             .comm = c, .comm_lead = c != NULL, .tp = tp && c,
-                            .tp_size = tp && c ? group_size : 0, .speculative_steps = k};
+                            .tp_size = tp && c ? group_size : 0, .speculative_steps = k,
+                            .dp = dp && c};
     model_runtime *rt = NULL;
     mt_err err = MT_ERR_INIT;
     if (model_runtime_open(&o, &rt, &err) != MT_OK)
@@ -90,6 +94,8 @@ static int32_t lead(model_runtime *many, model_runtime *one, int k, const char *
             int seq;
             if (model_seq_create(rts[m], &seq, &err) != MT_OK)
                 die("sequence", err.msg);
+            if (dp && m == 0 && model_seq_rank(rts[m], seq) != p)
+                die("placement", "the prompts' sequences are not on ranks 0 and 1");
             mt_rng draws;
             mt_rng_seed(&draws, seed + (uint64_t)p);
             model_spec_gen_opts go = {.k = k, .max_tokens = GEN, .rng = &draws,
@@ -142,12 +148,14 @@ static int32_t lead(model_runtime *many, model_runtime *one, int k, const char *
 int main(int argc, char **argv)
 {
     check_name = "spec_check";
-    if (argc < 5 || (strcmp(argv[2], "ep") && strncmp(argv[2], "tp", 2)) || atoi(argv[3]) < 1) {
-        fprintf(stderr, "usage: mt_spec_check SEED ep|tp|tpG K MODEL_DIR...\n");
+    if (argc < 5 || (strcmp(argv[2], "ep") && strcmp(argv[2], "dp") && strncmp(argv[2], "tp", 2)) ||
+        atoi(argv[3]) < 1) {
+        fprintf(stderr, "usage: mt_spec_check SEED ep|dp|tp|tpG K MODEL_DIR...\n");
         return 2;
     }
     seed = strtoull(argv[1], NULL, 10);
     bool tp = !strncmp(argv[2], "tp", 2);
+    dp = !strcmp(argv[2], "dp");
     group_size = tp ? atoi(argv[2] + 2) : 0;
     int k = atoi(argv[3]);
     mt_comm *c = NULL;
