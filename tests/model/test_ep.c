@@ -786,8 +786,8 @@ static double metric_of(const char *text, const char *sample)
  * pages are free, then where attention has run the fewest rows), n = 2
  * forks on the
  * rank of its first choice, the first prompt again is a prefix-cache hit
- * on the rank holding it; every choice is what one device generates
- * greedily, and /metrics shows every rank's attention at work. */
+ * on the rank holding it, then a chat; every choice is what one device
+ * generates greedily, and /metrics shows every rank's attention at work. */
 Test(ep_mpi, data_parallel_serve_answers_what_one_device_generates, .timeout = 600)
 {
     char *dir = fw_tiny_dir();
@@ -842,9 +842,48 @@ Test(ep_mpi, data_parallel_serve_answers_what_one_device_generates, .timeout = 6
                       "%d, choice %d: %s, one device %s", seed, k, c, ids[c], want[p]);
         }
     }
+    /* A chat: its prompt as the server tokenizes it, generated on one device. */
+    const char *msgs = "\"messages\":[{\"role\":\"user\",\"content\":\"Where is the data?\"}]";
+    char body[600], ids[2][256];
+    snprintf(body, sizeof body, "{%s}", msgs);
+    serve_client_resp tk = SERVE_CLIENT_RESP_INIT;
+    mt_status st = serve_client_request(&url, "POST", "/tokenize", body, strlen(body), 30, NULL,
+                                        NULL, &tk, &err);
+    cJSON *tj = st == MT_OK && tk.status == 200 ? cJSON_Parse(tk.body.data) : NULL;
+    cJSON *tt = tj ? cJSON_GetObjectItem(tj, "tokens") : NULL, *t;
+    char chat_toks[512] = "";
+    cJSON_ArrayForEach(t, tt)
+    {
+        size_t l = strlen(chat_toks);
+        snprintf(chat_toks + l, sizeof chat_toks - l, "%s%d", l ? "," : "", t->valueint);
+    }
+    cJSON_Delete(tj);
+    serve_client_resp_release(&tk);
+    if (!chat_toks[0])
+        kill(mp, SIGTERM);
+    cr_assert(chat_toks[0], "/tokenize of a chat failed: %s", err.msg);
+    char cmd[4096], one[600];
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --device emu --tokens %s --max-tokens 5 "
+             "--batch-invariant", MOETUNE_BIN, dir, chat_toks);
+    int grc = run(cmd, out, sizeof out);
+    if (grc)
+        kill(mp, SIGTERM);
+    cr_assert_eq(grc, 0, "%s", out);
+    ids_of(out, one, sizeof one);
+    snprintf(body, sizeof body, "{%s,\"max_tokens\":5,\"temperature\":0,\"ignore_eos\":true,"
+             "\"return_token_ids\":true}", msgs);
+    serve_client_resp cr = SERVE_CLIENT_RESP_INIT;
+    st = serve_client_request(&url, "POST", "/v1/chat/completions", body, strlen(body), 300, NULL,
+                              NULL, &cr, &err);
+    bool chat_ok = st == MT_OK && cr.status == 200 && choice_ids(cr.body.data, ids, 2) == 1 &&
+                   !strncmp(ids[0], one + strlen("ids: "), strlen(one + strlen("ids: ")));
+    if (!chat_ok)
+        kill(mp, SIGTERM);
+    cr_assert(chat_ok, "seed %" PRIu64 ", chat: %s %d %.*s; one device %s", seed, err.msg,
+              cr.status, (int)cr.body.len, cr.body.data ? cr.body.data : "", one);
+    serve_client_resp_release(&cr);
     serve_client_resp m = SERVE_CLIENT_RESP_INIT;
-    mt_status st = serve_client_request(&url, "GET", "/metrics", NULL, 0, 30, NULL, NULL, &m,
-                                        &err);
+    st = serve_client_request(&url, "GET", "/metrics", NULL, 0, 30, NULL, NULL, &m, &err);
     if (st != MT_OK || m.status != 200)
         kill(mp, SIGTERM);
     cr_assert(st == MT_OK && m.status == 200, "%s", err.msg);
