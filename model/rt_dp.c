@@ -334,28 +334,7 @@ static mt_status check_step(model_runtime *rt, const model_step_item *items, int
 {
     for (int i = 0; i < n; i++) {
         const model_step_item *it = &items[i];
-        int64_t len = model_seq_len(rt, it->seq);
-        if (len < 0)
-            return mt_fail(err, MT_E_INVALID, "item %d: no sequence %d", i, it->seq);
-        for (int j = 0; j < i; j++)
-            if (items[j].seq == it->seq)
-                return mt_fail(err, MT_E_INVALID, "items %d and %d both extend sequence %d", j,
-                               i, it->seq);
-        if (it->n_tokens < 1 || !it->tokens)
-            return mt_fail(err, MT_E_INVALID, "item %d (sequence %d): %d tokens", i, it->seq,
-                           it->n_tokens);
-        if (it->n_prompt < 0 || it->n_prompt > it->n_tokens)
-            return mt_fail(err, MT_E_INVALID, "item %d (sequence %d): n_prompt %d outside "
-                           "0..%d (its token count)", i, it->seq, it->n_prompt, it->n_tokens);
-        for (int t = 0; t < it->n_tokens; t++)
-            if (it->tokens[t] < 0 || it->tokens[t] >= rt->V)
-                return mt_fail(err, MT_E_INVALID, "item %d (sequence %d): token %d is id %" PRId32
-                               ", outside the vocabulary [0, %" PRId64 ")", i, it->seq, t,
-                               it->tokens[t], rt->V);
-        if (len + it->n_tokens > rt->max_ctx)
-            return mt_fail(err, MT_E_INVALID, "item %d (sequence %d): %" PRId64 " + %d tokens "
-                           "exceed the maximum context %" PRId64, i, it->seq, len, it->n_tokens,
-                           rt->max_ctx);
+        MT_CHECK(rt_check_item(rt, items, i, model_seq_len(rt, it->seq), err));
         int r = model_seq_rank(rt, it->seq);
         toks[r] += it->n_tokens;
         pages[r] += model_seq_pages_needed(rt, it->seq, it->n_tokens);
@@ -608,20 +587,7 @@ static mt_status check_mtp(model_runtime *rt, const model_mtp_item *items, int n
     for (int i = 0; i < n; i++) {
         const model_mtp_item *it = &items[i];
         int64_t mlen = model_mtp_len(rt, it->seq);
-        if (mlen < 0)
-            return mt_fail(err, MT_E_INVALID, "MTP item %d: no sequence %d", i, it->seq);
-        for (int j = 0; j < i; j++)
-            if (items[j].seq == it->seq)
-                return mt_fail(err, MT_E_INVALID, "MTP items %d and %d both extend sequence %d",
-                               j, i, it->seq);
-        if (it->n_tokens < 1 || !it->tokens)
-            return mt_fail(err, MT_E_INVALID, "MTP item %d (sequence %d): %d tokens", i, it->seq,
-                           it->n_tokens);
-        for (int t = 0; t < it->n_tokens; t++)
-            if (it->tokens[t] < 0 || it->tokens[t] >= rt->V)
-                return mt_fail(err, MT_E_INVALID, "MTP item %d (sequence %d): token %d is id %"
-                               PRId32 ", outside the vocabulary [0, %" PRId64 ")", i, it->seq, t,
-                               it->tokens[t], rt->V);
+        MT_CHECK(rt_check_mtp_item(rt, items, i, mlen, err));
         int r = model_seq_rank(rt, it->seq);
         if (it->hidden_row < 0 || it->hidden_row + it->n_tokens > dp->n_rows)
             return mt_fail(err, MT_E_INVALID, "MTP item %d (sequence %d): hidden rows %d..%d, "
@@ -635,10 +601,6 @@ static mt_status check_mtp(model_runtime *rt, const model_mtp_item *items, int n
                                "row %d ran on rank %d: a draft step reads its own sequence's "
                                "rows", i, it->seq, r, it->hidden_row + t,
                                dp->row_rank[it->hidden_row + t]);
-        if (mlen + it->n_tokens > rt->max_ctx)
-            return mt_fail(err, MT_E_INVALID, "MTP item %d (sequence %d): %" PRId64 " + %d "
-                           "positions exceed the maximum context %" PRId64, i, it->seq, mlen,
-                           it->n_tokens, rt->max_ctx);
         int slot;
         const rt_dp_rank *k = holder(rt, it->seq, &slot);
         pages[r] += k ? grow_pages(rt, k->mtp[slot], k->shared[slot], it->n_tokens)

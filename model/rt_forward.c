@@ -233,35 +233,43 @@ static mt_status forward(model_runtime *rt, int64_t M, int64_t cmax, int64_t nl,
 
 /* ---- the step ------------------------------------------------------------- */
 
+mt_status rt_check_item(const model_runtime *rt, const model_step_item *items, int i,
+                        int64_t len, mt_err *err)
+{
+    const model_step_item *it = &items[i];
+    if (len < 0)
+        return mt_fail(err, MT_E_INVALID, "item %d: no sequence %d", i, it->seq);
+    for (int j = 0; j < i; j++)
+        if (items[j].seq == it->seq)
+            return mt_fail(err, MT_E_INVALID, "items %d and %d both extend sequence %d", j,
+                           i, it->seq);
+    if (it->n_tokens < 1 || !it->tokens)
+        return mt_fail(err, MT_E_INVALID, "item %d (sequence %d): %d tokens", i, it->seq,
+                       it->n_tokens);
+    if (it->n_prompt < 0 || it->n_prompt > it->n_tokens)
+        return mt_fail(err, MT_E_INVALID, "item %d (sequence %d): n_prompt %d outside "
+                       "0..%d (its token count)", i, it->seq, it->n_prompt, it->n_tokens);
+    for (int t = 0; t < it->n_tokens; t++)
+        if (it->tokens[t] < 0 || it->tokens[t] >= rt->V)
+            return mt_fail(err, MT_E_INVALID, "item %d (sequence %d): token %d is id %" PRId32
+                           ", outside the vocabulary [0, %" PRId64 ")", i, it->seq, t,
+                           it->tokens[t], rt->V);
+    if (len + it->n_tokens > rt->max_ctx)
+        return mt_fail(err, MT_E_INVALID, "item %d (sequence %d): %" PRId64 " + %d tokens "
+                       "exceed the maximum context %" PRId64, i, it->seq, len, it->n_tokens,
+                       rt->max_ctx);
+    return MT_OK;
+}
+
 static mt_status check_items(model_runtime *rt, const model_step_item *items, int n,
                              int64_t *total, mt_err *err)
 {
     *total = 0;
     for (int i = 0; i < n; i++) {
-        const model_step_item *it = &items[i];
-        if (it->seq < 0 || it->seq >= RT_MAX_SEQS || !rt->seqs[it->seq].used)
-            return mt_fail(err, MT_E_INVALID, "item %d: no sequence %d", i, it->seq);
-        for (int j = 0; j < i; j++)
-            if (items[j].seq == it->seq)
-                return mt_fail(err, MT_E_INVALID, "items %d and %d both extend sequence %d", j,
-                               i, it->seq);
-        if (it->n_tokens < 1 || !it->tokens)
-            return mt_fail(err, MT_E_INVALID, "item %d (sequence %d): %d tokens", i, it->seq,
-                           it->n_tokens);
-        if (it->n_prompt < 0 || it->n_prompt > it->n_tokens)
-            return mt_fail(err, MT_E_INVALID, "item %d (sequence %d): n_prompt %d outside "
-                           "0..%d (its token count)", i, it->seq, it->n_prompt, it->n_tokens);
-        for (int t = 0; t < it->n_tokens; t++)
-            if (it->tokens[t] < 0 || it->tokens[t] >= rt->V)
-                return mt_fail(err, MT_E_INVALID, "item %d (sequence %d): token %d is id %" PRId32
-                               ", outside the vocabulary [0, %" PRId64 ")", i, it->seq, t,
-                               it->tokens[t], rt->V);
-        int64_t len = model_seq_len(rt, it->seq);
-        if (len + it->n_tokens > rt->max_ctx)
-            return mt_fail(err, MT_E_INVALID, "item %d (sequence %d): %" PRId64 " + %d tokens "
-                           "exceed the maximum context %" PRId64, i, it->seq, len, it->n_tokens,
-                           rt->max_ctx);
-        *total += it->n_tokens;
+        int s = items[i].seq;
+        bool here = s >= 0 && s < RT_MAX_SEQS && rt->seqs[s].used; /* this rank's own */
+        MT_CHECK(rt_check_item(rt, items, i, here ? model_seq_len(rt, s) : -1, err));
+        *total += items[i].n_tokens;
     }
     if (*total > rt->T)
         return mt_fail(err, MT_E_INVALID, "step of %" PRId64 " tokens exceeds max_batch_tokens %"

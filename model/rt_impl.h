@@ -274,6 +274,10 @@ mt_status rt_layer_forward(model_runtime *rt, rt_layer *ly, int64_t M, int64_t c
 /* model_step on this runtime alone (rt_driver.c's model_step adds the
  * ranks' lockstep when the runtime has a communicator). */
 mt_status rt_step(model_runtime *rt, model_step_item *items, int n, mt_err *err);
+/* Item i of a step (its sequence len tokens long; -1: no sequence):
+ * MT_E_INVALID naming what is wrong with it (and with items before it). */
+mt_status rt_check_item(const model_runtime *rt, const model_step_item *items, int i,
+                        int64_t len, mt_err *err);
 
 /* ---- rt_ep.c: across the ranks of o.comm (expert parallelism) ---- */
 
@@ -391,5 +395,9 @@ mt_status rt_empty_mtp(model_runtime *rt, mt_err *err);
 /* model_mtp_step on this runtime alone (rt_driver.c's adds the ranks'
  * lockstep); n >= 1 items, the MTP layer loaded. */
 mt_status rt_mtp_step(model_runtime *rt, model_mtp_item *items, int n, mt_err *err);
+/* MTP item i (its sequence's MTP cache mlen positions long; -1: none), all
+ * but its hidden rows: MT_E_INVALID naming what is wrong. */
+mt_status rt_check_mtp_item(const model_runtime *rt, const model_mtp_item *items, int i,
+                            int64_t mlen, mt_err *err);
 
 #endif

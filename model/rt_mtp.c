@@ -96,35 +96,43 @@ static mt_status mtp_forward(model_runtime *rt, int64_t M, int64_t cmax, int64_t
 
 #undef RUN
 
+mt_status rt_check_mtp_item(const model_runtime *rt, const model_mtp_item *items, int i,
+                            int64_t mlen, mt_err *err)
+{
+    const model_mtp_item *it = &items[i];
+    if (mlen < 0)
+        return mt_fail(err, MT_E_INVALID, "MTP item %d: no sequence %d", i, it->seq);
+    for (int j = 0; j < i; j++)
+        if (items[j].seq == it->seq)
+            return mt_fail(err, MT_E_INVALID, "MTP items %d and %d both extend sequence %d", j, i,
+                           it->seq);
+    if (it->n_tokens < 1 || !it->tokens)
+        return mt_fail(err, MT_E_INVALID, "MTP item %d (sequence %d): %d tokens", i, it->seq,
+                       it->n_tokens);
+    for (int t = 0; t < it->n_tokens; t++)
+        if (it->tokens[t] < 0 || it->tokens[t] >= rt->V)
+            return mt_fail(err, MT_E_INVALID, "MTP item %d (sequence %d): token %d is id %" PRId32
+                           ", outside the vocabulary [0, %" PRId64 ")", i, it->seq, t,
+                           it->tokens[t], rt->V);
+    if (mlen + it->n_tokens > rt->max_ctx)
+        return mt_fail(err, MT_E_INVALID, "MTP item %d (sequence %d): %" PRId64 " + %d "
+                       "positions exceed the maximum context %" PRId64, i, it->seq, mlen,
+                       it->n_tokens, rt->max_ctx);
+    return MT_OK;
+}
+
 static mt_status check_items(model_runtime *rt, const model_mtp_item *items, int n,
                              int64_t *total, mt_err *err)
 {
     *total = 0;
     for (int i = 0; i < n; i++) {
         const model_mtp_item *it = &items[i];
-        if (!seq_used(rt, it->seq) || !rt->seqs[it->seq].mtp_kv)
-            return mt_fail(err, MT_E_INVALID, "MTP item %d: no sequence %d", i, it->seq);
-        for (int j = 0; j < i; j++)
-            if (items[j].seq == it->seq)
-                return mt_fail(err, MT_E_INVALID, "MTP items %d and %d both extend sequence %d",
-                               j, i, it->seq);
-        if (it->n_tokens < 1 || !it->tokens)
-            return mt_fail(err, MT_E_INVALID, "MTP item %d (sequence %d): %d tokens", i, it->seq,
-                           it->n_tokens);
-        for (int t = 0; t < it->n_tokens; t++)
-            if (it->tokens[t] < 0 || it->tokens[t] >= rt->V)
-                return mt_fail(err, MT_E_INVALID, "MTP item %d (sequence %d): token %d is id %"
-                               PRId32 ", outside the vocabulary [0, %" PRId64 ")", i, it->seq, t,
-                               it->tokens[t], rt->V);
+        bool here = seq_used(rt, it->seq) && rt->seqs[it->seq].mtp_kv; /* this rank's own */
+        MT_CHECK(rt_check_mtp_item(rt, items, i, here ? model_mtp_len(rt, it->seq) : -1, err));
         if (it->hidden_row < 0 || it->hidden_row + it->n_tokens > rt->mtp.last_rows)
             return mt_fail(err, MT_E_INVALID, "MTP item %d (sequence %d): hidden rows %d..%d, "
                            "the previous forward left %" PRId64, i, it->seq, it->hidden_row,
                            it->hidden_row + it->n_tokens - 1, rt->mtp.last_rows);
-        int64_t len = model_mtp_len(rt, it->seq);
-        if (len + it->n_tokens > rt->max_ctx)
-            return mt_fail(err, MT_E_INVALID, "MTP item %d (sequence %d): %" PRId64 " + %d "
-                           "positions exceed the maximum context %" PRId64, i, it->seq, len,
-                           it->n_tokens, rt->max_ctx);
         *total += it->n_tokens;
     }
     if (*total > rt->T)
