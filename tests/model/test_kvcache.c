@@ -1,7 +1,8 @@
 /* test_kvcache.c: the paged latent / indexer-key cache on the cpu device:
  * round trips in bf16 and fp8 (against the host encoders), page
  * accounting across page boundaries, a full pool refusing cleanly, forks
- * that share whole pages and copy on write, truncation, and page tables. */
+ * that share whole pages and copy on write, truncation, page tables, and a
+ * bookkeeping-only cache (no pools) handing out the real one's pages. */
 #include <criterion/criterion.h>
 #include <inttypes.h>
 #include <stdlib.h>
@@ -204,5 +205,74 @@ Test(kvcache, bad_options_are_rejected)
     o.dtype = KERN_DT_F32;
     cr_assert_eq(kvc_create(d, &o, &c, &err), MT_E_INVALID);
     cr_assert(strstr(err.msg, "f32"), "%s", err.msg);
+    dev_close(d);
+}
+
+/* A bookkeeping-only cache (no device: what a leader keeps of another
+ * rank's cache) driven by the same random creates, reserves, forks,
+ * truncations and destroys as a real one hands out the same pages and
+ * the same free counts, refuses the same reserve when full, and refuses
+ * what needs pools. */
+Test(kvcache, bookkeeping_only_cache_hands_out_the_same_pages)
+{
+    dev_device *d = cpu();
+    kvc_cache *real = make(d, KERN_DT_BF16, 4, 24), *book = make(NULL, KERN_DT_BF16, 4, 24);
+    uint64_t seed = mt_seed_fresh();
+    mt_rng r;
+    mt_rng_seed(&r, seed);
+    enum { N = 8 };
+    kvc_seq *a[N] = {0}, *b[N] = {0};
+    mt_err err = MT_ERR_INIT;
+    for (int step = 0; step < 400; step++) {
+        int i = (int)mt_rng_below(&r, N), op = (int)mt_rng_below(&r, 5);
+        if (!a[i]) {
+            int src = (int)mt_rng_below(&r, N);
+            if (op < 2 && a[src] && src != i) {
+                int64_t n = (int64_t)mt_rng_below(&r, (uint64_t)kvc_seq_len(a[src]) + 1);
+                mt_status s1 = kvc_seq_fork(real, a[src], n, &a[i], &err);
+                mt_status s2 = kvc_seq_fork(book, b[src], n, &b[i], &err);
+                cr_assert_eq(s1, s2, "seed %" PRIu64 " step %d: fork", seed, step);
+            } else {
+                cr_assert_eq(kvc_seq_create(real, &a[i], &err), MT_OK);
+                cr_assert_eq(kvc_seq_create(book, &b[i], &err), MT_OK);
+            }
+            continue;
+        }
+        if (op < 3) {
+            int64_t n = (int64_t)mt_rng_below(&r, 9);
+            mt_status s1 = kvc_seq_reserve(real, a[i], n, NULL, &err);
+            mt_status s2 = kvc_seq_reserve(book, b[i], n, NULL, &err);
+            cr_assert_eq(s1, s2, "seed %" PRIu64 " step %d: reserve %" PRId64, seed, step, n);
+        } else if (op == 3) {
+            int64_t len = (int64_t)mt_rng_below(&r, (uint64_t)kvc_seq_len(a[i]) + 1);
+            cr_assert_eq(kvc_seq_truncate(real, a[i], len, &err), MT_OK);
+            cr_assert_eq(kvc_seq_truncate(book, b[i], len, &err), MT_OK);
+        } else {
+            kvc_seq_destroy(real, a[i]);
+            kvc_seq_destroy(book, b[i]);
+            a[i] = b[i] = NULL;
+        }
+        cr_assert_eq(kvc_free_pages(real), kvc_free_pages(book), "seed %" PRIu64 " step %d",
+                     seed, step);
+        for (int k = 0; k < N; k++) {
+            if (!a[k])
+                continue;
+            int32_t pa[64], pb[64];
+            int64_t na = kvc_seq_pages(a[k], pa, 64), nb = kvc_seq_pages(b[k], pb, 64);
+            cr_assert_eq(na, nb);
+            cr_assert_eq(kvc_seq_len(a[k]), kvc_seq_len(b[k]));
+            for (int64_t p = 0; p < na && p < 64; p++)
+                cr_assert_eq(pa[p], pb[p], "seed %" PRIu64 " step %d: sequence %d page %" PRId64,
+                             seed, step, k, p);
+        }
+    }
+    kvc_seq *s = NULL;
+    cr_assert_eq(kvc_seq_create(book, &s, &err), MT_OK);
+    float row[16] = {0};
+    cr_assert_eq(kvc_seq_append(book, s, 1, row, NULL, &err), MT_E_INVALID);
+    cr_assert_eq(kvc_seq_len(s), 0);
+    cr_assert_null(kvc_latent_pool(book));
+    kvc_destroy(real);
+    kvc_destroy(book);
     dev_close(d);
 }
