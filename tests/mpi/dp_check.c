@@ -35,11 +35,7 @@ static model_runtime *open_rt(const char *dir, mt_comm *c, FILE *quiet)
                             .kv_page_size = 16, .max_batch_tokens = MAX_T,
                             .batch_invariant = true, .log = quiet, .comm = c,
                             .comm_lead = c != NULL, .dp = c != NULL};
-    model_runtime *rt = NULL;
-    mt_err err = MT_ERR_INIT;
-    if (model_runtime_open(&o, &rt, &err) != MT_OK)
-        die(c ? "open (data-parallel)" : "open (reference)", err.msg);
-    return rt;
+    return check_open(&o, "open (data-parallel)", "open (reference)");
 }
 
 typedef struct seqp {
@@ -214,11 +210,8 @@ int main(int argc, char **argv)
         return 2;
     }
     seed = strtoull(argv[2], NULL, 10);
-    mt_comm *c = NULL;
+    mt_comm *c = check_comm();
     mt_err err = MT_ERR_INIT;
-    if (mt_comm_open("mpi", &c, &err) != MT_OK)
-        die("comm", err.msg);
-    rank = mt_comm_rank(c), size = mt_comm_size(c);
     FILE *quiet = fopen("/dev/null", "w");
     pair p = {.dp = open_rt(argv[1], c, quiet)};
     if (rank != 0) {

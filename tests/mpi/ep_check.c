@@ -31,11 +31,7 @@ static model_runtime *open_rt(const char *dir, mt_comm *c, FILE *quiet)
     model_runtime_opts o = {.model_dir = dir, .device = "cpu", .kv_pages = 64,
                             .max_batch_tokens = 64, .batch_invariant = true, .log = quiet,
                             .comm = c, .speculative_steps = 2};
-    model_runtime *rt = NULL;
-    mt_err err = MT_ERR_INIT;
-    if (model_runtime_open(&o, &rt, &err) != MT_OK)
-        die(c ? "open (expert-parallel)" : "open (reference)", err.msg);
-    return rt;
+    return check_open(&o, "open (expert-parallel)", "open (reference)");
 }
 
 #define MAXSEQ 2
@@ -88,11 +84,8 @@ int main(int argc, char **argv)
     }
     seed = strtoull(argv[2], NULL, 10);
     bool die_mode = argc > 3 && !strcmp(argv[3], "die");
-    mt_comm *c = NULL;
+    mt_comm *c = check_comm();
     mt_err err = MT_ERR_INIT;
-    if (mt_comm_open("mpi", &c, &err) != MT_OK)
-        die("comm", err.msg);
-    rank = mt_comm_rank(c), size = mt_comm_size(c);
     FILE *quiet = fopen("/dev/null", "w");
     model_runtime *ep = open_rt(argv[1], c, quiet);
     model_runtime *ref = die_mode ? NULL : open_rt(argv[1], NULL, quiet);

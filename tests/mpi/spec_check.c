@@ -39,11 +39,7 @@ static model_runtime *open_rt(const char *dir, mt_comm *c, bool tp, int k, FILE 
                             .comm = c, .comm_lead = c != NULL, .tp = tp && c,
                             .tp_size = tp && c ? group_size : 0, .speculative_steps = k,
                             .dp = dp && c};
-    model_runtime *rt = NULL;
-    mt_err err = MT_ERR_INIT;
-    if (model_runtime_open(&o, &rt, &err) != MT_OK)
-        die(c ? "open (across ranks)" : "open (one device)", err.msg);
-    return rt;
+    return check_open(&o, "open (across ranks)", "open (one device)");
 }
 
 /* Every row the decoding reads, in order (a logits processor that changes
@@ -158,11 +154,8 @@ int main(int argc, char **argv)
     dp = !strcmp(argv[2], "dp");
     group_size = tp ? atoi(argv[2] + 2) : 0;
     int k = atoi(argv[3]);
-    mt_comm *c = NULL;
+    mt_comm *c = check_comm();
     mt_err err = MT_ERR_INIT;
-    if (mt_comm_open("mpi", &c, &err) != MT_OK)
-        die("comm", err.msg);
-    rank = mt_comm_rank(c), size = mt_comm_size(c);
     FILE *quiet = fopen("/dev/null", "w");
     int64_t steps = 0;
     int32_t rounds = 0;

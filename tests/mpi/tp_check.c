@@ -38,11 +38,7 @@ static model_runtime *open_rt(const char *dir, mt_comm *c, bool lead, FILE *quie
                             .max_batch_tokens = 96, .batch_invariant = true, .log = quiet,
                             .comm = c, .comm_lead = lead, .tp = c != NULL,
                             .speculative_steps = 2, .tp_size = c ? group_size : 0};
-    model_runtime *rt = NULL;
-    mt_err err = MT_ERR_INIT;
-    if (model_runtime_open(&o, &rt, &err) != MT_OK)
-        die(c ? "open (tensor-parallel)" : "open (reference)", err.msg);
-    return rt;
+    return check_open(&o, "open (tensor-parallel)", "open (reference)");
 }
 
 /* The script on both runtimes; sequence ids are each runtime's own. */
@@ -181,11 +177,8 @@ int main(int argc, char **argv)
     group_size = argc > 4 ? atoi(argv[4]) : 0;
     seed = strtoull(argv[2], NULL, 10);
     bool lead = !strcmp(argv[3], "lead");
-    mt_comm *c = NULL;
+    mt_comm *c = check_comm();
     mt_err err = MT_ERR_INIT;
-    if (mt_comm_open("mpi", &c, &err) != MT_OK)
-        die("comm", err.msg);
-    rank = mt_comm_rank(c), size = mt_comm_size(c);
     FILE *quiet = fopen("/dev/null", "w");
     pair p = {.tp = open_rt(argv[1], c, lead, quiet)};
     if (lead && rank != 0) {

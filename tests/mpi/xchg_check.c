@@ -36,11 +36,7 @@ static model_runtime *open_rt(const char *dir, mt_comm *c, bool tp, FILE *quiet)
     model_runtime_opts o = {.model_dir = dir, .device = "emu", .kv_pages = 64,
                             .max_batch_tokens = 96, .batch_invariant = true, .log = quiet,
                             .comm = c, .comm_lead = c != NULL, .tp = tp && c, .dp = dp && c};
-    model_runtime *rt = NULL;
-    mt_err err = MT_ERR_INIT;
-    if (model_runtime_open(&o, &rt, &err) != MT_OK)
-        die(c ? "open (across ranks)" : "open (one device)", err.msg);
-    return rt;
+    return check_open(&o, "open (across ranks)", "open (one device)");
 }
 
 /* Copies between two snapshots: [to calls, to bytes, from calls, from
@@ -110,11 +106,8 @@ int main(int argc, char **argv)
     seed = strtoull(argv[2], NULL, 10);
     bool tp = !strcmp(argv[3], "tp");
     dp = !strcmp(argv[3], "dp");
-    mt_comm *c = NULL;
+    mt_comm *c = check_comm();
     mt_err err = MT_ERR_INIT;
-    if (mt_comm_open("mpi", &c, &err) != MT_OK)
-        die("comm", err.msg);
-    rank = mt_comm_rank(c), size = mt_comm_size(c);
     FILE *quiet = fopen("/dev/null", "w");
     model_runtime *many = open_rt(argv[1], c, tp, quiet);
     model_copy_counts c0, c1;
