@@ -68,6 +68,7 @@ for n in $RANKS; do
                 printf "r%d %d/%d (%.0f%%)  ", r, s[r], t[r], all ? 100 * t[r] / all : 0
         }' "$work/metrics$n.txt")
     read -r rps tps itl50 itl95 ok <<< "$row"
+    itl50=${itl50//_/ } itl95=${itl95//_/ }
     printf '%-6s %8s %10s %9s %9s %9s  %s\n' "$n" "$rps" "$tps" "$itl50" "$itl95" "$ok" "$load"
     case "$ok" in */*) [ "${ok%/*}" = "${ok#*/}" ] || { echo "failed requests" >&2; exit 1; } ;; esac
     kill -TERM "$pid"
