@@ -133,7 +133,9 @@ void model_seq_free(model_runtime *rt, int seq);
 int64_t model_seq_len(const model_runtime *rt, int seq);
 
 /* KV pages free in the pool and tokens per page: the scheduler's admission
- * control. A step needs ceil((len + n) / page) - pages already held. */
+ * control. A step needs ceil((len + n) / page) - pages already held. On a
+ * data-parallel leader (opts.dp) the pool is rank 0's own; every rank's
+ * pool has the same size, and model_kv_free_pages_on reads each. */
 int64_t model_kv_free_pages(const model_runtime *rt);
 int model_kv_page_size(const model_runtime *rt);
 /* Pages a sequence would need to grow by n tokens. */
