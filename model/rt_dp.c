@@ -401,7 +401,8 @@ static void build_msg(rt_dp *dp, int kind, const dp_item *its, int n, int64_t ro
 {
     int32_t *m = dp->msg;
     int64_t off = HEAD + 4 * (int64_t)dp->n_ops;
-    memcpy(m + HEAD, dp->ops, sizeof(int32_t) * 4 * (size_t)dp->n_ops);
+    if (dp->n_ops) /* the journal may never have been allocated */
+        memcpy(m + HEAD, dp->ops, sizeof(int32_t) * 4 * (size_t)dp->n_ops);
     int remote = 0;
     for (int i = 0; i < n; i++) {
         const dp_item *it = &its[i];
