@@ -51,8 +51,17 @@ static mt_status self_barrier(void *ctx, mt_err *err)
 
 static void self_close(void *ctx) { (void)ctx; }
 
+static mt_status self_split(void *ctx, int color, int key, mt_comm *child, mt_err *err)
+{
+    (void)ctx, (void)color, (void)key, (void)err;
+    child->rank = 0;
+    child->size = 1;
+    return MT_OK;
+}
+
 static const mt_comm_ops self_ops = {.all_to_all_v = self_a2av, .broadcast = self_bcast,
-                                     .barrier = self_barrier, .close = self_close};
+                                     .barrier = self_barrier, .close = self_close,
+                                     .split = self_split};
 
 /* ---- open / close ------------------------------------------------------- */
 
@@ -135,6 +144,31 @@ void mt_comm_close(mt_comm *c)
     free(c);
 }
 
+mt_status mt_comm_split(mt_comm *c, int color, int key, mt_comm **out, mt_err *err)
+{
+    *out = NULL;
+    if (color < 0)
+        return mt_fail(err, MT_E_INVALID, "split: color %d (colors are >= 0)", color);
+    if (!c->ops->split)
+        return mt_fail(err, MT_E_UNSUPPORTED, "communicator '%s' cannot split into groups",
+                       c->backend);
+    mt_comm *n = calloc(1, sizeof *n);
+    if (!n)
+        return mt_fail(err, MT_E_NOMEM, "split");
+    n->backend = c->backend;
+    n->ops = c->ops;
+    n->device_buffers = c->device_buffers;
+    n->unordered_sums = c->unordered_sums;
+    n->parent = c;
+    mt_status st = c->ops->split(c->ctx, color, key, n, err);
+    if (st != MT_OK) {
+        free(n);
+        return mt_err_prefix(err, "split (color %d)", color);
+    }
+    *out = n;
+    return MT_OK;
+}
+
 int mt_comm_rank(const mt_comm *c) { return c->rank; }
 int mt_comm_size(const mt_comm *c) { return c->size; }
 const char *mt_comm_backend(const mt_comm *c) { return c->backend; }
@@ -196,7 +230,7 @@ static mt_status check(const mt_comm *c, const char *what, mt_comm_dtype t, int 
 {
     if (!c)
         return mt_fail(err, MT_E_INVALID, "%s: no communicator", what);
-    if (atomic_load(&c->aborted))
+    if (mt_comm_aborted(c))
         return mt_fail(err, MT_E_INTERRUPTED, "%s: communicator '%s' was aborted (a rank failed "
                        "or the job is ending)", what, c->backend);
     if (!mt_comm_dtype_size(t))
@@ -364,16 +398,21 @@ void mt_comm_abort(mt_comm *c)
         atomic_store(&c->aborted, 1);
 }
 
-bool mt_comm_aborted(const mt_comm *c) { return c && atomic_load(&c->aborted); }
+bool mt_comm_aborted(const mt_comm *c)
+{
+    return c && (atomic_load(&c->aborted) || mt_comm_aborted(c->parent));
+}
 
 void mt_comm_set_timeout(mt_comm *c, unsigned ms) { atomic_store(&c->timeout_ms, ms); }
 
 mt_status mt_comm_wait_check(mt_comm *c, uint64_t started_ns, const char *what, mt_err *err)
 {
-    if (atomic_load(&c->aborted))
+    if (mt_comm_aborted(c))
         return mt_fail(err, MT_E_INTERRUPTED, "%s: communicator '%s' was aborted (a rank failed "
                        "or the job is ending)", what, c->backend);
     unsigned ms = atomic_load(&c->timeout_ms);
+    for (const mt_comm *p = c->parent; !ms && p; p = p->parent)
+        ms = atomic_load(&p->timeout_ms);
     if (ms && mt_now_ns() - started_ns > (uint64_t)ms * 1000000u) {
         atomic_store(&c->aborted, 1);
         return mt_fail(err, MT_E_TIMEOUT, "%s: not every rank joined within %u ms (one died, "

@@ -134,6 +134,13 @@ mt_status mt_comm_reduce_scatter(mt_comm *c, const void *send, void *recv, size_
 mt_status mt_comm_all_to_all_v(mt_comm *c, const void *send, const size_t *scount,
                                const size_t *sdispl, void *recv, const size_t *rcount,
                                const size_t *rdispl, mt_comm_dtype t, mt_err *err);
+/* A communicator of the ranks of c that pass the same color (>= 0), in
+ * the order of key, then of their rank in c (MPI_Comm_split). A
+ * collective: every rank of c calls it. The new communicator stops when c
+ * is aborted and waits at most c's timeout while its own is 0; close it
+ * before c. MT_E_UNSUPPORTED for a backend that cannot split (nccl and
+ * rccl: ncclCommSplit is not wired). */
+mt_status mt_comm_split(mt_comm *c, int color, int key, mt_comm **out, mt_err *err);
 /* buf on every rank becomes root's buf. */
 mt_status mt_comm_broadcast(mt_comm *c, void *buf, size_t count, mt_comm_dtype t, int root,
                             mt_err *err);

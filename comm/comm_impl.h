@@ -18,6 +18,9 @@ typedef struct mt_comm_ops {
     mt_status (*broadcast)(void *ctx, void *buf, size_t bytes, int root, mt_err *err);
     mt_status (*barrier)(void *ctx, mt_err *err);
     void (*close)(void *ctx);
+    /* Optional (NULL: cannot split): the ranks of the same color, ordered
+     * by key; fills child's ctx, rank and size. A collective over ctx. */
+    mt_status (*split)(void *ctx, int color, int key, mt_comm *child, mt_err *err);
     /* Optional: NULL builds them on all_to_all_v with host-side rank-ordered
      * reductions (comm.c), which needs host buffers. A backend on device
      * memory provides all three (count elements of t; reduce_scatter's
@@ -42,6 +45,7 @@ struct mt_comm {
     bool unordered_sums; /* sums are the library's, not in rank order */
     atomic_int aborted;  /* mt_comm_abort: every collective returns at once */
     atomic_uint timeout_ms; /* mt_comm_set_timeout; 0: none */
+    mt_comm *parent;     /* mt_comm_split's source: its abort and timeout apply */
 };
 
 /* The MPI backend (comm_mpi.c), when built with MPI. */

@@ -1,5 +1,6 @@
 /* comm_mpi.c: the "mpi" communicator backend (comm.h) over Open MPI: byte
- * all-to-all-v, broadcast and barrier on MPI_COMM_WORLD. Errors come back
+ * all-to-all-v, broadcast and barrier on MPI_COMM_WORLD, or on a group of
+ * it (mt_comm_split). Errors come back
  * as statuses (MPI_ERRORS_RETURN) naming the call and MPI's message. Each
  * collective is MPI's nonblocking one and a wait that tests it, so an
  * abort (another thread, a signal) or the communicator's timeout ends the
@@ -9,6 +10,7 @@
 #ifdef MOETUNE_HAVE_MPI
 #include <limits.h>
 #include <mpi.h>
+#include <stdbool.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <time.h>
@@ -21,10 +23,13 @@
 #include "comm_impl.h"
 #include "common/clock.h"
 
-/* The backend's context: its communicator (abort flag, timeout). */
+/* The backend's context: its communicator (abort flag, timeout) and MPI's
+ * (MPI_COMM_WORLD, or one of mt_comm_split's, which it frees). */
 typedef struct mpi_ctx {
     mt_comm *c;
     int size;
+    MPI_Comm comm;
+    bool owned;
 } mpi_ctx;
 
 /* A wait was given up (abort, timeout): requests stay pending, so
@@ -125,7 +130,7 @@ static mt_status a2av(void *ctx, const void *send, const size_t *scount, const s
     if (st == MT_OK) {
         MPI_Request r;
         int rc = MPI_Ialltoallv(send, v, v + n, MPI_BYTE, recv, v + 2 * n, v + 3 * n, MPI_BYTE,
-                                MPI_COMM_WORLD, &r);
+                                m->comm, &r);
         st = rc != MPI_SUCCESS ? mpi_fail(err, rc, "MPI_Ialltoallv")
                                : wait_for(m, &r, "MPI_Ialltoallv", err);
     }
@@ -135,11 +140,12 @@ static mt_status a2av(void *ctx, const void *send, const size_t *scount, const s
 
 static mt_status bcast(void *ctx, void *buf, size_t bytes, int root, mt_err *err)
 {
+    mpi_ctx *m = ctx;
     char *p = buf;
     while (bytes) { /* MPI counts are ints */
         int chunk = bytes > (size_t)INT_MAX ? INT_MAX : (int)bytes;
         MPI_Request r;
-        int rc = MPI_Ibcast(p, chunk, MPI_BYTE, root, MPI_COMM_WORLD, &r);
+        int rc = MPI_Ibcast(p, chunk, MPI_BYTE, root, m->comm, &r);
         if (rc != MPI_SUCCESS)
             return mpi_fail(err, rc, "MPI_Ibcast");
         MT_CHECK(wait_for(ctx, &r, "MPI_Ibcast", err));
@@ -150,8 +156,9 @@ static mt_status bcast(void *ctx, void *buf, size_t bytes, int root, mt_err *err
 
 static mt_status barrier(void *ctx, mt_err *err)
 {
+    mpi_ctx *m = ctx;
     MPI_Request r;
-    int rc = MPI_Ibarrier(MPI_COMM_WORLD, &r);
+    int rc = MPI_Ibarrier(m->comm, &r);
     return rc == MPI_SUCCESS ? wait_for(ctx, &r, "MPI_Ibarrier", err)
                              : mpi_fail(err, rc, "MPI_Ibarrier");
 }
@@ -162,10 +169,39 @@ static void end_job(int code)
     MPI_Abort(MPI_COMM_WORLD, code);
 }
 
-static void close_ctx(void *ctx) { free(ctx); }
+static void close_ctx(void *ctx)
+{
+    mpi_ctx *m = ctx;
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (m->owned && !fin)
+        MPI_Comm_free(&m->comm);
+    free(m);
+}
+
+static mt_status split(void *ctx, int color, int key, mt_comm *child, mt_err *err)
+{
+    mpi_ctx *m = ctx, *n = malloc(sizeof *n);
+    if (!n)
+        return mt_fail(err, MT_E_NOMEM, "mpi: split");
+    int rc = MPI_Comm_split(m->comm, color, key, &n->comm);
+    if (rc != MPI_SUCCESS) {
+        free(n);
+        return mpi_fail(err, rc, "MPI_Comm_split");
+    }
+    MPI_Comm_set_errhandler(n->comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(n->comm, &child->rank);
+    MPI_Comm_size(n->comm, &n->size);
+    n->c = child;
+    n->owned = true;
+    child->size = n->size;
+    child->ctx = n;
+    return MT_OK;
+}
 
 static const mt_comm_ops mpi_ops = {.all_to_all_v = a2av, .broadcast = bcast,
-                                    .barrier = barrier, .close = close_ctx, .end_job = end_job};
+                                    .barrier = barrier, .close = close_ctx, .split = split,
+                                    .end_job = end_job};
 
 mt_status mt_comm_mpi_open(mt_comm *c, mt_err *err)
 {
@@ -189,6 +225,8 @@ mt_status mt_comm_mpi_open(mt_comm *c, mt_err *err)
     MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
     MPI_Comm_size(MPI_COMM_WORLD, &m->size);
     m->c = c;
+    m->comm = MPI_COMM_WORLD;
+    m->owned = false;
     c->size = m->size;
     c->ctx = m;
     c->ops = &mpi_ops;

@@ -1,7 +1,8 @@
 /* comm_check.c: run under `mpirun -np N` by test_comm. Every rank
  * regenerates every rank's inputs from the seed, runs each collective of
  * comm.h ("mpi" backend) at odd sizes, every dtype and op, and compares the
- * result bitwise with a plain reference reduced in rank order. Prints
+ * result bitwise with a plain reference reduced in rank order; then splits
+ * the job by parity (mt_comm_split) and checks the groups. Prints
  * "comm_check rank R/N ok" and exits 0, or names the first mismatch and
  * exits 1.
  * Usage: mt_comm_check SEED [die]  ("die": rank 1 exits with status 3
@@ -183,7 +184,36 @@ int main(int argc, char **argv)
         if (memcmp(buf, want, sizeof buf))
             fail("broadcast", 0);
     }
-    must(mt_comm_barrier(c, &err), &err);
+    /* Split by parity, ranked in reverse: each group sums its own ranks
+     * and exchanges within itself; an abort of the job reaches the group. */
+    {
+        mt_comm *g = NULL;
+        must(mt_comm_split(c, rank % 2, -rank, &g, &err), &err);
+        int gsize = (size - rank % 2 + 1) / 2, want_rank = 0;
+        for (int q = rank + 2; q < size; q += 2)
+            want_rank++; /* the group's ranks above this one come first */
+        if (mt_comm_size(g) != gsize || mt_comm_rank(g) != want_rank)
+            fail("split: rank or size", (size_t)mt_comm_rank(g));
+        int32_t v = rank, sum = 0, want = 0;
+        for (int q = rank % 2; q < size; q += 2)
+            want += q;
+        must(mt_comm_all_reduce(g, &v, &sum, 1, MT_COMM_I32, MT_COMM_SUM, &err), &err);
+        if (sum != want)
+            fail("split: all_reduce", 0);
+        int32_t *all = malloc(sizeof *all * (size_t)gsize);
+        must(mt_comm_all_gather(g, &v, all, 1, MT_COMM_I32, &err), &err);
+        for (int q = 0; q < gsize; q++) /* group rank q is job rank (last of the parity) - 2q */
+            if (all[q] != (size - 1 - (size - 1 - rank % 2) % 2) - 2 * q)
+                fail("split: all_gather", (size_t)q);
+        free(all);
+        must(mt_comm_barrier(c, &err), &err);
+        if (mt_comm_aborted(g))
+            fail("split: aborted before the job", 0);
+        mt_comm_abort(c);
+        if (!mt_comm_aborted(g) || mt_comm_barrier(g, &err) != MT_E_INTERRUPTED)
+            fail("split: the job's abort did not reach the group", 0);
+        mt_comm_close(g);
+    }
     printf("comm_check rank %d/%d ok\n", rank, size);
     mt_comm_close(c);
     return 0;
