@@ -132,8 +132,8 @@ static int parse(int argc, char **argv, serve_cli *c)
         {.name = "--tp-size", .type = CLI_OPT_INT, .dst = &rt->tp_size, .arg = "N", .min = 1,
          .max = 4096, .def_text = "every rank",
          .help = "with --tp: ranks per tensor-parallel group (it must divide --ranks); the "
-                 "routed experts stay split over every rank, and the other groups mirror the "
-                 "first's steps"},
+                 "routed experts stay split over every rank, and each group holds and runs "
+                 "its own sequences (data-parallel attention over the groups)"},
         {0},
     };
     const cli_cmd cmd = {
@@ -203,9 +203,11 @@ static int open_ranks(serve_cli *c, cli_ranks *ranks, bool *done)
     }
     c->o.engine.rt.comm = comm;
     c->o.engine.rt.comm_lead = true;
-    /* Data-parallel attention: each rank runs its own sequences' attention
-     * (not with --tp, which splits every sequence's). */
-    c->o.engine.rt.dp = !c->o.engine.rt.tp;
+    /* Data-parallel attention: each rank, or each tensor-parallel group of
+     * --tp-size ranks, runs its own sequences (not with --tp over every
+     * rank: one group). */
+    model_runtime_opts *rt = &c->o.engine.rt;
+    rt->dp = !rt->tp || (rt->tp_size > 0 && rt->tp_size < c->ranks);
     if (mt_comm_rank(comm) != 0) {
         *done = true;
         int rc = serve_follow(&c->o.engine.rt, comm);

@@ -42,16 +42,19 @@ mt_status rt_dp_open(model_runtime *rt, mt_err *err)
         return mt_fail(err, MT_E_INVALID, "dp: data-parallel attention under one leader needs "
                        "a communicator and comm_lead (without a leader every rank already runs "
                        "its own sequences)");
-    if (o->tp)
-        return mt_fail(err, MT_E_INVALID, "dp with tp: tensor-parallel groups running their "
-                       "own sequences are not built; choose one");
-    dp->size = mt_comm_size(o->comm);
-    dp->rank = mt_comm_rank(o->comm);
+    dp->world = mt_comm_size(o->comm);
+    dp->group = rt->tp.on ? rt->tp.size : 1;
+    if (o->tp && rt->tp.on && dp->group == dp->world)
+        return mt_fail(err, MT_E_INVALID, "dp with tp over every rank: one tensor-parallel "
+                       "group has nothing to place sequences on (tp_size below the job's size "
+                       "makes groups)");
+    dp->size = dp->world / dp->group;
+    dp->rank = mt_comm_rank(o->comm) / dp->group;
     if (dp->size < 2)
         return MT_OK; /* one rank: every sequence is its own */
     dp->on = true;
-    dp->lead = dp->rank == 0;
-    if (!(dp->cnt = calloc(4 * (size_t)dp->size, sizeof *dp->cnt)))
+    dp->lead = mt_comm_rank(o->comm) == 0;
+    if (!(dp->cnt = calloc(4 * (size_t)dp->world, sizeof *dp->cnt)))
         return mt_fail(err, MT_E_NOMEM, "dp: counts");
     dp->recv_cap = 64;
     MT_CHECK(dev_alloc(rt->dev, dp->recv_cap, &dp->recv, err));
@@ -65,9 +68,9 @@ mt_status rt_dp_open(model_runtime *rt, mt_err *err)
             MT_CHECK(kvc_create(NULL, kvc_get_opts(rt->layers[rt->n_layers].kv),
                                 &dp->ranks[r].mtp_kv, err));
     }
-    fprintf(rt->log, "data-parallel attention: %d ranks, each holds its own sequences' KV "
+    fprintf(rt->log, "data-parallel attention: %d %s, each holds its own sequences' KV "
             "(%" PRId64 " pages of %d tokens); rank 0 places and drives them\n", dp->size,
-            rt->n_pages, rt->ps);
+            dp->group > 1 ? "tensor-parallel groups" : "ranks", rt->n_pages, rt->ps);
     return MT_OK;
 }
 
@@ -117,6 +120,18 @@ static mt_status journal_room(rt_dp *dp, mt_err *err)
     dp->ops = p;
     dp->cap_ops = cap;
     return MT_OK;
+}
+
+void rt_dp_note_local(model_runtime *rt, int op, int seq, int64_t a, int64_t b)
+{
+    rt_dp *dp = &rt->dp;
+    if (!dp->lead || dp->group < 2)
+        return; /* nobody else holds rank 0's sequences */
+    mt_err err = MT_ERR_INIT;
+    if (journal_room(dp, &err) != MT_OK)
+        abort(); /* a few bytes: the group could not be kept in step */
+    int32_t *e = dp->ops + 4 * dp->n_ops++;
+    e[0] = op, e[1] = seq, e[2] = (int32_t)a, e[3] = (int32_t)b;
 }
 
 static void journal(rt_dp *dp, int op, int seq, int64_t a, int64_t b)
@@ -302,15 +317,15 @@ static int64_t item_rows(bool all, bool last, int n_tokens) { return all ? n_tok
 static mt_status gather_rows(model_runtime *rt, const int64_t *rows, int64_t mine, mt_err *err)
 {
     rt_dp *dp = &rt->dp;
-    size_t S = (size_t)dp->size, row = sizeof(float) * (size_t)rt->V;
-    size_t *sc = dp->cnt, *sd = sc + S, *rc = sd + S, *rd = rc + S;
-    memset(dp->cnt, 0, 4 * S * sizeof *dp->cnt);
+    size_t W = (size_t)dp->world, G = (size_t)dp->group, row = sizeof(float) * (size_t)rt->V;
+    size_t *sc = dp->cnt, *sd = sc + W, *rc = sd + W, *rd = rc + W;
+    memset(dp->cnt, 0, 4 * W * sizeof *dp->cnt);
     if (dp->lead) {
         size_t total = 0;
-        for (size_t r = 1; r < S; r++) {
-            rc[r] = (size_t)rows[r] * row;
-            rd[r] = total;
-            total += rc[r];
+        for (size_t u = 1; u < (size_t)dp->size; u++) { /* from each unit's first rank */
+            rc[u * G] = (size_t)rows[u] * row;
+            rd[u * G] = total;
+            total += rc[u * G];
         }
         if (total > dp->recv_cap) {
             dev_free(rt->dev, dp->recv);
@@ -319,7 +334,7 @@ static mt_status gather_rows(model_runtime *rt, const int64_t *rows, int64_t min
             MT_CHECK(dev_alloc(rt->dev, total, &dp->recv, err));
             dp->recv_cap = total;
         }
-    } else {
+    } else if (!rt->tp.on || rt->tp.rank == 0) { /* a group's rows come from its first */
         sc[0] = (size_t)mine * row;
     }
     mt_status st = mt_comm_all_to_all_v(rt->o.comm, rt->b.logits, sc, sd, dp->recv, rc, rd,
@@ -399,6 +414,7 @@ typedef struct dp_item {
 /* The journal and the other ranks' items. */
 static void build_msg(rt_dp *dp, int kind, const dp_item *its, int n, int64_t rows)
 {
+    bool all = dp->group > 1; /* rank 0's group runs its items too */
     int32_t *m = dp->msg;
     int64_t off = HEAD + 4 * (int64_t)dp->n_ops;
     if (dp->n_ops) /* the journal may never have been allocated */
@@ -406,7 +422,7 @@ static void build_msg(rt_dp *dp, int kind, const dp_item *its, int n, int64_t ro
     int remote = 0;
     for (int i = 0; i < n; i++) {
         const dp_item *it = &its[i];
-        if (it->rank == 0)
+        if (it->rank == 0 && !all)
             continue;
         m[off] = it->seq;
         m[off + 1] = it->n_tokens;
@@ -548,11 +564,12 @@ mt_status rt_dp_step(model_runtime *rt, model_step_item *items, int n, mt_err *e
         int r = model_seq_rank(rt, it->seq);
         its[i] = (dp_item){it->seq, r, it->n_tokens, it->n_prompt, it->tokens, it->logits,
                            it->all_logits};
+        if (r == 0 || dp->group > 1)
+            len += 4 + it->n_tokens;
         if (r == 0) {
             mine[n_mine++] = *it;
             continue;
         }
-        len += 4 + it->n_tokens;
         rows[r] += item_rows(it->all_logits, it->logits, it->n_tokens);
         remote_rows += item_rows(it->all_logits, it->logits, it->n_tokens);
     }
@@ -643,12 +660,13 @@ mt_status rt_dp_mtp_step(model_runtime *rt, model_mtp_item *items, int n, mt_err
     int n_mine = 0, reserved = 0;
     for (int i = 0; i < n; i++) {
         int r = its[i].rank;
+        if (r == 0 || dp->group > 1)
+            len += 4 + items[i].n_tokens;
         if (r == 0) {
             mine[n_mine] = items[i];
             mine[n_mine++].hidden_row = its[i].arg; /* its rows on rank 0 */
             continue;
         }
-        len += 4 + items[i].n_tokens;
         rows[r] += items[i].logits != NULL;
         remote_rows += items[i].logits != NULL;
     }

@@ -305,10 +305,10 @@ mt_status model_runtime_follow(model_runtime *rt, int64_t *steps, mt_err *err)
     if (!rt->o.comm || !rt->o.comm_lead || mt_comm_rank(rt->o.comm) == 0)
         return mt_fail(err, MT_E_INVALID, "model_runtime_follow: only ranks other than 0 of a "
                        "runtime opened with comm_lead follow");
+    if (rt->dp.on) /* before tp: groups with their own sequences */
+        return rt_dp_follow(rt, steps, err);
     if (rt->tp.on)
         return tp_follow(rt, steps, err);
-    if (rt->dp.on)
-        return rt_dp_follow(rt, steps, err);
     for (;;) {
         int32_t m = 0;
         MT_CHECK(rt_xchg_bcast(rt, &m, 1, err));

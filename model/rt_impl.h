@@ -164,7 +164,10 @@ typedef struct rt_dp_rank {
 
 typedef struct rt_dp {
     bool on, lead;
-    int rank, size;
+    int rank, size;              /* this rank's unit, the units: ranks, or tensor-parallel
+                                  * groups (every rank of a group runs its sequences) */
+    int group;                   /* ranks per unit (1, or the group's size) */
+    int world;                   /* the communicator's ranks */
     rt_dp_rank *ranks;           /* the leader's: [size]; [0] counts only (its own are seqs) */
     int32_t *ops;                /* the leader's journal since the last step, 4 per op */
     int n_ops, cap_ops;
@@ -203,7 +206,10 @@ typedef struct rt_tp {
     int64_t *w;                  /* [size]: an exchange's columns per rank */
     int32_t *msg;                /* the leader's step message (journal, then items) */
     int64_t n_msg, msg_cap;      /* int32 entries; the journal is msg[2 .. 2 + 4 * msg[0]) */
-    bool lead;                   /* rank 0 of a comm_lead runtime: journals and announces */
+    bool lead;                   /* rank 0 of a comm_lead runtime: journals and announces
+                                  * (not under data-parallel attention, which does) */
+    struct mt_comm *gcomm;       /* the group's own communicator (mt_comm_split) when the
+                                  * job has several groups; NULL: o.comm is the group */
 } rt_tp;
 
 struct model_runtime {
@@ -362,6 +368,9 @@ mt_status rt_dp_open(model_runtime *rt, mt_err *err);
 void rt_dp_close(model_runtime *rt);
 /* A sequence id of another rank on the leader. */
 bool rt_dp_remote(const model_runtime *rt, int seq);
+/* The leader's operation on one of its own sequences (RT_TP_OP_*), for the
+ * other ranks of its tensor-parallel group to replay; nothing otherwise. */
+void rt_dp_note_local(model_runtime *rt, int op, int seq, int64_t a, int64_t b);
 /* The leader's operations on another rank's sequences (journaled for it). */
 mt_status rt_dp_create(model_runtime *rt, int rank, int *seq, mt_err *err);
 mt_status rt_dp_fork(model_runtime *rt, int src, int64_t n, int *seq, mt_err *err);

@@ -24,13 +24,16 @@
  *
  * Groups (o.tp_size smaller than the job): the shares above are a group's
  * (group g is ranks g * tp_size ..); the routed experts stay split over
- * every rank. Without data-parallel attention every group mirrors the
- * first (the leader's messages reach every rank; each group runs every
- * step on the same sequences), so the experts run each group's rows. A
- * gather is the communicator's all-to-all-v with nothing to or from the
- * other groups; the embedding's sum runs over every rank, and only the
- * first group's ranks contribute rows (the others read their zero row),
- * so it stays a sum with one non-zero term.
+ * every rank. A group's gathers and embedding sum run on its own
+ * communicator (mt_comm_split), the MoE layers' exchanges on the job's.
+ * On a backend that cannot split (nccl, rccl) mirroring groups use the
+ * job's communicator: a gather with nothing to or from the other groups,
+ * and an embedding sum over every rank to which only the first group
+ * contributes rows.
+ * With data-parallel attention (o.dp, rt_dp.c) each group runs its own
+ * sequences; without it every group mirrors the first (the leader's
+ * messages reach every rank; each group runs every step on the same
+ * sequences), so the experts run each group's rows.
  *
  * Exchanges are on device buffers (the communicator reaches the device's
  * memory, rt_xchg.c): a gather receives the ranks' blocks one after
@@ -69,7 +72,14 @@ mt_status rt_tp_open(model_runtime *rt, mt_err *err)
     if (t->size < 2)
         return MT_OK;
     t->on = true;
-    t->lead = rt->o.comm_lead && me == 0;
+    t->lead = rt->o.comm_lead && me == 0 && !rt->o.dp;
+    if (t->size < t->world) {
+        mt_status st = mt_comm_split(rt->o.comm, t->group, t->rank, &t->gcomm, err);
+        if (st == MT_E_UNSUPPORTED && !rt->o.dp)
+            st = MT_OK; /* mirroring groups get by on the job's communicator */
+        if (st != MT_OK)
+            return mt_err_prefix(err, "tensor-parallel groups of %d ranks", t->size);
+    }
     t->cnt = calloc((size_t)t->world * 4, sizeof *t->cnt);
     t->w = calloc((size_t)t->world, sizeof *t->w);
     if (!t->cnt || !t->w)
@@ -80,9 +90,10 @@ mt_status rt_tp_open(model_runtime *rt, mt_err *err)
             t->me.head0 + t->me.heads - 1, t->me.o_row0, t->me.o_row0 + t->me.o_rows - 1,
             t->me.vocab0, t->me.vocab0 + t->me.vocab - 1);
     if (t->size < t->world)
-        fprintf(rt->log, "tensor parallelism: group %d of %d (ranks %d-%d); the groups mirror "
-                "group 0's sequences and steps\n", t->group, t->world / t->size,
-                t->group * t->size, t->group * t->size + t->size - 1);
+        fprintf(rt->log, "tensor parallelism: group %d of %d (ranks %d-%d); %s\n", t->group,
+                t->world / t->size, t->group * t->size, t->group * t->size + t->size - 1,
+                rt->o.dp ? "each group runs its own sequences (data-parallel attention)"
+                         : "the groups mirror group 0's sequences and steps");
     return MT_OK;
 }
 
@@ -164,6 +175,7 @@ void rt_tp_close(model_runtime *rt)
     free(t->cnt);
     free(t->w);
     free(t->msg);
+    mt_comm_close(t->gcomm);
     memset(t, 0, sizeof *t);
 }
 
@@ -173,8 +185,10 @@ mt_status rt_tp_gather(model_runtime *rt, int64_t total, int64_t per, const void
                        void *full, int64_t rows, size_t es, mt_err *err)
 {
     rt_tp *t = &rt->tp;
-    /* Over the whole communicator, nothing to or from the other groups. */
-    int n = t->world, g0 = t->group * t->size;
+    /* Over the group's own communicator; without one (a backend that
+     * cannot split), over the job's with nothing to or from other groups. */
+    mt_comm *gc = t->gcomm ? t->gcomm : rt->o.comm;
+    int n = t->gcomm ? t->size : t->world, g0 = t->gcomm ? 0 : t->group * t->size;
     size_t *sc = t->cnt, *sd = sc + n, *rc = sd + n, *rd = rc + n, off = 0;
     size_t mine = 0;
     for (int q = 0; q < n; q++) {
@@ -190,7 +204,7 @@ mt_status rt_tp_gather(model_runtime *rt, int64_t total, int64_t per, const void
     for (int q = 0; q < n; q++) /* the same block to every rank of the group */
         sc[q] = q >= g0 && q < g0 + t->size ? mine : 0, sd[q] = 0;
     if (rows <= 1) /* the blocks are the row's columns in order already */
-        return mt_comm_all_to_all_v(rt->o.comm, local, sc, sd, full, rc, rd, MT_COMM_U8, err);
+        return mt_comm_all_to_all_v(gc, local, sc, sd, full, rc, rd, MT_COMM_U8, err);
     rt_tp_cols *c = NULL;
     for (int i = 0; i < t->n_cols && !c; i++)
         if (t->cols[i].U == total && t->cols[i].per == per && t->cols[i].es == es)
@@ -198,8 +212,7 @@ mt_status rt_tp_gather(model_runtime *rt, int64_t total, int64_t per, const void
     if (!c || off > t->x_cap)
         return mt_fail(err, MT_E_INVALID, "tensor parallelism: no gather of %" PRId64 " x %"
                        PRId64 " x %zu-byte columns for %" PRId64 " rows", total, per, es, rows);
-    MT_CHECK(mt_comm_all_to_all_v(rt->o.comm, local, sc, sd, t->x_recv, rc, rd, MT_COMM_U8,
-                                  err));
+    MT_CHECK(mt_comm_all_to_all_v(gc, local, sc, sd, t->x_recv, rc, rd, MT_COMM_U8, err));
     void *bufs[] = {t->x_recv, full};
     return model_kern_run(c->k, rows, NULL, bufs, err);
 }
@@ -207,21 +220,25 @@ mt_status rt_tp_gather(model_runtime *rt, int64_t total, int64_t per, const void
 void rt_tp_local_tokens(const model_runtime *rt, int32_t *tok, int64_t M)
 {
     const model_tp_dims *d = &rt->tp.me;
-    /* The embedding's sum runs over every group: only the first's rows
-     * count (the others, mirroring it, read the zero row). */
-    for (int64_t i = 0; i < M && rt->tp.group; i++)
-        tok[i] = (int32_t)d->vocab;
-    for (int64_t i = 0; i < M && !rt->tp.group; i++)
+    /* Groups without their own communicator sum over the whole job: only
+     * the first group's rows count (the others mirror it and read the
+     * zero row). */
+    if (!rt->tp.gcomm && rt->tp.group) {
+        for (int64_t i = 0; i < M; i++)
+            tok[i] = (int32_t)d->vocab;
+        return;
+    }
+    for (int64_t i = 0; i < M; i++)
         tok[i] = tok[i] >= d->vocab0 && tok[i] < d->vocab0 + d->vocab ? (int32_t)(tok[i] - d->vocab0)
                                                                       : (int32_t)d->vocab;
 }
 
 mt_status rt_tp_embed_sum(model_runtime *rt, int64_t M, mt_err *err)
 {
+    mt_comm *gc = rt->tp.gcomm ? rt->tp.gcomm : rt->o.comm;
     size_t n = (size_t)(M * rt->H);
-    MT_CHECK(mt_comm_all_reduce(rt->o.comm, rt->b.resid, rt->b.resid, n, MT_COMM_F32,
-                                MT_COMM_SUM, err));
-    return mt_comm_all_reduce(rt->o.comm, rt->b.xb, rt->b.xb, n, MT_COMM_BF16, MT_COMM_SUM, err);
+    MT_CHECK(mt_comm_all_reduce(gc, rt->b.resid, rt->b.resid, n, MT_COMM_F32, MT_COMM_SUM, err));
+    return mt_comm_all_reduce(gc, rt->b.xb, rt->b.xb, n, MT_COMM_BF16, MT_COMM_SUM, err);
 }
 
 mt_status rt_tp_moe(model_runtime *rt, rt_layer *ly, int64_t M, mt_err *err)
@@ -272,6 +289,10 @@ static bool msg_reserve(rt_tp *t, int64_t more)
 
 void rt_tp_note(model_runtime *rt, int op, int seq, int64_t a, int64_t b)
 {
+    if (rt->dp.on) { /* data-parallel attention journals for the group */
+        rt_dp_note_local(rt, op, seq, a, b);
+        return;
+    }
     rt_tp *t = &rt->tp;
     if (!t->on || !t->lead)
         return;

@@ -64,11 +64,14 @@ typedef struct model_runtime_opts {
     int tp_size;             /* with tp: ranks per tensor-parallel group (it must divide the
                               * communicator's size); 0 = every rank, one group. Group g is
                               * ranks g * tp_size .. + tp_size - 1; routed experts stay split
-                              * over every rank. Without data-parallel attention every group
-                              * mirrors the first: each runs every step on the same sequences,
-                              * so the experts run each group's rows */
-    bool dp;                 /* with comm_lead, without tp: data-parallel attention under one
-                              * leader (rt_dp.c). Every rank holds the KV cache of its own
+                              * over every rank; a group's gathers run on its own communicator
+                              * (mt_comm_split). With dp each group holds and runs its own
+                              * sequences; without it every group mirrors the first (the
+                              * experts then run each group's rows) */
+    bool dp;                 /* with comm_lead: data-parallel attention under one leader
+                              * (rt_dp.c), over the ranks, or with tp over its groups (tp_size
+                              * below the job's size; a "rank" below is then a group). Every
+                              * rank holds the KV cache of its own
                               * sequences and runs their attention; rank 0 places each new
                               * sequence on a rank (model_seq_create: the most free KV pages,
                               * then the fewest sequences and token rows run so far;
@@ -142,7 +145,9 @@ int model_kv_page_size(const model_runtime *rt);
 int64_t model_seq_pages_needed(const model_runtime *rt, int seq, int64_t n);
 
 /* Data-parallel attention (opts.dp; on rank 0). Without it there is one
- * rank to place on (0) and these read this runtime's own cache. */
+ * rank to place on (0) and these read this runtime's own cache. With
+ * tensor-parallel groups a "rank" here is a group (group g: ranks
+ * g * tp_size ..). */
 int model_runtime_dp_ranks(const model_runtime *rt);  /* ranks sequences are placed on */
 /* A new empty sequence on rank `rank` (0 .. dp_ranks - 1). */
 mt_status model_seq_create_on(model_runtime *rt, int rank, int *seq, mt_err *err);

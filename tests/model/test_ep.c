@@ -552,23 +552,23 @@ Test(ep_mpi, tensor_parallel_followers_mirror_the_leaders_sequences, .timeout = 
 }
 
 /* Data-parallel attention under one leader on emu devices: rank 0 places
- * sequences on every rank and drives them; the logits are bitwise one
- * device's at 2, 3 and 4 ranks. */
+ * sequences on every rank (or tensor-parallel group) and drives them; the
+ * logits are bitwise one device's at 2, 3 and 4 ranks and at 4 ranks in
+ * two groups of 2. */
 Test(ep_mpi, data_parallel_attention_under_one_leader_matches_one_device, .timeout = 600)
 {
     char *dir = fw_tiny_dir();
     static char out[1 << 16];
-    for (int np = 2; np <= 4; np++) {
+    for (int np = 2; np <= 5; np++) { /* 5: 4 ranks in two tensor-parallel groups of 2 */
         char cmd[2048];
         unsigned long long seed = (unsigned long long)mt_seed_fresh();
-        snprintf(cmd, sizeof cmd, "%s --oversubscribe -np %d %s %s %llu", MPIEXEC, np,
-                 MT_DP_CHECK, dir, seed);
+        snprintf(cmd, sizeof cmd, "%s --oversubscribe -np %d %s %s %llu %d", MPIEXEC,
+                 np < 5 ? np : 4, MT_DP_CHECK, dir, seed, np < 5 ? 1 : 2);
         int rc = run(cmd, out, sizeof out);
-        cr_assert_eq(rc, 0, "mpirun -np %d mt_dp_check (seed %llu): exit %d\n%s", np, seed, rc,
-                     out);
-        for (int r = 0; r < np; r++) {
+        cr_assert_eq(rc, 0, "%s (seed %llu): exit %d\n%s", cmd, seed, rc, out);
+        for (int r = 0; r < (np < 5 ? np : 4); r++) {
             char want[64];
-            snprintf(want, sizeof want, "dp_check rank %d/%d ok", r, np);
+            snprintf(want, sizeof want, "dp_check rank %d/%d ok", r, np < 5 ? np : 4);
             cr_assert(strstr(out, want), "no '%s' in:\n%s", want, out);
         }
     }

@@ -103,18 +103,25 @@ Test(xchg_mpi, tensor_parallel_four_ranks_bitwise_no_staging, .timeout = 600) { 
 Test(xchg_mpi, data_parallel_three_ranks_bitwise_no_staging, .timeout = 600) { xchg_check(3, "dp"); }
 /* Under the sanitizers (about 10x slower) two configurations run, one per
  * path (the expert-parallel announcement, the tensor-parallel replay in
- * groups); the Release pass runs all six. */
+ * groups); the Release pass runs all seven. */
 #ifdef MOETUNE_ASAN
 #define SPEC_RELEASE_ONLY() cr_skip_test("sanitizer build: the Release pass runs this one")
 #else
 #define SPEC_RELEASE_ONLY() (void)0
 #endif
 Test(xchg_mpi, speculative_expert_parallel_two_ranks_bitwise, .timeout = 600) { spec_check(2, "ep"); }
-/* Data-parallel attention: each prompt drafts on the rank holding it. */
+/* Data-parallel attention: each prompt drafts on the rank holding it, or
+ * on the tensor-parallel group holding it. */
 Test(xchg_mpi, speculative_data_parallel_three_ranks_bitwise, .timeout = 600)
 {
     SPEC_RELEASE_ONLY();
     spec_check(3, "dp");
+}
+
+Test(xchg_mpi, speculative_data_parallel_groups_of_two_bitwise, .timeout = 600)
+{
+    SPEC_RELEASE_ONLY();
+    spec_check(4, "dp2");
 }
 Test(xchg_mpi, speculative_expert_parallel_four_ranks_bitwise, .timeout = 600)
 {

@@ -13,7 +13,10 @@
  * bitwise the reference's (batch-invariant kernels), and every rank must
  * have held sequences.
  *
- * Usage: mt_dp_check MODEL_DIR SEED
+ * Usage: mt_dp_check MODEL_DIR SEED [GROUP]
+ *   GROUP: tensor-parallel groups of GROUP ranks, each group holding and
+ *   running its own sequences (every rank of it following rank 0's
+ *   journal for the group).
  * Prints "dp_check rank R/N ok" and exits 0, or names the first difference
  * and exits 1. */
 #include <inttypes.h>
@@ -30,12 +33,16 @@
 
 enum { PAGES = 24, MAX_T = 96 };
 
+static int group = 1; /* ranks per tensor-parallel group (1: none) */
+static int units;     /* where sequences are placed: ranks, or groups */
+
 static model_runtime *open_rt(const char *dir, mt_comm *c, FILE *quiet)
 {
     model_runtime_opts o = {.model_dir = dir, .device = "emu", .kv_pages = c ? PAGES : 256,
                             .kv_page_size = 16, .max_batch_tokens = MAX_T,
                             .batch_invariant = true, .log = quiet, .comm = c,
-                            .comm_lead = c != NULL, .dp = c != NULL};
+                            .comm_lead = c != NULL, .dp = c != NULL,
+                            .tp = c && group > 1, .tp_size = c && group > 1 ? group : 0};
     return check_open(&o, "open (data-parallel)", "open (reference)");
 }
 
@@ -61,7 +68,7 @@ static seqp create_on(pair *p, int rank)
     if (st != MT_OK || model_seq_create(p->ref, &s.ref, &err) != MT_OK)
         die("create", err.msg);
     int r = model_seq_rank(p->dp, s.dp);
-    if (r < 0 || r >= size || (rank >= 0 && r != rank))
+    if (r < 0 || r >= units || (rank >= 0 && r != rank))
         die("create", "the sequence is not on the rank asked for");
     p->seen[r] = true;
     return s;
@@ -119,7 +126,7 @@ static void same_len(pair *p, seqp s)
 static void script(pair *p)
 {
     mt_err err = MT_ERR_INIT;
-    int last = size - 1;
+    int last = units - 1;
     /* A first step with rank 0's sequence alone: nothing journaled yet. */
     seqp z = create_on(p, 0);
     step(p, &z, (int[]){3}, 1, true);
@@ -188,7 +195,7 @@ static void script(pair *p)
     model_seq_free(p->ref, a.ref);
     seqp s[8];
     int nt[8], n = 0;
-    for (int r = 0; r < size && n < 7; r++) {
+    for (int r = 0; r < units && n < 7; r++) {
         s[n] = create_on(p, r);
         nt[n++] = 1 + (int)mt_rng_below(&p->r, 12);
     }
@@ -198,7 +205,7 @@ static void script(pair *p)
     for (int i = 0; i < n; i++)
         nt[i] = 1;
     step(p, s, nt, n, false);
-    for (int r = 0; r < size; r++) {
+    for (int r = 0; r < units; r++) {
         if (!p->seen[r])
             die("placement", "a rank never held a sequence");
         if (model_rank_tokens(p->dp, r) <= 0)
@@ -210,9 +217,10 @@ int main(int argc, char **argv)
 {
     check_name = "dp_check";
     if (argc < 3) {
-        fprintf(stderr, "usage: mt_dp_check MODEL_DIR SEED\n");
+        fprintf(stderr, "usage: mt_dp_check MODEL_DIR SEED [GROUP]\n");
         return 2;
     }
+    group = argc > 3 ? atoi(argv[3]) : 1;
     seed = strtoull(argv[2], NULL, 10);
     mt_comm *c = check_comm();
     mt_err err = MT_ERR_INIT;
@@ -226,13 +234,16 @@ int main(int argc, char **argv)
     } else {
         p.ref = open_rt(argv[1], NULL, quiet);
         p.V = model_runtime_vocab(p.dp);
+        units = model_runtime_dp_ranks(p.dp);
+        if (units != size / group)
+            die("open", "the runtime places sequences on the wrong number of units");
         p.lg_dp = malloc(sizeof(float) * (size_t)p.V * MAX_T);
         p.lg_ref = malloc(sizeof(float) * (size_t)p.V * MAX_T);
         mt_rng_seed(&p.r, seed);
         script(&p);
-        printf("dp_check rank %d/%d ok: %d steps bitwise; token rows per rank:", rank, size,
-               p.steps);
-        for (int r = 0; r < size; r++)
+        printf("dp_check rank %d/%d ok: %d steps bitwise; token rows per %s:", rank, size,
+               p.steps, group > 1 ? "group" : "rank");
+        for (int r = 0; r < units; r++)
             printf(" %" PRId64, model_rank_tokens(p.dp, r));
         printf("\n");
     }

@@ -2,7 +2,8 @@
  * decoding with the checkpoint's MTP layer across ranks on emu devices:
  * rank 0 leads (comm_lead) a runtime over the "mpi" communicator,
  * expert-parallel ("dp": with data-parallel attention, the two prompts'
- * sequences on ranks 0 and 1, drafting where they live), or
+ * sequences on ranks 0 and 1, drafting where they live; "dpG": the same
+ * over tensor-parallel groups of G ranks), or
  * tensor-parallel too with "tp" ("tpG": in groups of G
  * ranks, the other groups mirroring the first), with K draft steps,
  * and runs the same generations on a one-device runtime (batch-invariant
@@ -39,6 +40,10 @@ static model_runtime *open_rt(const char *dir, mt_comm *c, bool tp, int k, FILE 
                             .comm = c, .comm_lead = c != NULL, .tp = tp && c,
                             .tp_size = tp && c ? group_size : 0, .speculative_steps = k,
                             .dp = dp && c};
+    if (dp && group_size > 1 && c) { /* "dpG": groups of G with their own sequences */
+        o.tp = true;
+        o.tp_size = group_size;
+    }
     return check_open(&o, "open (across ranks)", "open (one device)");
 }
 
@@ -144,15 +149,15 @@ static int32_t lead(model_runtime *many, model_runtime *one, int k, const char *
 int main(int argc, char **argv)
 {
     check_name = "spec_check";
-    if (argc < 5 || (strcmp(argv[2], "ep") && strcmp(argv[2], "dp") && strncmp(argv[2], "tp", 2)) ||
-        atoi(argv[3]) < 1) {
-        fprintf(stderr, "usage: mt_spec_check SEED ep|dp|tp|tpG K MODEL_DIR...\n");
+    if (argc < 5 || (strcmp(argv[2], "ep") && strncmp(argv[2], "dp", 2) &&
+                     strncmp(argv[2], "tp", 2)) || atoi(argv[3]) < 1) {
+        fprintf(stderr, "usage: mt_spec_check SEED ep|dp|dpG|tp|tpG K MODEL_DIR...\n");
         return 2;
     }
     seed = strtoull(argv[1], NULL, 10);
     bool tp = !strncmp(argv[2], "tp", 2);
-    dp = !strcmp(argv[2], "dp");
-    group_size = tp ? atoi(argv[2] + 2) : 0;
+    dp = !strncmp(argv[2], "dp", 2);
+    group_size = tp || dp ? atoi(argv[2] + 2) : 0;
     int k = atoi(argv[3]);
     mt_comm *c = check_comm();
     mt_err err = MT_ERR_INIT;
