@@ -411,7 +411,7 @@ typedef struct dp_item {
     float *logits, *all_logits;
 } dp_item;
 
-/* The journal and the other ranks' items. */
+/* The journal and the items the other ranks run. */
 static void build_msg(rt_dp *dp, int kind, const dp_item *its, int n, int64_t rows)
 {
     bool all = dp->group > 1; /* rank 0's group runs its items too */
@@ -499,12 +499,16 @@ static mt_status map_rows(model_runtime *rt, const dp_item *its, int n, mt_err *
     return MT_OK;
 }
 
-/* Announces the journal and the other ranks' items (len entries); per
- * rank rows[r] logits rows asked for, remote_rows in all. */
-static mt_status announce(model_runtime *rt, int kind, const dp_item *its, int n, int64_t len,
+/* Announces the journal and the items the other ranks run (remote_rows
+ * logits rows asked of them in all). */
+static mt_status announce(model_runtime *rt, int kind, const dp_item *its, int n,
                           int64_t remote_rows, mt_err *err)
 {
     rt_dp *dp = &rt->dp;
+    int64_t len = HEAD + 4 * (int64_t)dp->n_ops;
+    for (int i = 0; i < n; i++)
+        if (its[i].rank != 0 || dp->group > 1) /* what build_msg carries */
+            len += 4 + its[i].n_tokens;
     MT_CHECK(msg_room(dp, len, err));
     build_msg(dp, kind, its, n, remote_rows);
     int32_t l32 = (int32_t)len;
@@ -557,15 +561,13 @@ mt_status rt_dp_step(model_runtime *rt, model_step_item *items, int n, mt_err *e
     }
     if ((st = check_step(rt, items, n, toks, pages, err)) != MT_OK)
         goto done;
-    int64_t len = HEAD + 4 * (int64_t)dp->n_ops, remote_rows = 0;
+    int64_t remote_rows = 0;
     int n_mine = 0;
     for (int i = 0; i < n; i++) {
         const model_step_item *it = &items[i];
         int r = model_seq_rank(rt, it->seq);
         its[i] = (dp_item){it->seq, r, it->n_tokens, it->n_prompt, it->tokens, it->logits,
                            it->all_logits};
-        if (r == 0 || dp->group > 1)
-            len += 4 + it->n_tokens;
         if (r == 0) {
             mine[n_mine++] = *it;
             continue;
@@ -575,7 +577,7 @@ mt_status rt_dp_step(model_runtime *rt, model_step_item *items, int n, mt_err *e
     }
     if ((st = reserve_remote(rt, items, n, err)) != MT_OK)
         goto done;
-    if ((st = announce(rt, KIND_STEP, its, n, len, remote_rows, err)) != MT_OK)
+    if ((st = announce(rt, KIND_STEP, its, n, remote_rows, err)) != MT_OK)
         goto done;
     rt->ep_joined = false;
     if (n_mine) {
@@ -656,12 +658,10 @@ mt_status rt_dp_mtp_step(model_runtime *rt, model_mtp_item *items, int n, mt_err
     }
     if ((st = check_mtp(rt, items, n, its, toks, pages, err)) != MT_OK)
         goto done;
-    int64_t len = HEAD + 4 * (int64_t)dp->n_ops, remote_rows = 0;
+    int64_t remote_rows = 0;
     int n_mine = 0, reserved = 0;
     for (int i = 0; i < n; i++) {
         int r = its[i].rank;
-        if (r == 0 || dp->group > 1)
-            len += 4 + items[i].n_tokens;
         if (r == 0) {
             mine[n_mine] = items[i];
             mine[n_mine++].hidden_row = its[i].arg; /* its rows on rank 0 */
@@ -688,7 +688,7 @@ mt_status rt_dp_mtp_step(model_runtime *rt, model_mtp_item *items, int n, mt_err
         }
         goto done;
     }
-    if ((st = announce(rt, KIND_MTP, its, n, len, remote_rows, err)) != MT_OK)
+    if ((st = announce(rt, KIND_MTP, its, n, remote_rows, err)) != MT_OK)
         goto done;
     rt->ep_joined = false;
     if (n_mine) {
