@@ -138,8 +138,8 @@ mt_status mt_comm_all_to_all_v(mt_comm *c, const void *send, const size_t *scoun
  * the order of key, then of their rank in c (MPI_Comm_split). A
  * collective: every rank of c calls it. The new communicator stops when c
  * is aborted and waits at most c's timeout while its own is 0; close it
- * before c. MT_E_UNSUPPORTED for a backend that cannot split (nccl and
- * rccl: ncclCommSplit is not wired). */
+ * before c. nccl and rccl split with ncclCommSplit (NCCL 2.18 or later,
+ * RCCL of ROCm 6); MT_E_UNSUPPORTED where the library lacks it. */
 mt_status mt_comm_split(mt_comm *c, int color, int key, mt_comm **out, mt_err *err);
 /* buf on every rank becomes root's buf. */
 mt_status mt_comm_broadcast(mt_comm *c, void *buf, size_t count, mt_comm_dtype t, int root,

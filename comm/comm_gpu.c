@@ -51,6 +51,10 @@ typedef struct nccl_api {
     nccl_result (*GroupStart)(void);
     nccl_result (*GroupEnd)(void);
     const char *(*GetErrorString)(nccl_result);
+    /* Optional (NCCL 2.18, RCCL of ROCm 6): mt_comm_split. */
+    nccl_result (*CommSplit)(nccl_comm, int color, int key, nccl_comm *, void *config);
+    nccl_result (*CommCount)(nccl_comm, int *);
+    nccl_result (*CommUserRank)(nccl_comm, int *);
 } nccl_api;
 
 /* ---- the device runtime around it ----------------------------------------- */
@@ -196,6 +200,12 @@ static mt_status load_nccl(const backend_desc *b, void **lib, nccl_api *a, mt_er
     bind(*lib, "ncclGroupStart", &a->GroupStart, &missing);
     bind(*lib, "ncclGroupEnd", &a->GroupEnd, &missing);
     bind(*lib, "ncclGetErrorString", &a->GetErrorString, &missing);
+    const char *optional = NULL; /* without them, no split */
+    bind(*lib, "ncclCommSplit", &a->CommSplit, &optional);
+    bind(*lib, "ncclCommCount", &a->CommCount, &optional);
+    bind(*lib, "ncclCommUserRank", &a->CommUserRank, &optional);
+    if (optional)
+        a->CommSplit = NULL;
     if (missing) {
         dlclose(*lib);
         *lib = NULL;
@@ -220,6 +230,7 @@ typedef struct gpu_ctx {
     void *stream;
     void *scratch;   /* 4 bytes of device memory: the barrier's all-reduce */
     int rank, size;
+    int device;      /* the ordinal it was opened on */
 } gpu_ctx;
 
 static const gpu_api cu_api = {cu_sync, cu_alloc, cu_release, cu_select};
@@ -404,9 +415,50 @@ static void g_close(void *ctx)
     free(g);
 }
 
+/* The library's and the runtime's state for a communicator on device (the
+ * libraries are loaded again: each communicator holds its own references). */
+static mt_status g_setup(gpu_ctx *g, int device, mt_err *err)
+{
+    g->device = device;
+    MT_CHECK(load_nccl(g->b, &g->lib, &g->nc, err));
+    MT_CHECK(load_runtime(g, device, err));
+    return rt_check(g, g->rt->alloc(&g->st, &g->scratch, 4), "allocating 4 bytes", err);
+}
+
+static mt_status g_split(void *ctx, int color, int key, mt_comm *child, mt_err *err)
+{
+    gpu_ctx *g = ctx;
+    if (!g->nc.CommSplit)
+        return mt_fail(err, MT_E_UNSUPPORTED, "%s: the loaded library has no ncclCommSplit "
+                       "(NCCL 2.18 or later, RCCL of ROCm 6)", g->b->name);
+    gpu_ctx *n = calloc(1, sizeof *n);
+    if (!n)
+        return mt_fail(err, MT_E_NOMEM, "%s: split", g->b->name);
+    *n = (gpu_ctx){.b = g->b, .stream = g->stream};
+    mt_status st = g_setup(n, g->device, err);
+    if (st == MT_OK)
+        st = g_select(g, err);
+    if (st == MT_OK)
+        st = nccl_check(g, g->nc.CommSplit(g->comm, color, key, &n->comm, NULL),
+                        "ncclCommSplit", err);
+    if (st == MT_OK)
+        st = nccl_check(n, n->nc.CommCount(n->comm, &n->size), "ncclCommCount", err);
+    if (st == MT_OK)
+        st = nccl_check(n, n->nc.CommUserRank(n->comm, &n->rank), "ncclCommUserRank", err);
+    if (st != MT_OK) {
+        g_close(n);
+        return st;
+    }
+    child->ctx = n;
+    child->rank = n->rank;
+    child->size = n->size;
+    return MT_OK;
+}
+
 static const mt_comm_ops gpu_ops = {
     .all_to_all_v = g_a2av, .broadcast = g_bcast, .barrier = g_barrier, .close = g_close,
-    .all_reduce = g_all_reduce, .all_gather = g_all_gather, .reduce_scatter = g_reduce_scatter};
+    .split = g_split, .all_reduce = g_all_reduce, .all_gather = g_all_gather,
+    .reduce_scatter = g_reduce_scatter};
 
 /* ---- comm.c's entry points --------------------------------------------------- */
 
@@ -456,11 +508,7 @@ mt_status mt_comm_gpu_open(mt_comm *c, const char *backend, const mt_comm_gpu_op
     if (!g)
         return mt_fail(err, MT_E_NOMEM, "communicator '%s'", backend);
     *g = (gpu_ctx){.b = b, .stream = o->stream, .rank = o->rank, .size = o->size};
-    mt_status st = load_nccl(b, &g->lib, &g->nc, err);
-    if (st == MT_OK)
-        st = load_runtime(g, o->device, err);
-    if (st == MT_OK)
-        st = rt_check(g, g->rt->alloc(&g->st, &g->scratch, 4), "allocating 4 bytes", err);
+    mt_status st = g_setup(g, o->device, err);
     nccl_unique_id id;
     if (st == MT_OK && o->id)
         memcpy(id.internal, o->id->bytes, sizeof id.internal);

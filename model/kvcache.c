@@ -365,7 +365,8 @@ mt_status kvc_table_upload(kvc_cache *c, kvc_seq *const *seqs, int n, int64_t ma
                            void *dev_table, mt_err *err)
 {
     if (!c->dev)
-        return mt_fail(err, MT_E_INVALID, "kvc_table_upload: a bookkeeping-only cache has no pools");
+        return mt_fail(err, MT_E_INVALID,
+                       "kvc_table_upload: a bookkeeping-only cache has no pools");
     int32_t *t = calloc((size_t)n * (size_t)max_pages + 1, sizeof(int32_t));
     if (!t)
         return mt_fail(err, MT_E_NOMEM, "kvcache: page table of %d x %lld", n,

@@ -26,10 +26,10 @@
  * (group g is ranks g * tp_size ..); the routed experts stay split over
  * every rank. A group's gathers and embedding sum run on its own
  * communicator (mt_comm_split), the MoE layers' exchanges on the job's.
- * On a backend that cannot split (nccl, rccl) mirroring groups use the
- * job's communicator: a gather with nothing to or from the other groups,
- * and an embedding sum over every rank to which only the first group
- * contributes rows.
+ * Where the communicator cannot split (an NCCL older than 2.18) mirroring
+ * groups use the job's: a gather with nothing to or from the other
+ * groups, and an embedding sum over every rank to which only the first
+ * group contributes rows.
  * With data-parallel attention (o.dp, rt_dp.c) each group runs its own
  * sequences; without it every group mirrors the first (the leader's
  * messages reach every rank; each group runs every step on the same

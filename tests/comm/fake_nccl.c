@@ -44,6 +44,37 @@ int ncclCommInitRank(void **comm, int nranks, fake_id id, int rank)
     return OK;
 }
 
+/* One rank splits into one rank (a color of -1, NCCL_SPLIT_NOCOLOR, into
+ * none); the config must be NULL (the parent's). */
+int ncclCommSplit(void *comm, int color, int key, void **out, void *config)
+{
+    (void)key;
+    if (!comm || !out || config)
+        return INVALID_ARGUMENT;
+    *out = NULL;
+    if (color < 0)
+        return OK;
+    *out = malloc(1);
+    fake_live_comms++;
+    return OK;
+}
+
+int ncclCommCount(const void *comm, int *n)
+{
+    if (!comm)
+        return INVALID_ARGUMENT;
+    *n = 1;
+    return OK;
+}
+
+int ncclCommUserRank(const void *comm, int *rank)
+{
+    if (!comm)
+        return INVALID_ARGUMENT;
+    *rank = 0;
+    return OK;
+}
+
 int ncclCommDestroy(void *comm)
 {
     free(comm);

@@ -203,6 +203,23 @@ static void run_collectives(int b)
     cr_assert_eq(mt_comm_broadcast(c, z, N, MT_COMM_F32, 1, &err), MT_E_INVALID);
     cr_assert_eq(mt_comm_barrier(c, &err), MT_OK, "%s", err.msg);
 
+    /* A split: a communicator of its own (ncclCommSplit), its own scratch,
+     * collectives on it, the parent's abort reaching it. */
+    mt_comm *g = NULL;
+    cr_assert_eq(mt_comm_split(c, 0, 0, &g, &err), MT_OK, "%s: %s", be, err.msg);
+    cr_assert_eq(fake_int("fake_live_comms"), 2);
+    cr_assert_eq(mt_comm_size(g), 1);
+    cr_assert_eq(mt_comm_rank(g), 0);
+    cr_assert(mt_comm_device_buffers(g));
+    memset(y, 0, sizeof y);
+    cr_assert_eq(mt_comm_all_reduce(g, x, y, 9, MT_COMM_F32, MT_COMM_SUM, &err), MT_OK, "%s",
+                 err.msg);
+    cr_assert_eq(memcmp(x, y, 9 * 4), 0);
+    mt_comm_abort(c);
+    cr_assert_eq(mt_comm_barrier(g, &err), MT_E_INTERRUPTED);
+    mt_comm_close(g);
+    cr_assert_eq(fake_int("fake_live_comms"), 1, "the split's communicator destroyed");
+
     mt_comm_close(c);
     cr_assert_eq(fake_int("fake_live_comms"), 0, "communicator destroyed");
     cr_assert_eq(fake_int("fake_live_allocs"), 0, "scratch freed");
