@@ -246,8 +246,14 @@ Test(serve_bad_input, a_full_kv_pool_makes_requests_wait_not_fail)
 /* Prompts fit, their growth does not: 3 x (40 + 150) tokens need 36 pages
  * of a 20-page pool, so running requests must be preempted (freed and
  * recomputed later); every one still finishes with its greedy tokens. */
+/* Each request alone fits the 20-page pool (40 + 250 tokens: 19 pages);
+ * any two together do not, and they start at once (a barrier), so they
+ * overlap even on a loaded machine (with 150 tokens, started as the
+ * threads came up, one ran alone once and nothing was preempted). */
 #define NGROW 3
-#define GROW_TOKENS 150
+#define GROW_TOKENS 250
+
+static pthread_barrier_t grow_start;
 
 typedef struct grow {
     const tsrv *t;
@@ -268,6 +274,7 @@ static void *grow_main(void *arg)
              pj, GROW_TOKENS);
     free(pj);
     tstream *s = calloc(1, sizeof *s);
+    pthread_barrier_wait(&grow_start);
     g->status = tstream_run(g->t, "/v1/completions", body, s);
     g->n_got = s->done ? s->n_ids : -1;
     memcpy(g->got, s->ids, sizeof g->got);
@@ -286,6 +293,7 @@ Test(serve_bad_input, growth_past_the_pool_preempts_and_still_finishes)
     tsrv_start(&t, &o);
     static grow gs[NGROW];
     pthread_t th[NGROW];
+    pthread_barrier_init(&grow_start, NULL, NGROW);
     for (int i = 0; i < NGROW; i++) {
         gs[i].t = &t;
         for (int k = 0; k < 40; k++)
@@ -294,6 +302,7 @@ Test(serve_bad_input, growth_past_the_pool_preempts_and_still_finishes)
     }
     for (int i = 0; i < NGROW; i++)
         pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&grow_start);
     double preempted = metric(&t, "moetune_preemptions_total");
     cr_assert_gt(preempted, 0, "the pool never ran short");
     model_runtime *ref = reference_open(&t);
