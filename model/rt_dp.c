@@ -276,22 +276,11 @@ int64_t rt_dp_len(const model_runtime *rt, int seq)
     return k ? kvc_seq_len(k->seq[slot]) : -1;
 }
 
-/* Pages s needs to grow by n tokens; shared: its last page may be shared
- * (an upper bound, as model_seq_pages_needed). */
-static int64_t grow_pages(const model_runtime *rt, const kvc_seq *s, bool shared, int64_t n)
-{
-    if (!s || n <= 0)
-        return 0;
-    int64_t len = kvc_seq_len(s), held = kvc_seq_pages(s, NULL, 0);
-    int64_t need = (len + n + rt->ps - 1) / rt->ps - held;
-    return need + (shared && len % rt->ps);
-}
-
 int64_t rt_dp_pages_needed(const model_runtime *rt, int seq, int64_t n)
 {
     int slot;
     const rt_dp_rank *k = holder(rt, seq, &slot);
-    return k ? grow_pages(rt, k->seq[slot], k->shared[slot], n) : 0;
+    return k ? rt_seq_grow_pages(rt, k->seq[slot], k->shared[slot], n) : 0;
 }
 
 int rt_dp_pick(const model_runtime *rt)
@@ -623,9 +612,9 @@ static mt_status check_mtp(model_runtime *rt, const model_mtp_item *items, int n
                                dp->row_rank[it->hidden_row + t]);
         int slot;
         const rt_dp_rank *k = holder(rt, it->seq, &slot);
-        pages[r] += k ? grow_pages(rt, k->mtp[slot], k->shared[slot], it->n_tokens)
-                      : grow_pages(rt, rt->seqs[it->seq].mtp_kv, rt->seqs[it->seq].shared,
-                                   it->n_tokens);
+        const rt_seq *own = k ? NULL : &rt->seqs[it->seq];
+        pages[r] += rt_seq_grow_pages(rt, k ? k->mtp[slot] : own->mtp_kv,
+                                      k ? k->shared[slot] : own->shared, it->n_tokens);
         toks[r] += it->n_tokens;
         its[i] = (dp_item){it->seq, r, it->n_tokens, h0, it->tokens, it->logits, NULL};
     }

@@ -359,6 +359,13 @@ mt_status rt_tp_announce(model_runtime *rt, const model_step_item *items, int n,
 mt_status rt_tp_announce_mtp(model_runtime *rt, const model_mtp_item *items, int n,
                              mt_err *err);
 
+/* ---- rt_seq.c ---- */
+
+/* Pages sequence cache s needs to grow by n tokens (shared: its last page
+ * may be shared and is copied before a write; an upper bound). s may be a
+ * bookkeeping-only cache's (rt_dp.c). */
+int64_t rt_seq_grow_pages(const model_runtime *rt, const kvc_seq *s, bool shared, int64_t n);
+
 /* ---- rt_dp.c: data-parallel attention under one leader (o.dp) ---- */
 
 /* After the MTP layer: the leader's bookkeeping of the other ranks (off

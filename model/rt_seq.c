@@ -155,19 +155,23 @@ int64_t model_rank_tokens(const model_runtime *rt, int rank)
 
 int model_kv_page_size(const model_runtime *rt) { return rt->ps; }
 
+int64_t rt_seq_grow_pages(const model_runtime *rt, const kvc_seq *s, bool shared, int64_t n)
+{
+    if (!s || n <= 0)
+        return 0;
+    int64_t len = kvc_seq_len(s), held = kvc_seq_pages(s, NULL, 0);
+    int64_t need = (len + n + rt->ps - 1) / rt->ps - held;
+    /* A shared partial last page is copied before it is written (an upper
+     * bound: the other owner may be gone). */
+    return need + (shared && len % rt->ps);
+}
+
 int64_t model_seq_pages_needed(const model_runtime *rt, int seq, int64_t n)
 {
     if (rt_dp_remote(rt, seq))
         return rt_dp_pages_needed(rt, seq, n);
-    if (!seq_ok(rt, seq) || n <= 0)
-        return 0;
-    int64_t len = model_seq_len(rt, seq), held = kvc_seq_pages(rt->seqs[seq].kv[0], NULL, 0);
-    int64_t need = (len + n + rt->ps - 1) / rt->ps - held;
-    /* A shared partial last page is copied before it is written (an upper
-     * bound: the other owner may be gone). */
-    if (rt->seqs[seq].shared && len % rt->ps)
-        need++;
-    return need;
+    return seq_ok(rt, seq) ? rt_seq_grow_pages(rt, rt->seqs[seq].kv[0], rt->seqs[seq].shared, n)
+                           : 0;
 }
 
 mt_status model_seq_truncate(model_runtime *rt, int seq, int64_t len, mt_err *err)
