@@ -154,14 +154,18 @@ static const char freq_heavy[] =
     "\"original_max_position_embeddings\":16}";
 static const char freq_plain[] = "{\"rope_type\":\"default\",\"rope_theta\":10000}";
 
+/* cpu runs 24 positions, routed clear of near-ties: seed
+ * 18325877835949408083 (no margin asked) tipped an expert choice at
+ * position 2 (router margin 2.9e-4, that row off by 0.18) and every later
+ * row read its cache (median 0.030 over the bound of 3e-2). */
 Test(yarn_forward, cpu_glm_like_matches_reference_and_moves_logits)
 {
-    check_yarn("cpu", 24, 64, 0.1, 0, glm_like, glm_plain);
+    check_yarn("cpu", 24, 64, 0.1, FW_CROSS_PATH_MARGIN, glm_like, glm_plain);
 }
 
 Test(yarn_forward, cpu_frequencies_and_attention_factor_match_reference)
 {
-    check_yarn("cpu", 24, 64, 0.1, 0, freq_heavy, freq_plain);
+    check_yarn("cpu", 24, 64, 0.1, FW_CROSS_PATH_MARGIN, freq_heavy, freq_plain);
 }
 
 /* emu runs 5 positions: a median of 4 cannot absorb a flipped expert
