@@ -400,10 +400,13 @@ typedef struct dp_item {
     float *logits, *all_logits;
 } dp_item;
 
-/* The journal and the items the other ranks run. */
-static void build_msg(rt_dp *dp, int kind, const dp_item *its, int n, int64_t rows)
+/* Whether the message carries rank 0's items too: its group runs them, or
+ * the other ranks hold vocabulary they embed. */
+static bool msg_all(const model_runtime *rt) { return rt->dp.group > 1 || rt->vp.on; }
+
+/* The journal and the items the other ranks run (all: rank 0's too). */
+static void build_msg(rt_dp *dp, bool all, int kind, const dp_item *its, int n, int64_t rows)
 {
-    bool all = dp->group > 1; /* rank 0's group runs its items too */
     int32_t *m = dp->msg;
     int64_t off = HEAD + 4 * (int64_t)dp->n_ops;
     if (dp->n_ops) /* the journal may never have been allocated */
@@ -427,7 +430,8 @@ static void build_msg(rt_dp *dp, int kind, const dp_item *its, int n, int64_t ro
     m[3] = kind;
 }
 
-/* The other ranks' rows from dp->recv to their items, rank by rank. */
+/* The other ranks' rows from the device (dp->recv, or vp.remote with a
+ * vocabulary-parallel head) to their items, rank by rank. */
 static mt_status scatter_rows(model_runtime *rt, const dp_item *its, int n, int64_t rows,
                               mt_err *err)
 {
@@ -435,8 +439,8 @@ static mt_status scatter_rows(model_runtime *rt, const dp_item *its, int n, int6
     float *host = malloc(sizeof(float) * (size_t)rows * V);
     if (!host)
         return mt_fail(err, MT_E_NOMEM, "dp: logits of %" PRId64 " rows", rows);
-    mt_status st = dev_copy_from(rt->dev, host, rt->dp.recv, sizeof(float) * (size_t)rows * V,
-                                 err);
+    const void *src = rt->vp.on ? rt->vp.remote : rt->dp.recv;
+    mt_status st = dev_copy_from(rt->dev, host, src, sizeof(float) * (size_t)rows * V, err);
     const float *at = host;
     for (int r = 1; st == MT_OK && r < rt->dp.size; r++)
         for (int i = 0; i < n; i++) {
@@ -494,12 +498,21 @@ static mt_status announce(model_runtime *rt, int kind, const dp_item *its, int n
                           int64_t remote_rows, mt_err *err)
 {
     rt_dp *dp = &rt->dp;
+    bool all = msg_all(rt);
     int64_t len = HEAD + 4 * (int64_t)dp->n_ops;
     for (int i = 0; i < n; i++)
-        if (its[i].rank != 0 || dp->group > 1) /* what build_msg carries */
+        if (its[i].rank != 0 || all) /* what build_msg carries */
             len += 4 + its[i].n_tokens;
     MT_CHECK(msg_room(dp, len, err));
-    build_msg(dp, kind, its, n, remote_rows);
+    if (rt->vp.on) { /* the whole step, as every rank will know it */
+        rt_vp_begin(rt);
+        for (int i = 0; i < n; i++)
+            MT_CHECK(rt_vp_add(rt, its[i].rank, its[i].tokens, its[i].n_tokens,
+                               (int)item_rows(its[i].all_logits, its[i].logits,
+                                              its[i].n_tokens), err));
+        MT_CHECK(rt_vp_seal(rt, err));
+    }
+    build_msg(dp, all, kind, its, n, remote_rows);
     int32_t l32 = (int32_t)len;
     MT_CHECK(rt_xchg_bcast(rt, &l32, 1, err));
     MT_CHECK(rt_xchg_bcast(rt, dp->msg, (size_t)len, err));
@@ -520,7 +533,9 @@ static mt_status finish(model_runtime *rt, int kind, mt_status st, const dp_item
         if ((kind == KIND_MTP ? rt_empty_mtp(rt, &e2) : rt_empty_forward(rt, &e2)) != MT_OK)
             fprintf(rt->log, "dp: %s\n", e2.msg);
     }
-    if (remote_rows && (st == MT_OK || !rt->ep_joined)) {
+    if (remote_rows && st == MT_OK && rt->vp.on) { /* the head left them in vp.remote */
+        st = scatter_rows(rt, its, n, remote_rows, err);
+    } else if (remote_rows && (st == MT_OK || !rt->ep_joined)) {
         mt_err e2 = MT_ERR_INIT;
         mt_status gs = gather_rows(rt, rows, 0, st == MT_OK ? err : &e2);
         if (st == MT_OK && (st = gs) == MT_OK)
@@ -737,9 +752,14 @@ static mt_status follow_one(model_runtime *rt, const int32_t *m, int64_t len,
     MT_CHECK(replay(rt, m + HEAD, m[0], err));
     int64_t off = HEAD + 4 * (int64_t)m[0], rows = 0;
     int n = 0;
+    rt_vp_begin(rt);
     for (int i = 0; i < m[1]; i++) {
         if (off + 4 > len || m[off + 1] < 1 || off + 4 + m[off + 1] > len)
             return mt_fail(err, MT_E_FORMAT, "dp: item %d of a step message", i);
+        if (rt->vp.on)
+            MT_CHECK(rt_vp_add(rt, m[off] / RT_MAX_SEQS, m + off + 4, m[off + 1],
+                               (int)item_rows(!mtp && (m[off + 3] & 2), m[off + 3] & 1,
+                                              m[off + 1]), err));
         if (m[off] / RT_MAX_SEQS == rt->dp.rank) {
             if (n == RT_MAX_SEQS)
                 return mt_fail(err, MT_E_FORMAT, "dp: more than %d items", RT_MAX_SEQS);
@@ -759,6 +779,8 @@ static mt_status follow_one(model_runtime *rt, const int32_t *m, int64_t len,
         }
         off += 4 + m[off + 1];
     }
+    if (rt->vp.on)
+        MT_CHECK(rt_vp_seal(rt, err));
     rt->ep_joined = false;
     rt->dp.keep_logits = true;
     mt_status st;
@@ -778,7 +800,7 @@ static mt_status follow_one(model_runtime *rt, const int32_t *m, int64_t len,
         if ((mtp ? rt_empty_mtp(rt, &e2) : rt_empty_forward(rt, &e2)) != MT_OK)
             fprintf(rt->log, "dp: %s\n", e2.msg);
     }
-    if (m[2] > 0 && (st == MT_OK || before)) {
+    if (m[2] > 0 && (st == MT_OK || before) && !rt->vp.on) {
         mt_err e2 = MT_ERR_INIT;
         mt_status gs = gather_rows(rt, NULL, rows, st == MT_OK ? err : &e2);
         if (st == MT_OK)

@@ -184,22 +184,31 @@ static mt_status tp_follow(model_runtime *rt, int64_t *steps, mt_err *err)
     return st;
 }
 
-/* Without local tokens: only the MTP layer's MoE exchanges. */
+/* Without local tokens: only the MTP layer's MoE exchanges (and, with a
+ * vocabulary-parallel embedding and head, theirs: this rank holds
+ * vocabulary the others read). */
 mt_status rt_empty_mtp(model_runtime *rt, mt_err *err)
 {
     if (!rt->mtp.on)
         return mt_fail(err, MT_E_INVALID, "rank 0 runs MTP draft steps, but this rank opened "
                        "its runtime without speculative_steps: every rank needs the same options");
+    if (rt->vp.on)
+        MT_CHECK(rt_vp_embed(rt, err));
     rt_layer *ly = &rt->layers[rt->n_layers];
-    if (!rt->ep || !ly->moe)
-        return MT_OK;
-    mt_status st = rt_ep_moe(rt, ly, NULL, 0, NULL, err);
-    return st == MT_OK ? MT_OK : mt_err_prefix(err, "MTP layer (no local tokens)");
+    if (rt->ep && ly->moe) {
+        mt_status st = rt_ep_moe(rt, ly, NULL, 0, NULL, err);
+        if (st != MT_OK)
+            return mt_err_prefix(err, "MTP layer (no local tokens)");
+    }
+    return rt->vp.on ? rt_vp_head(rt, err) : MT_OK;
 }
 
-/* Without expert parallelism there are none. */
+/* Without expert parallelism (or a vocabulary-parallel embedding and
+ * head) there are none. */
 mt_status rt_empty_forward(model_runtime *rt, mt_err *err)
 {
+    if (rt->vp.on)
+        MT_CHECK(rt_vp_embed(rt, err));
     for (int64_t l = 0; rt->ep && l < rt->n_layers; l++) {
         if (!rt->layers[l].moe)
             continue;
@@ -207,7 +216,7 @@ mt_status rt_empty_forward(model_runtime *rt, mt_err *err)
         if (st != MT_OK)
             return mt_err_prefix(err, "layer %" PRId64 " (no local tokens)", l);
     }
-    return MT_OK;
+    return rt->vp.on ? rt_vp_head(rt, err) : MT_OK;
 }
 
 static mt_status ep_step(model_runtime *rt, model_step_item *items, int n, mt_err *err)

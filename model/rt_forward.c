@@ -207,7 +207,14 @@ mt_status rt_layer_forward(model_runtime *rt, rt_layer *ly, int64_t M, int64_t c
 static mt_status forward(model_runtime *rt, int64_t M, int64_t cmax, int64_t nl, mt_err *err)
 {
     rt_bufs *b = &rt->b;
-    RUN(rt->k_embed, M, NULL, rt->embed, b->tok, b->resid, b->xb);
+    if (rt->vp.on && (M != rt->vp.m[rt->vp.rank] || nl != rt->vp.nl[rt->vp.rank]))
+        return mt_fail(err, MT_E_INVALID, "vocabulary parallelism: a step of %" PRId64 " rows "
+                       "(%" PRId64 " logits rows) where rank 0 announced %" PRId64 " (%" PRId64
+                       ")", M, nl, rt->vp.m[rt->vp.rank], rt->vp.nl[rt->vp.rank]);
+    if (rt->vp.on) /* the rows come from the ranks holding their tokens */
+        MT_CHECK(rt_vp_embed(rt, err));
+    else
+        RUN(rt->k_embed, M, NULL, rt->embed, b->tok, b->resid, b->xb);
     if (rt->tp.on) /* each rank embedded its vocabulary's tokens, zeros for the others */
         MT_CHECK(rt_tp_embed_sum(rt, M, err));
     for (int64_t l = 0; l < rt->n_layers; l++) {
@@ -217,15 +224,25 @@ static mt_status forward(model_runtime *rt, int64_t M, int64_t cmax, int64_t nl,
         if (st != MT_OK)
             return mt_err_prefix(err, "layer %" PRId64, l);
     }
-    if (!nl)
-        return dev_synchronize(rt->dev, err);
-    RUN(rt->k_norm_final, M, NULL, b->xb, rt->final_norm, b->xn);
-    kern_shape s = rt->k_gather->shape;
-    model_kern_shape_set(rt->k_gather, &s, "V", M);
-    RUN(rt->k_gather, nl, &s, b->xn, b->lrows, b->xgf, b->xg);
-    RUN(rt->k_lm_head, nl, NULL, b->xg, rt->lm_head, rt->tp.lg_l);
-    if (rt->tp.on) /* every rank's vocabulary */
-        MT_CHECK(rt_tp_gather(rt, rt->V, 1, rt->tp.lg_l, b->logits, nl, 4, err));
+    if (nl) {
+        RUN(rt->k_norm_final, M, NULL, b->xb, rt->final_norm, b->xn);
+        kern_shape s = rt->k_gather->shape;
+        model_kern_shape_set(rt->k_gather, &s, "V", M);
+        RUN(rt->k_gather, nl, &s, b->xn, b->lrows, b->xgf, b->xg);
+    }
+    return rt_head(rt, nl, err);
+}
+
+mt_status rt_head(model_runtime *rt, int64_t nl, mt_err *err)
+{
+    rt_bufs *b = &rt->b;
+    if (rt->vp.on) /* every rank's rows, each rank's vocabulary (rank 0 has them all) */
+        MT_CHECK(rt_vp_head(rt, err));
+    if (nl && !rt->vp.on) {
+        RUN(rt->k_lm_head, nl, NULL, b->xg, rt->lm_head, rt->tp.lg_l);
+        if (rt->tp.on) /* every rank's vocabulary */
+            MT_CHECK(rt_tp_gather(rt, rt->V, 1, rt->tp.lg_l, b->logits, nl, 4, err));
+    }
     return dev_synchronize(rt->dev, err);
 }
 

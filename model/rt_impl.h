@@ -212,6 +212,32 @@ typedef struct rt_tp {
                                   * job has several groups; NULL: o.comm is the group */
 } rt_tp;
 
+/* Vocabulary-parallel embedding and head across data-parallel ranks
+ * (rt_vp.c; on with o.dp over plain ranks): each rank holds a share of
+ * the vocabulary's embedding and lm_head rows, and every rank knows every
+ * rank's tokens and logits rows of the step (from rank 0's message). */
+typedef struct rt_vp {
+    bool on;
+    int world, rank;
+    int64_t *v0, *nv;            /* [world]: each rank's vocabulary rows */
+    int32_t *tok;                /* the step's tokens, rank by rank (each rank's in its order) */
+    int64_t n_tok, cap_tok;
+    int64_t *m, *nl;             /* [world]: the step's token rows and logits rows per rank */
+    const int32_t **it_tok;      /* the step's items as announced: tokens, count, rank, rows */
+    int *it_n, *it_rank, *it_rows, n_items;
+    int32_t *own, *perm;         /* host [T]: a window's owned ids, this rank's rows' sources */
+    void *d_own, *d_perm;        /* device [T] int32: the same */
+    void *send, *recv, *scratch; /* device [T][H]: bf16 rows out and in, f32 scratch */
+    void *hid;                   /* device [T][H] bf16: a chunk's hidden rows, every rank's */
+    void *lg;                    /* device [T][nv] f32: this rank's columns of a chunk */
+    void *cols_in;               /* rank 0's device [T][V] f32: the ranks' column blocks */
+    void *remote;                /* rank 0's device: the other ranks' logits rows */
+    size_t remote_cap;
+    size_t *cnt;                 /* [4 * world]: all-to-all-v counts and displacements */
+    model_kern *cols;            /* tp_cols: the ranks' columns side by side */
+    uint64_t index_calls, index_bytes; /* host copies of the id lists */
+} rt_vp;
+
 struct model_runtime {
     model_runtime_opts o;
     FILE *log;
@@ -249,6 +275,7 @@ struct model_runtime {
 
     rt_tp tp;
     rt_dp dp;
+    rt_vp vp;
     rt_xchg xc;
     rt_bufs b;
     rt_prefill pf;
@@ -403,8 +430,32 @@ mt_status rt_dp_follow(model_runtime *rt, int64_t *steps, mt_err *err);
 
 /* A forward with no local tokens: only the MoE layers' exchanges; the
  * same for the MTP layer. */
+/* lm_head over the nl rows of b.xg into b.logits (tensor-parallel or
+ * vocabulary-parallel where the runtime is), then a device sync. */
+mt_status rt_head(model_runtime *rt, int64_t nl, mt_err *err);
 mt_status rt_empty_forward(model_runtime *rt, mt_err *err);
 mt_status rt_empty_mtp(model_runtime *rt, mt_err *err);
+
+/* rt_vp.c. Open: after rt_dp_open (on when dp is, without tp groups);
+ * buffers and the gather kernel. */
+mt_status rt_vp_open(model_runtime *rt, mt_err *err);
+void rt_vp_close(model_runtime *rt);
+/* The step every rank runs, as rank 0 announced it: items in item order
+ * (their tokens stay valid through the step), each with its rank and
+ * logits rows. Begin, add each, then seal (lays the tokens out rank by
+ * rank). */
+void rt_vp_begin(model_runtime *rt);
+mt_status rt_vp_add(model_runtime *rt, int rank, const int32_t *tokens, int n_tokens, int rows,
+                    mt_err *err);
+mt_status rt_vp_seal(model_runtime *rt, mt_err *err);
+/* The embedding of this rank's rows of the sealed step into b.resid (f32)
+ * and b.xb (bf16); every rank calls it, with rows or without. */
+mt_status rt_vp_embed(model_runtime *rt, mt_err *err);
+/* The logits of every rank's b.xg rows (nl[rank] of them): rank 0's own
+ * into b.logits, the other ranks' (rank by rank) into vp.remote. */
+mt_status rt_vp_head(model_runtime *rt, mt_err *err);
+/* Logits rows of the sealed step over every rank. */
+int64_t rt_vp_rows(const model_runtime *rt);
 
 /* ---- rt_mtp.c: the MTP draft layer ---- */
 

@@ -70,7 +70,10 @@ static mt_status mtp_forward(model_runtime *rt, int64_t M, int64_t cmax, int64_t
     RUN(rt->k_gather, M, &s, b->xb, m->hrows, b->xgf, b->xg);
     RUN(rt->k_norm_final, M, NULL, b->xg, m->last_was_mtp ? m->head_norm : rt->final_norm, m->hin);
     RUN(rt->k_norm_final, M, NULL, m->hin, m->hnorm, b->xg);
-    RUN(rt->k_embed, M, NULL, rt->embed, b->tok, b->resid, b->xb);
+    if (rt->vp.on) /* the rows come from the ranks holding their tokens */
+        MT_CHECK(rt_vp_embed(rt, err));
+    else
+        RUN(rt->k_embed, M, NULL, rt->embed, b->tok, b->resid, b->xb);
     if (rt->tp.on) /* each rank embedded its vocabulary's tokens, zeros for the others */
         MT_CHECK(rt_tp_embed_sum(rt, M, err));
     RUN(rt->k_norm_final, M, NULL, b->xb, m->enorm, b->xn);
@@ -87,11 +90,8 @@ static mt_status mtp_forward(model_runtime *rt, int64_t M, int64_t cmax, int64_t
         s = rt->k_gather->shape;
         model_kern_shape_set(rt->k_gather, &s, "V", M);
         RUN(rt->k_gather, nl, &s, b->xn, b->lrows, b->xgf, b->xg);
-        RUN(rt->k_lm_head, nl, NULL, b->xg, rt->lm_head, rt->tp.lg_l);
-        if (rt->tp.on) /* every rank's vocabulary */
-            MT_CHECK(rt_tp_gather(rt, rt->V, 1, rt->tp.lg_l, b->logits, nl, 4, err));
     }
-    return dev_synchronize(rt->dev, err);
+    return rt_head(rt, nl, err);
 }
 
 #undef RUN

@@ -101,6 +101,8 @@ void model_runtime_copy_counts(const model_runtime *rt, model_copy_counts *out)
     out->from_bytes = d.from_bytes;
     out->announce_calls = rt->xc.announce_calls;
     out->announce_bytes = rt->xc.announce_bytes;
+    out->index_calls = rt->vp.index_calls;
+    out->index_bytes = rt->vp.index_bytes;
     if (rt->ep)
         model_ep_count_reads(rt->ep, &out->count_calls, &out->count_bytes);
 }

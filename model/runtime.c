@@ -36,6 +36,10 @@ void model_runtime_plan_opts(const model_runtime_opts *ro, model_plan_opts *out)
     if (group > 1) { /* the plan of this rank's place in its group */
         out->tp_ranks = group;
         out->tp_rank = mt_comm_rank(ro->comm) % group;
+    } else if (ro->dp && ro->comm && ro->comm_lead && mt_comm_size(ro->comm) > 1) {
+        /* data-parallel ranks split the vocabulary (rt_vp.c) */
+        out->vocab_ranks = mt_comm_size(ro->comm);
+        out->vocab_rank = mt_comm_rank(ro->comm);
     }
 }
 
@@ -186,7 +190,8 @@ static mt_status setup(model_runtime *rt, mt_err *err)
         return st;
     if ((st = rt_load(rt, err)) != MT_OK || (st = model_kset_select(rt->ks, err)) != MT_OK ||
         (st = rt_bufs_alloc(rt, err)) != MT_OK || (st = rt_tp_bufs_alloc(rt, err)) != MT_OK ||
-        (st = rt_mtp_load(rt, err)) != MT_OK || (st = rt_dp_open(rt, err)) != MT_OK)
+        (st = rt_mtp_load(rt, err)) != MT_OK || (st = rt_dp_open(rt, err)) != MT_OK ||
+        (st = rt_vp_open(rt, err)) != MT_OK)
         return st;
     size_t stage = (size_t)rt->T * (size_t)(rt->TOPK > 8 ? rt->TOPK : 8) +
                    (size_t)(rt->b.table_entries);
@@ -219,6 +224,7 @@ void model_runtime_close(model_runtime *rt)
         return;
     for (int i = 0; i < RT_MAX_SEQS; i++)
         model_seq_free(rt, i);
+    rt_vp_close(rt);
     rt_dp_close(rt);
     rt_tp_close(rt);
     rt_bufs_free(rt);

@@ -229,11 +229,15 @@ int model_runtime_rank(const model_runtime *rt);
  * in on rank 0, out on the others; they carry the step's tokens) and the
  * MoE layers' pair counts read back (2 x ranks ints a layer). Everything
  * else is the forward's own: token ids, positions and page tables in,
- * logits out. Exchanged activations never pass through the host. */
+ * logits out. Exchanged activations never pass through the host. With a
+ * vocabulary-parallel embedding (data-parallel ranks) the id lists of its
+ * exchange go in too (index_calls, index_bytes: two per window of tokens
+ * at most, on every rank). */
 typedef struct model_copy_counts {
     uint64_t to_calls, to_bytes, from_calls, from_bytes;
     uint64_t announce_calls, announce_bytes;
     uint64_t count_calls, count_bytes;
+    uint64_t index_calls, index_bytes;
 } model_copy_counts;
 void model_runtime_copy_counts(const model_runtime *rt, model_copy_counts *out);
 

@@ -385,6 +385,13 @@ static mt_status global_uses(builder *b)
         USE(&unused, "tp_cols", T, "gather logits (TP)", "ranks=%d,U=%lld,per=1,t=f32",
             pp->tp_ranks, (long long)c->vocab_size);
     }
+    /* Data-parallel ranks' vocabulary-parallel head (rt_vp.c): rank 0 lays
+     * the ranks' logits columns side by side. */
+    if (pp->vocab_ranks > 1) {
+        int unused;
+        USE(&unused, "tp_cols", T, "gather logits (vocabulary-parallel)",
+            "ranks=%d,U=%lld,per=1,t=f32", pp->vocab_ranks, (long long)c->vocab_size);
+    }
     return MT_OK;
 }
 
@@ -508,7 +515,20 @@ static mt_status resolve_params(const model_config *c, const model_plan_opts *o,
         return mt_fail(err, MT_E_INVALID, "tensor parallelism: rank %d of %d ranks",
                        o->tp_rank, o->tp_ranks);
     pp->tp_ranks = o->tp_ranks > 1 ? o->tp_ranks : 0;
-    return model_tp_local(c, pp->tp_ranks, o->tp_rank > 0 ? o->tp_rank : 0, &pp->tp, err);
+    MT_CHECK(model_tp_local(c, pp->tp_ranks, o->tp_rank > 0 ? o->tp_rank : 0, &pp->tp, err));
+    if (o->vocab_ranks <= 1)
+        return MT_OK;
+    if (pp->tp_ranks || o->vocab_ranks > 4096 || o->vocab_rank < 0 ||
+        o->vocab_rank >= o->vocab_ranks)
+        return mt_fail(err, MT_E_INVALID, "vocabulary parallelism: rank %d of %d ranks%s",
+                       o->vocab_rank, o->vocab_ranks,
+                       pp->tp_ranks ? " (tensor parallelism splits the vocabulary itself)" : "");
+    if (c->vocab_size < o->vocab_ranks)
+        return mt_fail(err, MT_E_INVALID, "vocabulary parallelism over %d ranks: config.json "
+                       "has vocab_size %" PRId64, o->vocab_ranks, c->vocab_size);
+    pp->vocab_ranks = o->vocab_ranks;
+    model_ep_range(c->vocab_size, o->vocab_ranks, o->vocab_rank, &pp->tp.vocab0, &pp->tp.vocab);
+    return MT_OK;
 }
 
 mt_status model_tp_local(const model_config *c, int ranks, int rank, model_tp_dims *out,

@@ -85,6 +85,12 @@ typedef struct model_plan_opts {
      * rank's, at its local shapes, and the slots are rank 0's. The runtime
      * sets both from its communicator (model_runtime_opts.tp). */
     int tp_ranks, tp_rank;
+    /* Data-parallel attention over this many ranks (0 or 1: none) with a
+     * vocabulary-parallel embedding and head: this rank (vocab_rank) holds
+     * its share of the vocabulary (model_ep_range), heads and o_proj rows
+     * stay whole, and the plan adds the gather of the ranks' logits
+     * columns. Not with tp_ranks. */
+    int vocab_ranks, vocab_rank;
 } model_plan_opts;
 
 /* What one rank of a tensor-parallel deployment holds: heads
@@ -175,6 +181,7 @@ typedef struct model_plan_params {
     int moe_wl;        /* expert weights' layout (moe_dims.wl) */
     int ep_ranks;      /* model_plan_opts.ep_ranks (0: none) */
     int tp_ranks;      /* model_plan_opts.tp_ranks (0 or 1: none) */
+    int vocab_ranks;   /* model_plan_opts.vocab_ranks (0 or 1: none) */
     model_tp_dims tp;  /* the slots' rank's share (everything without tensor parallelism) */
 } model_plan_params;
 

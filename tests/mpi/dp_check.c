@@ -11,7 +11,10 @@
  * refused because one rank's KV cache is full (the DP runtime has fewer
  * pages than the reference), frees and slot reuse. Every logit row must be
  * bitwise the reference's (batch-invariant kernels), and every rank must
- * have held sequences.
+ * have held sequences. Over plain ranks the embedding and lm_head are
+ * vocabulary-parallel: one step runs more tokens and logits rows over all
+ * ranks than one rank's batch (its exchanges run in windows), and every
+ * rank must have uploaded the exchange's id lists.
  *
  * Usage: mt_dp_check MODEL_DIR SEED [GROUP]
  *   GROUP: tensor-parallel groups of GROUP ranks, each group holding and
@@ -80,7 +83,7 @@ static seqp create_on(pair *p, int rank)
 static void step(pair *p, const seqp *s, const int *nt, int n, bool all)
 {
     model_step_item it_dp[8], it_ref[8];
-    int32_t tok[MAX_T];
+    int32_t tok[MAX_T * 4];
     int used = 0;
     for (int i = 0; i < n; i++) {
         for (int t = 0; t < nt[i]; t++)
@@ -105,8 +108,11 @@ static void step(pair *p, const seqp *s, const int *nt, int n, bool all)
     mt_err err = MT_ERR_INIT;
     if (model_step(p->dp, it_dp, n, &err) != MT_OK)
         die("data-parallel step", err.msg);
-    if (model_step(p->ref, it_ref, n, &err) != MT_OK)
-        die("reference step", err.msg);
+    /* More tokens than the reference's batch: an item at a time (a row's
+     * logits do not depend on its batch). */
+    for (int i = 0; i < n; i += used > MAX_T ? 1 : n)
+        if (model_step(p->ref, it_ref + i, used > MAX_T ? 1 : n, &err) != MT_OK)
+            die("reference step", err.msg);
     for (size_t i = 0; i < rows * (size_t)p->V; i++)
         if (memcmp(&p->lg_dp[i], &p->lg_ref[i], sizeof(float))) {
             char msg[200];
@@ -140,6 +146,15 @@ static void script(pair *p)
     step(p, (seqp[]){c, a, b}, (int[]){1, 1, 1}, 3, false);
     step(p, (seqp[]){a}, (int[]){1}, 1, false);        /* only rank 0 */
     step(p, (seqp[]){b, c}, (int[]){2, 1}, 2, true);   /* only the others */
+    /* More tokens and logits rows over the ranks than one rank's batch:
+     * the vocabulary-parallel exchanges run in windows and chunks. */
+    seqp wide[4] = {z};
+    int wn[4] = {70};
+    for (int r = 1; r < units && r < 4; r++) {
+        wide[r] = create_on(p, r);
+        wn[r] = 60;
+    }
+    step(p, wide, wn, units < 4 ? units : 4, true);
     /* A fork of another rank's sequence, mid-page: it stays on that rank. */
     int64_t at = model_seq_len(p->dp, c.dp) - 1;
     seqp f;
@@ -213,6 +228,18 @@ static void script(pair *p)
     }
 }
 
+/* Over plain ranks every rank took part in the vocabulary-parallel
+ * embedding (its id lists went to its device); in groups none did. */
+static void vocab_exchanged(const model_runtime *rt)
+{
+    model_copy_counts cc;
+    model_runtime_copy_counts(rt, &cc);
+    if ((group == 1) != (cc.index_calls > 0))
+        die("vocabulary parallelism", group == 1 ? "this rank uploaded no id lists"
+                                                  : "a tensor-parallel group's rank uploaded id "
+                                                    "lists");
+}
+
 int main(int argc, char **argv)
 {
     check_name = "dp_check";
@@ -230,6 +257,7 @@ int main(int argc, char **argv)
         int64_t steps = 0;
         if (model_runtime_follow(p.dp, &steps, &err) != MT_OK)
             die("follow", err.msg);
+        vocab_exchanged(p.dp);
         printf("dp_check rank %d/%d ok: followed %" PRId64 " steps\n", rank, size, steps);
     } else {
         p.ref = open_rt(argv[1], NULL, quiet);
@@ -237,10 +265,11 @@ int main(int argc, char **argv)
         units = model_runtime_dp_ranks(p.dp);
         if (units != size / group)
             die("open", "the runtime places sequences on the wrong number of units");
-        p.lg_dp = malloc(sizeof(float) * (size_t)p.V * MAX_T);
-        p.lg_ref = malloc(sizeof(float) * (size_t)p.V * MAX_T);
+        p.lg_dp = malloc(sizeof(float) * (size_t)p.V * MAX_T * 4);
+        p.lg_ref = malloc(sizeof(float) * (size_t)p.V * MAX_T * 4);
         mt_rng_seed(&p.r, seed);
         script(&p);
+        vocab_exchanged(p.dp);
         printf("dp_check rank %d/%d ok: %d steps bitwise; token rows per %s:", rank, size,
                p.steps, group > 1 ? "group" : "rank");
         for (int r = 0; r < units; r++)

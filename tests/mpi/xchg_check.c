@@ -13,8 +13,10 @@
  * sequences on ranks 0 and 1) rank 0 runs its own item's forward (as many
  * copies in as one device's step, fewer bytes), and reads back as many
  * logits bytes as one device in one more copy (its rows, then the other
- * ranks' gathered rows); the other ranks read back only announcements and
- * count reads: their logits rows never pass through the host. Prints
+ * ranks' rows); the other ranks read back only announcements and count
+ * reads: their logits rows never pass through the host. Over plain ranks
+ * the embedding is vocabulary-parallel: its id lists go in too, two per
+ * window of max_batch_tokens of the step's tokens at most, at least one. Prints
  * "xchg_check rank R/N ok" and exits 0, or names the first difference and
  * exits 1.
  * Usage: mt_xchg_check MODEL_DIR SEED ep|tp|dp */
@@ -29,20 +31,24 @@
 #include "model/runtime.h"
 #include "mpi_check.h"
 
+enum { MAX_T = 96 };
+
 static bool dp; /* data-parallel attention */
 
 static model_runtime *open_rt(const char *dir, mt_comm *c, bool tp, FILE *quiet)
 {
     model_runtime_opts o = {.model_dir = dir, .device = "emu", .kv_pages = 64,
-                            .max_batch_tokens = 96, .batch_invariant = true, .log = quiet,
+                            .max_batch_tokens = MAX_T, .batch_invariant = true, .log = quiet,
                             .comm = c, .comm_lead = c != NULL, .tp = tp && c, .dp = dp && c};
     return check_open(&o, "open (across ranks)", "open (one device)");
 }
 
 /* Copies between two snapshots: [to calls, to bytes, from calls, from
- * bytes, announce calls, announce bytes, count calls, count bytes]. */
-static void delta(const model_copy_counts *a, const model_copy_counts *b, uint64_t d[8])
+ * bytes, announce calls, announce bytes, count calls, count bytes, index
+ * calls, index bytes]. */
+static void delta(const model_copy_counts *a, const model_copy_counts *b, uint64_t d[10])
 {
+    d[8] = b->index_calls - a->index_calls, d[9] = b->index_bytes - a->index_bytes;
     d[0] = b->to_calls - a->to_calls, d[1] = b->to_bytes - a->to_bytes;
     d[2] = b->from_calls - a->from_calls, d[3] = b->from_bytes - a->from_bytes;
     d[4] = b->announce_calls - a->announce_calls, d[5] = b->announce_bytes - a->announce_bytes;
@@ -51,13 +57,13 @@ static void delta(const model_copy_counts *a, const model_copy_counts *b, uint64
 
 /* own[4]: the forward's own copies; d: the runtime's; leader: the
  * announcements went in (to) rather than out (from). */
-static void check_copies(const char *when, const uint64_t own[4], const uint64_t d[8],
+static void check_copies(const char *when, const uint64_t own[4], const uint64_t d[10],
                          bool leader)
 {
     uint64_t want[4] = {own[0], own[1], own[2] + d[6], own[3] + d[7]};
     want[leader ? 0 : 2] += d[4];
     want[leader ? 1 : 3] += d[5];
-    if (memcmp(want, d, sizeof want)) {
+    if (memcmp(want, d, sizeof want) || d[8]) { /* no vocabulary exchange without dp */
         char msg[400];
         snprintf(msg, sizeof msg, "%s: %" PRIu64 " copies in (%" PRIu64 " bytes) and %" PRIu64
                  " out (%" PRIu64 " bytes); the forward's own %" PRIu64 " in (%" PRIu64
@@ -71,17 +77,21 @@ static void check_copies(const char *when, const uint64_t own[4], const uint64_t
 
 /* Data-parallel attention, rank 0's step: d against the one device's
  * step one (see the top). */
-static void check_dp_copies(const char *when, const uint64_t one[8], const uint64_t d[8])
+static void check_dp_copies(const char *when, const uint64_t one[10], const uint64_t d[10],
+                            int tokens)
 {
-    bool ok = d[0] == one[0] + d[4] && d[1] <= one[1] + d[5] && d[2] == one[2] + 1 + d[6] &&
-              d[3] == one[3] + d[7];
+    uint64_t windows = (uint64_t)(tokens + MAX_T - 1) / MAX_T;
+    bool ok = d[0] == one[0] + d[4] + d[8] && d[1] <= one[1] + d[5] + d[9] &&
+              d[2] == one[2] + 1 + d[6] && d[3] == one[3] + d[7] && d[8] >= 1 &&
+              d[8] <= 2 * windows;
     if (!ok) {
         char msg[400];
         snprintf(msg, sizeof msg, "%s: %" PRIu64 " copies in (%" PRIu64 " bytes) and %" PRIu64
                  " out (%" PRIu64 " bytes); one device %" PRIu64 " in (%" PRIu64 ") and %" PRIu64
                  " out (%" PRIu64 "), %" PRIu64 " announcements (%" PRIu64 " bytes), %" PRIu64
-                 " count reads (%" PRIu64 " bytes)", when, d[0], d[1], d[2], d[3], one[0], one[1],
-                 one[2], one[3], d[4], d[5], d[6], d[7]);
+                 " count reads (%" PRIu64 " bytes), %" PRIu64 " id lists (%" PRIu64 " bytes)",
+                 when, d[0], d[1], d[2], d[3], one[0], one[1], one[2], one[3], d[4], d[5], d[6],
+                 d[7], d[8], d[9]);
         die("host copies (data-parallel)", msg);
     }
 }
@@ -111,7 +121,7 @@ int main(int argc, char **argv)
     FILE *quiet = fopen("/dev/null", "w");
     model_runtime *many = open_rt(argv[1], c, tp, quiet);
     model_copy_counts c0, c1;
-    uint64_t d[8], own_total[4] = {0, 0, 0, 0};
+    uint64_t d[10], own_total[4] = {0, 0, 0, 0};
     model_runtime_copy_counts(many, &c0);
     if (rank != 0) {
         int64_t steps = 0;
@@ -156,7 +166,7 @@ int main(int argc, char **argv)
         if (dp && (model_seq_rank(many, sq[0][0]) != 0 || model_seq_rank(many, sq[0][1]) != 1))
             die("placement", "the two sequences are not on ranks 0 and 1");
         for (int step = 0; step <= DECODES; step++) {
-            uint64_t dd[2][8];
+            uint64_t dd[2][10];
             int rows = 0;
             for (int k = 0; k < 2; k++) {
                 model_step_item it[2];
@@ -190,16 +200,17 @@ int main(int argc, char **argv)
             char when[32];
             snprintf(when, sizeof when, "step %d", step);
             if (dp)
-                check_dp_copies(when, dd[1], dd[0]);
+                check_dp_copies(when, dd[1], dd[0], step == 0 ? len[0] + len[1] : 2);
             else
                 check_copies(when, dd[1], dd[0], true);
             for (int k = 0; k < 4; k++)
                 own_total[k] += dd[1][k];
             printf("xchg_check step %d: %d rows; host copies %" PRIu64 " in + %" PRIu64
                    " out (one device: %" PRIu64 " + %" PRIu64 "): %" PRIu64 " announcement(s) of %"
-                   PRIu64 " bytes, %" PRIu64 " count reads of %" PRIu64 " bytes, 0 staging\n",
+                   PRIu64 " bytes, %" PRIu64 " count reads of %" PRIu64 " bytes, %" PRIu64
+                   " id lists of %" PRIu64 " bytes, 0 staging\n",
                    step, rows, dd[0][0], dd[0][2], dd[1][0], dd[1][2], dd[0][4], dd[0][5],
-                   dd[0][6], dd[0][7]);
+                   dd[0][6], dd[0][7], dd[0][8], dd[0][9]);
             int last0 = step == 0 ? len[0] - 1 : 0, last1 = step == 0 ? len[0] + len[1] - 1 : 1;
             next[0] = argmax(lg[0] + (size_t)last0 * V, V);
             next[1] = argmax(lg[0] + (size_t)last1 * V, V);

@@ -1,0 +1,357 @@
+/* rt_vp.c: a vocabulary-parallel embedding and lm_head across the ranks of
+ * data-parallel attention (rt_dp.c; the plan's vocab_ranks). Each rank
+ * holds its contiguous share of the vocabulary's rows (model_ep_range),
+ * but runs its own sequences, so the rows a rank needs live on every rank.
+ * Rank 0's step message carries every item's tokens and logits rows, so
+ * every rank knows the whole step (rt_vp_begin/add/seal) and computes the
+ * same counts; nothing else is exchanged to agree on them.
+ *
+ *   embedding  over windows of at most T of the step's tokens (rank by
+ *              rank): each rank embeds the window's tokens it holds, in
+ *              order, and sends each rank its rows (all-to-all-v of bf16
+ *              rows); each rank gathers what it received into its rows'
+ *              places (ops_embed over the received rows: f32 and bf16, as
+ *              the embedding writes them). A row is copied, never summed.
+ *   lm_head    over chunks of at most T of the step's logits rows (rank 0's
+ *              own first, alone): every rank's normed rows are all-gathered,
+ *              each rank computes its vocabulary's columns of all of them,
+ *              and rank 0 receives the ranks' column blocks and lays them
+ *              side by side (tp_cols): its own rows into b.logits, the
+ *              other ranks' into vp.remote, which rt_dp.c hands out.
+ * A rank without rows this step (or one that refused its items) still
+ * takes part: it holds vocabulary the others read.
+ *
+ * Host copies: the window's id lists go in (counted apart, index_calls);
+ * nothing comes out but rank 0's logits, as on one device. */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rt_impl.h"
+
+mt_status rt_vp_open(model_runtime *rt, mt_err *err)
+{
+    rt_vp *vp = &rt->vp;
+    int W = rt->plan->p.vocab_ranks;
+    if (W <= 1)
+        return MT_OK;
+    if (!rt->dp.on || rt->dp.group != 1 || !rt->o.comm || mt_comm_size(rt->o.comm) != W)
+        return mt_fail(err, MT_E_INVALID, "vocabulary parallelism over %d ranks needs "
+                       "data-parallel attention over as many plain ranks", W);
+    vp->on = true;
+    vp->world = W;
+    vp->rank = mt_comm_rank(rt->o.comm);
+    size_t w = (size_t)W, T = (size_t)rt->T, H = (size_t)rt->H;
+    vp->v0 = calloc(w, sizeof *vp->v0);
+    vp->nv = calloc(w, sizeof *vp->nv);
+    vp->m = calloc(w, sizeof *vp->m);
+    vp->nl = calloc(w, sizeof *vp->nl);
+    vp->cnt = calloc(4 * w, sizeof *vp->cnt);
+    vp->own = malloc(sizeof(int32_t) * T);
+    vp->perm = malloc(sizeof(int32_t) * T);
+    if (!vp->v0 || !vp->nv || !vp->m || !vp->nl || !vp->cnt || !vp->own || !vp->perm)
+        return mt_fail(err, MT_E_NOMEM, "vocabulary parallelism");
+    for (int q = 0; q < W; q++)
+        model_ep_range(rt->V, W, q, &vp->v0[q], &vp->nv[q]);
+    int64_t nv = vp->nv[vp->rank];
+    MT_CHECK(dev_alloc(rt->dev, sizeof(int32_t) * T, &vp->d_own, err));
+    MT_CHECK(dev_alloc(rt->dev, sizeof(int32_t) * T, &vp->d_perm, err));
+    MT_CHECK(dev_alloc(rt->dev, 2 * T * H, &vp->send, err));
+    MT_CHECK(dev_alloc(rt->dev, 2 * T * H, &vp->recv, err));
+    MT_CHECK(dev_alloc(rt->dev, 4 * T * H, &vp->scratch, err));
+    MT_CHECK(dev_alloc(rt->dev, 2 * T * H, &vp->hid, err));
+    MT_CHECK(dev_alloc(rt->dev, 4 * T * (size_t)nv, &vp->lg, err));
+    if (vp->rank == 0)
+        MT_CHECK(dev_alloc(rt->dev, 4 * T * (size_t)rt->V, &vp->cols_in, err));
+    /* The plan's gather of the ranks' logits columns (entry i is kernel i). */
+    const model_plan *pl = rt->plan;
+    for (int i = 0; i < pl->n_entries && !vp->cols; i++) {
+        const model_plan_entry *e = &pl->entries[i];
+        if (!strcmp(e->fam->name, "tp_cols") &&
+            kern_shape_get(e->fam, &e->shape, "ranks") == W &&
+            kern_shape_get(e->fam, &e->shape, "U") == rt->V &&
+            kern_shape_get(e->fam, &e->shape, "per") == 1 &&
+            kern_shape_get(e->fam, &e->shape, "t") == KERN_DT_F32)
+            vp->cols = model_kset_kernel(rt->ks, i);
+    }
+    if (!vp->cols)
+        return mt_fail(err, MT_E_INVALID, "vocabulary parallelism: the plan has no gather of "
+                       "%d ranks' logits columns", W);
+    fprintf(rt->log, "vocabulary parallelism: rank %d of %d holds embedding and lm_head rows "
+            "%" PRId64 "-%" PRId64 " of %" PRId64 "\n", vp->rank, W, vp->v0[vp->rank],
+            vp->v0[vp->rank] + nv - 1, rt->V);
+    return MT_OK;
+}
+
+void rt_vp_close(model_runtime *rt)
+{
+    rt_vp *vp = &rt->vp;
+    if (rt->dev) {
+        void *bufs[] = {vp->d_own, vp->d_perm, vp->send, vp->recv, vp->scratch,
+                        vp->hid, vp->lg, vp->cols_in, vp->remote};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            dev_free(rt->dev, bufs[i]);
+    }
+    free(vp->v0);
+    free(vp->nv);
+    free(vp->m);
+    free(vp->nl);
+    free(vp->cnt);
+    free(vp->own);
+    free(vp->perm);
+    free(vp->tok);
+    free(vp->it_tok);
+    free(vp->it_n);
+    free(vp->it_rank);
+    free(vp->it_rows);
+    memset(vp, 0, sizeof *vp);
+}
+
+/* ---- the step as announced -------------------------------------------------- */
+
+void rt_vp_begin(model_runtime *rt) { rt->vp.n_items = 0; }
+
+mt_status rt_vp_add(model_runtime *rt, int rank, const int32_t *tokens, int n_tokens, int rows,
+                    mt_err *err)
+{
+    rt_vp *vp = &rt->vp;
+    if (rank < 0 || rank >= vp->world || n_tokens < 0 || rows < 0 || rows > n_tokens)
+        return mt_fail(err, MT_E_FORMAT, "vocabulary parallelism: an item of rank %d, %d "
+                       "tokens, %d logits rows", rank, n_tokens, rows);
+    if (vp->n_items % 64 == 0) { /* room for 64 more */
+        size_t n = (size_t)vp->n_items + 64;
+        const int32_t **t = realloc(vp->it_tok, n * sizeof *t);
+        if (t)
+            vp->it_tok = t;
+        int *a = t ? realloc(vp->it_n, n * sizeof *a) : NULL;
+        if (a)
+            vp->it_n = a;
+        int *b = a ? realloc(vp->it_rank, n * sizeof *b) : NULL;
+        if (b)
+            vp->it_rank = b;
+        int *c = b ? realloc(vp->it_rows, n * sizeof *c) : NULL;
+        if (!c)
+            return mt_fail(err, MT_E_NOMEM, "vocabulary parallelism: %zu items", n);
+        vp->it_rows = c;
+    }
+    int i = vp->n_items++;
+    vp->it_tok[i] = tokens;
+    vp->it_n[i] = n_tokens;
+    vp->it_rank[i] = rank;
+    vp->it_rows[i] = rows;
+    return MT_OK;
+}
+
+mt_status rt_vp_seal(model_runtime *rt, mt_err *err)
+{
+    rt_vp *vp = &rt->vp;
+    memset(vp->m, 0, sizeof *vp->m * (size_t)vp->world);
+    memset(vp->nl, 0, sizeof *vp->nl * (size_t)vp->world);
+    int64_t total = 0;
+    for (int i = 0; i < vp->n_items; i++) {
+        vp->m[vp->it_rank[i]] += vp->it_n[i];
+        vp->nl[vp->it_rank[i]] += vp->it_rows[i];
+        total += vp->it_n[i];
+    }
+    if (total > vp->cap_tok) {
+        int32_t *t = realloc(vp->tok, sizeof(int32_t) * (size_t)total);
+        if (!t)
+            return mt_fail(err, MT_E_NOMEM, "vocabulary parallelism: %" PRId64 " tokens", total);
+        vp->tok = t;
+        vp->cap_tok = total;
+    }
+    vp->n_tok = 0;
+    for (int r = 0; r < vp->world; r++) /* rank by rank, each in item order */
+        for (int i = 0; i < vp->n_items; i++)
+            if (vp->it_rank[i] == r) {
+                for (int t = 0; t < vp->it_n[i]; t++) {
+                    int32_t id = vp->it_tok[i][t];
+                    if (id < 0 || id >= rt->V)
+                        return mt_fail(err, MT_E_FORMAT, "vocabulary parallelism: token %d of "
+                                       "rank %d outside the vocabulary of %" PRId64, id, r, rt->V);
+                }
+                memcpy(vp->tok + vp->n_tok, vp->it_tok[i], sizeof(int32_t) * (size_t)vp->it_n[i]);
+                vp->n_tok += vp->it_n[i];
+            }
+    return MT_OK;
+}
+
+int64_t rt_vp_rows(const model_runtime *rt)
+{
+    int64_t n = 0;
+    for (int r = 0; rt->vp.on && r < rt->vp.world; r++)
+        n += rt->vp.nl[r];
+    return n;
+}
+
+/* ---- the embedding ------------------------------------------------------------ */
+
+/* The rank holding vocabulary entry id (model_ep_range's split). */
+static int owner(const rt_vp *vp, int32_t id)
+{
+    int64_t V = vp->v0[vp->world - 1] + vp->nv[vp->world - 1];
+    int64_t base = V / vp->world, rem = V % vp->world, big = rem * (base + 1);
+    return (int)(id < big ? id / (base + 1) : rem + (id - big) / base);
+}
+
+/* An id list to the device, counted as the exchanges' own. */
+static mt_status upload_ids(model_runtime *rt, void *dst, const int32_t *src, int64_t n,
+                            mt_err *err)
+{
+    if (n <= 0)
+        return MT_OK;
+    rt->vp.index_calls++;
+    rt->vp.index_bytes += sizeof(int32_t) * (size_t)n;
+    return dev_copy_to(rt->dev, dst, src, sizeof(int32_t) * (size_t)n, err);
+}
+
+/* One window [w0, w1) of the step's tokens; base[r]: rank r's first. */
+static mt_status embed_window(model_runtime *rt, const int64_t *base, int64_t w0, int64_t w1,
+                              mt_err *err)
+{
+    rt_vp *vp = &rt->vp;
+    int W = vp->world, me = vp->rank;
+    size_t row = 2 * (size_t)rt->H;
+    size_t *sc = vp->cnt, *sd = sc + W, *rc = sd + W, *rd = rc + W;
+    memset(vp->cnt, 0, 4 * (size_t)W * sizeof *vp->cnt);
+    /* What this rank holds, to each rank in order. */
+    int64_t n_own = 0;
+    for (int d = 0; d < W; d++) {
+        int64_t a = base[d] > w0 ? base[d] : w0, b = base[d + 1] < w1 ? base[d + 1] : w1;
+        sd[d] = (size_t)n_own * row;
+        for (int64_t p = a; p < b; p++)
+            if (owner(vp, vp->tok[p]) == me)
+                vp->own[n_own++] = (int32_t)(vp->tok[p] - vp->v0[me]);
+        sc[d] = (size_t)n_own * row - sd[d];
+    }
+    /* What this rank receives: its rows of the window, from their owners. */
+    int64_t a = base[me] > w0 ? base[me] : w0, b = base[me + 1] < w1 ? base[me + 1] : w1;
+    int64_t n_in = b > a ? b - a : 0, at = 0;
+    for (int q = 0; q < W; q++) {
+        rd[q] = (size_t)at * row;
+        for (int64_t p = a; p < b; p++)
+            if (owner(vp, vp->tok[p]) == q)
+                vp->perm[p - a] = (int32_t)at++;
+        rc[q] = (size_t)at * row - rd[q];
+    }
+    MT_CHECK(upload_ids(rt, vp->d_own, vp->own, n_own, err));
+    MT_CHECK(upload_ids(rt, vp->d_perm, vp->perm, n_in, err));
+    if (n_own) {
+        void *bufs[] = {rt->embed, vp->d_own, vp->scratch, vp->send};
+        MT_CHECK(model_kern_run(rt->k_embed, n_own, NULL, bufs, err));
+    }
+    MT_CHECK(mt_comm_all_to_all_v(rt->o.comm, vp->send, sc, sd, vp->recv, rc, rd, MT_COMM_U8,
+                                  err));
+    if (!n_in)
+        return MT_OK;
+    int64_t lo = a - base[me]; /* the window's first row of this rank */
+    kern_shape s = rt->k_gather->shape;
+    model_kern_shape_set(rt->k_gather, &s, "V", n_in);
+    void *bufs[] = {vp->recv, vp->d_perm, (char *)rt->b.resid + (size_t)lo * 2 * row,
+                    (char *)rt->b.xb + (size_t)lo * row};
+    return model_kern_run(rt->k_gather, n_in, &s, bufs, err);
+}
+
+/* First rows of each rank in a rank-by-rank list of n[r] rows each; base[W]
+ * is the total. */
+static int64_t *bases(const rt_vp *vp, const int64_t *n, mt_err *err)
+{
+    int64_t *base = malloc(sizeof *base * ((size_t)vp->world + 1));
+    if (!base) {
+        mt_fail(err, MT_E_NOMEM, "vocabulary parallelism");
+        return NULL;
+    }
+    base[0] = 0;
+    for (int r = 0; r < vp->world; r++)
+        base[r + 1] = base[r] + n[r];
+    return base;
+}
+
+mt_status rt_vp_embed(model_runtime *rt, mt_err *err)
+{
+    rt_vp *vp = &rt->vp;
+    int64_t *base = bases(vp, vp->m, err);
+    if (!base)
+        return MT_E_NOMEM;
+    mt_status st = MT_OK;
+    for (int64_t w0 = 0; w0 < vp->n_tok && st == MT_OK; w0 += rt->T)
+        st = embed_window(rt, base, w0, w0 + rt->T < vp->n_tok ? w0 + rt->T : vp->n_tok, err);
+    free(base);
+    return st == MT_OK ? MT_OK : mt_err_prefix(err, "vocabulary-parallel embedding");
+}
+
+/* ---- the head ------------------------------------------------------------------- */
+
+/* One chunk [c0, c1) of the step's logits rows; base[r]: rank r's first. */
+static mt_status head_chunk(model_runtime *rt, const int64_t *base, int64_t c0, int64_t c1,
+                            mt_err *err)
+{
+    rt_vp *vp = &rt->vp;
+    int W = vp->world, me = vp->rank;
+    int64_t C = c1 - c0;
+    size_t row = 2 * (size_t)rt->H;
+    size_t *sc = vp->cnt, *sd = sc + W, *rc = sd + W, *rd = rc + W;
+    memset(vp->cnt, 0, 4 * (size_t)W * sizeof *vp->cnt);
+    /* Every rank's rows of the chunk to every rank, in rank order. */
+    for (int q = 0; q < W; q++) {
+        int64_t a = base[q] > c0 ? base[q] : c0, b = base[q + 1] < c1 ? base[q + 1] : c1;
+        rc[q] = b > a ? (size_t)(b - a) * row : 0;
+        rd[q] = b > a ? (size_t)(a - c0) * row : 0;
+    }
+    int64_t a = base[me] > c0 ? base[me] : c0;
+    for (int q = 0; q < W; q++) {
+        sc[q] = rc[me];
+        sd[q] = rc[me] ? (size_t)(a - base[me]) * row : 0;
+    }
+    MT_CHECK(mt_comm_all_to_all_v(rt->o.comm, rt->b.xg, sc, sd, vp->hid, rc, rd, MT_COMM_U8,
+                                  err));
+    void *hb[] = {vp->hid, rt->lm_head, vp->lg};
+    MT_CHECK(model_kern_run(rt->k_lm_head, C, NULL, hb, err));
+    /* This rank's columns of every row to rank 0, after rank q-1's. */
+    memset(vp->cnt, 0, 4 * (size_t)W * sizeof *vp->cnt);
+    sc[0] = (size_t)C * (size_t)vp->nv[me] * 4;
+    size_t off = 0;
+    for (int q = 0; me == 0 && q < W; q++) {
+        rc[q] = (size_t)C * (size_t)vp->nv[q] * 4;
+        rd[q] = off;
+        off += rc[q];
+    }
+    MT_CHECK(mt_comm_all_to_all_v(rt->o.comm, vp->lg, sc, sd, vp->cols_in, rc, rd, MT_COMM_U8,
+                                  err));
+    if (me != 0)
+        return MT_OK;
+    size_t vb = 4 * (size_t)rt->V;
+    char *out = c0 < vp->nl[0] ? (char *)rt->b.logits + (size_t)c0 * vb
+                               : (char *)vp->remote + (size_t)(c0 - vp->nl[0]) * vb;
+    void *cb[] = {vp->cols_in, out};
+    return model_kern_run(vp->cols, C, NULL, cb, err);
+}
+
+mt_status rt_vp_head(model_runtime *rt, mt_err *err)
+{
+    rt_vp *vp = &rt->vp;
+    int64_t NL = rt_vp_rows(rt);
+    if (!NL)
+        return MT_OK;
+    size_t need = (size_t)(NL - vp->nl[0]) * 4 * (size_t)rt->V;
+    if (vp->rank == 0 && need > vp->remote_cap) {
+        dev_free(rt->dev, vp->remote);
+        vp->remote = NULL;
+        vp->remote_cap = 0;
+        MT_CHECK(dev_alloc(rt->dev, need, &vp->remote, err));
+        vp->remote_cap = need;
+    }
+    int64_t *base = bases(vp, vp->nl, err);
+    if (!base)
+        return MT_E_NOMEM;
+    mt_status st = MT_OK;
+    for (int64_t c0 = 0; c0 < NL && st == MT_OK;) {
+        /* rank 0's rows go to b.logits, the others' to vp.remote: apart */
+        int64_t end = c0 < vp->nl[0] ? vp->nl[0] : NL;
+        int64_t c1 = c0 + rt->T < end ? c0 + rt->T : end;
+        st = head_chunk(rt, base, c0, c1, err);
+        c0 = c1;
+    }
+    free(base);
+    return st == MT_OK ? MT_OK : mt_err_prefix(err, "vocabulary-parallel lm_head");
+}
