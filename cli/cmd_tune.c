@@ -53,10 +53,17 @@ static bool ranks_opt(const char *v, int *out, char *err, size_t cap)
     return true;
 }
 
-/* --ep: dst is the plan's ep_ranks. */
+/* --ep: dst is the model_plan_opts. `serve --ranks N` splits the
+ * vocabulary over the same ranks (data-parallel attention): every rank's
+ * embedding and lm_head are listed too (vocab_rank -1). */
 static bool set_ep(void *dst, const char *v, char *err, size_t cap)
 {
-    return ranks_opt(v, dst, err, cap);
+    model_plan_opts *p = dst;
+    if (!ranks_opt(v, &p->ep_ranks, err, cap))
+        return false;
+    p->vocab_ranks = p->ep_ranks;
+    p->vocab_rank = -1;
+    return true;
 }
 
 /* --tp: dst is the model_plan_opts; every rank's kernels (tp_rank -1). */
@@ -123,7 +130,7 @@ static int parse(int argc, char **argv, tune_opts *o, tune_cli *c)
         {.name = "--mtp", .type = CLI_OPT_FLAG, .dst = &c->plan.mtp, .given = pg,
          .help = "with --model: also the MTP layer's kernels (serve --speculative-steps K "
                  "runs them)"},
-        {.name = "--ep", .type = CLI_OPT_CUSTOM, .dst = &c->plan.ep_ranks, .set = set_ep,
+        {.name = "--ep", .type = CLI_OPT_CUSTOM, .dst = &c->plan, .set = set_ep,
          .given = pg, .arg = "N",
          .help = "with --model: also each rank's expert sort and expert GEMMs under expert "
                  "parallelism over N ranks (serve --ranks N): their local expert counts, M "

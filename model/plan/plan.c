@@ -69,6 +69,7 @@ typedef struct builder {
     const model_config *c;
     int cap;
     bool all_ranks;   /* tune plan: every tensor-parallel rank's kernels */
+    bool vocab_all;   /* tune plan: every vocabulary-parallel rank's embedding and head */
     int tp_rank;      /* the rank whose kernels fill the slots */
     bool ep_runtime;  /* an expert-parallel runtime: no whole-layer expert kernels */
     mt_err *err;
@@ -386,9 +387,16 @@ static mt_status global_uses(builder *b)
             pp->tp_ranks, (long long)c->vocab_size);
     }
     /* Data-parallel ranks' vocabulary-parallel head (rt_vp.c): rank 0 lays
-     * the ranks' logits columns side by side. */
+     * the ranks' logits columns side by side. A tune plan lists every
+     * rank's lm_head (an embedding's key does not name its rows). */
     if (pp->vocab_ranks > 1) {
         int unused;
+        for (int r = 0; b->vocab_all && r < pp->vocab_ranks; r++) {
+            int64_t v0, nv;
+            model_ep_range(c->vocab_size, pp->vocab_ranks, r, &v0, &nv);
+            USE(&unused, "gemm", T, "lm_head (vocabulary-parallel rank)",
+                "N=%" PRId64 ",K=%" PRId64, nv, H);
+        }
         USE(&unused, "tp_cols", T, "gather logits (vocabulary-parallel)",
             "ranks=%d,U=%lld,per=1,t=f32", pp->vocab_ranks, (long long)c->vocab_size);
     }
@@ -516,9 +524,9 @@ static mt_status resolve_params(const model_config *c, const model_plan_opts *o,
                        o->tp_rank, o->tp_ranks);
     pp->tp_ranks = o->tp_ranks > 1 ? o->tp_ranks : 0;
     MT_CHECK(model_tp_local(c, pp->tp_ranks, o->tp_rank > 0 ? o->tp_rank : 0, &pp->tp, err));
-    if (o->vocab_ranks <= 1)
-        return MT_OK;
-    if (pp->tp_ranks || o->vocab_ranks > 4096 || o->vocab_rank < 0 ||
+    if (o->vocab_ranks <= 1 || (pp->tp_ranks && o->vocab_rank < 0))
+        return MT_OK; /* a tune plan's groups split the vocabulary themselves */
+    if (pp->tp_ranks || o->vocab_ranks > 4096 || o->vocab_rank < -1 ||
         o->vocab_rank >= o->vocab_ranks)
         return mt_fail(err, MT_E_INVALID, "vocabulary parallelism: rank %d of %d ranks%s",
                        o->vocab_rank, o->vocab_ranks,
@@ -527,7 +535,9 @@ static mt_status resolve_params(const model_config *c, const model_plan_opts *o,
         return mt_fail(err, MT_E_INVALID, "vocabulary parallelism over %d ranks: config.json "
                        "has vocab_size %" PRId64, o->vocab_ranks, c->vocab_size);
     pp->vocab_ranks = o->vocab_ranks;
-    model_ep_range(c->vocab_size, o->vocab_ranks, o->vocab_rank, &pp->tp.vocab0, &pp->tp.vocab);
+    if (o->vocab_rank >= 0) /* a tune plan (-1) keeps the whole vocabulary in its slots */
+        model_ep_range(c->vocab_size, o->vocab_ranks, o->vocab_rank, &pp->tp.vocab0,
+                       &pp->tp.vocab);
     return MT_OK;
 }
 
@@ -633,6 +643,7 @@ mt_status model_plan_build(const model_config *c, const model_plan_opts *o, mode
         return mt_fail(err, MT_E_NOMEM, "kernel plan: layers");
     }
     builder b = {.p = p, .c = c, .all_ranks = o->tp_ranks > 1 && o->tp_rank < 0,
+                 .vocab_all = o->vocab_ranks > 1 && o->vocab_rank < 0,
                  .tp_rank = o->tp_rank > 0 ? o->tp_rank : 0, .ep_runtime = o->ep_runtime,
                  .err = err};
     st = resolve_params(c, o, &p->p, err);

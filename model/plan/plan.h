@@ -89,7 +89,10 @@ typedef struct model_plan_opts {
      * vocabulary-parallel embedding and head: this rank (vocab_rank) holds
      * its share of the vocabulary (model_ep_range), heads and o_proj rows
      * stay whole, and the plan adds the gather of the ranks' logits
-     * columns. Not with tp_ranks. */
+     * columns. Not with tp_ranks. vocab_rank -1 (`tune --model --ep N`):
+     * the slots keep the whole vocabulary (expert parallelism without
+     * data-parallel attention replicates it) and the plan also lists every
+     * rank's embedding and lm_head; with tp_ranks it is ignored. */
     int vocab_ranks, vocab_rank;
 } model_plan_opts;
 

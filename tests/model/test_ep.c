@@ -376,6 +376,74 @@ Test(ep, tensor_parallel_shares_and_plans, .timeout = 300)
     fw_rm_dir(dir);
 }
 
+/* Data-parallel ranks' vocabulary over 3 ranks of the tiny model
+ * (vocabulary 512: 171, 171, 170): each rank's plan runs lm_head over its
+ * share and gathers the ranks' logits columns; the tune plan (`tune
+ * --model --ep 3`: vocab_rank -1) keeps the whole vocabulary in its slots
+ * and lists every rank's lm_head and the gather. */
+Test(ep, vocabulary_parallel_shares_and_plans, .timeout = 300)
+{
+    char *dir = fw_tiny_dir();
+    mt_err err = MT_ERR_INIT;
+    const int64_t V = 512, H = 256;
+    model_plan_opts po = {.kv_pages = 64, .max_batch_tokens = 64, .ep_ranks = 3,
+                          .ep_runtime = true, .vocab_ranks = 3, .vocab_rank = -1};
+    model_plan_entry *all = NULL, *one = NULL;
+    int n_all = 0, n_one = 0;
+    cr_assert_eq(model_kernel_plan(dir, &po, &all, &n_all, &err), MT_OK, "%s", err.msg);
+    char want[64];
+    snprintf(want, sizeof want, "N=%" PRId64 ",K=%" PRId64, V, H); /* the slots' lm_head */
+    bool whole = false;
+    for (int i = 0; i < n_all; i++)
+        whole |= !strcmp(all[i].purpose, "lm_head") && !strcmp(all[i].key, want);
+    cr_assert(whole, "the tune plan's lm_head slot is not the whole vocabulary");
+    int64_t covered = 0;
+    for (int r = 0; r < 3; r++) {
+        po.vocab_rank = r;
+        cr_assert_eq(model_kernel_plan(dir, &po, &one, &n_one, &err), MT_OK, "%s", err.msg);
+        int64_t v0, nv;
+        model_ep_range(V, 3, r, &v0, &nv);
+        cr_assert_eq(v0, covered, "rank %d starts at %" PRId64, r, v0);
+        covered += nv;
+        bool head = false, embed = false, cols = false;
+        for (int i = 0; i < n_one; i++) {
+            const model_plan_entry *e = &one[i];
+            cr_assert(plan_has(all, n_all, e), "rank %d looks up %s %s; the tune plan does not "
+                      "list it", r, e->fam->name, e->key);
+            kern_shape sh;
+            cr_assert_eq(kern_shape_parse(e->fam, e->key, &sh, NULL, &err), MT_OK, "%s", err.msg);
+            if (!strcmp(e->purpose, "lm_head")) {
+                cr_assert_eq(kern_shape_get(e->fam, &sh, "N"), nv, "rank %d: %s", r, e->key);
+                head = true;
+            } else if (!strcmp(e->purpose, "embedding")) { /* its key names no rows */
+                embed = true;
+            } else if (!strcmp(e->fam->name, "tp_cols")) {
+                cr_assert_eq(kern_shape_get(e->fam, &sh, "ranks"), 3, "%s", e->key);
+                cr_assert_eq(kern_shape_get(e->fam, &sh, "U"), V, "%s", e->key);
+                cr_assert_eq(kern_shape_get(e->fam, &sh, "per"), 1, "%s", e->key);
+                cols = true;
+            }
+        }
+        cr_assert(head && embed && cols, "rank %d: a slot is missing", r);
+        free(one);
+    }
+    cr_assert_eq(covered, V);
+    free(all);
+    /* A rank past the job, and a split beside tensor parallelism's own. */
+    po.vocab_rank = 3;
+    cr_assert_eq(model_kernel_plan(dir, &po, &all, &n_all, &err), MT_E_INVALID);
+    cr_assert(strstr(err.msg, "vocabulary parallelism"), "%s", err.msg);
+    po.vocab_rank = 0;
+    po.tp_ranks = 3;
+    cr_assert_eq(model_kernel_plan(dir, &po, &all, &n_all, &err), MT_E_INVALID);
+    cr_assert(strstr(err.msg, "tensor parallelism splits"), "%s", err.msg);
+    po.vocab_rank = -1; /* a tune plan with --tp: the groups split it */
+    po.tp_rank = -1;
+    cr_assert_eq(model_kernel_plan(dir, &po, &all, &n_all, &err), MT_OK, "%s", err.msg);
+    free(all);
+    fw_rm_dir(dir);
+}
+
 #ifdef MOETUNE_HAVE_MPI
 /* Runs cmd (with Open MPI's consent to run as root and without
  * LeakSanitizer in the children: Open MPI keeps its allocations to exit),
