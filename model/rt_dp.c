@@ -535,7 +535,7 @@ static mt_status finish(model_runtime *rt, int kind, mt_status st, const dp_item
     }
     if (remote_rows && st == MT_OK && rt->vp.on) { /* the head left them in vp.remote */
         st = scatter_rows(rt, its, n, remote_rows, err);
-    } else if (remote_rows && (st == MT_OK || !rt->ep_joined)) {
+    } else if (remote_rows && !rt->vp.on && (st == MT_OK || !rt->ep_joined)) {
         mt_err e2 = MT_ERR_INIT;
         mt_status gs = gather_rows(rt, rows, 0, st == MT_OK ? err : &e2);
         if (st == MT_OK && (st = gs) == MT_OK)
