@@ -217,7 +217,8 @@ static int open_ranks(serve_cli *c, cli_ranks *ranks, bool *done)
     return CLI_OK;
 }
 
-/* Starts the server, waits for the model, then for SIGINT or SIGTERM.
+/* Starts the server, waits for the model, then for SIGINT or SIGTERM
+ * (SIGUSR1 and SIGUSR2 meanwhile pause and resume live tuning).
  * tuner (may be NULL): the background tuner, created before any thread. */
 static int run_server(const serve_server_opts *o, serve_tune *tuner)
 {
@@ -227,6 +228,8 @@ static int run_server(const serve_server_opts *o, serve_tune *tuner)
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGINT);
     sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGUSR1); /* pause live tuning */
+    sigaddset(&sigs, SIGUSR2); /* resume it */
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     serve_server *s = NULL;
     mt_err err = MT_ERR_INIT;
@@ -248,7 +251,13 @@ static int run_server(const serve_server_opts *o, serve_tune *tuner)
                                       serve_server_metrics(s), &err) != MT_OK)
             cli_error("serve", "--tune-misses: %s (serving without it)", err.msg);
         int sig = 0;
-        sigwait(&sigs, &sig);
+        while (sigwait(&sigs, &sig) == 0 && (sig == SIGUSR1 || sig == SIGUSR2)) {
+            if (tuner)
+                serve_tune_pause(tuner, sig == SIGUSR1);
+            else
+                fprintf(stderr, "moetune serve: SIGUSR%d pauses or resumes live tuning; "
+                        "this server runs without --tune-misses\n", sig == SIGUSR1 ? 1 : 2);
+        }
         fprintf(stderr, "moetune serve: signal %d, stopping\n", sig);
     } else {
         cli_error("serve", "%s", err.msg);

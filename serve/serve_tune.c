@@ -67,6 +67,9 @@ struct serve_tune {
     double held0_s;     /* the hold's total when it started */
     double free_at_ms;  /* the hold last let the compilers run (under mu) */
     bool covered;       /* no (kernel, M) the load called waits for its first pass */
+    bool hold_busy;     /* the hold also stops the compilers while requests run */
+    volatile sig_atomic_t paused; /* serve_tune_pause */
+    double paused_at_ms; /* when the pause began (under mu) */
 };
 
 mt_status serve_tune_create(const serve_tune_opts *o, serve_tune **out, mt_err *err)
@@ -126,6 +129,9 @@ void serve_tune_stats_get(serve_tune *t, serve_tune_stats *out)
 {
     pthread_mutex_lock(&t->mu);
     *out = t->st;
+    out->paused = t->paused;
+    if (t->paused)
+        out->paused_s += (mt_now_ms() - t->paused_at_ms) / 1000;
     pthread_mutex_unlock(&t->mu);
     if (t->hold_set) {
         int64_t n;
@@ -155,6 +161,12 @@ static bool nap(serve_tune *t, double s)
 static bool serving_busy(void *ctx)
 {
     serve_tune *t = ctx;
+    if (t->stop) /* a held compile would keep destroy waiting */
+        return false;
+    if (t->paused)
+        return true;
+    if (!t->hold_busy)
+        return false;
     serve_metrics_state s;
     serve_metrics_state_get(t->metrics, &s);
     double now = mt_now_ms();
@@ -167,20 +179,39 @@ static bool serving_busy(void *ctx)
     return held;
 }
 
-/* tune_opts.gate: a measurement waits while requests queue. */
+/* tune_opts.gate: a measurement waits while requests queue, or while the
+ * tuner is paused. */
 static bool gate(void *ctx)
 {
     serve_tune *t = ctx;
     while (!t->stop) {
-        if (!t->metrics)
-            return true;
-        serve_metrics_state s;
-        serve_metrics_state_get(t->metrics, &s);
-        if (s.waiting < t->o.queue_max)
-            return true;
+        if (!t->paused) {
+            if (!t->metrics)
+                return true;
+            serve_metrics_state s;
+            serve_metrics_state_get(t->metrics, &s);
+            if (s.waiting < t->o.queue_max)
+                return true;
+        }
         nap(t, 0.01);
     }
     return false;
+}
+
+void serve_tune_pause(serve_tune *t, bool pause)
+{
+    pthread_mutex_lock(&t->mu);
+    if (pause && !t->paused) {
+        t->paused_at_ms = mt_now_ms();
+        t->st.pauses++;
+    } else if (!pause && t->paused) {
+        t->st.paused_s += (mt_now_ms() - t->paused_at_ms) / 1000;
+    }
+    t->paused = pause;
+    pthread_mutex_unlock(&t->mu);
+    if (t->o.log)
+        fprintf(t->o.log, "live tuning: %s\n", pause ? "paused (a candidate in flight finishes "
+                "its run; nothing is measured or compiled until resumed)" : "resumed");
 }
 
 /* ---- the plan ------------------------------------------------------------------ */
@@ -476,6 +507,10 @@ static void *tune_main(void *arg)
     session_begin(t);
     t->t0_ms = mt_now_ms();
     while (!t->stop) {
+        if (t->paused) {
+            nap(t, 0.05);
+            continue;
+        }
         mark_reverted(t);
         item it;
         int64_t first = 0, full = 0;
@@ -522,12 +557,13 @@ mt_status serve_tune_start(serve_tune *t, model_kset *ks, serve_metrics *metrics
     t->ks = ks;
     t->metrics = metrics;
     snprintf(t->spec, sizeof t->spec, "%s", dev_get_props(model_kset_device(ks))->spec);
-    if (metrics && !t->o.compile_busy) {
-        int64_t n;
-        dev_tool_hold_stats(&t->held0_s, &n);
-        dev_set_tool_hold(serving_busy, t);
-        t->hold_set = true;
-    }
+    /* The hold stops the compilers while requests run (unless compile_busy)
+     * and while the tuner is paused. */
+    t->hold_busy = metrics && !t->o.compile_busy;
+    int64_t n;
+    dev_tool_hold_stats(&t->held0_s, &n);
+    dev_set_tool_hold(serving_busy, t);
+    t->hold_set = true;
     int rc = pthread_create(&t->thread, NULL, tune_main, t);
     if (rc) {
         if (t->hold_set)
@@ -540,7 +576,7 @@ mt_status serve_tune_start(serve_tune *t, model_kset *ks, serve_metrics *metrics
         fprintf(t->o.log, "live tuning: on %s, %d compile thread%s at nice %d%s, measuring "
                 "while fewer than %d requests wait; winners into %s%s\n", t->spec, t->jobs,
                 t->jobs == 1 ? "" : "s", TUNE_NICE,
-                t->hold_set ? " (compilers held while requests run)" : "", t->o.queue_max,
+                t->hold_busy ? " (compilers held while requests run)" : "", t->o.queue_max,
                 t->db_path,
                 model_kset_batch_invariant(ks) ? " (batch-invariant: none swapped in)" : "");
     return MT_OK;

@@ -101,6 +101,9 @@ typedef struct serve_tune_stats {
     double busy_s;         /* time spent in tune runs */
     double held_s;         /* time its compilers were held stopped while serving */
     bool idle;             /* no item in flight and none to tune at the last plan */
+    bool paused;           /* serve_tune_pause */
+    int64_t pauses;        /* times paused */
+    double paused_s;       /* time paused, the pause in progress included */
 } serve_tune_stats;
 
 /* Creates the database when it does not exist (so a server can start on
@@ -111,6 +114,12 @@ mt_status serve_tune_create(const serve_tune_opts *o, serve_tune **out, mt_err *
 /* Starts the tuner thread on ks; metrics (may be NULL: no queue gate)
  * gives the queue length. Once per tuner. */
 mt_status serve_tune_start(serve_tune *t, model_kset *ks, serve_metrics *metrics, mt_err *err);
+/* Pauses (or resumes) the tuner from any thread: while paused no item is
+ * planned, no candidate is measured (a measurement in flight finishes)
+ * and its compilers are held stopped (dev_set_tool_hold), so the server
+ * runs as it would without --tune-misses; `serve` maps SIGUSR1 and
+ * SIGUSR2 to it. Pausing twice is one pause. */
+void serve_tune_pause(serve_tune *t, bool pause);
 void serve_tune_stats_get(serve_tune *t, serve_tune_stats *out);
 void serve_tune_destroy(serve_tune *t);
 

@@ -5,7 +5,8 @@
  * configs are swapped in between steps; a config the tuner confirms but
  * that runs slower in the serving process is swapped back and marked stale
  * in the database; every kernel gets its first pass before any is searched
- * to the whole budget; a batch-invariant set refuses swaps; and a real server on
+ * to the whole budget; a paused tuner measures nothing until resumed; a
+ * batch-invariant set refuses swaps; and a real server on
  * loopback, started on an empty database with the tiny model, tunes the
  * kernels its load calls while every request succeeds. */
 #include <math.h>
@@ -324,6 +325,54 @@ Test(serve_tune, every_kernel_gets_its_first_pass_before_any_gets_the_whole_budg
         tt_read_trials(db, fams[f]->name, &tr);
         cr_expect_gt(tr.n, 2, "%s: %d trials", fams[f]->name, tr.n);
     }
+    tset_close(&t);
+}
+
+static bool one_tuned(tset *t, const serve_tune_stats *st)
+{
+    (void)t;
+    return st->tuned >= 1 && st->pending == 0;
+}
+
+/* Paused from before it starts: the load calls an untuned kernel for 3 s
+ * and nothing is measured (no trial in the database) or tuned; resumed,
+ * the kernel is tuned, and the stats count one pause of about 3 s. */
+Test(serve_tune, a_paused_tuner_tunes_nothing_until_resumed)
+{
+    char db[600];
+    tt_db_path(db, sizeof db, "paused.db");
+    serve_tune_opts o = quick_opts(db);
+    serve_tune *tu = NULL;
+    mt_err err = MT_ERR_INIT;
+    cr_assert_eq(serve_tune_create(&o, &tu, &err), MT_OK, "%s", err.msg);
+    const kern_family *fams[] = {&tspin};
+    tset t;
+    tset_open(&t, fams, 1, false);
+    serve_tune_pause(tu, true);
+    serve_tune_pause(tu, true); /* one pause */
+    cr_assert_eq(serve_tune_start(tu, t.ks, NULL, &err), MT_OK, "%s", err.msg);
+    double end = mt_now_ms() + 3000;
+    while (mt_now_ms() < end) {
+        tset_step(&t);
+        usleep(1000);
+    }
+    serve_tune_stats st;
+    serve_tune_stats_get(tu, &st);
+    cr_expect(st.paused);
+    cr_expect_eq(st.pauses, 1);
+    cr_expect_eq(st.tuned, 0);
+    cr_expect_geq(st.paused_s, 2.9, "paused %.2f s", st.paused_s);
+    cr_expect_eq(query_int(db, "SELECT count(*) FROM trials"), 0, "a paused tuner measured");
+    serve_tune_pause(tu, false);
+    serve_until(&t, tu, one_tuned, 120, "the kernel tuned once resumed");
+    serve_tune_stats_get(tu, &st);
+    serve_tune_destroy(tu);
+    cr_expect(!st.paused);
+    cr_expect_eq(st.pauses, 1);
+    cr_expect_geq(st.paused_s, 2.9);
+    cr_expect_lt(st.paused_s, 3.0 + (mt_now_ms() - end) / 1000);
+    cr_expect_gt(query_int(db, "SELECT count(*) FROM trials"), 0);
+    cr_expect_eq(t.wrong, 0);
     tset_close(&t);
 }
 
