@@ -36,27 +36,11 @@ trap 'kill "${srv:-0}" 2>/dev/null || true; cp "$work"/b.log "${LOGS:-/tmp}/serv
 load="--input-len 64 --output-len 32 --cache-hit 0.5"
 "$moetune" make-tiny-model --out "$work/tiny" >/dev/null
 
-serve() { # serve DB LOG [extra options]: starts a server, waits for /health
-  local db=$1 log=$2
-  shift 2
-  [ -e "$db" ] || : >"$db" # an empty file is a new database
-  "$moetune" serve --model "$work/tiny" --db "$db" --device cpu --port "$port" "$@" 2>"$log" &
-  srv=$!
-  for _ in $(seq 600); do
-    curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && return 0
-    sleep 0.5
-  done
-  echo "server did not come up: $(tail -3 "$log")" >&2
-  exit 1
-}
-stop() { kill -INT "$srv"; wait "$srv" || true; }
+. "$(dirname "$0")/lib/serve_tiny.sh"
 bench() { # bench RATE DURATION: the table row of one rate
   "$moetune" bench-serve --url "http://127.0.0.1:$port" $load --rates "$1" --duration "$2" \
     --seed 7 | grep '^| [0-9]'
 }
-metric() { curl -s "http://127.0.0.1:$port/metrics" | awk -v n="$1" '$1 == n {print $2}'; }
-col() { echo "$1" | awk -F'|' -v c="$2" '{gsub(/^ +| +$/, "", $c); print $c}'; }
-itl95() { col "$1" 6 | awk -F'/' '{gsub(/ ms/, "", $2); gsub(/ /, "", $2); print $2}'; }
 
 echo "== knee on the defaults"
 serve "$work/knee.db" "$work/knee.log"
