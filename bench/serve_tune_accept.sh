@@ -16,9 +16,11 @@
 #        default the server's own: 8 trials), KEEP_CACHE (1: use the kernel
 #        compile cache as it is; default: an empty one, as on fresh hardware,
 #        so every candidate the tuner tries is compiled), LOGS (where B's
-#        log is kept: LOGS/serve_tune_accept_b.log; default /tmp), RATES
+#        log and database are kept: LOGS/serve_tune_accept_b.log and .db;
+#        default /tmp), RATES
 #        (the knee sweep, req/s: 4,8,16,32,64,128,256), COMPILE_BUSY (1: B
-#        with --tune-compile-busy, its compilers not held while requests run)
+#        with --tune-compile-busy, its compilers not held while requests run),
+#        AB_ROUNDS (paired rounds of the model check, 10)
 set -euo pipefail
 build=${1:-build}
 moetune=$build/moetune
@@ -31,7 +33,7 @@ tune_opts=(--tune-misses)
 [ "${COMPILE_BUSY:-0}" = 1 ] && tune_opts+=(--tune-compile-busy)
 rates=${RATES:-4,8,16,32,64,128,256}
 work=$(mktemp -d /tmp/mt_accept.XXXXXX)
-trap 'kill "${srv:-0}" 2>/dev/null || true; cp "$work"/b.log "${LOGS:-/tmp}/serve_tune_accept_b.log" 2>/dev/null || true; rm -rf "$work"' EXIT
+trap 'kill "${srv:-0}" 2>/dev/null || true; cp "$work"/b.log "${LOGS:-/tmp}/serve_tune_accept_b.log" 2>/dev/null || true; cp "$work"/b.db "${LOGS:-/tmp}/serve_tune_accept_b.db" 2>/dev/null || true; rm -rf "$work"' EXIT
 [ "${KEEP_CACHE:-0}" = 1 ] || export MOETUNE_CACHE="$work/cache"
 load="--input-len 64 --output-len 32 --cache-hit 0.5"
 "$moetune" make-tiny-model --out "$work/tiny" >/dev/null
@@ -102,4 +104,4 @@ echo "ITL p95: A $itla ms, B (while tuning, $limit s) $itlb ms ($(awk -v a="$itl
      "untuned too, so A against C shows the spread of two runs without tuning)"
 echo "tok/s at that rate: A $(col "$rowa" 4), B $(col "$rowb" 4), C $(col "$rowc" 4);" \
      "ITL p50/p95 A $(col "$rowa" 6), B $(col "$rowb" 6), C $(col "$rowc" 6)"
-"$build/bench_db_ab" --model "$work/tiny" --db "$work/b.db" --rounds 10
+"$build/bench_db_ab" --model "$work/tiny" --db "$work/b.db" --rounds "${AB_ROUNDS:-10}"
