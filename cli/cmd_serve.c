@@ -99,7 +99,7 @@ static int parse(int argc, char **argv, serve_cli *c)
                  "against the reference; a winner confirmed faster than the default goes "
                  "into --db and is swapped into the running server between steps (not on "
                  "a --batch-invariant server); a swap that runs slower here is undone and "
-                 "marked stale"},
+                 "marked stale; SIGUSR1 pauses the tuner, SIGUSR2 resumes it"},
         {.name = "--tune-share", .type = CLI_OPT_CUSTOM, .dst = &c->tune.share,
          .set = set_share, .arg = "P", .def = "10%",
          .help = "with --tune-misses: the tuner's share of the device: compile threads at "

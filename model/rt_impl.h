@@ -216,6 +216,11 @@ typedef struct rt_tp {
  * (rt_vp.c; on with o.dp over plain ranks): each rank holds a share of
  * the vocabulary's embedding and lm_head rows, and every rank knows every
  * rank's tokens and logits rows of the step (from rank 0's message). */
+typedef struct rt_vp_item {
+    const int32_t *tok;
+    int n, rank, rows;           /* tokens, the rank running them, logits rows */
+} rt_vp_item;
+
 typedef struct rt_vp {
     bool on;
     int world, rank;
@@ -223,8 +228,8 @@ typedef struct rt_vp {
     int32_t *tok;                /* the step's tokens, rank by rank (each rank's in its order) */
     int64_t n_tok, cap_tok;
     int64_t *m, *nl;             /* [world]: the step's token rows and logits rows per rank */
-    const int32_t **it_tok;      /* the step's items as announced: tokens, count, rank, rows */
-    int *it_n, *it_rank, *it_rows, n_items;
+    rt_vp_item *items;           /* the step's items as announced */
+    int n_items, cap_items;
     int32_t *own, *perm;         /* host [T]: a window's owned ids, this rank's rows' sources */
     void *d_own, *d_perm;        /* device [T] int32: the same */
     void *send, *recv, *scratch; /* device [T][H]: bf16 rows out and in, f32 scratch */

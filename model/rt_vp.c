@@ -100,10 +100,7 @@ void rt_vp_close(model_runtime *rt)
     free(vp->own);
     free(vp->perm);
     free(vp->tok);
-    free(vp->it_tok);
-    free(vp->it_n);
-    free(vp->it_rank);
-    free(vp->it_rows);
+    free(vp->items);
     memset(vp, 0, sizeof *vp);
 }
 
@@ -118,27 +115,15 @@ mt_status rt_vp_add(model_runtime *rt, int rank, const int32_t *tokens, int n_to
     if (rank < 0 || rank >= vp->world || n_tokens < 0 || rows < 0 || rows > n_tokens)
         return mt_fail(err, MT_E_FORMAT, "vocabulary parallelism: an item of rank %d, %d "
                        "tokens, %d logits rows", rank, n_tokens, rows);
-    if (vp->n_items % 64 == 0) { /* room for 64 more */
-        size_t n = (size_t)vp->n_items + 64;
-        const int32_t **t = realloc(vp->it_tok, n * sizeof *t);
-        if (t)
-            vp->it_tok = t;
-        int *a = t ? realloc(vp->it_n, n * sizeof *a) : NULL;
-        if (a)
-            vp->it_n = a;
-        int *b = a ? realloc(vp->it_rank, n * sizeof *b) : NULL;
-        if (b)
-            vp->it_rank = b;
-        int *c = b ? realloc(vp->it_rows, n * sizeof *c) : NULL;
-        if (!c)
-            return mt_fail(err, MT_E_NOMEM, "vocabulary parallelism: %zu items", n);
-        vp->it_rows = c;
+    if (vp->n_items == vp->cap_items) {
+        int cap = vp->cap_items ? 2 * vp->cap_items : 64;
+        rt_vp_item *it = realloc(vp->items, sizeof *it * (size_t)cap);
+        if (!it)
+            return mt_fail(err, MT_E_NOMEM, "vocabulary parallelism: %d items", cap);
+        vp->items = it;
+        vp->cap_items = cap;
     }
-    int i = vp->n_items++;
-    vp->it_tok[i] = tokens;
-    vp->it_n[i] = n_tokens;
-    vp->it_rank[i] = rank;
-    vp->it_rows[i] = rows;
+    vp->items[vp->n_items++] = (rt_vp_item){tokens, n_tokens, rank, rows};
     return MT_OK;
 }
 
@@ -149,9 +134,9 @@ mt_status rt_vp_seal(model_runtime *rt, mt_err *err)
     memset(vp->nl, 0, sizeof *vp->nl * (size_t)vp->world);
     int64_t total = 0;
     for (int i = 0; i < vp->n_items; i++) {
-        vp->m[vp->it_rank[i]] += vp->it_n[i];
-        vp->nl[vp->it_rank[i]] += vp->it_rows[i];
-        total += vp->it_n[i];
+        vp->m[vp->items[i].rank] += vp->items[i].n;
+        vp->nl[vp->items[i].rank] += vp->items[i].rows;
+        total += vp->items[i].n;
     }
     if (total > vp->cap_tok) {
         int32_t *t = realloc(vp->tok, sizeof(int32_t) * (size_t)total);
@@ -162,17 +147,17 @@ mt_status rt_vp_seal(model_runtime *rt, mt_err *err)
     }
     vp->n_tok = 0;
     for (int r = 0; r < vp->world; r++) /* rank by rank, each in item order */
-        for (int i = 0; i < vp->n_items; i++)
-            if (vp->it_rank[i] == r) {
-                for (int t = 0; t < vp->it_n[i]; t++) {
-                    int32_t id = vp->it_tok[i][t];
-                    if (id < 0 || id >= rt->V)
-                        return mt_fail(err, MT_E_FORMAT, "vocabulary parallelism: token %d of "
-                                       "rank %d outside the vocabulary of %" PRId64, id, r, rt->V);
-                }
-                memcpy(vp->tok + vp->n_tok, vp->it_tok[i], sizeof(int32_t) * (size_t)vp->it_n[i]);
-                vp->n_tok += vp->it_n[i];
-            }
+        for (int i = 0; i < vp->n_items; i++) {
+            const rt_vp_item *it = &vp->items[i];
+            if (it->rank != r)
+                continue;
+            for (int t = 0; t < it->n; t++)
+                if (it->tok[t] < 0 || it->tok[t] >= rt->V)
+                    return mt_fail(err, MT_E_FORMAT, "vocabulary parallelism: token %d of rank "
+                                   "%d outside the vocabulary of %" PRId64, it->tok[t], r, rt->V);
+            memcpy(vp->tok + vp->n_tok, it->tok, sizeof(int32_t) * (size_t)it->n);
+            vp->n_tok += it->n;
+        }
     return MT_OK;
 }
 
