@@ -185,6 +185,11 @@ Test(forward_emu, fp8_cache_decode_on_fp8_paths_matches_reference, .timeout = 60
     int32_t V = model_runtime_vocab(rt);
     uint64_t seed = mt_seed_fresh();
     const int n = 6;
+    /* The fp8 cache moves a router score more than bf16 does: seed
+     * 11381108814415787559 (least router margin 3.3e-3, over
+     * FW_SHORT_PROMPT_MARGIN) tipped a choice, one position off by 0.18
+     * and the mean at 0.036. */
+    const double FP8_PROMPT_MARGIN = 2 * FW_SHORT_PROMPT_MARGIN;
     model_ref_opts ro = {.mimic = true, .kv_fp8 = true};
     model_ref *ref = NULL;
     cr_assert_eq(model_ref_open(dir, &ro, &ref, &err), MT_OK, "%s", err.msg);
@@ -196,7 +201,7 @@ Test(forward_emu, fp8_cache_decode_on_fp8_paths_matches_reference, .timeout = 60
         cr_assert_eq(model_ref_forward(ref, tok, n, want, &err), MT_OK, "%s", err.msg);
         double least, least_index;
         fw_ref_least_margins(ref, n, &least, &least_index);
-        if (least < FW_SHORT_PROMPT_MARGIN || least_index < FW_INDEX_MARGIN) {
+        if (least < FP8_PROMPT_MARGIN || least_index < FW_INDEX_MARGIN) {
             free(tok);
             tok = NULL;
         }
