@@ -20,16 +20,13 @@
 #include "common/clock.h"
 #include "kernels/core/kern_db.h"
 #include "model/kset_swap.h"
+#include "serve_hold.h"
 
 #define TUNE_NICE 19
 /* A first-pass trial's timing stops after this much wall time (the whole
  * budget's the tuner's default, 2 s): the paired confirmation, not one
  * trial's median, decides what is swapped in. */
 #define FIRST_MAX_MS 500.0
-/* The compilers' hold while serving: at most this long at a stretch, then
- * they run for the gap (serving_busy). */
-#define HOLD_MAX_MS 2000.0
-#define HOLD_GAP_MS 100.0
 
 /* The command line a tuning session of the server records. */
 static char *const session_argv[] = {"moetune", "serve", "--tune-misses", NULL};
@@ -65,7 +62,7 @@ struct serve_tune {
     int64_t session_id; /* the server's tuning session; 0: none (each tune_run its own) */
     bool hold_set;      /* this tuner set the compilers' hold (dev_set_tool_hold) */
     double held0_s;     /* the hold's total when it started */
-    double free_at_ms;  /* the hold last let the compilers run (under mu) */
+    serve_hold hold;    /* the compilers' hold cycle while serving (under mu) */
     bool covered;       /* no (kernel, M) the load called waits for its first pass */
     bool hold_busy;     /* the hold also stops the compilers while requests run */
     volatile sig_atomic_t paused; /* serve_tune_pause */
@@ -155,9 +152,8 @@ static bool nap(serve_tune *t, double s)
 }
 
 /* dev_set_tool_hold: a compiler is held while any request waits or runs,
- * but at most HOLD_MAX_MS at a stretch, then let go for HOLD_GAP_MS: a
- * server that is never idle still gets its load tuned, compiling about 5%
- * of the time. */
+ * for (1 - share) of each cycle (serve_hold.h): a server that is never
+ * idle still gets its load tuned, compiling share of the time. */
 static bool serving_busy(void *ctx)
 {
     serve_tune *t = ctx;
@@ -171,10 +167,7 @@ static bool serving_busy(void *ctx)
     serve_metrics_state_get(t->metrics, &s);
     double now = mt_now_ms();
     pthread_mutex_lock(&t->mu);
-    bool busy = s.running > 0 || s.waiting > 0;
-    if (!busy || now - t->free_at_ms > HOLD_MAX_MS + HOLD_GAP_MS)
-        t->free_at_ms = now;
-    bool held = busy && now - t->free_at_ms < HOLD_MAX_MS;
+    bool held = serve_hold_held(&t->hold, s.running > 0 || s.waiting > 0, now);
     pthread_mutex_unlock(&t->mu);
     return held;
 }
@@ -560,6 +553,7 @@ mt_status serve_tune_start(serve_tune *t, model_kset *ks, serve_metrics *metrics
     /* The hold stops the compilers while requests run (unless compile_busy)
      * and while the tuner is paused. */
     t->hold_busy = metrics && !t->o.compile_busy;
+    serve_hold_init(&t->hold, t->o.share, mt_now_ms());
     int64_t n;
     dev_tool_hold_stats(&t->held0_s, &n);
     dev_set_tool_hold(serving_busy, t);
@@ -576,7 +570,8 @@ mt_status serve_tune_start(serve_tune *t, model_kset *ks, serve_metrics *metrics
         fprintf(t->o.log, "live tuning: on %s, %d compile thread%s at nice %d%s, measuring "
                 "while fewer than %d requests wait; winners into %s%s\n", t->spec, t->jobs,
                 t->jobs == 1 ? "" : "s", TUNE_NICE,
-                t->hold_busy ? " (compilers held while requests run)" : "", t->o.queue_max,
+                t->hold_busy ? " (compilers held while requests run, but for share of the time)"
+                             : "", t->o.queue_max,
                 t->db_path,
                 model_kset_batch_invariant(ks) ? " (batch-invariant: none swapped in)" : "");
     return MT_OK;

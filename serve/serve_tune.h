@@ -41,7 +41,8 @@
  * wakes up takes its core at once. Its compilers run only while no request
  * waits or runs (unless compile_busy): they are held stopped while one does
  * (dev_set_tool_hold), since a compiler evicts what the serving threads
- * keep in the caches even at the lowest priority. The workers time
+ * keep in the caches even at the lowest priority, but for share of the
+ * time (serve_hold.h), so a server that is never idle is tuned too. The workers time
  * kernels with the server's thread count: that is the device the winners
  * are for.
  *
