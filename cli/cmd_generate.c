@@ -92,7 +92,9 @@ static int parse(int argc, char **argv, gen_cli *c)
         {.name = "--comm", .type = CLI_OPT_STRING, .dst = &c->comm_name, .arg = "self|mpi",
          .help = "mpi: run across the ranks of `mpirun -np N moetune generate ...` (every "
                  "rank with the same options): each rank holds 1/N of the routed experts "
-                 "(expert parallelism); rank 0 runs the prompt, prints and writes --logits"},
+                 "(expert parallelism) and of the vocabulary (embedding, lm_head); the prompt "
+                 "runs on one rank, as `serve --ranks N` places a request (data-parallel "
+                 "attention), and rank 0 prints and writes --logits"},
         {.name = "--tp", .type = CLI_OPT_FLAG, .dst = &o->tp,
          .help = "with --comm mpi: tensor parallelism too: each rank also holds 1/N of the "
                  "attention heads, of o_proj's rows and of the vocabulary (embedding, "
@@ -101,8 +103,8 @@ static int parse(int argc, char **argv, gen_cli *c)
         {.name = "--tp-size", .type = CLI_OPT_INT, .dst = &o->tp_size, .arg = "N", .min = 1,
          .max = 4096, .def_text = "every rank",
          .help = "with --tp: ranks per tensor-parallel group (it must divide the job); the "
-                 "routed experts stay split over every rank, and the other groups mirror the "
-                 "first's steps"},
+                 "routed experts and the vocabulary stay split over every rank, and the prompt "
+                 "runs in one group (data-parallel attention over the groups)"},
         {0},
     };
     const cli_cmd cmd = {.name = "generate", .usage = gen_usage, .about = gen_about,
@@ -200,6 +202,9 @@ static int open_runtime(gen_cli *c, gen_run *r)
         r->comm = r->ranks.xchg;
         c->o.comm = r->comm;
         c->o.comm_lead = true;
+        /* As `serve --ranks N`: data-parallel attention over the ranks, or
+         * over groups of --tp-size (not with --tp over every rank). */
+        c->o.dp = !c->o.tp || (c->o.tp_size > 0 && c->o.tp_size < mt_comm_size(r->comm));
         if (mt_comm_rank(r->comm) != 0 && (r->quiet = fopen("/dev/null", "w")))
             c->o.log = r->quiet; /* rank 0 reports; the others print only errors */
     }

@@ -207,15 +207,13 @@ mt_status rt_layer_forward(model_runtime *rt, rt_layer *ly, int64_t M, int64_t c
 static mt_status forward(model_runtime *rt, int64_t M, int64_t cmax, int64_t nl, mt_err *err)
 {
     rt_bufs *b = &rt->b;
-    if (rt->vp.on && (M != rt->vp.m[rt->vp.rank] || nl != rt->vp.nl[rt->vp.rank]))
-        return mt_fail(err, MT_E_INVALID, "vocabulary parallelism: a step of %" PRId64 " rows "
-                       "(%" PRId64 " logits rows) where rank 0 announced %" PRId64 " (%" PRId64
-                       ")", M, nl, rt->vp.m[rt->vp.rank], rt->vp.nl[rt->vp.rank]);
+    MT_CHECK(rt_vp_check(rt, M, nl, err));
     if (rt->vp.on) /* the rows come from the ranks holding their tokens */
         MT_CHECK(rt_vp_embed(rt, err));
     else
         RUN(rt->k_embed, M, NULL, rt->embed, b->tok, b->resid, b->xb);
-    if (rt->tp.on) /* each rank embedded its vocabulary's tokens, zeros for the others */
+    if (rt->tp.on && !rt->vp.on) /* each rank embedded its vocabulary's tokens, zeros for
+                                  * the others */
         MT_CHECK(rt_tp_embed_sum(rt, M, err));
     for (int64_t l = 0; l < rt->n_layers; l++) {
         mt_status st = attention(rt, &rt->layers[l], M, cmax, &rt->pf, err);
@@ -428,7 +426,7 @@ mt_status rt_step(model_runtime *rt, model_step_item *items, int n, mt_err *err)
     int64_t max_pages = (cmax + rt->ps - 1) / rt->ps;
     plan_prefill(rt, items, n, old, max_pages);
     rt_bufs *b = &rt->b;
-    if (rt->tp.on)
+    if (rt->tp.on && !rt->vp.on)
         rt_tp_local_tokens(rt, tok, M);
     void *dst[] = {b->tok, b->pos, b->rows, b->qseq, b->ctx};
     for (int j = 0; j < 5 && st == MT_OK; j++)

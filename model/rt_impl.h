@@ -218,16 +218,18 @@ typedef struct rt_tp {
  * rank's tokens and logits rows of the step (from rank 0's message). */
 typedef struct rt_vp_item {
     const int32_t *tok;
-    int n, rank, rows;           /* tokens, the rank running them, logits rows */
+    int n, rank, rows;           /* tokens, the unit running them (rt_dp), logits rows */
 } rt_vp_item;
 
 typedef struct rt_vp {
     bool on;
-    int world, rank;
+    int world, rank;             /* every rank of the job holds a share; this one */
+    int units, group, unit;      /* rt_dp's units (ranks or groups), ranks per unit, this
+                                  * rank's unit */
     int64_t *v0, *nv;            /* [world]: each rank's vocabulary rows */
-    int32_t *tok;                /* the step's tokens, rank by rank (each rank's in its order) */
+    int32_t *tok;                /* the step's tokens, unit by unit (each unit's in its order) */
     int64_t n_tok, cap_tok;
-    int64_t *m, *nl;             /* [world]: the step's token rows and logits rows per rank */
+    int64_t *m, *nl;             /* [units]: the step's token rows and logits rows per unit */
     rt_vp_item *items;           /* the step's items as announced */
     int n_items, cap_items;
     int32_t *own, *perm;         /* host [T]: a window's owned ids, this rank's rows' sources */
@@ -441,25 +443,29 @@ mt_status rt_head(model_runtime *rt, int64_t nl, mt_err *err);
 mt_status rt_empty_forward(model_runtime *rt, mt_err *err);
 mt_status rt_empty_mtp(model_runtime *rt, mt_err *err);
 
-/* rt_vp.c. Open: after rt_dp_open (on when dp is, without tp groups);
- * buffers and the gather kernel. */
+/* rt_vp.c. Open: after rt_dp_open (on when dp is, over ranks or
+ * tensor-parallel groups); buffers and the gather kernel. */
 mt_status rt_vp_open(model_runtime *rt, mt_err *err);
 void rt_vp_close(model_runtime *rt);
 /* The step every rank runs, as rank 0 announced it: items in item order
- * (their tokens stay valid through the step), each with its rank and
- * logits rows. Begin, add each, then seal (lays the tokens out rank by
- * rank). */
+ * (their tokens stay valid through the step), each with its unit (rt_dp's
+ * rank or group) and logits rows. Begin, add each, then seal (lays the
+ * tokens out unit by unit). */
 void rt_vp_begin(model_runtime *rt);
-mt_status rt_vp_add(model_runtime *rt, int rank, const int32_t *tokens, int n_tokens, int rows,
+mt_status rt_vp_add(model_runtime *rt, int unit, const int32_t *tokens, int n_tokens, int rows,
                     mt_err *err);
 mt_status rt_vp_seal(model_runtime *rt, mt_err *err);
+/* A forward of M rows and nl logits rows on this rank against what rank 0
+ * announced for its unit: MT_E_INVALID naming both when they differ (the
+ * exchanges would run at the wrong sizes). */
+mt_status rt_vp_check(const model_runtime *rt, int64_t M, int64_t nl, mt_err *err);
 /* The embedding of this rank's rows of the sealed step into b.resid (f32)
  * and b.xb (bf16); every rank calls it, with rows or without. */
 mt_status rt_vp_embed(model_runtime *rt, mt_err *err);
-/* The logits of every rank's b.xg rows (nl[rank] of them): rank 0's own
- * into b.logits, the other ranks' (rank by rank) into vp.remote. */
+/* The logits of every unit's b.xg rows (nl[unit] of them): unit 0's into
+ * rank 0's b.logits, the other units' (unit by unit) into its vp.remote. */
 mt_status rt_vp_head(model_runtime *rt, mt_err *err);
-/* Logits rows of the sealed step over every rank. */
+/* Logits rows of the sealed step over every unit. */
 int64_t rt_vp_rows(const model_runtime *rt);
 
 /* ---- rt_mtp.c: the MTP draft layer ---- */

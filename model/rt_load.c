@@ -497,9 +497,11 @@ mt_status rt_load(model_runtime *rt, mt_err *err)
                                   &emb, err);
     if (st != MT_OK)
         return st;
-    /* This rank's vocabulary rows (all without tensor parallelism), and
-     * under it a zero row that other ranks' tokens read (rt_tp.c). */
-    int64_t v0 = rt->tp.me.vocab0, nv = rt->tp.me.vocab, zero = rt->tp.on ? 1 : 0;
+    /* This rank's vocabulary rows (all without tensor or vocabulary
+     * parallelism), and under tensor parallelism's own split a zero row
+     * that other ranks' tokens read (rt_tp.c). */
+    int64_t v0 = rt->tp.me.vocab0, nv = rt->tp.me.vocab;
+    int64_t zero = rt->tp.on && rt->plan->p.vocab_ranks <= 1 ? 1 : 0;
     uint16_t *h = calloc((size_t)((nv + zero) * H), 2);
     if (!h)
         return mt_fail(err, MT_E_NOMEM, "embedding");

@@ -64,6 +64,7 @@ static mt_status mtp_forward(model_runtime *rt, int64_t M, int64_t cmax, int64_t
 {
     rt_bufs *b = &rt->b;
     rt_mtp *m = &rt->mtp;
+    MT_CHECK(rt_vp_check(rt, M, nl, err));
     /* Hidden states of the previous forward, normed as it normed them. */
     kern_shape s = rt->k_gather->shape;
     model_kern_shape_set(rt->k_gather, &s, "V", m->last_rows);
@@ -74,7 +75,8 @@ static mt_status mtp_forward(model_runtime *rt, int64_t M, int64_t cmax, int64_t
         MT_CHECK(rt_vp_embed(rt, err));
     else
         RUN(rt->k_embed, M, NULL, rt->embed, b->tok, b->resid, b->xb);
-    if (rt->tp.on) /* each rank embedded its vocabulary's tokens, zeros for the others */
+    if (rt->tp.on && !rt->vp.on) /* each rank embedded its vocabulary's tokens, zeros for
+                                  * the others */
         MT_CHECK(rt_tp_embed_sum(rt, M, err));
     RUN(rt->k_norm_final, M, NULL, b->xb, m->enorm, b->xn);
     RUN(m->cat_e, M, NULL, b->xn, m->cat);
@@ -195,7 +197,7 @@ mt_status rt_mtp_step(model_runtime *rt, model_mtp_item *items, int n, mt_err *e
     }
     int64_t max_pages = (cmax + rt->ps - 1) / rt->ps;
     rt_bufs *b = &rt->b;
-    if (rt->tp.on)
+    if (rt->tp.on && !rt->vp.on)
         rt_tp_local_tokens(rt, tok, M);
     void *dst[] = {b->tok, b->pos, b->rows, b->qseq, b->ctx};
     for (int j = 0; j < 5 && st == MT_OK; j++)

@@ -147,8 +147,9 @@ mt_status rt_tp_add_kernels(model_runtime *rt, mt_err *err)
     const model_plan *pl = rt->plan;
     for (int i = 0; i < pl->n_entries; i++) {
         const model_plan_entry *e = &pl->entries[i];
-        if (strcmp(e->fam->name, "tp_cols"))
-            continue;
+        if (strcmp(e->fam->name, "tp_cols") ||
+            kern_shape_get(e->fam, &e->shape, "ranks") != t->size)
+            continue; /* another's: the vocabulary-parallel head's (rt_vp.c) */
         if (t->n_cols == RT_TP_MAX_COLS)
             return mt_fail(err, MT_E_INVALID, "tensor parallelism: more than %d kinds of gather",
                            RT_TP_MAX_COLS);

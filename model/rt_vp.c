@@ -1,23 +1,27 @@
-/* rt_vp.c: a vocabulary-parallel embedding and lm_head across the ranks of
- * data-parallel attention (rt_dp.c; the plan's vocab_ranks). Each rank
- * holds its contiguous share of the vocabulary's rows (model_ep_range),
- * but runs its own sequences, so the rows a rank needs live on every rank.
- * Rank 0's step message carries every item's tokens and logits rows, so
- * every rank knows the whole step (rt_vp_begin/add/seal) and computes the
- * same counts; nothing else is exchanged to agree on them.
+/* rt_vp.c: a vocabulary-parallel embedding and lm_head across every rank
+ * of data-parallel attention (rt_dp.c; the plan's vocab_ranks), whether
+ * its units (the places sequences live) are ranks or tensor-parallel
+ * groups. Each rank holds its contiguous share of the vocabulary's rows
+ * (model_ep_range over the job), but each unit runs its own sequences, so
+ * the rows a unit needs live on every rank. Rank 0's step message carries
+ * every item's tokens and logits rows, so every rank knows the whole step
+ * (rt_vp_begin/add/seal) and computes the same counts; nothing else is
+ * exchanged to agree on them.
  *
- *   embedding  over windows of at most T of the step's tokens (rank by
- *              rank): each rank embeds the window's tokens it holds, in
- *              order, and sends each rank its rows (all-to-all-v of bf16
- *              rows); each rank gathers what it received into its rows'
- *              places (ops_embed over the received rows: f32 and bf16, as
- *              the embedding writes them). A row is copied, never summed.
- *   lm_head    over chunks of at most T of the step's logits rows (rank 0's
- *              own first, alone): every rank's normed rows are all-gathered,
+ *   embedding  over windows of at most T of the step's tokens (unit by
+ *              unit): each rank embeds the window's tokens it holds, in
+ *              order, and sends each rank its unit's rows (all-to-all-v of
+ *              bf16 rows; every rank of a group gets its group's); each
+ *              rank gathers what it received into its rows' places
+ *              (ops_embed over the received rows: f32 and bf16, as the
+ *              embedding writes them). A row is copied, never summed.
+ *   lm_head    over chunks of at most T of the step's logits rows (unit 0's
+ *              first, alone): every unit's normed rows are all-gathered
+ *              (from its first rank: a group's ranks hold the same rows),
  *              each rank computes its vocabulary's columns of all of them,
  *              and rank 0 receives the ranks' column blocks and lays them
- *              side by side (tp_cols): its own rows into b.logits, the
- *              other ranks' into vp.remote, which rt_dp.c hands out.
+ *              side by side (tp_cols): unit 0's rows into b.logits, the
+ *              other units' into vp.remote, which rt_dp.c hands out.
  * A rank without rows this step (or one that refused its items) still
  * takes part: it holds vocabulary the others read.
  *
@@ -35,17 +39,21 @@ mt_status rt_vp_open(model_runtime *rt, mt_err *err)
     int W = rt->plan->p.vocab_ranks;
     if (W <= 1)
         return MT_OK;
-    if (!rt->dp.on || rt->dp.group != 1 || !rt->o.comm || mt_comm_size(rt->o.comm) != W)
+    if (!rt->dp.on || !rt->o.comm || mt_comm_size(rt->o.comm) != W ||
+        rt->dp.size * rt->dp.group != W)
         return mt_fail(err, MT_E_INVALID, "vocabulary parallelism over %d ranks needs "
-                       "data-parallel attention over as many plain ranks", W);
+                       "data-parallel attention over as many ranks", W);
     vp->on = true;
     vp->world = W;
     vp->rank = mt_comm_rank(rt->o.comm);
-    size_t w = (size_t)W, T = (size_t)rt->T, H = (size_t)rt->H;
+    vp->units = rt->dp.size;
+    vp->group = rt->dp.group;
+    vp->unit = vp->rank / vp->group;
+    size_t w = (size_t)W, u = (size_t)vp->units, T = (size_t)rt->T, H = (size_t)rt->H;
     vp->v0 = calloc(w, sizeof *vp->v0);
     vp->nv = calloc(w, sizeof *vp->nv);
-    vp->m = calloc(w, sizeof *vp->m);
-    vp->nl = calloc(w, sizeof *vp->nl);
+    vp->m = calloc(u, sizeof *vp->m);
+    vp->nl = calloc(u, sizeof *vp->nl);
     vp->cnt = calloc(4 * w, sizeof *vp->cnt);
     vp->own = malloc(sizeof(int32_t) * T);
     vp->perm = malloc(sizeof(int32_t) * T);
@@ -108,13 +116,13 @@ void rt_vp_close(model_runtime *rt)
 
 void rt_vp_begin(model_runtime *rt) { rt->vp.n_items = 0; }
 
-mt_status rt_vp_add(model_runtime *rt, int rank, const int32_t *tokens, int n_tokens, int rows,
+mt_status rt_vp_add(model_runtime *rt, int unit, const int32_t *tokens, int n_tokens, int rows,
                     mt_err *err)
 {
     rt_vp *vp = &rt->vp;
-    if (rank < 0 || rank >= vp->world || n_tokens < 0 || rows < 0 || rows > n_tokens)
-        return mt_fail(err, MT_E_FORMAT, "vocabulary parallelism: an item of rank %d, %d "
-                       "tokens, %d logits rows", rank, n_tokens, rows);
+    if (unit < 0 || unit >= vp->units || n_tokens < 0 || rows < 0 || rows > n_tokens)
+        return mt_fail(err, MT_E_FORMAT, "vocabulary parallelism: an item of unit %d, %d "
+                       "tokens, %d logits rows", unit, n_tokens, rows);
     if (vp->n_items == vp->cap_items) {
         int cap = vp->cap_items ? 2 * vp->cap_items : 64;
         rt_vp_item *it = realloc(vp->items, sizeof *it * (size_t)cap);
@@ -123,15 +131,15 @@ mt_status rt_vp_add(model_runtime *rt, int rank, const int32_t *tokens, int n_to
         vp->items = it;
         vp->cap_items = cap;
     }
-    vp->items[vp->n_items++] = (rt_vp_item){tokens, n_tokens, rank, rows};
+    vp->items[vp->n_items++] = (rt_vp_item){tokens, n_tokens, unit, rows};
     return MT_OK;
 }
 
 mt_status rt_vp_seal(model_runtime *rt, mt_err *err)
 {
     rt_vp *vp = &rt->vp;
-    memset(vp->m, 0, sizeof *vp->m * (size_t)vp->world);
-    memset(vp->nl, 0, sizeof *vp->nl * (size_t)vp->world);
+    memset(vp->m, 0, sizeof *vp->m * (size_t)vp->units);
+    memset(vp->nl, 0, sizeof *vp->nl * (size_t)vp->units);
     int64_t total = 0;
     for (int i = 0; i < vp->n_items; i++) {
         vp->m[vp->items[i].rank] += vp->items[i].n;
@@ -146,14 +154,14 @@ mt_status rt_vp_seal(model_runtime *rt, mt_err *err)
         vp->cap_tok = total;
     }
     vp->n_tok = 0;
-    for (int r = 0; r < vp->world; r++) /* rank by rank, each in item order */
+    for (int r = 0; r < vp->units; r++) /* unit by unit, each in item order */
         for (int i = 0; i < vp->n_items; i++) {
             const rt_vp_item *it = &vp->items[i];
             if (it->rank != r)
                 continue;
             for (int t = 0; t < it->n; t++)
                 if (it->tok[t] < 0 || it->tok[t] >= rt->V)
-                    return mt_fail(err, MT_E_FORMAT, "vocabulary parallelism: token %d of rank "
+                    return mt_fail(err, MT_E_FORMAT, "vocabulary parallelism: token %d of unit "
                                    "%d outside the vocabulary of %" PRId64, it->tok[t], r, rt->V);
             memcpy(vp->tok + vp->n_tok, it->tok, sizeof(int32_t) * (size_t)it->n);
             vp->n_tok += it->n;
@@ -161,11 +169,22 @@ mt_status rt_vp_seal(model_runtime *rt, mt_err *err)
     return MT_OK;
 }
 
+mt_status rt_vp_check(const model_runtime *rt, int64_t M, int64_t nl, mt_err *err)
+{
+    const rt_vp *vp = &rt->vp;
+    if (vp->on && (M != vp->m[vp->unit] || nl != vp->nl[vp->unit]))
+        return mt_fail(err, MT_E_INVALID, "vocabulary parallelism: a forward of %" PRId64
+                       " rows (%" PRId64 " logits rows) where rank 0 announced %" PRId64 " (%"
+                       PRId64 ") for this rank's %s %d", M, nl, vp->m[vp->unit],
+                       vp->nl[vp->unit], vp->group > 1 ? "group" : "rank", vp->unit);
+    return MT_OK;
+}
+
 int64_t rt_vp_rows(const model_runtime *rt)
 {
     int64_t n = 0;
-    for (int r = 0; rt->vp.on && r < rt->vp.world; r++)
-        n += rt->vp.nl[r];
+    for (int u = 0; rt->vp.on && u < rt->vp.units; u++)
+        n += rt->vp.nl[u];
     return n;
 }
 
@@ -190,7 +209,7 @@ static mt_status upload_ids(model_runtime *rt, void *dst, const int32_t *src, in
     return dev_copy_to(rt->dev, dst, src, sizeof(int32_t) * (size_t)n, err);
 }
 
-/* One window [w0, w1) of the step's tokens; base[r]: rank r's first. */
+/* One window [w0, w1) of the step's tokens; base[u]: unit u's first. */
 static mt_status embed_window(model_runtime *rt, const int64_t *base, int64_t w0, int64_t w1,
                               mt_err *err)
 {
@@ -199,18 +218,24 @@ static mt_status embed_window(model_runtime *rt, const int64_t *base, int64_t w0
     size_t row = 2 * (size_t)rt->H;
     size_t *sc = vp->cnt, *sd = sc + W, *rc = sd + W, *rd = rc + W;
     memset(vp->cnt, 0, 4 * (size_t)W * sizeof *vp->cnt);
-    /* What this rank holds, to each rank in order. */
+    /* What this rank holds, unit by unit in order; every rank of a unit is
+     * sent the unit's rows (the same bytes: send blocks may overlap). */
     int64_t n_own = 0;
-    for (int d = 0; d < W; d++) {
-        int64_t a = base[d] > w0 ? base[d] : w0, b = base[d + 1] < w1 ? base[d + 1] : w1;
-        sd[d] = (size_t)n_own * row;
+    for (int u = 0; u < vp->units; u++) {
+        int64_t a = base[u] > w0 ? base[u] : w0, b = base[u + 1] < w1 ? base[u + 1] : w1;
+        size_t at = (size_t)n_own * row;
         for (int64_t p = a; p < b; p++)
             if (owner(vp, vp->tok[p]) == me)
                 vp->own[n_own++] = (int32_t)(vp->tok[p] - vp->v0[me]);
-        sc[d] = (size_t)n_own * row - sd[d];
+        for (int d = u * vp->group; d < (u + 1) * vp->group; d++) {
+            sd[d] = at;
+            sc[d] = (size_t)n_own * row - at;
+        }
     }
-    /* What this rank receives: its rows of the window, from their owners. */
-    int64_t a = base[me] > w0 ? base[me] : w0, b = base[me + 1] < w1 ? base[me + 1] : w1;
+    /* What this rank receives: its unit's rows of the window, from their
+     * owners. */
+    int64_t a = base[vp->unit] > w0 ? base[vp->unit] : w0;
+    int64_t b = base[vp->unit + 1] < w1 ? base[vp->unit + 1] : w1;
     int64_t n_in = b > a ? b - a : 0, at = 0;
     for (int q = 0; q < W; q++) {
         rd[q] = (size_t)at * row;
@@ -229,7 +254,7 @@ static mt_status embed_window(model_runtime *rt, const int64_t *base, int64_t w0
                                   err));
     if (!n_in)
         return MT_OK;
-    int64_t lo = a - base[me]; /* the window's first row of this rank */
+    int64_t lo = a - base[vp->unit]; /* the window's first row of this rank */
     kern_shape s = rt->k_gather->shape;
     model_kern_shape_set(rt->k_gather, &s, "V", n_in);
     void *bufs[] = {vp->recv, vp->d_perm, (char *)rt->b.resid + (size_t)lo * 2 * row,
@@ -237,18 +262,18 @@ static mt_status embed_window(model_runtime *rt, const int64_t *base, int64_t w0
     return model_kern_run(rt->k_gather, n_in, &s, bufs, err);
 }
 
-/* First rows of each rank in a rank-by-rank list of n[r] rows each; base[W]
- * is the total. */
+/* First rows of each unit in a unit-by-unit list of n[u] rows each;
+ * base[units] is the total. */
 static int64_t *bases(const rt_vp *vp, const int64_t *n, mt_err *err)
 {
-    int64_t *base = malloc(sizeof *base * ((size_t)vp->world + 1));
+    int64_t *base = malloc(sizeof *base * ((size_t)vp->units + 1));
     if (!base) {
         mt_fail(err, MT_E_NOMEM, "vocabulary parallelism");
         return NULL;
     }
     base[0] = 0;
-    for (int r = 0; r < vp->world; r++)
-        base[r + 1] = base[r] + n[r];
+    for (int u = 0; u < vp->units; u++)
+        base[u + 1] = base[u] + n[u];
     return base;
 }
 
@@ -267,7 +292,7 @@ mt_status rt_vp_embed(model_runtime *rt, mt_err *err)
 
 /* ---- the head ------------------------------------------------------------------- */
 
-/* One chunk [c0, c1) of the step's logits rows; base[r]: rank r's first. */
+/* One chunk [c0, c1) of the step's logits rows; base[u]: unit u's first. */
 static mt_status head_chunk(model_runtime *rt, const int64_t *base, int64_t c0, int64_t c1,
                             mt_err *err)
 {
@@ -277,16 +302,18 @@ static mt_status head_chunk(model_runtime *rt, const int64_t *base, int64_t c0, 
     size_t row = 2 * (size_t)rt->H;
     size_t *sc = vp->cnt, *sd = sc + W, *rc = sd + W, *rd = rc + W;
     memset(vp->cnt, 0, 4 * (size_t)W * sizeof *vp->cnt);
-    /* Every rank's rows of the chunk to every rank, in rank order. */
-    for (int q = 0; q < W; q++) {
-        int64_t a = base[q] > c0 ? base[q] : c0, b = base[q + 1] < c1 ? base[q + 1] : c1;
+    /* Every unit's rows of the chunk to every rank, in unit order, from
+     * the unit's first rank. */
+    for (int u = 0; u < vp->units; u++) {
+        int q = u * vp->group;
+        int64_t a = base[u] > c0 ? base[u] : c0, b = base[u + 1] < c1 ? base[u + 1] : c1;
         rc[q] = b > a ? (size_t)(b - a) * row : 0;
         rd[q] = b > a ? (size_t)(a - c0) * row : 0;
     }
-    int64_t a = base[me] > c0 ? base[me] : c0;
-    for (int q = 0; q < W; q++) {
+    int64_t a = base[vp->unit] > c0 ? base[vp->unit] : c0;
+    for (int q = 0; me % vp->group == 0 && q < W; q++) {
         sc[q] = rc[me];
-        sd[q] = rc[me] ? (size_t)(a - base[me]) * row : 0;
+        sd[q] = rc[me] ? (size_t)(a - base[vp->unit]) * row : 0;
     }
     MT_CHECK(mt_comm_all_to_all_v(rt->o.comm, rt->b.xg, sc, sd, vp->hid, rc, rd, MT_COMM_U8,
                                   err));

@@ -32,13 +32,17 @@ void model_runtime_plan_opts(const model_runtime_opts *ro, model_plan_opts *out)
                              .kv_dtype = ro->kv_dtype, .kv_page_size = ro->kv_page_size,
                              .kv_pages = ro->kv_pages, .max_batch_tokens = ro->max_batch_tokens,
                              .mtp = ro->speculative_steps > 0, .ep_runtime = ro->comm != NULL};
-    int group = ro->tp && ro->comm ? (ro->tp_size > 0 ? ro->tp_size : mt_comm_size(ro->comm)) : 0;
+    int size = ro->comm ? mt_comm_size(ro->comm) : 0;
+    int group = ro->tp && ro->comm ? (ro->tp_size > 0 ? ro->tp_size : size) : 0;
     if (group > 1) { /* the plan of this rank's place in its group */
         out->tp_ranks = group;
         out->tp_rank = mt_comm_rank(ro->comm) % group;
-    } else if (ro->dp && ro->comm && ro->comm_lead && mt_comm_size(ro->comm) > 1) {
-        /* data-parallel ranks split the vocabulary (rt_vp.c) */
-        out->vocab_ranks = mt_comm_size(ro->comm);
+    }
+    bool groups = group <= 1 || (group < size && size % group == 0);
+    if (ro->dp && ro->comm_lead && size > 1 && groups) {
+        /* data-parallel ranks, or groups, split the vocabulary over the
+         * whole job (rt_vp.c) */
+        out->vocab_ranks = size;
         out->vocab_rank = mt_comm_rank(ro->comm);
     }
 }

@@ -317,9 +317,10 @@ static void tune_item(serve_tune *t, const item *it)
     int64_t m = model_buckets[it->b];
     /* Taken up: a tune that fails is not planned again. */
     set_pass(t, k->fam, k->key, it->b, PASS_FULL);
-    /* The first pass: a few trials (the default, the transfer seeds of the
-     * nearest tuned M, the search's first picks); the second resumes the
-     * same search up to the whole budget (trials in the database count). */
+    /* The first pass: a few trials (the default and the transfer seeds of
+     * the nearest tuned M alone, or with no M of the kernel tuned yet the
+     * search's first picks); the second resumes the same search up to the
+     * whole budget (trials in the database count). */
     bool first = it->pass == PASS_NONE && t->o.first_trials > 0;
     tune_budget budget = t->o.budget;
     if (first)
@@ -341,6 +342,9 @@ static void tune_item(serve_tune *t, const item *it)
         o.timing.flush_cache = false; /* see serve_tune.h: cold_timing */
     if (first && o.timing.max_ms > FIRST_MAX_MS)
         o.timing.max_ms = FIRST_MAX_MS;
+    /* A first pass next to a tuned M measures the neighbours' winners
+     * (compiled already) and the default: coverage needs no compiles. */
+    o.seeds_only = first;
     o.spawner = t->sp;
     o.gate = gate;
     o.gate_ctx = t;

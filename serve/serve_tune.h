@@ -13,8 +13,10 @@
  * Families without parameters are left out (nothing to choose).
  *
  * Coverage first: a first pass tunes every (family, key, M) the load has
- * called with a few trials (first_trials: the default, the transfer seeds
- * from the nearest tuned M, the search's first picks), costliest first;
+ * called with a few trials (at most first_trials: the default and the
+ * transfer seeds from the nearest tuned M of the kernel alone, so nothing
+ * new is compiled; with no M of it tuned yet, the default and the
+ * search's first picks; tune_opts.seeds_only), costliest first;
  * once none waits for its first pass (covered), a second pass resumes the
  * costliest ones' searches up to the whole budget (the trials already in
  * the database count toward it). A new bucket the load calls goes ahead of

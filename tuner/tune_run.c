@@ -891,6 +891,11 @@ static mt_status tune_m(run_ctx *r, int mi, mt_err *err)
         tune_search_set_budget(s, trials);
     }
     r->budget_left = trials > 0 ? (trials > ka.count ? trials - ka.count : 0) : -1;
+    int seeds = o->transfer && o->seeds_only ? tune_search_seeds(s) : 0;
+    if (seeds > 0) { /* the default (unless it has a trial) and the seeds alone */
+        int64_t n = seeds + (ka.default_known ? 0 : 1);
+        r->budget_left = r->budget_left >= 0 && r->budget_left < n ? r->budget_left : n;
+    }
     if (o->default_only) /* the default alone, unless it has a trial */
         r->budget_left = ka.default_known ? 0 : 1;
     r->deadline_m_ms = 0;

@@ -283,6 +283,15 @@ void tune_search_seed(tune_search *s, const kern_config *c)
     s->seeds[s->n_seeds++] = *c;
 }
 
+int tune_search_seeds(const tune_search *s)
+{
+    int n = 0;
+    for (int i = 0; i < s->n_seeds; i++)
+        n += usable(s, &s->seeds[i]) && !is_known(s, &s->seeds[i]) &&
+             !same(&s->seeds[i], &s->dflt);
+    return n;
+}
+
 void tune_search_result(tune_search *s, const kern_config *c, bool ok, double median_ms)
 {
     if (ok && isfinite(median_ms))

@@ -107,6 +107,13 @@ typedef struct tune_opts {
     kern_time_opts timing;   /* the runner's options; abandon_ms is set by
                                 the tuner (2x the best so far) */
     bool transfer;           /* seed each M from winners of neighbouring M */
+    bool seeds_only;         /* with transfer: an M that has transfer seeds
+                                measures the default and the seeds alone, no
+                                fresh picks (nothing new to compile when the
+                                neighbours' winners are in the compile cache);
+                                an M without seeds searches as usual. The
+                                live tuner's first pass after a kernel's
+                                first M. */
     int confirm_rounds;      /* paired rounds confirming a non-default best
                                 against the default (see tune_m); 0: 10,
                                 < 0: no confirmation (the lowest median wins,

@@ -359,10 +359,11 @@ static mt_status global_uses(builder *b)
     int64_t T = pp->T, H = c->hidden_size;
     int *g = b->p->g;
     /* Tensor parallelism: the rank's vocabulary rows, plus a zero row the
-     * other ranks' tokens read (rt_tp.c). */
+     * other ranks' tokens read (rt_tp.c), unless the vocabulary is split
+     * over the whole job (rt_vp.c). */
     bool tp = pp->tp_ranks > 1;
     USE(&g[MODEL_GS_EMBED], "ops_embed", T, "embedding", "N=%" PRId64 ",V=%" PRId64, H,
-        pp->tp.vocab + tp);
+        pp->tp.vocab + (tp && pp->vocab_ranks <= 1));
     USE(&g[MODEL_GS_NORM_FINAL], "rmsnorm", T, "norm", "N=%" PRId64 ",eps_e=%d", H, pp->eps_e);
     /* The rows whose logits are wanted, gathered from the M rows of the batch. */
     USE(&g[MODEL_GS_GATHER], "ops_embed", T, "logit rows", "N=%" PRId64 ",V=%" PRId64, H, T);
@@ -383,8 +384,9 @@ static mt_status global_uses(builder *b)
             pp->tp_ranks, (long long)c->num_attention_heads, (long long)c->v_head_dim);
         USE(&unused, "tp_cols", T, "gather rows (TP)", "ranks=%d,U=%" PRId64 ",per=1,t=f32",
             pp->tp_ranks, H);
-        USE(&unused, "tp_cols", T, "gather logits (TP)", "ranks=%d,U=%lld,per=1,t=f32",
-            pp->tp_ranks, (long long)c->vocab_size);
+        if (pp->vocab_ranks <= 1 || b->vocab_all) /* else the job's gather, below */
+            USE(&unused, "tp_cols", T, "gather logits (TP)", "ranks=%d,U=%lld,per=1,t=f32",
+                pp->tp_ranks, (long long)c->vocab_size);
     }
     /* Data-parallel ranks' vocabulary-parallel head (rt_vp.c): rank 0 lays
      * the ranks' logits columns side by side. A tune plan lists every
@@ -524,13 +526,16 @@ static mt_status resolve_params(const model_config *c, const model_plan_opts *o,
                        o->tp_rank, o->tp_ranks);
     pp->tp_ranks = o->tp_ranks > 1 ? o->tp_ranks : 0;
     MT_CHECK(model_tp_local(c, pp->tp_ranks, o->tp_rank > 0 ? o->tp_rank : 0, &pp->tp, err));
-    if (o->vocab_ranks <= 1 || (pp->tp_ranks && o->vocab_rank < 0))
-        return MT_OK; /* a tune plan's groups split the vocabulary themselves */
-    if (pp->tp_ranks || o->vocab_ranks > 4096 || o->vocab_rank < -1 ||
-        o->vocab_rank >= o->vocab_ranks)
-        return mt_fail(err, MT_E_INVALID, "vocabulary parallelism: rank %d of %d ranks%s",
-                       o->vocab_rank, o->vocab_ranks,
-                       pp->tp_ranks ? " (tensor parallelism splits the vocabulary itself)" : "");
+    if (o->vocab_ranks <= 1 || (o->vocab_ranks == pp->tp_ranks && o->vocab_rank < 0))
+        return MT_OK; /* tensor parallelism over the whole job splits it itself */
+    if (o->vocab_ranks > 4096 || o->vocab_rank < -1 || o->vocab_rank >= o->vocab_ranks)
+        return mt_fail(err, MT_E_INVALID, "vocabulary parallelism: rank %d of %d ranks",
+                       o->vocab_rank, o->vocab_ranks);
+    if (pp->tp_ranks && (o->vocab_ranks <= pp->tp_ranks || o->vocab_ranks % pp->tp_ranks))
+        return mt_fail(err, MT_E_INVALID, "vocabulary parallelism over %d ranks beside "
+                       "tensor-parallel groups of %d: the job must be several whole groups "
+                       "(one group splits the vocabulary itself)", o->vocab_ranks,
+                       pp->tp_ranks);
     if (c->vocab_size < o->vocab_ranks)
         return mt_fail(err, MT_E_INVALID, "vocabulary parallelism over %d ranks: config.json "
                        "has vocab_size %" PRId64, o->vocab_ranks, c->vocab_size);

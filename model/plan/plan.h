@@ -85,14 +85,16 @@ typedef struct model_plan_opts {
      * rank's, at its local shapes, and the slots are rank 0's. The runtime
      * sets both from its communicator (model_runtime_opts.tp). */
     int tp_ranks, tp_rank;
-    /* Data-parallel attention over this many ranks (0 or 1: none) with a
-     * vocabulary-parallel embedding and head: this rank (vocab_rank) holds
-     * its share of the vocabulary (model_ep_range), heads and o_proj rows
-     * stay whole, and the plan adds the gather of the ranks' logits
-     * columns. Not with tp_ranks. vocab_rank -1 (`tune --model --ep N`):
-     * the slots keep the whole vocabulary (expert parallelism without
-     * data-parallel attention replicates it) and the plan also lists every
-     * rank's embedding and lm_head; with tp_ranks it is ignored. */
+    /* Data-parallel attention over this many ranks (0 or 1: none), plain
+     * or in tensor-parallel groups of tp_ranks (then a multiple of it,
+     * more than one group), with a vocabulary-parallel embedding and head
+     * over every rank of the job: this rank (vocab_rank) holds its share
+     * of the vocabulary (model_ep_range over vocab_ranks, not its group's
+     * tp share), and the plan adds the gather of the ranks' logits columns
+     * (in place of a group's). vocab_rank -1 (`tune --model --ep N`): the
+     * slots keep the whole vocabulary (or the tp share) and the plan also
+     * lists every rank's lm_head; with tp_ranks equal to vocab_ranks (one
+     * group: tensor parallelism splits the vocabulary) it is ignored. */
     int vocab_ranks, vocab_rank;
 } model_plan_opts;
 

@@ -376,40 +376,44 @@ Test(ep, tensor_parallel_shares_and_plans, .timeout = 300)
     fw_rm_dir(dir);
 }
 
-/* Data-parallel ranks' vocabulary over 3 ranks of the tiny model
- * (vocabulary 512: 171, 171, 170): each rank's plan runs lm_head over its
- * share and gathers the ranks' logits columns; the tune plan (`tune
- * --model --ep 3`: vocab_rank -1) keeps the whole vocabulary in its slots
- * and lists every rank's lm_head and the gather. */
-Test(ep, vocabulary_parallel_shares_and_plans, .timeout = 300)
+/* Each rank's plan of a vocabulary split over `ranks` ranks (in
+ * tensor-parallel groups of tp, or plain with tp 0) of the tiny model
+ * (vocabulary 512): lm_head over the rank's share of the whole job (not
+ * its group's), the embedding, the job's gather of the ranks' logits
+ * columns and no group gather of logits; every entry is in the tune plan
+ * (`tune --model --ep ranks [--tp tp]`: vocab_rank -1, tp_rank -1), whose
+ * lm_head slot is the whole vocabulary (or rank 0's tp share). */
+static void vocab_plans(const char *dir, int ranks, int tp)
 {
-    char *dir = fw_tiny_dir();
     mt_err err = MT_ERR_INIT;
     const int64_t V = 512, H = 256;
-    model_plan_opts po = {.kv_pages = 64, .max_batch_tokens = 64, .ep_ranks = 3,
-                          .ep_runtime = true, .vocab_ranks = 3, .vocab_rank = -1};
+    model_plan_opts po = {.kv_pages = 64, .max_batch_tokens = 64, .ep_ranks = ranks,
+                          .ep_runtime = true, .vocab_ranks = ranks, .vocab_rank = -1,
+                          .tp_ranks = tp, .tp_rank = tp ? -1 : 0};
     model_plan_entry *all = NULL, *one = NULL;
     int n_all = 0, n_one = 0;
     cr_assert_eq(model_kernel_plan(dir, &po, &all, &n_all, &err), MT_OK, "%s", err.msg);
     char want[64];
-    snprintf(want, sizeof want, "N=%" PRId64 ",K=%" PRId64, V, H); /* the slots' lm_head */
+    snprintf(want, sizeof want, "N=%" PRId64 ",K=%" PRId64, tp ? (V + tp - 1) / tp : V, H);
     bool whole = false;
     for (int i = 0; i < n_all; i++)
         whole |= !strcmp(all[i].purpose, "lm_head") && !strcmp(all[i].key, want);
-    cr_assert(whole, "the tune plan's lm_head slot is not the whole vocabulary");
+    cr_assert(whole, "%d ranks, tp %d: the tune plan's lm_head slot is not %s", ranks, tp,
+              want);
     int64_t covered = 0;
-    for (int r = 0; r < 3; r++) {
+    for (int r = 0; r < ranks; r++) {
         po.vocab_rank = r;
+        po.tp_rank = tp ? r % tp : 0;
         cr_assert_eq(model_kernel_plan(dir, &po, &one, &n_one, &err), MT_OK, "%s", err.msg);
         int64_t v0, nv;
-        model_ep_range(V, 3, r, &v0, &nv);
+        model_ep_range(V, ranks, r, &v0, &nv);
         cr_assert_eq(v0, covered, "rank %d starts at %" PRId64, r, v0);
         covered += nv;
         bool head = false, embed = false, cols = false;
         for (int i = 0; i < n_one; i++) {
             const model_plan_entry *e = &one[i];
-            cr_assert(plan_has(all, n_all, e), "rank %d looks up %s %s; the tune plan does not "
-                      "list it", r, e->fam->name, e->key);
+            cr_assert(plan_has(all, n_all, e), "rank %d (tp %d) looks up %s %s; the tune plan "
+                      "does not list it", r, tp, e->fam->name, e->key);
             kern_shape sh;
             cr_assert_eq(kern_shape_parse(e->fam, e->key, &sh, NULL, &err), MT_OK, "%s", err.msg);
             if (!strcmp(e->purpose, "lm_head")) {
@@ -417,28 +421,48 @@ Test(ep, vocabulary_parallel_shares_and_plans, .timeout = 300)
                 head = true;
             } else if (!strcmp(e->purpose, "embedding")) { /* its key names no rows */
                 embed = true;
-            } else if (!strcmp(e->fam->name, "tp_cols")) {
-                cr_assert_eq(kern_shape_get(e->fam, &sh, "ranks"), 3, "%s", e->key);
+            } else if (!strcmp(e->fam->name, "tp_cols") && strstr(e->purpose, "logits")) {
+                cr_assert(!strcmp(e->purpose, "gather logits (vocabulary-parallel)"),
+                          "rank %d (tp %d): %s", r, tp, e->purpose);
                 cr_assert_eq(kern_shape_get(e->fam, &sh, "U"), V, "%s", e->key);
+                cr_assert_eq(kern_shape_get(e->fam, &sh, "ranks"), ranks, "%s", e->key);
                 cr_assert_eq(kern_shape_get(e->fam, &sh, "per"), 1, "%s", e->key);
                 cols = true;
             }
         }
-        cr_assert(head && embed && cols, "rank %d: a slot is missing", r);
+        cr_assert(head && embed && cols, "rank %d (tp %d): a slot is missing", r, tp);
         free(one);
     }
     cr_assert_eq(covered, V);
     free(all);
-    /* A rank past the job, and a split beside tensor parallelism's own. */
-    po.vocab_rank = 3;
+}
+
+/* Data-parallel ranks' vocabulary over 3 plain ranks (171, 171, 170 rows)
+ * and over 4 ranks in tensor-parallel groups of 2 (128 each, not the
+ * groups' 256); splits that cannot be are refused by name. */
+Test(ep, vocabulary_parallel_shares_and_plans, .timeout = 300)
+{
+    char *dir = fw_tiny_dir();
+    mt_err err = MT_ERR_INIT;
+    vocab_plans(dir, 3, 0);
+    vocab_plans(dir, 4, 2);
+    model_plan_opts po = {.kv_pages = 64, .max_batch_tokens = 64, .ep_ranks = 3,
+                          .ep_runtime = true, .vocab_ranks = 3, .vocab_rank = 3};
+    model_plan_entry *all = NULL;
+    int n_all = 0;
+    /* A rank past the job; one group (its tensor parallelism splits the
+     * vocabulary); groups that do not divide the job. */
     cr_assert_eq(model_kernel_plan(dir, &po, &all, &n_all, &err), MT_E_INVALID);
     cr_assert(strstr(err.msg, "vocabulary parallelism"), "%s", err.msg);
     po.vocab_rank = 0;
     po.tp_ranks = 3;
     cr_assert_eq(model_kernel_plan(dir, &po, &all, &n_all, &err), MT_E_INVALID);
-    cr_assert(strstr(err.msg, "tensor parallelism splits"), "%s", err.msg);
-    po.vocab_rank = -1; /* a tune plan with --tp: the groups split it */
-    po.tp_rank = -1;
+    cr_assert(strstr(err.msg, "one group splits"), "%s", err.msg);
+    po.ep_ranks = po.vocab_ranks = 4;
+    cr_assert_eq(model_kernel_plan(dir, &po, &all, &n_all, &err), MT_E_INVALID);
+    cr_assert(strstr(err.msg, "several whole groups"), "%s", err.msg);
+    po.vocab_ranks = po.tp_ranks = 4; /* a tune plan with --tp over the job: TP splits it */
+    po.vocab_rank = po.tp_rank = -1;
     cr_assert_eq(model_kernel_plan(dir, &po, &all, &n_all, &err), MT_OK, "%s", err.msg);
     free(all);
     fw_rm_dir(dir);

@@ -11,10 +11,11 @@
  * refused because one rank's KV cache is full (the DP runtime has fewer
  * pages than the reference), frees and slot reuse. Every logit row must be
  * bitwise the reference's (batch-invariant kernels), and every rank must
- * have held sequences. Over plain ranks the embedding and lm_head are
- * vocabulary-parallel: one step runs more tokens and logits rows over all
- * ranks than one rank's batch (its exchanges run in windows), and every
- * rank must have uploaded the exchange's id lists.
+ * have held sequences. The embedding and lm_head are vocabulary-parallel
+ * over every rank of the job (plain ranks or groups): one step runs more
+ * tokens and logits rows over all ranks than one rank's batch (its
+ * exchanges run in windows), and every rank must have uploaded the
+ * exchange's id lists.
  *
  * Usage: mt_dp_check MODEL_DIR SEED [GROUP]
  *   GROUP: tensor-parallel groups of GROUP ranks, each group holding and
@@ -228,16 +229,15 @@ static void script(pair *p)
     }
 }
 
-/* Over plain ranks every rank took part in the vocabulary-parallel
- * embedding (its id lists went to its device); in groups none did. */
+/* Every rank took part in the vocabulary-parallel embedding, over plain
+ * ranks and in groups (the vocabulary is split over the whole job): its
+ * id lists went to its device. */
 static void vocab_exchanged(const model_runtime *rt)
 {
     model_copy_counts cc;
     model_runtime_copy_counts(rt, &cc);
-    if ((group == 1) != (cc.index_calls > 0))
-        die("vocabulary parallelism", group == 1 ? "this rank uploaded no id lists"
-                                                  : "a tensor-parallel group's rank uploaded id "
-                                                    "lists");
+    if (cc.index_calls == 0)
+        die("vocabulary parallelism", "this rank uploaded no id lists");
 }
 
 int main(int argc, char **argv)

@@ -131,3 +131,63 @@ Test(tune_run, space_share_budget_measures_that_share_of_each_m, .timeout = 120)
     }
     tune_report_free(rep);
 }
+
+/* seeds_only (the live tuner's first pass): an M next to a tuned one
+ * measures its default and that M's winner and runner-ups alone, every
+ * other one a config measured there already (compiled: nothing new), and
+ * at least one seed; the same run without it searches fresh configs too. */
+Test(tune_run, seeds_only_measures_the_default_and_the_neighbours_winners, .timeout = 180)
+{
+    char db[256];
+    tt_db_path(db, sizeof db, "seeds.db");
+    const kern_family *f = kern_family_find("gemm");
+    tune_opts o;
+    tt_opts(&o, "cpu", db);
+    cr_assert_eq(tune_budget_parse("15%", &o.budget, NULL), MT_OK);
+    cr_assert(o.transfer, "transfer is on by default");
+    mt_err err = MT_ERR_INIT;
+    tune_report *rep = NULL;
+    tune_job job;
+    static const int64_t m1[] = {1}, m5[] = {5}, m9[] = {9};
+    cr_assert_eq(tune_job_make(f, "tiny", m1, 1, &job, &err), MT_OK, "%s", err.msg);
+    cr_assert_eq(tune_run(&job, 1, &o, &rep, &err), MT_OK, "%s", err.msg);
+    cr_assert(rep->jobs[0].m[0].has_winner);
+    tune_report_free(rep);
+
+    o.seeds_only = true;
+    cr_assert_eq(tune_job_make(f, "tiny", m5, 1, &job, &err), MT_OK, "%s", err.msg);
+    cr_assert_eq(tune_run(&job, 1, &o, &rep, &err), MT_OK, "%s", err.msg);
+    const tune_m_report *mr = &rep->jobs[0].m[0];
+    char dflt[256]; /* M=5's default: the default may depend on M */
+    snprintf(dflt, sizeof dflt, "%s", mr->default_key);
+    int want_budget = (int)ceil(0.15 * mr->space);
+    cr_assert(mr->measured >= 2 && mr->measured < want_budget,
+              "seeds only: %d measured (budget %d)", mr->measured, want_budget);
+    tune_report_free(rep);
+
+    o.seeds_only = false;
+    cr_assert_eq(tune_job_make(f, "tiny", m9, 1, &job, &err), MT_OK, "%s", err.msg);
+    cr_assert_eq(tune_run(&job, 1, &o, &rep, &err), MT_OK, "%s", err.msg);
+    tune_report_free(rep);
+
+    tt_trials *ts = calloc(1, sizeof *ts);
+    tt_read_trials(db, "gemm", ts);
+    int at5 = 0, fresh9 = 0;
+    for (int i = 0; i < ts->n; i++) {
+        if (ts->t[i].m == 1)
+            continue;
+        bool at1 = ts->t[i].m == 5 && !strcmp(ts->t[i].config_key, dflt);
+        for (int j = 0; j < ts->n && !at1; j++)
+            at1 = ts->t[j].m == 1 && !strcmp(ts->t[j].config_key, ts->t[i].config_key);
+        if (ts->t[i].m == 5) {
+            at5++;
+            cr_assert(at1, "M=5 (seeds only) measured %s, which M=1 never ran",
+                      ts->t[i].config_key);
+        } else {
+            fresh9 += !at1;
+        }
+    }
+    cr_assert_gt(at5, 1, "M=5 measured no seed");
+    cr_assert_gt(fresh9, 0, "without seeds_only M=9 searched nothing fresh");
+    free(ts);
+}
