@@ -192,6 +192,7 @@ mt_status rt_empty_mtp(model_runtime *rt, mt_err *err)
     if (!rt->mtp.on)
         return mt_fail(err, MT_E_INVALID, "rank 0 runs MTP draft steps, but this rank opened "
                        "its runtime without speculative_steps: every rank needs the same options");
+    MT_CHECK(rt_vp_share(rt, 0, 0, err));
     if (rt->vp.on)
         MT_CHECK(rt_vp_embed(rt, err));
     rt_layer *ly = &rt->layers[rt->n_layers];
@@ -207,6 +208,7 @@ mt_status rt_empty_mtp(model_runtime *rt, mt_err *err)
  * head) there are none. */
 mt_status rt_empty_forward(model_runtime *rt, mt_err *err)
 {
+    MT_CHECK(rt_vp_share(rt, 0, 0, err));
     if (rt->vp.on)
         MT_CHECK(rt_vp_embed(rt, err));
     for (int64_t l = 0; rt->ep && l < rt->n_layers; l++) {

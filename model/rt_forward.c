@@ -207,6 +207,7 @@ mt_status rt_layer_forward(model_runtime *rt, rt_layer *ly, int64_t M, int64_t c
 static mt_status forward(model_runtime *rt, int64_t M, int64_t cmax, int64_t nl, mt_err *err)
 {
     rt_bufs *b = &rt->b;
+    MT_CHECK(rt_vp_share(rt, M, nl, err));
     MT_CHECK(rt_vp_check(rt, M, nl, err));
     if (rt->vp.on) /* the rows come from the ranks holding their tokens */
         MT_CHECK(rt_vp_embed(rt, err));

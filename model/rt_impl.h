@@ -243,6 +243,14 @@ typedef struct rt_vp {
     size_t *cnt;                 /* [4 * world]: all-to-all-v counts and displacements */
     model_kern *cols;            /* tp_cols: the ranks' columns side by side */
     uint64_t index_calls, index_bytes; /* host copies of the id lists */
+    /* Without a data-parallel leader (self): every forward shares its row
+     * counts and token ids with the other ranks (rt_vp_share), and each
+     * rank receives its own rows' column blocks. */
+    bool self;
+    void *d_cnt;                 /* device [2 * world] int32: the ranks' (rows, logits rows) */
+    void *d_ids;                 /* device [world][T] int32: the ranks' token ids */
+    int32_t *cnt_h, *ids_h;      /* host copies of the same */
+    uint64_t share_to_calls, share_to_bytes, share_from_calls, share_from_bytes;
 } rt_vp;
 
 struct model_runtime {
@@ -455,6 +463,11 @@ void rt_vp_begin(model_runtime *rt);
 mt_status rt_vp_add(model_runtime *rt, int unit, const int32_t *tokens, int n_tokens, int rows,
                     mt_err *err);
 mt_status rt_vp_seal(model_runtime *rt, mt_err *err);
+/* Without dp (vp.self): this rank's forward of M rows (their ids in b.tok)
+ * and nl logits rows, shared with every rank's, then sealed as the step
+ * (the step's first exchange: every rank calls it, with rows or without).
+ * A no-op under dp. */
+mt_status rt_vp_share(model_runtime *rt, int64_t M, int64_t nl, mt_err *err);
 /* A forward of M rows and nl logits rows on this rank against what rank 0
  * announced for its unit: MT_E_INVALID naming both when they differ (the
  * exchanges would run at the wrong sizes). */

@@ -64,6 +64,7 @@ static mt_status mtp_forward(model_runtime *rt, int64_t M, int64_t cmax, int64_t
 {
     rt_bufs *b = &rt->b;
     rt_mtp *m = &rt->mtp;
+    MT_CHECK(rt_vp_share(rt, M, nl, err));
     MT_CHECK(rt_vp_check(rt, M, nl, err));
     /* Hidden states of the previous forward, normed as it normed them. */
     kern_shape s = rt->k_gather->shape;

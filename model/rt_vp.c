@@ -1,12 +1,15 @@
 /* rt_vp.c: a vocabulary-parallel embedding and lm_head across every rank
- * of data-parallel attention (rt_dp.c; the plan's vocab_ranks), whether
- * its units (the places sequences live) are ranks or tensor-parallel
- * groups. Each rank holds its contiguous share of the vocabulary's rows
- * (model_ep_range over the job), but each unit runs its own sequences, so
- * the rows a unit needs live on every rank. Rank 0's step message carries
- * every item's tokens and logits rows, so every rank knows the whole step
- * (rt_vp_begin/add/seal) and computes the same counts; nothing else is
- * exchanged to agree on them.
+ * of the job (the plan's vocab_ranks): under data-parallel attention
+ * (rt_dp.c), whose units (the places sequences live) are ranks or
+ * tensor-parallel groups, and under expert parallelism alone (no dp, no
+ * tp: each rank is a unit of its own). Each rank holds its contiguous
+ * share of the vocabulary's rows (model_ep_range over the job), but each
+ * unit runs its own tokens, so the rows a unit needs live on every rank.
+ * Every rank knows the whole step (rt_vp_begin/add/seal) and computes the
+ * same counts: under dp from rank 0's step message, which carries every
+ * item's tokens and logits rows; without it (self) each forward first
+ * shares its row counts (an all-gather) and token ids (an all-to-all-v of
+ * its ids to every rank) with the others (rt_vp_share).
  *
  *   embedding  over windows of at most T of the step's tokens (unit by
  *              unit): each rank embeds the window's tokens it holds, in
@@ -22,11 +25,15 @@
  *              and rank 0 receives the ranks' column blocks and lays them
  *              side by side (tp_cols): unit 0's rows into b.logits, the
  *              other units' into vp.remote, which rt_dp.c hands out.
+ *              Without dp each rank receives its own rows' blocks (chunks
+ *              never span two ranks' rows) into its b.logits.
  * A rank without rows this step (or one that refused its items) still
  * takes part: it holds vocabulary the others read.
  *
  * Host copies: the window's id lists go in (counted apart, index_calls);
- * nothing comes out but rank 0's logits, as on one device. */
+ * without dp the shared counts go in and every rank's counts and ids come
+ * out (share_to/share_from); no logits come out but the ones a unit's
+ * items asked for, as on one device. */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,15 +46,18 @@ mt_status rt_vp_open(model_runtime *rt, mt_err *err)
     int W = rt->plan->p.vocab_ranks;
     if (W <= 1)
         return MT_OK;
-    if (!rt->dp.on || !rt->o.comm || mt_comm_size(rt->o.comm) != W ||
-        rt->dp.size * rt->dp.group != W)
+    bool self = !rt->dp.on && !rt->tp.on;
+    if (!rt->o.comm || mt_comm_size(rt->o.comm) != W ||
+        (!self && (!rt->dp.on || rt->dp.size * rt->dp.group != W)))
         return mt_fail(err, MT_E_INVALID, "vocabulary parallelism over %d ranks needs "
-                       "data-parallel attention over as many ranks", W);
+                       "data-parallel attention or expert parallelism alone over as many "
+                       "ranks", W);
     vp->on = true;
+    vp->self = self;
     vp->world = W;
     vp->rank = mt_comm_rank(rt->o.comm);
-    vp->units = rt->dp.size;
-    vp->group = rt->dp.group;
+    vp->units = self ? W : rt->dp.size;
+    vp->group = self ? 1 : rt->dp.group;
     vp->unit = vp->rank / vp->group;
     size_t w = (size_t)W, u = (size_t)vp->units, T = (size_t)rt->T, H = (size_t)rt->H;
     vp->v0 = calloc(w, sizeof *vp->v0);
@@ -69,8 +79,16 @@ mt_status rt_vp_open(model_runtime *rt, mt_err *err)
     MT_CHECK(dev_alloc(rt->dev, 4 * T * H, &vp->scratch, err));
     MT_CHECK(dev_alloc(rt->dev, 2 * T * H, &vp->hid, err));
     MT_CHECK(dev_alloc(rt->dev, 4 * T * (size_t)nv, &vp->lg, err));
-    if (vp->rank == 0)
+    if (vp->rank == 0 || self)
         MT_CHECK(dev_alloc(rt->dev, 4 * T * (size_t)rt->V, &vp->cols_in, err));
+    if (self) {
+        vp->cnt_h = malloc(sizeof(int32_t) * 2 * w);
+        vp->ids_h = malloc(sizeof(int32_t) * w * T);
+        if (!vp->cnt_h || !vp->ids_h)
+            return mt_fail(err, MT_E_NOMEM, "vocabulary parallelism");
+        MT_CHECK(dev_alloc(rt->dev, sizeof(int32_t) * (2 * w + 2), &vp->d_cnt, err));
+        MT_CHECK(dev_alloc(rt->dev, sizeof(int32_t) * w * T, &vp->d_ids, err));
+    }
     /* The plan's gather of the ranks' logits columns (entry i is kernel i). */
     const model_plan *pl = rt->plan;
     for (int i = 0; i < pl->n_entries && !vp->cols; i++) {
@@ -95,8 +113,8 @@ void rt_vp_close(model_runtime *rt)
 {
     rt_vp *vp = &rt->vp;
     if (rt->dev) {
-        void *bufs[] = {vp->d_own, vp->d_perm, vp->send, vp->recv, vp->scratch,
-                        vp->hid, vp->lg, vp->cols_in, vp->remote};
+        void *bufs[] = {vp->d_own, vp->d_perm, vp->send, vp->recv, vp->scratch, vp->hid,
+                        vp->lg, vp->cols_in, vp->remote, vp->d_cnt, vp->d_ids};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             dev_free(rt->dev, bufs[i]);
     }
@@ -109,6 +127,8 @@ void rt_vp_close(model_runtime *rt)
     free(vp->perm);
     free(vp->tok);
     free(vp->items);
+    free(vp->cnt_h);
+    free(vp->ids_h);
     memset(vp, 0, sizeof *vp);
 }
 
@@ -167,6 +187,54 @@ mt_status rt_vp_seal(model_runtime *rt, mt_err *err)
             vp->n_tok += it->n;
         }
     return MT_OK;
+}
+
+mt_status rt_vp_share(model_runtime *rt, int64_t M, int64_t nl, mt_err *err)
+{
+    rt_vp *vp = &rt->vp;
+    if (!vp->self)
+        return MT_OK;
+    int W = vp->world;
+    size_t w = (size_t)W, T = (size_t)rt->T;
+    rt->ep_joined = true; /* the step's first exchange */
+    int32_t mine[2] = {(int32_t)M, (int32_t)nl};
+    int32_t *d_mine = (int32_t *)vp->d_cnt + 2 * w;
+    vp->share_to_calls++;
+    vp->share_to_bytes += sizeof mine;
+    MT_CHECK(dev_copy_to(rt->dev, d_mine, mine, sizeof mine, err));
+    MT_CHECK(mt_comm_all_gather(rt->o.comm, d_mine, vp->d_cnt, 2, MT_COMM_I32, err));
+    vp->share_from_calls++;
+    vp->share_from_bytes += sizeof(int32_t) * 2 * w;
+    MT_CHECK(dev_copy_from(rt->dev, vp->cnt_h, vp->d_cnt, sizeof(int32_t) * 2 * w, err));
+    for (int q = 0; q < W; q++)
+        if (vp->cnt_h[2 * q] < 0 || (size_t)vp->cnt_h[2 * q] > T || vp->cnt_h[2 * q + 1] < 0 ||
+            vp->cnt_h[2 * q + 1] > vp->cnt_h[2 * q])
+            return mt_fail(err, MT_E_FORMAT, "vocabulary parallelism: rank %d shared a step of "
+                           "%d rows (%d logits rows)", q, vp->cnt_h[2 * q],
+                           vp->cnt_h[2 * q + 1]);
+    /* This rank's ids (b.tok, as the forward uploaded them) to every rank:
+     * the same block to each; rank q's into its row of d_ids. */
+    size_t *sc = vp->cnt, *sd = sc + W, *rc = sd + W, *rd = rc + W;
+    size_t total = 0;
+    for (int q = 0; q < W; q++) {
+        sc[q] = (size_t)M;
+        sd[q] = 0;
+        rc[q] = (size_t)vp->cnt_h[2 * q];
+        rd[q] = total;
+        total += rc[q];
+    }
+    MT_CHECK(mt_comm_all_to_all_v(rt->o.comm, rt->b.tok, sc, sd, vp->d_ids, rc, rd,
+                                  MT_COMM_I32, err));
+    if (total) {
+        vp->share_from_calls++;
+        vp->share_from_bytes += sizeof(int32_t) * total;
+        MT_CHECK(dev_copy_from(rt->dev, vp->ids_h, vp->d_ids, sizeof(int32_t) * total, err));
+    }
+    rt_vp_begin(rt);
+    for (int q = 0; q < W; q++)
+        MT_CHECK(rt_vp_add(rt, q, vp->ids_h + rd[q], vp->cnt_h[2 * q], vp->cnt_h[2 * q + 1],
+                           err));
+    return rt_vp_seal(rt, err);
 }
 
 mt_status rt_vp_check(const model_runtime *rt, int64_t M, int64_t nl, mt_err *err)
@@ -292,9 +360,11 @@ mt_status rt_vp_embed(model_runtime *rt, mt_err *err)
 
 /* ---- the head ------------------------------------------------------------------- */
 
-/* One chunk [c0, c1) of the step's logits rows; base[u]: unit u's first. */
+/* One chunk [c0, c1) of the step's logits rows; base[u]: unit u's first.
+ * Its logits go to rank dst: rank 0 under dp, else the rank whose rows
+ * they are (the chunk is one rank's). */
 static mt_status head_chunk(model_runtime *rt, const int64_t *base, int64_t c0, int64_t c1,
-                            mt_err *err)
+                            int dst, mt_err *err)
 {
     rt_vp *vp = &rt->vp;
     int W = vp->world, me = vp->rank;
@@ -319,22 +389,23 @@ static mt_status head_chunk(model_runtime *rt, const int64_t *base, int64_t c0, 
                                   err));
     void *hb[] = {vp->hid, rt->lm_head, vp->lg};
     MT_CHECK(model_kern_run(rt->k_lm_head, C, NULL, hb, err));
-    /* This rank's columns of every row to rank 0, after rank q-1's. */
+    /* This rank's columns of every row to dst, after rank q-1's. */
     memset(vp->cnt, 0, 4 * (size_t)W * sizeof *vp->cnt);
-    sc[0] = (size_t)C * (size_t)vp->nv[me] * 4;
+    sc[dst] = (size_t)C * (size_t)vp->nv[me] * 4;
     size_t off = 0;
-    for (int q = 0; me == 0 && q < W; q++) {
+    for (int q = 0; me == dst && q < W; q++) {
         rc[q] = (size_t)C * (size_t)vp->nv[q] * 4;
         rd[q] = off;
         off += rc[q];
     }
     MT_CHECK(mt_comm_all_to_all_v(rt->o.comm, vp->lg, sc, sd, vp->cols_in, rc, rd, MT_COMM_U8,
                                   err));
-    if (me != 0)
+    if (me != dst)
         return MT_OK;
     size_t vb = 4 * (size_t)rt->V;
-    char *out = c0 < vp->nl[0] ? (char *)rt->b.logits + (size_t)c0 * vb
-                               : (char *)vp->remote + (size_t)(c0 - vp->nl[0]) * vb;
+    char *out = vp->self          ? (char *)rt->b.logits + (size_t)(c0 - base[me]) * vb
+                : c0 < vp->nl[0] ? (char *)rt->b.logits + (size_t)c0 * vb
+                                  : (char *)vp->remote + (size_t)(c0 - vp->nl[0]) * vb;
     void *cb[] = {vp->cols_in, out};
     return model_kern_run(vp->cols, C, NULL, cb, err);
 }
@@ -346,7 +417,7 @@ mt_status rt_vp_head(model_runtime *rt, mt_err *err)
     if (!NL)
         return MT_OK;
     size_t need = (size_t)(NL - vp->nl[0]) * 4 * (size_t)rt->V;
-    if (vp->rank == 0 && need > vp->remote_cap) {
+    if (vp->rank == 0 && !vp->self && need > vp->remote_cap) {
         dev_free(rt->dev, vp->remote);
         vp->remote = NULL;
         vp->remote_cap = 0;
@@ -357,11 +428,15 @@ mt_status rt_vp_head(model_runtime *rt, mt_err *err)
     if (!base)
         return MT_E_NOMEM;
     mt_status st = MT_OK;
+    int u = 0;
     for (int64_t c0 = 0; c0 < NL && st == MT_OK;) {
-        /* rank 0's rows go to b.logits, the others' to vp.remote: apart */
-        int64_t end = c0 < vp->nl[0] ? vp->nl[0] : NL;
+        /* Under dp unit 0's rows go to b.logits, the others' to vp.remote:
+         * apart. Without it each rank's go to that rank: one at a time. */
+        while (base[u + 1] <= c0)
+            u++;
+        int64_t end = vp->self ? base[u + 1] : c0 < vp->nl[0] ? vp->nl[0] : NL;
         int64_t c1 = c0 + rt->T < end ? c0 + rt->T : end;
-        st = head_chunk(rt, base, c0, c1, err);
+        st = head_chunk(rt, base, c0, c1, vp->self ? u : 0, err);
         c0 = c1;
     }
     free(base);

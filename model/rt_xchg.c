@@ -103,6 +103,10 @@ void model_runtime_copy_counts(const model_runtime *rt, model_copy_counts *out)
     out->announce_bytes = rt->xc.announce_bytes;
     out->index_calls = rt->vp.index_calls;
     out->index_bytes = rt->vp.index_bytes;
+    out->share_to_calls = rt->vp.share_to_calls;
+    out->share_to_bytes = rt->vp.share_to_bytes;
+    out->share_from_calls = rt->vp.share_from_calls;
+    out->share_from_bytes = rt->vp.share_from_bytes;
     if (rt->ep)
         model_ep_count_reads(rt->ep, &out->count_calls, &out->count_bytes);
 }

@@ -39,9 +39,9 @@ void model_runtime_plan_opts(const model_runtime_opts *ro, model_plan_opts *out)
         out->tp_rank = mt_comm_rank(ro->comm) % group;
     }
     bool groups = group <= 1 || (group < size && size % group == 0);
-    if (ro->dp && ro->comm_lead && size > 1 && groups) {
-        /* data-parallel ranks, or groups, split the vocabulary over the
-         * whole job (rt_vp.c) */
+    if (size > 1 && ((ro->dp && ro->comm_lead && groups) || (!ro->dp && group <= 1))) {
+        /* data-parallel ranks or groups, or expert-parallel ranks alone,
+         * split the vocabulary over the whole job (rt_vp.c) */
         out->vocab_ranks = size;
         out->vocab_rank = mt_comm_rank(ro->comm);
     }

@@ -230,14 +230,18 @@ int model_runtime_rank(const model_runtime *rt);
  * MoE layers' pair counts read back (2 x ranks ints a layer). Everything
  * else is the forward's own: token ids, positions and page tables in,
  * logits out. Exchanged activations never pass through the host. With a
- * vocabulary-parallel embedding (data-parallel ranks) the id lists of its
- * exchange go in too (index_calls, index_bytes: two per window of tokens
- * at most, on every rank). */
+ * vocabulary-parallel embedding the id lists of its exchange go in too
+ * (index_calls, index_bytes: two per window of tokens at most, on every
+ * rank), and without a data-parallel leader's step message (runtimes
+ * without dp) each forward first shares its step with the other ranks:
+ * its row counts in (share_to), every rank's counts and token ids out
+ * (share_from). */
 typedef struct model_copy_counts {
     uint64_t to_calls, to_bytes, from_calls, from_bytes;
     uint64_t announce_calls, announce_bytes;
     uint64_t count_calls, count_bytes;
     uint64_t index_calls, index_bytes;
+    uint64_t share_to_calls, share_to_bytes, share_from_calls, share_from_bytes;
 } model_copy_counts;
 void model_runtime_copy_counts(const model_runtime *rt, model_copy_counts *out);
 

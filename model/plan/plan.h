@@ -85,10 +85,11 @@ typedef struct model_plan_opts {
      * rank's, at its local shapes, and the slots are rank 0's. The runtime
      * sets both from its communicator (model_runtime_opts.tp). */
     int tp_ranks, tp_rank;
-    /* Data-parallel attention over this many ranks (0 or 1: none), plain
-     * or in tensor-parallel groups of tp_ranks (then a multiple of it,
-     * more than one group), with a vocabulary-parallel embedding and head
-     * over every rank of the job: this rank (vocab_rank) holds its share
+    /* A vocabulary-parallel embedding and head over this many ranks (0
+     * or 1: none): expert-parallel ranks, with data-parallel attention or
+     * alone, plain or in tensor-parallel groups of tp_ranks with their own
+     * sequences (then a multiple of it, more than one group), split over
+     * every rank of the job: this rank (vocab_rank) holds its share
      * of the vocabulary (model_ep_range over vocab_ranks, not its group's
      * tp share), and the plan adds the gather of the ranks' logits columns
      * (in place of a group's). vocab_rank -1 (`tune --model --ep N`): the

@@ -9,7 +9,10 @@
  * step's items (none: it only serves its share of the MTP layer's
  * experts; the bad one refused, joining all the same). Every logit row,
  * draft logits included, must be bitwise the reference's (batch-invariant
- * kernels). Prints "ep_check rank R/N ok" and exits 0, or
+ * kernels). The embedding and lm_head are vocabulary-parallel over the
+ * ranks with no leader's message: every rank must have shared its steps
+ * and taken part in the embedding's exchange. Prints "ep_check rank R/N
+ * ok" and exits 0, or
  * names the first difference and exits 1.
  * Usage: mt_ep_check MODEL_DIR SEED [die]  ("die": rank 1 exits with status
  * 3 before step 2; the others block in that step's exchanges: mpirun must
@@ -172,8 +175,16 @@ int main(int argc, char **argv)
                     last[k] = best;
         }
     }
-    printf("ep_check rank %d/%d ok: %d sequences, %" PRId64 " tokens in its cache\n", rank, size,
-           n_seq, n_seq ? model_seq_len(ep, sq_ep[0]) : 0);
+    /* The vocabulary is split over the ranks: every forward shared its
+     * rows with the others (counts in; counts and ids out), and this rank
+     * took part in the embedding's exchange (its id lists went in). */
+    model_copy_counts cc;
+    model_runtime_copy_counts(ep, &cc);
+    if (cc.share_to_calls == 0 || cc.share_from_calls < cc.share_to_calls || cc.index_calls == 0)
+        die("vocabulary parallelism", "this rank shared no step or uploaded no id lists");
+    printf("ep_check rank %d/%d ok: %d sequences, %" PRId64 " tokens in its cache, %" PRIu64
+           " steps shared\n", rank, size, n_seq, n_seq ? model_seq_len(ep, sq_ep[0]) : 0,
+           cc.share_to_calls);
     model_runtime_close(ep);
     model_runtime_close(ref);
     free(lg_ep);

@@ -14,9 +14,11 @@
  * copies in as one device's step, fewer bytes), and reads back as many
  * logits bytes as one device in one more copy (its rows, then the other
  * ranks' rows); the other ranks read back only announcements and count
- * reads: their logits rows never pass through the host. Over plain ranks
- * the embedding is vocabulary-parallel: its id lists go in too, two per
- * window of max_batch_tokens of the step's tokens at most, at least one. Prints
+ * reads: their logits rows never pass through the host. Without "tp" the
+ * embedding is vocabulary-parallel: its id lists go in too (under "dp" two
+ * per window of max_batch_tokens of the step's tokens at most, at least
+ * one), and under "ep", with no dp leader's message, every forward shares
+ * its row counts (in) and every rank's counts and ids (out) first. Prints
  * "xchg_check rank R/N ok" and exits 0, or names the first difference and
  * exits 1.
  * Usage: mt_xchg_check MODEL_DIR SEED ep|tp|dp */
@@ -45,9 +47,14 @@ static model_runtime *open_rt(const char *dir, mt_comm *c, bool tp, FILE *quiet)
 
 /* Copies between two snapshots: [to calls, to bytes, from calls, from
  * bytes, announce calls, announce bytes, count calls, count bytes, index
- * calls, index bytes]. */
-static void delta(const model_copy_counts *a, const model_copy_counts *b, uint64_t d[10])
+ * calls, index bytes, share-to calls, bytes, share-from calls, bytes]. */
+enum { ND = 14 };
+static void delta(const model_copy_counts *a, const model_copy_counts *b, uint64_t d[ND])
 {
+    d[10] = b->share_to_calls - a->share_to_calls;
+    d[11] = b->share_to_bytes - a->share_to_bytes;
+    d[12] = b->share_from_calls - a->share_from_calls;
+    d[13] = b->share_from_bytes - a->share_from_bytes;
     d[8] = b->index_calls - a->index_calls, d[9] = b->index_bytes - a->index_bytes;
     d[0] = b->to_calls - a->to_calls, d[1] = b->to_bytes - a->to_bytes;
     d[2] = b->from_calls - a->from_calls, d[3] = b->from_bytes - a->from_bytes;
@@ -56,34 +63,42 @@ static void delta(const model_copy_counts *a, const model_copy_counts *b, uint64
 }
 
 /* own[4]: the forward's own copies; d: the runtime's; leader: the
- * announcements went in (to) rather than out (from). */
-static void check_copies(const char *when, const uint64_t own[4], const uint64_t d[10],
-                         bool leader)
+ * announcements went in (to) rather than out (from); vocab: the
+ * vocabulary-parallel embedding and head without a dp leader (expert
+ * parallelism alone): each forward shares its step (counts in, counts and
+ * ids out, share_*) and uploads id lists (index), at least once each;
+ * without it (tp) neither happens. */
+static void check_copies(const char *when, const uint64_t own[4], const uint64_t d[ND],
+                         bool leader, bool vocab)
 {
-    uint64_t want[4] = {own[0], own[1], own[2] + d[6], own[3] + d[7]};
+    uint64_t want[4] = {own[0] + d[8] + d[10], own[1] + d[9] + d[11], own[2] + d[6] + d[12],
+                        own[3] + d[7] + d[13]};
     want[leader ? 0 : 2] += d[4];
     want[leader ? 1 : 3] += d[5];
-    if (memcmp(want, d, sizeof want) || d[8]) { /* no vocabulary exchange without dp */
-        char msg[400];
+    bool shared = d[10] >= 1 && d[12] >= d[10] && d[8] >= 1;
+    bool none = !d[8] && !d[10] && !d[12];
+    if (memcmp(want, d, sizeof want) || (vocab ? !shared : !none)) {
+        char msg[480];
         snprintf(msg, sizeof msg, "%s: %" PRIu64 " copies in (%" PRIu64 " bytes) and %" PRIu64
                  " out (%" PRIu64 " bytes); the forward's own %" PRIu64 " in (%" PRIu64
                  ") and %" PRIu64 " out (%" PRIu64 "), %" PRIu64 " announcements (%" PRIu64
-                 " bytes), %" PRIu64 " count reads (%" PRIu64 " bytes): something else went "
-                 "through the host", when, d[0], d[1], d[2], d[3], own[0], own[1], own[2], own[3],
-                 d[4], d[5], d[6], d[7]);
+                 " bytes), %" PRIu64 " count reads (%" PRIu64 " bytes), %" PRIu64 " id lists, %"
+                 PRIu64 " + %" PRIu64 " step shares: something else went through the host",
+                 when, d[0], d[1], d[2], d[3], own[0], own[1], own[2], own[3], d[4], d[5], d[6],
+                 d[7], d[8], d[10], d[12]);
         die("host copies", msg);
     }
 }
 
 /* Data-parallel attention, rank 0's step: d against the one device's
  * step one (see the top). */
-static void check_dp_copies(const char *when, const uint64_t one[10], const uint64_t d[10],
+static void check_dp_copies(const char *when, const uint64_t one[ND], const uint64_t d[ND],
                             int tokens)
 {
     uint64_t windows = (uint64_t)(tokens + MAX_T - 1) / MAX_T;
     bool ok = d[0] == one[0] + d[4] + d[8] && d[1] <= one[1] + d[5] + d[9] &&
               d[2] == one[2] + 1 + d[6] && d[3] == one[3] + d[7] && d[8] >= 1 &&
-              d[8] <= 2 * windows;
+              d[8] <= 2 * windows && !d[10] && !d[12]; /* the message says the step */
     if (!ok) {
         char msg[400];
         snprintf(msg, sizeof msg, "%s: %" PRIu64 " copies in (%" PRIu64 " bytes) and %" PRIu64
@@ -121,7 +136,7 @@ int main(int argc, char **argv)
     FILE *quiet = fopen("/dev/null", "w");
     model_runtime *many = open_rt(argv[1], c, tp, quiet);
     model_copy_counts c0, c1;
-    uint64_t d[10], own_total[4] = {0, 0, 0, 0};
+    uint64_t d[ND], own_total[4] = {0, 0, 0, 0};
     model_runtime_copy_counts(many, &c0);
     if (rank != 0) {
         int64_t steps = 0;
@@ -138,7 +153,7 @@ int main(int argc, char **argv)
             if (d[2] != d[4] + d[6] || d[3] != d[5] + d[7])
                 die("host copies (data-parallel)", "a rank's logits went through the host");
         } else {
-            check_copies("the run", tp ? own_total : none, d, false);
+            check_copies("the run", tp ? own_total : none, d, false, !tp);
         }
         printf("xchg_check rank %d/%d ok: %" PRId64 " steps followed, %" PRIu64
                " announcements and %" PRIu64 " count reads (%" PRIu64 " bytes) through the "
@@ -166,7 +181,7 @@ int main(int argc, char **argv)
         if (dp && (model_seq_rank(many, sq[0][0]) != 0 || model_seq_rank(many, sq[0][1]) != 1))
             die("placement", "the two sequences are not on ranks 0 and 1");
         for (int step = 0; step <= DECODES; step++) {
-            uint64_t dd[2][10];
+            uint64_t dd[2][ND];
             int rows = 0;
             for (int k = 0; k < 2; k++) {
                 model_step_item it[2];
@@ -202,7 +217,7 @@ int main(int argc, char **argv)
             if (dp)
                 check_dp_copies(when, dd[1], dd[0], step == 0 ? len[0] + len[1] : 2);
             else
-                check_copies(when, dd[1], dd[0], true);
+                check_copies(when, dd[1], dd[0], true, !tp);
             for (int k = 0; k < 4; k++)
                 own_total[k] += dd[1][k];
             printf("xchg_check step %d: %d rows; host copies %" PRIu64 " in + %" PRIu64
