@@ -74,6 +74,9 @@ echo "$rowb"
 swaps=$(metric moetune_kernel_swaps_total)
 undone=$(metric moetune_kernel_swaps_undone_total)
 fails=$(metric 'moetune_requests_total{endpoint="completions",outcome="error"}')
+left_first=$(metric moetune_tune_pending_first)
+left_all=$(metric moetune_tune_pending)
+held_all=$(metric moetune_tune_compilers_held_seconds_total)
 stop
 first_pass=$(grep -c 'live tuning: .*, first pass$' "$work/b.log" || true)
 deep=$(grep -c 'live tuning: .*, whole budget$' "$work/b.log" || true)
@@ -101,7 +104,8 @@ echo
 echo "== summary ($(date -u +%Y-%m-%d), $(nproc) cores)"
 echo "rate $rate req/s (knee $knee); B's first passes covered the load's kernels at" \
      "${cover_first:-never} s, covered at the end since ${cover_last} s (of $limit)," \
-     "compilers held ${held:-0} s while requests ran;" \
+     "compilers held ${held_all:-${held:-0}} s while requests ran;" \
+     "at the end ${left_first:-?} (kernel, M) without a first pass, ${left_all:-?} to tune;" \
      "$first_pass first passes, $deep searched to the whole budget, $confirmed confirmed," \
      "$swaps swapped in, $undone swapped back; failed requests: ${fails:-0} in B's server," \
      "client successes A $(col "$rowa" 7), B $(col "$rowb" 7), C $(col "$rowc" 7)"

@@ -103,8 +103,8 @@ static int parse(int argc, char **argv, serve_cli *c)
         {.name = "--tune-share", .type = CLI_OPT_CUSTOM, .dst = &c->tune.share,
          .set = set_share, .arg = "P", .def = "10%",
          .help = "with --tune-misses: the tuner's share of the device: compile threads at "
-                 "most P of the cores (at least 1), everything it runs at the lowest "
-                 "priority"},
+                 "most P of the cores (at least 1) and compiling P of a busy server's time, "
+                 "everything it runs at the lowest priority"},
         {.name = "--tune-budget", .type = CLI_OPT_CUSTOM, .dst = &c->tune.budget,
          .set = cli_set_budget, .arg = "B", .def_text = "15%",
          .help = "with --tune-misses: the search's budget per kernel and M, as tune's "
@@ -112,8 +112,10 @@ static int parse(int argc, char **argv, serve_cli *c)
         {.name = "--tune-first", .type = CLI_OPT_INT, .dst = &c->tune_first, .arg = "N",
          .min = 0, .max = 1 << 20, .def = "8",
          .help = "with --tune-misses: coverage first: every kernel and M the load calls is "
-                 "tuned with N trials before the costliest are searched to the whole "
-                 "budget (0: one pass, the whole budget each)"},
+                 "tuned with at most N trials (a kernel's first M: N/2 when N > 3; an M "
+                 "next to a tuned one: the default and that one's winners alone) before "
+                 "the costliest are searched to the whole budget (0: one pass, the whole "
+                 "budget each)"},
         {.name = "--tune-cold", .type = CLI_OPT_FLAG, .dst = &c->tune_cold,
          .help = "with --tune-misses: flush the caches between a candidate's timed runs, "
                  "as tune does (default: time warm, as the server runs its kernels; a "

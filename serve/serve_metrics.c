@@ -41,6 +41,8 @@ struct serve_metrics {
     serve_metrics_state state;
     model_selection_counts sel;
     bool ready;
+    bool tune_on; /* a live tuner pushed its state */
+    serve_metrics_tune_state tune;
 };
 
 static const char *const outcome_names[SERVE_OUTCOME_COUNT] = {
@@ -172,6 +174,14 @@ void serve_metrics_selection(serve_metrics *m, const model_selection_counts *c)
     pthread_mutex_unlock(&m->mu);
 }
 
+void serve_metrics_tune(serve_metrics *m, const serve_metrics_tune_state *t)
+{
+    pthread_mutex_lock(&m->mu);
+    m->tune = *t;
+    m->tune_on = true;
+    pthread_mutex_unlock(&m->mu);
+}
+
 void serve_metrics_ready(serve_metrics *m, bool ready)
 {
     pthread_mutex_lock(&m->mu);
@@ -230,6 +240,38 @@ static bool rank_load(serve_buf *o, const serve_metrics_state *s)
                 return true;
     }
     return false;
+}
+
+/* The live tuner's metrics, when there is one. */
+static bool render_tune(serve_buf *o, const serve_metrics *m)
+{
+    const serve_metrics_tune_state *t = &m->tune;
+    if (!m->tune_on)
+        return false;
+    return scalar(o, "moetune_tune_tuned_total", "counter",
+                  "Kernel and M bucket pairs the live tuner decided a winner for.",
+                  (double)t->tuned) ||
+           scalar(o, "moetune_tune_deepened_total", "counter",
+                  "Of them, searched again to the whole budget.", (double)t->deepened) ||
+           scalar(o, "moetune_tune_confirmed_total", "counter",
+                  "Live tunes that confirmed a config faster than the default.",
+                  (double)t->confirmed) ||
+           scalar(o, "moetune_tune_failed_total", "counter", "Live tunes that ended in an error.",
+                  (double)t->failed) ||
+           scalar(o, "moetune_tune_pending", "gauge",
+                  "Kernel and M bucket pairs still to tune at the last plan.",
+                  (double)t->pending) ||
+           scalar(o, "moetune_tune_pending_first", "gauge",
+                  "Of them, still without a first pass.", (double)t->pending_first) ||
+           scalar(o, "moetune_tune_covered", "gauge",
+                  "1 when every kernel and M bucket the load called had its first pass.",
+                  t->covered ? 1 : 0) ||
+           scalar(o, "moetune_tune_paused", "gauge", "1 while the live tuner is paused.",
+                  t->paused ? 1 : 0) ||
+           scalar(o, "moetune_tune_busy_seconds_total", "counter",
+                  "Time the live tuner spent in tune runs.", t->busy_s) ||
+           scalar(o, "moetune_tune_compilers_held_seconds_total", "counter",
+                  "Time its compilers were held stopped while serving.", t->held_s);
 }
 
 static mt_status render_locked(const serve_metrics *m, serve_buf *o)
@@ -310,6 +352,7 @@ static mt_status render_locked(const serve_metrics *m, serve_buf *o)
         scalar(o, "moetune_kernel_selections_swapped", "gauge",
                "Selections now running a config swapped in while serving.",
                (double)c->swapped) ||
+        render_tune(o, m) ||
         scalar(o, "moetune_ready", "gauge", "1 once the model is loaded.", m->ready ? 1 : 0))
         return MT_E_NOMEM;
     return MT_OK;

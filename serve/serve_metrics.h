@@ -24,6 +24,13 @@
  *   kernel_misses                          gauge, kernels on the default config
  *   kernel_swaps_total, kernel_swaps_undone_total   counters, live swaps (kset_swap.h)
  *   kernel_selections_swapped              gauge, selections running a swapped-in config
+ *   tune_* (only with a live tuner, serve_metrics_tune):
+ *   tune_tuned_total, tune_deepened_total, tune_confirmed_total, tune_failed_total
+ *                                          counters, (kernel, M) tunes (serve_tune.h)
+ *   tune_pending, tune_pending_first       gauges, to tune at the last plan; of them
+ *                                          without a first pass
+ *   tune_covered, tune_paused              gauges, 0 or 1
+ *   tune_busy_seconds_total, tune_compilers_held_seconds_total   counters
  *   ready                                  gauge, 1 once the model is loaded
  *
  * Thread safety: every call may come from any thread (one mutex inside).
@@ -81,6 +88,16 @@ void serve_metrics_step(serve_metrics *m, int sequences, int tokens);
 void serve_metrics_state_set(serve_metrics *m, const serve_metrics_state *s);
 void serve_metrics_selection(serve_metrics *m, const model_selection_counts *c);
 void serve_metrics_ready(serve_metrics *m, bool ready);
+
+/* A live tuner's progress (serve_tune.h pushes it after each plan, tune
+ * and pause); rendered once set. */
+typedef struct serve_metrics_tune_state {
+    int64_t tuned, deepened, confirmed, failed;
+    int64_t pending, pending_first;
+    bool covered, paused;
+    double busy_s, held_s;
+} serve_metrics_tune_state;
+void serve_metrics_tune(serve_metrics *m, const serve_metrics_tune_state *t);
 
 /* A copy of the current gauges (for tests and the scheduler's own logs). */
 void serve_metrics_state_get(serve_metrics *m, serve_metrics_state *out);

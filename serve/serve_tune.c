@@ -151,6 +151,18 @@ static bool nap(serve_tune *t, double s)
     return false;
 }
 
+/* The tuner's progress to the server's /metrics (when it has them). */
+static void publish(serve_tune *t)
+{
+    if (!t->metrics)
+        return;
+    serve_tune_stats s;
+    serve_tune_stats_get(t, &s);
+    serve_metrics_tune_state m = {s.tuned, s.deepened, s.confirmed, s.failed, s.pending,
+                                  s.pending_first, s.covered, s.paused, s.busy_s, s.held_s};
+    serve_metrics_tune(t->metrics, &m);
+}
+
 /* dev_set_tool_hold: a compiler is held while any request waits or runs,
  * for (1 - share) of each cycle (serve_hold.h): a server that is never
  * idle still gets its load tuned, compiling share of the time. */
@@ -202,6 +214,7 @@ void serve_tune_pause(serve_tune *t, bool pause)
     }
     t->paused = pause;
     pthread_mutex_unlock(&t->mu);
+    publish(t);
     if (t->o.log)
         fprintf(t->o.log, "live tuning: %s\n", pause ? "paused (a candidate in flight finishes "
                 "its run; nothing is measured or compiled until resumed)" : "resumed");
@@ -311,21 +324,36 @@ static int64_t budget_trials(const tune_budget *b, int space)
     return n;
 }
 
+/* Whether another M bucket of this kernel was taken up before (its
+ * winners seed this bucket's first pass). */
+static bool kernel_started(const serve_tune *t, const kern_family *f, const char *key, int b)
+{
+    for (int i = 0; i < t->n_done; i++)
+        if (t->done[i].fam == f && t->done[i].b != b && !strcmp(t->done[i].key, key))
+            return true;
+    return false;
+}
+
 static void tune_item(serve_tune *t, const item *it)
 {
     const model_kern *k = it->k;
     int64_t m = model_buckets[it->b];
+    bool started = kernel_started(t, k->fam, k->key, it->b);
     /* Taken up: a tune that fails is not planned again. */
     set_pass(t, k->fam, k->key, it->b, PASS_FULL);
     /* The first pass: a few trials (the default and the transfer seeds of
-     * the nearest tuned M alone, or with no M of the kernel tuned yet the
-     * search's first picks); the second resumes the same search up to the
-     * whole budget (trials in the database count). */
+     * the nearest tuned M alone, or with no M of the kernel taken up yet
+     * the search's first picks, half of first_trials when that is more
+     * than 3: each of them is compiled while serving, under the hold, and
+     * its winners seed every other bucket); the second resumes the same
+     * search up to the whole budget (trials in the database count). */
     bool first = it->pass == PASS_NONE && t->o.first_trials > 0;
     tune_budget budget = t->o.budget;
+    int n_first = t->o.first_trials;
+    if (first && !started && n_first > 3)
+        n_first = (n_first + 1) / 2; /* every pick compiled while serving (above) */
     if (first)
-        budget.trials = budget.trials > 0 && budget.trials < t->o.first_trials
-                            ? budget.trials : t->o.first_trials;
+        budget.trials = budget.trials > 0 && budget.trials < n_first ? budget.trials : n_first;
     tune_job job;
     mt_err err = MT_ERR_INIT;
     mt_status st = tune_job_make(k->fam, k->key, &m, 1, &job, &err);
@@ -521,6 +549,7 @@ static void *tune_main(void *arg)
             t->st.covered_s = (mt_now_ms() - t->t0_ms) / 1000;
         t->st.covered = covered;
         pthread_mutex_unlock(&t->mu);
+        publish(t);
         if (covered && !t->covered && t->o.log) {
             serve_tune_stats now;
             serve_tune_stats_get(t, &now);
@@ -541,6 +570,7 @@ static void *tune_main(void *arg)
         idle_logged = false;
         tune_item(t, &it);
         items++;
+        publish(t);
     }
     return NULL;
 }
@@ -553,6 +583,7 @@ mt_status serve_tune_start(serve_tune *t, model_kset *ks, serve_metrics *metrics
         return mt_fail(err, MT_E_INVALID, "live tuning: the kernel set has live swaps off");
     t->ks = ks;
     t->metrics = metrics;
+    publish(t);
     snprintf(t->spec, sizeof t->spec, "%s", dev_get_props(model_kset_device(ks))->spec);
     /* The hold stops the compilers while requests run (unless compile_busy)
      * and while the tuner is paused. */

@@ -15,8 +15,9 @@
  * Coverage first: a first pass tunes every (family, key, M) the load has
  * called with a few trials (at most first_trials: the default and the
  * transfer seeds from the nearest tuned M of the kernel alone, so nothing
- * new is compiled; with no M of it tuned yet, the default and the
- * search's first picks; tune_opts.seeds_only), costliest first;
+ * new is compiled; with no M of it taken up yet, the default and the
+ * search's first picks, half of first_trials when that is more than 3;
+ * tune_opts.seeds_only), costliest first;
  * once none waits for its first pass (covered), a second pass resumes the
  * costliest ones' searches up to the whole budget (the trials already in
  * the database count toward it). A new bucket the load calls goes ahead of
@@ -55,7 +56,8 @@
  * and must outlive the tuner; destroy stops the thread (a tune in flight
  * stops at its next candidate, the database stays consistent), then closes
  * the spawner. destroy(NULL) is a no-op. serve_tune_stats may be called
- * from any thread. */
+ * from any thread. With metrics, the tuner pushes its stats to them after
+ * each plan, tune and pause (serve_metrics_tune: /metrics' moetune_tune_*). */
 #ifndef MT_SERVE_TUNE_H
 #define MT_SERVE_TUNE_H
 

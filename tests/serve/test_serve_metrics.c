@@ -1,7 +1,8 @@
 /* test_serve_metrics.c: the Prometheus text: every sample line parses,
  * histogram buckets are cumulative and agree with a count of the observed
- * values, counters, gauges and the hit rate carry what was recorded, and
- * concurrent writers lose nothing. */
+ * values, counters, gauges and the hit rate carry what was recorded, the
+ * live tuner's progress shows only with a tuner, and concurrent writers
+ * lose nothing. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <pthread.h>
@@ -171,6 +172,39 @@ Test(serve_metrics, per_rank_load_is_reported_only_across_ranks)
         cr_assert_eq(sample(t, name), 1000 + r, "%s", t);
     }
     cr_assert_null(strstr(t, "rank=\"3\""), "%s", t);
+    free(t);
+    serve_metrics_destroy(m);
+}
+
+/* The live tuner's metrics: absent until a tuner pushes its state, then
+ * every field under its own name, and the newest push wins. */
+Test(serve_metrics, live_tuner_progress_only_with_a_tuner)
+{
+    serve_metrics *m;
+    cr_assert_eq(serve_metrics_create(&m, NULL), MT_OK);
+    char *t = render(m);
+    cr_assert_null(strstr(t, "moetune_tune_"), "%s", t);
+    free(t);
+    serve_metrics_tune_state ts = {.tuned = 3, .deepened = 1, .confirmed = 2, .failed = 4,
+                                   .pending = 50, .pending_first = 40, .paused = true,
+                                   .busy_s = 1.5, .held_s = 0.25};
+    serve_metrics_tune(m, &ts);
+    ts = (serve_metrics_tune_state){.tuned = 7, .deepened = 2, .confirmed = 5, .failed = 1,
+                                    .pending = 9, .pending_first = 0, .covered = true,
+                                    .busy_s = 12.5, .held_s = 3.75};
+    serve_metrics_tune(m, &ts);
+    t = render(m);
+    const struct {
+        const char *name;
+        double want;
+    } want[] = {{"moetune_tune_tuned_total", 7},   {"moetune_tune_deepened_total", 2},
+                {"moetune_tune_confirmed_total", 5}, {"moetune_tune_failed_total", 1},
+                {"moetune_tune_pending", 9},       {"moetune_tune_pending_first", 0},
+                {"moetune_tune_covered", 1},       {"moetune_tune_paused", 0},
+                {"moetune_tune_busy_seconds_total", 12.5},
+                {"moetune_tune_compilers_held_seconds_total", 3.75}};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        cr_assert_eq(sample(t, want[i].name), want[i].want, "%s in\n%s", want[i].name, t);
     free(t);
     serve_metrics_destroy(m);
 }
