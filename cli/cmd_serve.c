@@ -123,6 +123,10 @@ static int parse(int argc, char **argv, serve_cli *c)
         {.name = "--tune-compile-busy", .type = CLI_OPT_FLAG, .dst = &c->tune.compile_busy,
          .help = "with --tune-misses: compile candidates while requests run too (default: "
                  "the tuner's compilers are held stopped while any request waits or runs)"},
+        {.name = "--tune-measure-busy", .type = CLI_OPT_FLAG, .dst = &c->tune.measure_busy,
+         .help = "with --tune-misses: measure candidates back to back while requests run "
+                 "(default: for the share of a busy server's time, each measurement followed "
+                 "by a rest)"},
         {.name = "--tune-queue", .type = CLI_OPT_INT, .dst = &c->tune.queue_max, .arg = "N",
          .min = 1, .max = 1 << 20, .def = "1",
          .help = "with --tune-misses: measure only while fewer than N requests wait for a "
@@ -147,7 +151,7 @@ static int parse(int argc, char **argv, serve_cli *c)
                  "      [--batch-invariant] [--speculative-steps K]\n"
                  "      [--act-quant none|mxfp4|int8] [--ranks N [--tp [--tp-size N]]]\n"
                  "      [--tune-misses [--tune-share P] [--tune-budget B] [--tune-first N]\n"
-                 "      [--tune-cold] [--tune-compile-busy] [--tune-queue N]]",
+                 "      [--tune-cold] [--tune-compile-busy] [--tune-measure-busy] [--tune-queue N]]",
         .about = "Serves the checkpoint in DIR over HTTP with OpenAI's API: POST "
                  "/v1/completions, POST /v1/chat/completions (streaming or not), GET "
                  "/v1/models, GET /health, GET /metrics (Prometheus), POST /tokenize, POST "

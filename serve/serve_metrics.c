@@ -164,6 +164,7 @@ void serve_metrics_state_get(serve_metrics *m, serve_metrics_state *out)
 {
     pthread_mutex_lock(&m->mu);
     *out = m->state;
+    out->activity = (int64_t)(m->prompt_tokens + m->generation_tokens);
     pthread_mutex_unlock(&m->mu);
 }
 

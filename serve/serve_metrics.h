@@ -66,6 +66,9 @@ typedef struct serve_metrics_state {
     int n_ranks;
     int64_t rank_seqs[SERVE_METRICS_MAX_RANKS], rank_pages_used[SERVE_METRICS_MAX_RANKS],
         rank_tokens[SERVE_METRICS_MAX_RANKS];
+    /* Filled by serve_metrics_state_get (not set): the prompt tokens admitted
+     * and tokens generated so far, which grows whenever the server works. */
+    int64_t activity;
 } serve_metrics_state;
 
 mt_status serve_metrics_create(serve_metrics **out, mt_err *err);

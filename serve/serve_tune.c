@@ -20,6 +20,7 @@
 #include "common/clock.h"
 #include "kernels/core/kern_db.h"
 #include "model/kset_swap.h"
+#include "serve_duty.h"
 #include "serve_hold.h"
 
 #define TUNE_NICE 19
@@ -65,6 +66,11 @@ struct serve_tune {
     serve_hold hold;    /* the compilers' hold cycle while serving (under mu) */
     bool covered;       /* no (kernel, M) the load called waits for its first pass */
     bool hold_busy;     /* the hold also stops the compilers while requests run */
+    serve_duty duty;    /* the measurements' duty cycle while serving (tuner thread) */
+    bool duty_busy;     /* the duty cycle bounds measuring while requests run */
+    int64_t activity0;  /* the server's activity when the measurement started */
+    int cpu_cores;      /* cpu or emu: the host's cores (a measurement's cost is CPU
+                           time over them); 0: a GPU (the wall time) */
     volatile sig_atomic_t paused; /* serve_tune_pause */
     double paused_at_ms; /* when the pause began (under mu) */
 };
@@ -184,23 +190,56 @@ static bool serving_busy(void *ctx)
     return held;
 }
 
-/* tune_opts.gate: a measurement waits while requests queue, or while the
- * tuner is paused. */
+/* tune_opts.gate: a measurement waits while requests queue, while the
+ * tuner is paused, and on a busy server for the rest of the duty cycle
+ * (serve_duty.h: it measures share of a busy server's time). */
 static bool gate(void *ctx)
 {
     serve_tune *t = ctx;
+    double wait0 = mt_now_ms();
     while (!t->stop) {
         if (!t->paused) {
-            if (!t->metrics)
+            bool go = true;
+            double now = mt_now_ms();
+            serve_metrics_state s = {0};
+            if (t->metrics) {
+                serve_metrics_state_get(t->metrics, &s);
+                bool busy = s.running > 0 || s.waiting > 0;
+                go = (!t->duty_busy || serve_duty_may_start(&t->duty, busy, now)) &&
+                     s.waiting < t->o.queue_max;
+            }
+            if (go) {
+                serve_duty_start(&t->duty, now);
+                t->activity0 = s.activity;
+                pthread_mutex_lock(&t->mu);
+                t->st.gated_s += (now - wait0) / 1000;
+                pthread_mutex_unlock(&t->mu);
                 return true;
-            serve_metrics_state s;
-            serve_metrics_state_get(t->metrics, &s);
-            if (s.waiting < t->o.queue_max)
-                return true;
+            }
         }
         nap(t, 0.01);
     }
     return false;
+}
+
+/* tune_opts.gate_done: the measurement is over; on a server that worked
+ * meanwhile its rest begins. */
+static void gate_done(void *ctx, double cpu_ms)
+{
+    serve_tune *t = ctx;
+    serve_metrics_state s = {0};
+    if (t->metrics)
+        serve_metrics_state_get(t->metrics, &s);
+    bool busy = s.running > 0 || s.waiting > 0 || s.activity != t->activity0;
+    /* on cpu what it took of the device is the worker's CPU time over the
+     * cores (it runs only where the serving threads leave a core idle); a
+     * GPU's is the wall time (the worker waits for the device) */
+    double cost = t->cpu_cores > 0 && cpu_ms >= 0 ? cpu_ms / t->cpu_cores : -1;
+    serve_duty_end(&t->duty, busy, mt_now_ms(), cost);
+    pthread_mutex_lock(&t->mu);
+    t->st.measured_s = t->duty.measured_ms / 1000;
+    t->st.measure_cost_s = t->duty.cost_ms / 1000;
+    pthread_mutex_unlock(&t->mu);
 }
 
 void serve_tune_pause(serve_tune *t, bool pause)
@@ -375,6 +414,7 @@ static void tune_item(serve_tune *t, const item *it)
     o.seeds_only = first;
     o.spawner = t->sp;
     o.gate = gate;
+    o.gate_done = gate_done;
     o.gate_ctx = t;
     o.stop = &t->stop;
     o.session_id = t->session_id;
@@ -554,8 +594,10 @@ static void *tune_main(void *arg)
             serve_tune_stats now;
             serve_tune_stats_get(t, &now);
             fprintf(t->o.log, "live tuning: covered: every kernel and M bucket the load has "
-                    "called is tuned (%lld tunes in %.0f s, compilers held %.0f s)%s\n",
+                    "called is tuned (%lld tunes in %.0f s, compilers held %.0f s, measuring "
+                    "%.0f s taking %.1f s of the device, waiting to measure %.0f s)%s\n",
                     (long long)items, (mt_now_ms() - t->t0_ms) / 1000, now.held_s,
+                    now.measured_s, now.measure_cost_s, now.gated_s,
                     full ? "; now the costliest to the whole budget" : "");
         }
         t->covered = covered;
@@ -589,6 +631,14 @@ mt_status serve_tune_start(serve_tune *t, model_kset *ks, serve_metrics *metrics
      * and while the tuner is paused. */
     t->hold_busy = metrics && !t->o.compile_busy;
     serve_hold_init(&t->hold, t->o.share, mt_now_ms());
+    /* and bounds measuring to share of a busy server's time (unless measure_busy) */
+    t->duty_busy = metrics && !t->o.measure_busy;
+    serve_duty_init(&t->duty, t->o.share);
+    dev_backend be = dev_get_props(model_kset_device(ks))->backend;
+    if (be == DEV_BACKEND_CPU || be == DEV_BACKEND_EMU) { /* kernels on the host's cores */
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        t->cpu_cores = cores > 0 ? (int)cores : 1;
+    }
     int64_t n;
     dev_tool_hold_stats(&t->held0_s, &n);
     dev_set_tool_hold(serving_busy, t);
@@ -603,10 +653,11 @@ mt_status serve_tune_start(serve_tune *t, model_kset *ks, serve_metrics *metrics
     t->started = true;
     if (t->o.log)
         fprintf(t->o.log, "live tuning: on %s, %d compile thread%s at nice %d%s, measuring "
-                "while fewer than %d requests wait; winners into %s%s\n", t->spec, t->jobs,
+                "while fewer than %d requests wait%s; winners into %s%s\n", t->spec, t->jobs,
                 t->jobs == 1 ? "" : "s", TUNE_NICE,
                 t->hold_busy ? " (compilers held while requests run, but for share of the time)"
                              : "", t->o.queue_max,
+                t->duty_busy ? " (and for share of a busy server's time)" : "",
                 t->db_path,
                 model_kset_batch_invariant(ks) ? " (batch-invariant: none swapped in)" : "");
     return MT_OK;

@@ -45,7 +45,10 @@
  * waits or runs (unless compile_busy): they are held stopped while one does
  * (dev_set_tool_hold), since a compiler evicts what the serving threads
  * keep in the caches even at the lowest priority, but for share of the
- * time (serve_hold.h), so a server that is never idle is tuned too. The workers time
+ * time (serve_hold.h), so a server that is never idle is tuned too. Its
+ * measurements take share of a busy server's time too (unless measure_busy):
+ * each is followed by a rest while requests run (serve_duty.h), since even
+ * a SCHED_IDLE worker raises the serving threads' latency. The workers time
  * kernels with the server's thread count: that is the device the winners
  * are for.
  *
@@ -83,6 +86,8 @@ typedef struct serve_tune_opts {
     bool compile_busy;     /* compile candidates while requests run too (default: the
                               compilers are held stopped while any request waits or
                               runs, dev_set_tool_hold) */
+    bool measure_busy;     /* measure back to back while requests run too (default:
+                              share of a busy server's time, serve_duty.h) */
     int cold_timing;       /* > 0: flush the caches between timed runs, as `tune` does;
                               0 (default): time warm, as the server runs its kernels:
                               a flush evicts the serving threads' working set too */
@@ -105,6 +110,9 @@ typedef struct serve_tune_stats {
     double covered_s;      /* seconds from the start to the last time it became covered */
     double busy_s;         /* time spent in tune runs */
     double held_s;         /* time its compilers were held stopped while serving */
+    double measured_s;     /* time from each measurement's gate to the worker's reply */
+    double measure_cost_s; /* what they took of the device (serve_duty.h) */
+    double gated_s;        /* time measurements waited at the gate (queue, duty cycle) */
     bool idle;             /* no item in flight and none to tune at the last plan */
     bool paused;           /* serve_tune_pause */
     int64_t pauses;        /* times paused */

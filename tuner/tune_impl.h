@@ -51,6 +51,10 @@ mt_status tune_worker_start(tune_spawner *s, const char *spec, const char *arch,
                             dev_props *props, mt_err *err);
 /* Kills (if alive) and reaps the worker. NULL is a no-op. */
 void tune_worker_stop(tune_worker *w);
+/* The worker's process id (> 0), and the CPU time its threads have run so
+ * far in ms (Linux's per-thread schedstat; < 0: not known here). */
+int tune_worker_pid(const tune_worker *w);
+double tune_worker_cpu_ms(const tune_worker *w);
 
 enum {
     TUNE_W_VERIFY = 1u,      /* run once, compare with the reference */

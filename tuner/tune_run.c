@@ -63,6 +63,9 @@ struct run_ctx {
     char shape_key[KERN_KEY_MAX];
     int64_t m;
     bool prepared;            /* the worker holds the problem of (job, m) */
+    bool gated;               /* a measurement the gate let through is in flight */
+    int gate_pid;             /* the worker then (0: none) and its CPU time (ms) */
+    double gate_cpu_ms;
     double deadline_m_ms;     /* 0: none */
     int64_t budget_left;      /* trials for this M; -1: unlimited */
     double best_ms;
@@ -227,15 +230,36 @@ static db_trial_status outcome_status(const tune_measure *ms)
 
 /* ---- the worker ---------------------------------------------------------- */
 
+/* The worker has returned from what the gate let through (tune_opts.gate_done). */
+static void gate_done(run_ctx *r)
+{
+    if (r->gated && r->o->gate_done) {
+        /* the worker's CPU time since the gate; a worker started since:
+         * all of its own (the dead one's last part is lost) */
+        double cpu = tune_worker_cpu_ms(r->worker);
+        if (cpu >= 0 && tune_worker_pid(r->worker) == r->gate_pid)
+            cpu = r->gate_cpu_ms >= 0 ? cpu - r->gate_cpu_ms : -1;
+        r->o->gate_done(r->o->gate_ctx, cpu);
+    }
+    r->gated = false;
+}
+
+/* Waits for the gate, then starts and prepares the worker as needed; on
+ * MT_OK the caller measures and then calls gate_done. */
 static mt_status ensure_worker(run_ctx *r, mt_err *err)
 {
     if (r->o->gate && !r->o->gate(r->o->gate_ctx))
         return mt_fail(err, MT_E_INTERRUPTED, "interrupted while waiting to measure");
+    r->gated = true; /* starting and preparing the worker is measuring's work too */
+    r->gate_pid = tune_worker_pid(r->worker);
+    r->gate_cpu_ms = tune_worker_cpu_ms(r->worker);
     if (!r->worker) {
         mt_status st = tune_worker_start(r->sp, r->o->device, r->o->arch, 120, r->o->stop,
                                          &r->worker, NULL, err);
-        if (st != MT_OK)
+        if (st != MT_OK) {
+            gate_done(r);
             return st;
+        }
         r->prepared = false;
     }
     if (!r->prepared) {
@@ -243,6 +267,7 @@ static mt_status ensure_worker(run_ctx *r, mt_err *err)
         mt_status st = tune_worker_prepare(r->worker, r->job->fam, &r->job->shape, r->m, seed,
                                            r->o->stop, err);
         if (st != MT_OK) {
+            gate_done(r);
             tune_worker_stop(r->worker);
             r->worker = NULL;
             return st;
@@ -279,11 +304,14 @@ static mt_status measure(run_ctx *r, tune_search *s, cand *c, mt_err *err)
     kern_time_opts topts = r->o->timing;
     topts.abandon_ms = !c->is_default && r->best_ms > 0 ? 2 * r->best_ms : 0;
     tune_measure *ms = calloc(1, sizeof *ms);
-    if (!ms)
+    if (!ms) {
+        gate_done(r);
         return mt_fail(err, MT_E_NOMEM, "measurement");
+    }
     mt_err werr = MT_ERR_INIT;
     st = tune_worker_measure(r->worker, &c->cfg, bytes, len, TUNE_W_VERIFY | TUNE_W_TIME,
                              &topts, r->timeout_s, r->o->stop, ms, &werr);
+    gate_done(r);
     db_trial_status ts;
     char *why = NULL;
     if (st == MT_E_INTERRUPTED) {
@@ -532,6 +560,7 @@ static void check_determinism(run_ctx *r, const char *key, int *det)
     mt_status st = ms ? tune_worker_measure(r->worker, &c, bytes, len, TUNE_W_DETERMINISM, NULL,
                                             r->timeout_s, r->o->stop, ms, &err)
                       : MT_E_NOMEM;
+    gate_done(r);
     if (st == MT_OK && ms->status == MT_OK)
         *det = ms->deterministic;
     else if (st == MT_E_CRASH || st == MT_E_TIMEOUT || st == MT_E_INTERRUPTED)
@@ -614,6 +643,7 @@ static mt_status confirm(run_ctx *r, const char *const *keys, int n, int rounds,
         mt_status ws = tune_worker_paired(r->worker, n, cfgs, bytes, lens, rounds, &t,
                                           r->timeout_s * (2 + rounds) * n / 2, r->o->stop, pr,
                                           &e);
+        gate_done(r);
         if (ws == MT_E_INTERRUPTED) {
             worker_dead(r, false);
             st = mt_fail(err, ws, "interrupted while confirming %s", keys[0]);
@@ -1109,6 +1139,7 @@ mt_status tune_run(const tune_job *jobs, int n_jobs, const tune_opts *opts,
         rep->n_jobs = j + 1;
         st = run_job(r, &jobs[j], &rep->jobs[j], err);
     }
+    gate_done(r); /* a path that returned between the gate and the worker's reply */
     tune_worker_stop(r->worker);
     tune_pool_destroy(r->pool);
     if (r->sp != opts->spawner)

@@ -13,6 +13,7 @@
  * Sockets rather than pipes: send() with MSG_NOSIGNAL reports a dead peer
  * as EPIPE instead of raising SIGPIPE in the tuner. */
 #define _GNU_SOURCE /* SCHED_IDLE */
+#include <dirent.h>
 #include <errno.h>
 #include <sched.h>
 #include <poll.h>
@@ -745,4 +746,36 @@ mt_status tune_worker_paired(tune_worker *w, int n, const kern_config *cfgs,
     if (!sent)
         return worker_lost(w, MT_E_CRASH, timeout_s, err);
     return read_reply(w, out, sizeof *out, deadline, stop, timeout_s, err);
+}
+
+int tune_worker_pid(const tune_worker *w) { return w ? (int)w->pid : 0; }
+
+double tune_worker_cpu_ms(const tune_worker *w)
+{
+    if (!w || w->dead || w->pid <= 0)
+        return -1;
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task", (int)w->pid);
+    DIR *d = opendir(path);
+    if (!d)
+        return -1;
+    double ns = 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.')
+            continue;
+        char p[320];
+        snprintf(p, sizeof p, "%s/%.64s/schedstat", path, e->d_name);
+        FILE *f = fopen(p, "r");
+        unsigned long long run = 0;
+        if (f && fscanf(f, "%llu", &run) == 1) {
+            ns += (double)run;
+            n++;
+        }
+        if (f)
+            fclose(f);
+    }
+    closedir(d);
+    return n ? ns * 1e-6 : -1;
 }

@@ -140,6 +140,11 @@ typedef struct tune_opts {
      * stop the run as interrupted. Lets a caller run measurements only
      * while its own work allows (a server's step queue). NULL: always. */
     bool (*gate)(void *ctx);
+    /* Called when the worker has returned from the measurement the gate let
+     * through (or failed to start for it), with the CPU time the worker's
+     * threads ran since the gate in ms (< 0: not known), so a caller can
+     * bound what measuring costs it (a server's duty cycle). NULL: none. */
+    void (*gate_done)(void *ctx, double cpu_ms);
     void *gate_ctx;
     volatile sig_atomic_t *stop; /* set (by a signal handler) to stop; may be NULL */
     FILE *log;               /* progress and log lines; NULL: silent */

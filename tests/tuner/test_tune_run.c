@@ -2,6 +2,7 @@
  * into a fresh database: every trial stored with its status, a winner per
  * M, the default timed, and a second run measuring nothing new. */
 #include <math.h>
+#include <unistd.h>
 
 #include "test_tune_e2e.h"
 #include "test_tune_families.h"
@@ -190,4 +191,82 @@ Test(tune_run, seeds_only_measures_the_default_and_the_neighbours_winners, .time
     cr_assert_gt(at5, 1, "M=5 measured no seed");
     cr_assert_gt(fresh9, 0, "without seeds_only M=9 searched nothing fresh");
     free(ts);
+}
+
+/* tune_opts.gate_done: each measurement the gate lets through is closed by
+ * exactly one gate_done once the worker has replied (a server's duty cycle
+ * times the measurements by them), so gates and dones alternate, every
+ * measured trial had one, and none is left open; a gate that says stop
+ * ends the run as interrupted, with nothing left open. */
+typedef struct gate_log {
+    int gates, dones, stop_at;
+    bool open, misordered;
+    double cpu_ms; /* the worker's CPU time the dones reported */
+    int cpu_known;
+} gate_log;
+
+static bool log_gate(void *ctx)
+{
+    gate_log *g = ctx;
+    g->misordered |= g->open;
+    if (g->stop_at && g->gates + 1 >= g->stop_at)
+        return false;
+    g->gates++;
+    g->open = true;
+    return true;
+}
+
+static void log_gate_done(void *ctx, double cpu_ms)
+{
+    gate_log *g = ctx;
+    if (cpu_ms >= 0) {
+        g->cpu_ms += cpu_ms;
+        g->cpu_known++;
+    }
+    g->misordered |= !g->open;
+    g->dones++;
+    g->open = false;
+}
+
+Test(tune_run, every_gated_measurement_is_closed_by_gate_done, .timeout = 180)
+{
+    char db[256];
+    tt_db_path(db, sizeof db, "gated.db");
+    const kern_family *f = kern_family_find("gemm");
+    tune_opts o;
+    tt_opts(&o, "cpu", db);
+    o.budget.trials = 5;
+    gate_log g = {0};
+    o.gate = log_gate;
+    o.gate_done = log_gate_done;
+    o.gate_ctx = &g;
+    mt_err err = MT_ERR_INIT;
+    tune_report *rep = NULL;
+    tune_job job;
+    static const int64_t ms[] = {1, 7};
+    cr_assert_eq(tune_job_make(f, "tiny", ms, 2, &job, &err), MT_OK, "%s", err.msg);
+    cr_assert_eq(tune_run(&job, 1, &o, &rep, &err), MT_OK, "%s", err.msg);
+    int measured = rep->jobs[0].m[0].measured + rep->jobs[0].m[1].measured;
+    double rep_s = rep->elapsed_s;
+    tune_report_free(rep);
+    cr_assert(!g.misordered, "a gate while a measurement was open, or a done with none");
+    cr_assert(!g.open, "a measurement left open at the end of the run");
+    cr_assert_eq(g.gates, g.dones);
+    cr_assert_geq(g.gates, measured, "%d gates for %d measured trials", g.gates, measured);
+    /* on Linux the worker's CPU time comes with each: more than nothing in all
+     * (it verified and timed), less than the run's wall time x the cores */
+    cr_assert_eq(g.cpu_known, g.dones, "%d of %d dones without the worker's CPU time",
+                 g.dones - g.cpu_known, g.dones);
+    cr_assert(g.cpu_ms > 0 && g.cpu_ms < rep_s * 1000 * (double)sysconf(_SC_NPROCESSORS_ONLN),
+              "the worker ran %.3f ms of CPU in a %.3f s run", g.cpu_ms, rep_s);
+
+    gate_log s = {.stop_at = 3};
+    o.gate_ctx = &s;
+    tt_db_path(db, sizeof db, "gated_stop.db");
+    o.db_path = db;
+    cr_assert_eq(tune_run(&job, 1, &o, &rep, &err), MT_E_INTERRUPTED, "%s", err.msg);
+    tune_report_free(rep);
+    cr_assert(!s.misordered && !s.open && s.gates == 2 && s.dones == 2,
+              "stopped at the third gate: %d gates, %d dones, open %d", s.gates, s.dones,
+              s.open);
 }
