@@ -20,6 +20,8 @@
 #        default /tmp), RATES
 #        (the knee sweep, req/s: 4,8,16,32,64,128,256), COMPILE_BUSY (1: B
 #        with --tune-compile-busy, its compilers not held while requests run),
+#        MEASURE_BUSY (1: B with --tune-measure-busy, its measurements not
+#        bounded by the share while requests run),
 #        AB_ROUNDS (paired rounds of the model check, 10), RATE (req/s: load
 #        at this rate and skip the knee sweep; the sweep reads 128 or 256 on
 #        the same 2-core VM from one hour to the next)
@@ -33,6 +35,7 @@ tune_opts=(--tune-misses)
 [ -n "${BUDGET:-}" ] && tune_opts+=(--tune-budget "$BUDGET")
 [ -n "${FIRST:-}" ] && tune_opts+=(--tune-first "$FIRST")
 [ "${COMPILE_BUSY:-0}" = 1 ] && tune_opts+=(--tune-compile-busy)
+[ "${MEASURE_BUSY:-0}" = 1 ] && tune_opts+=(--tune-measure-busy)
 rates=${RATES:-4,8,16,32,64,128,256}
 work=$(mktemp -d /tmp/mt_accept.XXXXXX)
 trap 'kill "${srv:-0}" 2>/dev/null || true; cp "$work"/b.log "${LOGS:-/tmp}/serve_tune_accept_b.log" 2>/dev/null || true; cp "$work"/b.db "${LOGS:-/tmp}/serve_tune_accept_b.db" 2>/dev/null || true; rm -rf "$work"' EXIT

@@ -16,7 +16,9 @@
 # env:   RATE (req/s; default: half the knee of a sweep on the defaults),
 #        PAIRS (10), WIN (s, 20), PORT (18556), KEEP_CACHE (1: the compile
 #        cache as it is), LOGS (where the server's log is kept:
-#        LOGS/serve_tune_itl.log; default /tmp)
+#        LOGS/serve_tune_itl.log; default /tmp), MEASURE_BUSY (1: the
+#        server with --tune-measure-busy: measurements not bounded by the
+#        share while requests run)
 set -euo pipefail
 build=${1:-build}
 moetune=$build/moetune
@@ -44,7 +46,9 @@ if [ -z "$rate" ]; then
   rate=$(awk -v k="$knee" 'BEGIN {printf "%g", k / 2}')
 fi
 echo "== one server, --tune-misses, $rate req/s, $pairs pairs of $win s windows"
-serve "$work/t.db" "$work/serve.log" --tune-misses
+extra=()
+[ "${MEASURE_BUSY:-0}" = 1 ] && extra+=(--tune-measure-busy)
+serve "$work/t.db" "$work/serve.log" --tune-misses "${extra[@]}"
 : >"$work/pairs.txt"
 for p in $(seq "$pairs"); do
   if [ $((p % 2)) = 1 ]; then order="paused running"; else order="running paused"; fi

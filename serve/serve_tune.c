@@ -24,10 +24,16 @@
 #include "serve_hold.h"
 
 #define TUNE_NICE 19
-/* A first-pass trial's timing stops after this much wall time (the whole
- * budget's the tuner's default, 2 s): the paired confirmation, not one
- * trial's median, decides what is swapped in. */
-#define FIRST_MAX_MS 500.0
+/* A first pass measures lightly, for coverage: a trial's timing stops
+ * after this much wall time or these repetitions (the whole budget's are
+ * the tuner's defaults, 2 s and 200), and its paired confirmation takes
+ * these rounds (10 in the second pass) unless confirm_rounds says. The
+ * paired interval, not one trial's median, decides what is swapped in, so
+ * fewer rounds confirm fewer winners, not wrong ones; the second pass
+ * confirms again with the full rounds. */
+#define FIRST_MAX_MS 100.0
+#define FIRST_MAX_REPS 50
+#define FIRST_CONFIRM_ROUNDS 5
 
 /* The command line a tuning session of the server records. */
 static char *const session_argv[] = {"moetune", "serve", "--tune-misses", NULL};
@@ -409,6 +415,10 @@ static void tune_item(serve_tune *t, const item *it)
         o.timing.flush_cache = false; /* see serve_tune.h: cold_timing */
     if (first && o.timing.max_ms > FIRST_MAX_MS)
         o.timing.max_ms = FIRST_MAX_MS;
+    if (first && o.timing.max_reps > FIRST_MAX_REPS)
+        o.timing.max_reps = FIRST_MAX_REPS;
+    if (first && t->o.confirm_rounds <= 0)
+        o.confirm_rounds = FIRST_CONFIRM_ROUNDS;
     /* A first pass next to a tuned M measures the neighbours' winners
      * (compiled already) and the default: coverage needs no compiles. */
     o.seeds_only = first;

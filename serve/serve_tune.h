@@ -77,7 +77,8 @@ typedef struct serve_tune_opts {
     double share;          /* of the device, (0, 1]; 0: 0.10 */
     tune_budget budget;    /* per (kernel, M); all zero: 15% of its space */
     int queue_max;         /* measure only while fewer requests wait; 0: 1 */
-    int confirm_rounds;    /* paired rounds of the confirmation; 0: tune's default */
+    int confirm_rounds;    /* paired rounds of the confirmation; 0: tune's default (10),
+                              5 in a first pass */
     double timeout_s;      /* per candidate in the worker; 0: 30 */
     double warmup_s;       /* serving time before the first plan; 0: 2; < 0: none */
     int max_items;         /* tunes to run at most; 0: no limit */
