@@ -80,6 +80,9 @@ fails=$(metric 'moetune_requests_total{endpoint="completions",outcome="error"}')
 left_first=$(metric moetune_tune_pending_first)
 left_all=$(metric moetune_tune_pending)
 held_all=$(metric moetune_tune_compilers_held_seconds_total)
+meas_all=$(metric moetune_tune_measuring_seconds_total)
+cost_all=$(metric moetune_tune_measure_cost_seconds_total)
+wait_all=$(metric moetune_tune_measure_wait_seconds_total)
 stop
 first_pass=$(grep -c 'live tuning: .*, first pass$' "$work/b.log" || true)
 deep=$(grep -c 'live tuning: .*, whole budget$' "$work/b.log" || true)
@@ -108,6 +111,8 @@ echo "== summary ($(date -u +%Y-%m-%d), $(nproc) cores)"
 echo "rate $rate req/s (knee $knee); B's first passes covered the load's kernels at" \
      "${cover_first:-never} s, covered at the end since ${cover_last} s (of $limit)," \
      "compilers held ${held_all:-${held:-0}} s while requests ran;" \
+     "measuring ${meas_all:-?} s taking ${cost_all:-?} s of the device, waiting to measure" \
+     "${wait_all:-?} s;" \
      "at the end ${left_first:-?} (kernel, M) without a first pass, ${left_all:-?} to tune;" \
      "$first_pass first passes, $deep searched to the whole budget, $confirmed confirmed," \
      "$swaps swapped in, $undone swapped back; failed requests: ${fails:-0} in B's server," \

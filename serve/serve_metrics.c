@@ -272,7 +272,16 @@ static bool render_tune(serve_buf *o, const serve_metrics *m)
            scalar(o, "moetune_tune_busy_seconds_total", "counter",
                   "Time the live tuner spent in tune runs.", t->busy_s) ||
            scalar(o, "moetune_tune_compilers_held_seconds_total", "counter",
-                  "Time its compilers were held stopped while serving.", t->held_s);
+                  "Time its compilers were held stopped while serving.", t->held_s) ||
+           scalar(o, "moetune_tune_measuring_seconds_total", "counter",
+                  "Wall time of its measurements, from the gate to the worker's reply.",
+                  t->measured_s) ||
+           scalar(o, "moetune_tune_measure_cost_seconds_total", "counter",
+                  "What its measurements took of the device (on cpu, CPU time over the cores).",
+                  t->measure_cost_s) ||
+           scalar(o, "moetune_tune_measure_wait_seconds_total", "counter",
+                  "Time its measurements waited at the gate (queue, share of a busy server).",
+                  t->gated_s);
 }
 
 static mt_status render_locked(const serve_metrics *m, serve_buf *o)

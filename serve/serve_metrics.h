@@ -31,6 +31,10 @@
  *                                          without a first pass
  *   tune_covered, tune_paused              gauges, 0 or 1
  *   tune_busy_seconds_total, tune_compilers_held_seconds_total   counters
+ *   tune_measuring_seconds_total, tune_measure_cost_seconds_total,
+ *   tune_measure_wait_seconds_total        counters, its measurements: their wall
+ *                                          time, what they took of the device
+ *                                          (serve_duty.h), waits at the gate
  *   ready                                  gauge, 1 once the model is loaded
  *
  * Thread safety: every call may come from any thread (one mutex inside).
@@ -99,6 +103,7 @@ typedef struct serve_metrics_tune_state {
     int64_t pending, pending_first;
     bool covered, paused;
     double busy_s, held_s;
+    double measured_s, measure_cost_s, gated_s;
 } serve_metrics_tune_state;
 void serve_metrics_tune(serve_metrics *m, const serve_metrics_tune_state *t);
 

@@ -170,8 +170,10 @@ static void publish(serve_tune *t)
         return;
     serve_tune_stats s;
     serve_tune_stats_get(t, &s);
-    serve_metrics_tune_state m = {s.tuned, s.deepened, s.confirmed, s.failed, s.pending,
-                                  s.pending_first, s.covered, s.paused, s.busy_s, s.held_s};
+    serve_metrics_tune_state m = {s.tuned,     s.deepened,   s.confirmed,      s.failed,
+                                  s.pending,   s.pending_first, s.covered,     s.paused,
+                                  s.busy_s,    s.held_s,     s.measured_s,     s.measure_cost_s,
+                                  s.gated_s};
     serve_metrics_tune(t->metrics, &m);
 }
 
@@ -430,7 +432,7 @@ static void tune_item(serve_tune *t, const item *it)
     o.session_id = t->session_id;
     o.argc = 3; /* for a session of its own (session_id 0) */
     o.argv = session_argv;
-    double t0 = mt_now_ms();
+    double t0 = mt_now_ms(), meas0 = t->duty.measured_ms, cost0 = t->duty.cost_ms;
     tune_report *rep = NULL;
     if (st == MT_OK)
         st = tune_run(&job, 1, &o, &rep, &err);
@@ -467,10 +469,11 @@ static void tune_item(serve_tune *t, const item *it)
             failed += mr->counts[s];
     if (t->o.log)
         fprintf(t->o.log, "live tuning: %s %s M=%lld (%.3g ms while serving, %lld calls): %s "
-                "%s, %d trials (%d failed) in %.1f s%s\n", k->fam->name, k->key, (long long)m,
-                it->ms, (long long)it->calls, db_decision_str(mr->decision), mr->best_key,
-                mr->measured, failed, secs, first ? ", first pass" : it->pass == PASS_FIRST
-                                                                        ? ", whole budget" : "");
+                "%s, %d trials (%d failed) in %.1f s (measuring %.2f s taking %.3f s of the "
+                "device)%s\n", k->fam->name, k->key, (long long)m, it->ms, (long long)it->calls,
+                db_decision_str(mr->decision), mr->best_key, mr->measured, failed, secs,
+                (t->duty.measured_ms - meas0) / 1000, (t->duty.cost_ms - cost0) / 1000,
+                first ? ", first pass" : it->pass == PASS_FIRST ? ", whole budget" : "");
     if (mr->decision == DB_DECIDED_CONFIRMED) {
         stat_add(t, &t->st.confirmed, 1);
         kern_config cfg;

@@ -17,7 +17,8 @@
  * transfer seeds from the nearest tuned M of the kernel alone, so nothing
  * new is compiled; with no M of it taken up yet, the default and the
  * search's first picks, half of first_trials when that is more than 3;
- * tune_opts.seeds_only), costliest first;
+ * tune_opts.seeds_only), each timed lightly (100 ms or 50 repetitions a
+ * trial, 5 paired rounds), costliest first;
  * once none waits for its first pass (covered), a second pass resumes the
  * costliest ones' searches up to the whole budget (the trials already in
  * the database count toward it). A new bucket the load calls goes ahead of

@@ -191,7 +191,8 @@ Test(serve_metrics, live_tuner_progress_only_with_a_tuner)
     serve_metrics_tune(m, &ts);
     ts = (serve_metrics_tune_state){.tuned = 7, .deepened = 2, .confirmed = 5, .failed = 1,
                                     .pending = 9, .pending_first = 0, .covered = true,
-                                    .busy_s = 12.5, .held_s = 3.75};
+                                    .busy_s = 12.5, .held_s = 3.75, .measured_s = 6.5,
+                                    .measure_cost_s = 1.25, .gated_s = 40.5};
     serve_metrics_tune(m, &ts);
     t = render(m);
     const struct {
@@ -202,7 +203,10 @@ Test(serve_metrics, live_tuner_progress_only_with_a_tuner)
                 {"moetune_tune_pending", 9},       {"moetune_tune_pending_first", 0},
                 {"moetune_tune_covered", 1},       {"moetune_tune_paused", 0},
                 {"moetune_tune_busy_seconds_total", 12.5},
-                {"moetune_tune_compilers_held_seconds_total", 3.75}};
+                {"moetune_tune_compilers_held_seconds_total", 3.75},
+                {"moetune_tune_measuring_seconds_total", 6.5},
+                {"moetune_tune_measure_cost_seconds_total", 1.25},
+                {"moetune_tune_measure_wait_seconds_total", 40.5}};
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
         cr_assert_eq(sample(t, want[i].name), want[i].want, "%s in\n%s", want[i].name, t);
     free(t);
