@@ -381,6 +381,13 @@ static bool kernel_started(const serve_tune *t, const kern_family *f, const char
     return false;
 }
 
+mt_status serve_tune_job(const model_kern *k, int64_t m, tune_job *out, mt_err *err)
+{
+    char text[KERN_KEY_MAX];
+    kern_shape_key(k->fam, &k->shape, true, text, sizeof text);
+    return tune_job_make(k->fam, text, &m, 1, out, err);
+}
+
 static void tune_item(serve_tune *t, const item *it)
 {
     const model_kern *k = it->k;
@@ -403,7 +410,7 @@ static void tune_item(serve_tune *t, const item *it)
         budget.trials = budget.trials > 0 && budget.trials < n_first ? budget.trials : n_first;
     tune_job job;
     mt_err err = MT_ERR_INIT;
-    mt_status st = tune_job_make(k->fam, k->key, &m, 1, &job, &err);
+    mt_status st = serve_tune_job(k, m, &job, &err);
     tune_opts o;
     tune_opts_default(&o);
     o.device = t->spec;

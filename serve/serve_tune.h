@@ -121,6 +121,12 @@ typedef struct serve_tune_stats {
     double paused_s;       /* time paused, the pause in progress included */
 } serve_tune_stats;
 
+/* The tune job of kernel k at bucket M m: its family at its own shape,
+ * runtime dims included (the representative ones the kernel set runs; a
+ * tuning key alone would take them from the family's first preset, as
+ * GLM-5.2's vocabulary for a tiny model's embedding). */
+mt_status serve_tune_job(const model_kern *k, int64_t m, tune_job *out, mt_err *err);
+
 /* Creates the database when it does not exist (so a server can start on
  * an empty one) and forks the worker spawner (see above: before any
  * thread). MT_E_INVALID without a database path or for a share outside

@@ -494,3 +494,35 @@ Test(serve_tune, a_server_on_an_empty_database_tunes_what_its_load_calls)
     cr_expect_geq(w.n, 4, "%d winners in the database", w.n);
     pthread_mutex_destroy(&l.mu);
 }
+
+/* The live tuner measures a kernel at the shape its kernel set runs, runtime
+ * dims included: from the tuning key alone they would come from the
+ * family's first preset (GLM-5.2's 154880-row vocabulary for a tiny
+ * model's 512-row embedding). Every family, at its last preset's shape. */
+Test(serve_tune, a_tune_job_has_the_kernels_own_runtime_dims)
+{
+    int differs = 0;
+    for (const kern_family *const *f = kern_families(); *f; f++) {
+        const kern_family *fam = *f;
+        if (fam->n_presets < 2)
+            continue;
+        model_kern k = {.fam = fam};
+        mt_err err = MT_ERR_INIT;
+        cr_assert_eq(kern_shape_parse(fam, fam->presets[fam->n_presets - 1].key, &k.shape, NULL,
+                                      &err), MT_OK, "%s: %s", fam->name, err.msg);
+        kern_shape_key(fam, &k.shape, false, k.key, sizeof k.key);
+        tune_job job, from_key;
+        cr_assert_eq(serve_tune_job(&k, 16, &job, &err), MT_OK, "%s: %s", fam->name, err.msg);
+        cr_assert_eq(job.fam, fam);
+        cr_assert(job.n_m == 1 && job.m[0] == 16, "%s: M", fam->name);
+        for (int d = 0; d < fam->n_dims; d++)
+            cr_assert_eq(job.shape.v[d], k.shape.v[d], "%s: dim %s is %lld, the kernel's %lld",
+                         fam->name, fam->dims[d].name, (long long)job.shape.v[d],
+                         (long long)k.shape.v[d]);
+        cr_assert_eq(tune_job_make(fam, k.key, NULL, 0, &from_key, &err), MT_OK, "%s: %s",
+                     fam->name, err.msg);
+        differs += memcmp(&from_key.shape, &k.shape, sizeof k.shape) != 0;
+    }
+    /* the case this guards: some family's runtime dims differ between presets */
+    cr_assert_gt(differs, 0, "no family whose key alone loses its runtime dims");
+}
