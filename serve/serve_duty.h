@@ -21,7 +21,7 @@
 #define SERVE_DUTY_IDLE_MS 100.0
 
 typedef struct serve_duty {
-    double share;       /* of a busy server's time spent measuring, (0, 1] */
+    double share;       /* of a busy server's device the measurements take, (0, 1] */
     double rest_until;  /* no measurement starts before this while busy (ms) */
     double idle_since;  /* since when the server has been seen idle; < 0: busy */
     double started;     /* when the measurement in flight started; < 0: none */
