@@ -395,8 +395,8 @@ static void tune_item(serve_tune *t, const item *it)
     bool started = kernel_started(t, k->fam, k->key, it->b);
     /* Taken up: a tune that fails is not planned again. */
     set_pass(t, k->fam, k->key, it->b, PASS_FULL);
-    /* The first pass: a few trials (the default and the transfer seeds of
-     * the nearest tuned M alone, or with no M of the kernel taken up yet
+    /* The first pass: a few trials (the default and the winners of the
+     * kernel's other tuned M alone, or with no M of the kernel taken up yet
      * the search's first picks, half of first_trials when that is more
      * than 3: each of them is compiled while serving, under the hold, and
      * its winners seed every other bucket); the second resumes the same

@@ -14,8 +14,9 @@
  *
  * Coverage first: a first pass tunes every (family, key, M) the load has
  * called with a few trials (at most first_trials: the default and the
- * transfer seeds from the nearest tuned M of the kernel alone, so nothing
- * new is compiled; with no M of it taken up yet, the default and the
+ * winners of the kernel's other tuned M alone, nearest first, so nothing
+ * new is compiled, the default alone when they are its own; with no M of
+ * it taken up yet (or none of their winners valid here), the default and the
  * search's first picks, half of first_trials when that is more than 3;
  * tune_opts.seeds_only), each timed lightly (100 ms or 50 repetitions a
  * trial, 5 paired rounds), costliest first;

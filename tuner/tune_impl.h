@@ -170,6 +170,9 @@ void tune_search_seed(tune_search *s, const kern_config *c);
 /* Seeds that tune_search_next would propose now: valid, in shard, not
  * known and not the default. */
 int tune_search_seeds(const tune_search *s);
+/* Seeds valid at this M and in shard, the default and known ones
+ * included: what transfer found that applies here. */
+int tune_search_seeds_valid(const tune_search *s);
 /* Writes up to cap new configs (the default first, then seeds); 0 when the
  * strategy has nothing left. Proposed configs count as known. */
 int tune_search_next(tune_search *s, kern_config *out, int cap);

@@ -483,8 +483,9 @@ static tune_db_key db_key(const run_ctx *r)
                          r->job->fam->version, r->source_hash, r->shape_key, false};
 }
 
-/* Transfer: the winners (and runner-ups) of the nearest tuned M of this
- * shape, nearest in log2(M) first. */
+/* Transfer: the winners of the two nearest tuned M of this shape, nearest
+ * in log2(M) first, and the runner-ups of the nearest; with seeds_only the
+ * winners of every tuned M (all of them compiled already). */
 static void add_seeds(run_ctx *r, tune_search *s)
 {
     enum { CAP = 128 };
@@ -493,7 +494,8 @@ static void add_seeds(run_ctx *r, tune_search *s)
         return;
     tune_db_key k = db_key(r);
     int n = tune_db_winners(r->db, &k, 0, w, CAP, NULL);
-    for (int round = 0; round < 2 && n > 0; round++) {
+    int rounds = r->o->seeds_only ? n : 2;
+    for (int round = 0; round < rounds && n > 0; round++) {
         int best = -1;
         double bd = INFINITY;
         for (int i = 0; i < n; i++) {
@@ -921,9 +923,11 @@ static mt_status tune_m(run_ctx *r, int mi, mt_err *err)
         tune_search_set_budget(s, trials);
     }
     r->budget_left = trials > 0 ? (trials > ka.count ? trials - ka.count : 0) : -1;
-    int seeds = o->transfer && o->seeds_only ? tune_search_seeds(s) : 0;
-    if (seeds > 0) { /* the default (unless it has a trial) and the seeds alone */
-        int64_t n = seeds + (ka.default_known ? 0 : 1);
+    /* seeds_only where transfer found configs that apply here: the default
+     * (unless it has a trial) and the seeds not measured yet alone, none
+     * at all when the neighbours' winners are this M's default. */
+    if (o->transfer && o->seeds_only && tune_search_seeds_valid(s) > 0) {
+        int64_t n = tune_search_seeds(s) + (ka.default_known ? 0 : 1);
         r->budget_left = r->budget_left >= 0 && r->budget_left < n ? r->budget_left : n;
     }
     if (o->default_only) /* the default alone, unless it has a trial */

@@ -292,6 +292,14 @@ int tune_search_seeds(const tune_search *s)
     return n;
 }
 
+int tune_search_seeds_valid(const tune_search *s)
+{
+    int n = 0;
+    for (int i = 0; i < s->n_seeds; i++)
+        n += usable(s, &s->seeds[i]);
+    return n;
+}
+
 void tune_search_result(tune_search *s, const kern_config *c, bool ok, double median_ms)
 {
     if (ok && isfinite(median_ms))

@@ -107,13 +107,15 @@ typedef struct tune_opts {
     kern_time_opts timing;   /* the runner's options; abandon_ms is set by
                                 the tuner (2x the best so far) */
     bool transfer;           /* seed each M from winners of neighbouring M */
-    bool seeds_only;         /* with transfer: an M that has transfer seeds
-                                measures the default and the seeds alone, no
-                                fresh picks (nothing new to compile when the
-                                neighbours' winners are in the compile cache);
-                                an M without seeds searches as usual. The
-                                live tuner's first pass after a kernel's
-                                first M. */
+    bool seeds_only;         /* with transfer: an M to which the winners of
+                                other tuned M apply (valid here) measures the
+                                default and those winners alone (every tuned
+                                M's, nearest first, up to the budget), no
+                                fresh picks: nothing new to compile when they
+                                are in the compile cache, and the default
+                                alone when they are this M's default. An M no
+                                winner applies to searches as usual. The live
+                                tuner's first pass after a kernel's first M. */
     int confirm_rounds;      /* paired rounds confirming a non-default best
                                 against the default (see tune_m); 0: 10,
                                 < 0: no confirmation (the lowest median wins,

@@ -193,6 +193,90 @@ Test(tune_run, seeds_only_measures_the_default_and_the_neighbours_winners, .time
     free(ts);
 }
 
+/* seeds_only takes every tuned M's winner, nearest first, and where the
+ * neighbours' winners are this M's own default it measures the default
+ * alone instead of searching fresh configs (each a compile while
+ * serving). gemm's cpu default is BM = min(M, 8) over powers of two, so
+ * one-trial tunes at M = 1, 2, 4 and 8 store four different winners
+ * (their defaults); M = 16's default is M = 8's. */
+Test(tune_run, seeds_only_takes_every_tuned_m_and_no_search_when_they_are_the_default,
+     .timeout = 180)
+{
+    char db[256];
+    tt_db_path(db, sizeof db, "seeds_all.db");
+    const kern_family *f = kern_family_find("gemm");
+    tune_opts o;
+    tt_opts(&o, "cpu", db);
+    o.budget.trials = 1; /* the default alone: it is the winner */
+    mt_err err = MT_ERR_INIT;
+    tune_report *rep = NULL;
+    tune_job job;
+    static const int64_t m8[] = {8}, m4[] = {4}, m2[] = {2}, m1[] = {1}, m16[] = {16},
+                         m32[] = {32};
+    cr_assert_eq(tune_job_make(f, "tiny", m8, 1, &job, &err), MT_OK, "%s", err.msg);
+    cr_assert_eq(tune_run(&job, 1, &o, &rep, &err), MT_OK, "%s", err.msg);
+    cr_assert(rep->jobs[0].m[0].has_winner);
+    char dflt8[256];
+    snprintf(dflt8, sizeof dflt8, "%s", rep->jobs[0].m[0].best_key);
+    cr_assert_str_eq(dflt8, rep->jobs[0].m[0].default_key);
+    tune_report_free(rep);
+
+    /* M = 16 next to M = 8 alone: its default is M = 8's winner, so one
+     * trial (the default) and no fresh picks. */
+    o.budget.trials = 8;
+    o.seeds_only = true;
+    cr_assert_eq(tune_job_make(f, "tiny", m16, 1, &job, &err), MT_OK, "%s", err.msg);
+    cr_assert_eq(tune_run(&job, 1, &o, &rep, &err), MT_OK, "%s", err.msg);
+    cr_assert_str_eq(rep->jobs[0].m[0].default_key, dflt8, "M = 16's default is M = 8's");
+    cr_assert_eq(rep->jobs[0].m[0].measured, 1, "M = 16 measured %d configs, not the default "
+                 "alone", rep->jobs[0].m[0].measured);
+    cr_assert(rep->jobs[0].m[0].has_winner);
+    tune_report_free(rep);
+
+    o.seeds_only = false;
+    o.budget.trials = 1;
+    const int64_t *ms[] = {m4, m2, m1};
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(tune_job_make(f, "tiny", ms[i], 1, &job, &err), MT_OK, "%s", err.msg);
+        cr_assert_eq(tune_run(&job, 1, &o, &rep, &err), MT_OK, "%s", err.msg);
+        tune_report_free(rep);
+    }
+    tt_winners *ws = calloc(1, sizeof *ws);
+    tt_read_winners(db, "gemm", ws);
+    int distinct = 0;
+    for (int i = 0; i < ws->n; i++) {
+        bool seen = false;
+        for (int j = 0; j < i; j++)
+            seen |= !strcmp(ws->w[j].config_key, ws->w[i].config_key);
+        distinct += !seen;
+    }
+    cr_assert_eq(distinct, 4, "winners at M = 1, 2, 4, 8 (and 16): %d distinct", distinct);
+
+    /* M = 32: its default (M = 8's and 16's winner) and the winners at 4, 2
+     * and 1 (the two nearest alone would give M = 16's and 8's: one). */
+    o.seeds_only = true;
+    o.budget.trials = 8;
+    cr_assert_eq(tune_job_make(f, "tiny", m32, 1, &job, &err), MT_OK, "%s", err.msg);
+    cr_assert_eq(tune_run(&job, 1, &o, &rep, &err), MT_OK, "%s", err.msg);
+    cr_assert_eq(rep->jobs[0].m[0].measured, 4, "M = 32 measured %d", rep->jobs[0].m[0].measured);
+    tune_report_free(rep);
+    tt_trials *ts = calloc(1, sizeof *ts);
+    tt_read_trials(db, "gemm", ts);
+    int at32 = 0;
+    for (int i = 0; i < ts->n; i++) {
+        if (ts->t[i].m != 32)
+            continue;
+        at32++;
+        bool won = false;
+        for (int j = 0; j < ws->n && !won; j++)
+            won = !strcmp(ws->w[j].config_key, ts->t[i].config_key);
+        cr_assert(won, "M = 32 measured %s, no tuned M's winner", ts->t[i].config_key);
+    }
+    cr_assert_eq(at32, 4);
+    free(ts);
+    free(ws);
+}
+
 /* tune_opts.gate_done: each measurement the gate lets through is closed by
  * exactly one gate_done once the worker has replied (a server's duty cycle
  * times the measurements by them), so gates and dones alternate, every
