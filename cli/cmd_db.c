@@ -365,6 +365,10 @@ static int show_miss(void *ctx, const db_miss_row *m)
         cJSON_AddItemToObject(o, "device", device_json(&m->device));
         cJSON_AddStringToObject(o, "family", m->family);
         cJSON_AddStringToObject(o, "shape", m->shape_key);
+        if (m->shape_run)
+            cJSON_AddStringToObject(o, "shape_run", m->shape_run);
+        else
+            cJSON_AddNullToObject(o, "shape_run");
         cJSON_AddNumberToObject(o, "m", (double)m->m);
         cJSON_AddNumberToObject(o, "count", (double)m->count);
         cJSON_AddNumberToObject(o, "first_seen_ms", (double)m->first_seen_ms);

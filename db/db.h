@@ -34,7 +34,7 @@
 #include "common/status.h"
 
 /* Schema version written to PRAGMA user_version and meta.schema_version. */
-#define DB_SCHEMA_VERSION 5
+#define DB_SCHEMA_VERSION 6
 /* Version of the JSON export format (docs/DB.md). */
 #define DB_EXPORT_FORMAT_VERSION 2
 
@@ -325,14 +325,15 @@ bool db_provenance_is_miss(db_provenance p);
 
 /* Records the miss that lookup result r (of db_lookup for the same device,
  * family, shape and m) stands for, with its provenance as the reason: count
- * + 1, last_seen now. Nothing for a hit, or when r->miss_recorded is set
- * already. Sets r->miss_recorded; when the miss cannot be recorded (a
- * read-only handle, the lock held past the retries) it appends why to
- * r->message and still returns MT_OK: a server keeps running without it.
- * MT_E_INVALID for bad arguments. Writes one row in its own transaction. */
+ * + 1, last_seen now, and shape_run (the shape with its runtime dims, which
+ * `tune --misses` times; NULL: keeps what the row had). Nothing for a hit,
+ * or when r->miss_recorded is set already. Sets r->miss_recorded; when
+ * the miss cannot be recorded (a read-only handle, the lock held past the
+ * retries) it appends why to r->message and still returns MT_OK: a server
+ * keeps running without it. MT_E_INVALID for bad arguments. Writes one row in its own transaction. */
 mt_status db_lookup_record_miss(db_t *db, const db_device *dev, const char *family,
-                                const char *shape_key, int64_t m, db_lookup_result *r,
-                                mt_err *err);
+                                const char *shape_key, const char *shape_run, int64_t m,
+                                db_lookup_result *r, mt_err *err);
 
 /* ---- reading ------------------------------------------------------------ */
 
@@ -397,6 +398,8 @@ typedef struct db_trial_row {
 typedef struct db_miss_row {
     db_device_row device;
     const char *family, *shape_key;
+    const char *shape_run; /* the shape the runtime ran, runtime dims included
+                              (kern_shape_key with_runtime); NULL: not recorded */
     int64_t m, count, first_seen_ms, last_seen_ms;
     db_provenance last_reason;
 } db_miss_row;

@@ -113,7 +113,8 @@ mt_status db_trial_find(db_t *db, int64_t device_id, int64_t kernel_id, const ch
                         int64_t m, const char *config_key, int64_t *id, int *status,
                         double *median, mt_err *err);
 mt_status db_miss_put(db_t *db, int64_t device_id, const char *family, const char *shape_key,
-                      int64_t m, int64_t seen_ms, int reason, mt_err *err);
+                      const char *shape_run, int64_t m, int64_t seen_ms, int reason,
+                      mt_err *err);
 mt_status db_code_put_at(db_t *db, const char *target, const char *cache_key, const void *blob,
                          size_t size, int64_t created_ms, bool replace, mt_err *err);
 /* Writes a winner row as given (db_winners.c). verified_ms 0 and NAN
@@ -155,8 +156,8 @@ void db_trial_read(sqlite3_stmt *s, int first, db_trial *t);
 
 /* Internal miss counter with an explicit reason (db_write.c). */
 mt_status db_miss_record_reason(db_t *db, const db_device *dev, const char *family,
-                                const char *shape_key, int64_t m, db_provenance reason,
-                                mt_err *err);
+                                const char *shape_key, const char *shape_run, int64_t m,
+                                db_provenance reason, mt_err *err);
 
 /* ---- records: one row of export/import/merge, by natural keys ----------- */
 
@@ -183,6 +184,7 @@ typedef struct db_winner_rec {
 
 typedef struct db_miss_rec {
     const char *device_fp, *family, *shape_key;
+    const char *shape_run; /* NULL: not recorded */
     int64_t m, count, first_seen_ms, last_seen_ms;
     int last_reason;
 } db_miss_rec;

@@ -253,6 +253,7 @@ static mt_status w_miss(void *ctx, const db_miss_rec *r, mt_err *err)
     add_int(o, "last_seen_ms", r->last_seen_ms);
     add_int(o, "m", r->m);
     add_str(o, "shape", r->shape_key);
+    add_str(o, "shape_run", r->shape_run);
     return emit(ctx, SEC_MISSES, o, err);
 }
 
@@ -576,6 +577,8 @@ static mt_status r_miss(const rd *r, const cJSON *o, db_sink *k, mt_err *err)
         st = get_req_str(r, o, "family", &m.family, err);
     if (st == MT_OK)
         st = get_req_str(r, o, "shape", &m.shape_key, err);
+    if (st == MT_OK) /* older exports have none */
+        st = get_str(r, o, "shape_run", true, &m.shape_run, err);
     if (st == MT_OK)
         st = get_int(r, o, "m", false, &m.m, err);
     if (st == MT_OK)

@@ -294,8 +294,8 @@ bool db_provenance_is_miss(db_provenance p)
 }
 
 mt_status db_lookup_record_miss(db_t *db, const db_device *dev, const char *family,
-                                const char *shape_key, int64_t m, db_lookup_result *r,
-                                mt_err *err)
+                                const char *shape_key, const char *shape_run, int64_t m,
+                                db_lookup_result *r, mt_err *err)
 {
     if (!r)
         return mt_fail(err, MT_E_INVALID, "db_lookup_record_miss: no lookup result");
@@ -309,7 +309,8 @@ mt_status db_lookup_record_miss(db_t *db, const db_device *dev, const char *fami
         return MT_OK;
     }
     mt_err e = MT_ERR_INIT;
-    mt_status st = db_miss_record_reason(db, dev, family, shape_key, m, r->provenance, &e);
+    mt_status st = db_miss_record_reason(db, dev, family, shape_key, shape_run, m, r->provenance,
+                                         &e);
     if (st == MT_OK) {
         r->miss_recorded = true;
         return MT_OK;

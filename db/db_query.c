@@ -151,8 +151,9 @@ static mt_status miss_row(sqlite3_stmt *s, void *arg, bool *stop, mt_err *err)
         .first_seen_ms = sqlite3_column_int64(s, 4),
         .last_seen_ms = sqlite3_column_int64(s, 5),
         .last_reason = (db_provenance)sqlite3_column_int(s, 6),
+        .shape_run = db_col_text(s, 7),
     };
-    db_device_row_read(s, 7, &r.device);
+    db_device_row_read(s, 8, &r.device);
     *stop = cb->fn.miss(cb->ctx, &r) != 0;
     return MT_OK;
 }
@@ -163,7 +164,7 @@ mt_status db_misses_each(db_t *db, const db_filter *f, db_miss_fn fn, void *ctx,
     return db_rows_each(
         db,
         "SELECT x.family, x.shape, x.m, x.count, x.first_seen_ms, x.last_seen_ms, x.last_reason, "
-        DB_DEVICE_COLUMNS " FROM misses x JOIN devices d ON d.id = x.device_id "
+        "x.shape_run, " DB_DEVICE_COLUMNS " FROM misses x JOIN devices d ON d.id = x.device_id "
         "WHERE (?1 IS NULL OR x.family = ?1) AND (?2 IS NULL OR x.shape = ?2) "
         "AND (?3 <= 0 OR x.m = ?3) AND (?4 IS NULL OR d.fingerprint = ?4 OR d.name = ?4) "
         "ORDER BY x.count DESC, x.last_seen_ms DESC, d.fingerprint, x.family, x.shape, x.m",

@@ -130,6 +130,7 @@ static mt_status row_miss(sqlite3_stmt *s, const db_visitor *v, void *ctx, mt_er
         .first_seen_ms = sqlite3_column_int64(s, 5),
         .last_seen_ms = sqlite3_column_int64(s, 6),
         .last_reason = sqlite3_column_int(s, 7),
+        .shape_run = db_col_text(s, 8),
     };
     return v->miss(ctx, &r, err);
 }
@@ -176,7 +177,8 @@ mt_status db_visit(db_t *db, const db_visitor *v, void *ctx, mt_err *err)
          "ORDER BY d.fingerprint, k.family, k.version, k.source_hash, w.shape, w.m"},
         {v->miss != NULL, row_miss,
          "SELECT d.fingerprint, x.family, x.shape, x.m, x.count, x.first_seen_ms, "
-         "x.last_seen_ms, x.last_reason FROM misses x JOIN devices d ON d.id = x.device_id "
+         "x.last_seen_ms, x.last_reason, x.shape_run "
+         "FROM misses x JOIN devices d ON d.id = x.device_id "
          "ORDER BY d.fingerprint, x.family, x.shape, x.m"},
         {v->code != NULL, row_code,
          "SELECT target, cache_key, blob, created_ms FROM code_objects ORDER BY target, cache_key"},
@@ -405,11 +407,14 @@ static mt_status sink_miss(void *ctx, const db_miss_rec *r, mt_err *err)
     int rc = sqlite3_prepare_v2(
         k->db->sql,
         "INSERT INTO misses(device_id, family, shape, m, count, first_seen_ms, last_seen_ms, "
-        "last_reason) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) "
+        "last_reason, shape_run) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) "
         "ON CONFLICT(device_id, family, shape, m) DO UPDATE SET count = count + excluded.count, "
         "first_seen_ms = min(first_seen_ms, excluded.first_seen_ms), "
         "last_reason = CASE WHEN excluded.last_seen_ms > last_seen_ms THEN excluded.last_reason "
-        "ELSE last_reason END, last_seen_ms = max(last_seen_ms, excluded.last_seen_ms)",
+        "ELSE last_reason END, "
+        "shape_run = CASE WHEN shape_run IS NULL OR (excluded.shape_run IS NOT NULL AND "
+        "excluded.last_seen_ms > last_seen_ms) THEN excluded.shape_run ELSE shape_run END, "
+        "last_seen_ms = max(last_seen_ms, excluded.last_seen_ms)",
         -1, &s, NULL);
     if (rc == SQLITE_OK) {
         sqlite3_bind_int64(s, 1, dev);
@@ -420,6 +425,10 @@ static mt_status sink_miss(void *ctx, const db_miss_rec *r, mt_err *err)
         sqlite3_bind_int64(s, 6, r->first_seen_ms);
         sqlite3_bind_int64(s, 7, r->last_seen_ms);
         sqlite3_bind_int(s, 8, r->last_reason);
+        if (r->shape_run && *r->shape_run)
+            sqlite3_bind_text(s, 9, r->shape_run, -1, SQLITE_STATIC);
+        else
+            sqlite3_bind_null(s, 9);
         rc = sqlite3_step(s);
         sqlite3_finalize(s);
     }

@@ -1,4 +1,4 @@
-/* db_schema.c: the current schema (version 5) and the migration from each
+/* db_schema.c: the current schema (version 6) and the migration from each
  * older version. docs/DB.md describes every table and column; keep the two in
  * step. Versions are only appended; each migration runs inside the opening
  * transaction, so a failed upgrade leaves the file as it was.
@@ -21,13 +21,16 @@
  *      decision 0 (median: never confirmed).
  *   5  winners carry a stale mark: `moetune db verify` re-timed the winner
  *      against its runner-up and the default and it no longer won. Older
- *      winners are not stale. */
+ *      winners are not stale.
+ *   6  misses carry the shape the runtime ran (shape_run: the tuning key
+ *      with the runtime dims, which `tune --misses` times). Older misses
+ *      have none (NULL). */
 #include <inttypes.h>
 #include <stdio.h>
 
 #include "db_impl.h"
 
-static const char schema_v5[] =
+static const char schema_v6[] =
     "CREATE TABLE meta(\n"
     "  key TEXT PRIMARY KEY,\n"
     "  value TEXT NOT NULL\n"
@@ -119,6 +122,7 @@ static const char schema_v5[] =
     "  first_seen_ms INTEGER NOT NULL,\n"
     "  last_seen_ms INTEGER NOT NULL,\n"
     "  last_reason INTEGER NOT NULL,\n"
+    "  shape_run TEXT,\n"
     "  PRIMARY KEY(device_id, family, shape, m));\n"
     "CREATE TABLE code_objects(\n"
     "  target TEXT NOT NULL,\n"
@@ -300,6 +304,11 @@ static const char migrate_4_5[] =
     "ALTER TABLE winners ADD COLUMN stale INTEGER NOT NULL DEFAULT 0\n"
     "  CHECK(stale IN (0, 1));\n";
 
+/* Version 5 -> 6: misses gain the shape the runtime ran; older ones have
+ * none (tune --misses then takes the family's first preset's runtime
+ * dims, as before). */
+static const char migrate_5_6[] = "ALTER TABLE misses ADD COLUMN shape_run TEXT;\n";
+
 /* Runs a multi-statement script, binding :now in each statement. */
 static mt_status run_script(db_t *db, const char *sql, const char *what, mt_err *err)
 {
@@ -355,7 +364,7 @@ static mt_status set_version(db_t *db, mt_err *err)
 
 mt_status db_schema_create(db_t *db, mt_err *err)
 {
-    mt_status st = run_script(db, schema_v5, "creating the schema", err);
+    mt_status st = run_script(db, schema_v6, "creating the schema", err);
     if (st)
         return st;
     char buf[64];
@@ -427,6 +436,9 @@ mt_status db_schema_migrate(db_t *db, int from, mt_err *err)
             break;
         case 4:
             st = run_script(db, migrate_4_5, "upgrading schema 4 -> 5", err);
+            break;
+        case 5:
+            st = run_script(db, migrate_5_6, "upgrading schema 5 -> 6", err);
             break;
         default:
             st = mt_fail(err, MT_E_UNSUPPORTED, "%s: no migration from schema version %d",

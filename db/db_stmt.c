@@ -97,10 +97,11 @@ static const char *const stmt_sql[ST_STMT_COUNT] = {
         "GROUP BY k.version, k.source_hash ORDER BY max(w.updated_ms) DESC LIMIT 1",
     [ST_MISS_UPSERT] =
         "INSERT INTO misses(device_id, family, shape, m, count, first_seen_ms, last_seen_ms, "
-        "last_reason) VALUES(?1, ?2, ?3, ?4, 1, ?5, ?5, ?6) "
+        "last_reason, shape_run) VALUES(?1, ?2, ?3, ?4, 1, ?5, ?5, ?6, ?7) "
         "ON CONFLICT(device_id, family, shape, m) DO UPDATE SET count = count + 1, "
         "last_seen_ms = max(last_seen_ms, excluded.last_seen_ms), "
-        "last_reason = excluded.last_reason",
+        "last_reason = excluded.last_reason, "
+        "shape_run = coalesce(excluded.shape_run, shape_run)",
     [ST_SESSION_BY_UID] = "SELECT id FROM sessions WHERE uid = ?1",
 };
 _Static_assert(sizeof stmt_sql / sizeof stmt_sql[0] == ST_STMT_COUNT, "one SQL per statement id");

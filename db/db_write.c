@@ -379,7 +379,8 @@ mt_status db_trial_exists(db_t *db, int64_t device_id, int64_t kernel_id, const 
 /* ---- misses -------------------------------------------------------------- */
 
 mt_status db_miss_put(db_t *db, int64_t device_id, const char *family, const char *shape_key,
-                      int64_t m, int64_t seen_ms, int reason, mt_err *err)
+                      const char *shape_run, int64_t m, int64_t seen_ms, int reason,
+                      mt_err *err)
 {
     sqlite3_stmt *s;
     mt_status st = db_stmt(db, ST_MISS_UPSERT, &s, err);
@@ -391,6 +392,10 @@ mt_status db_miss_put(db_t *db, int64_t device_id, const char *family, const cha
     sqlite3_bind_int64(s, 4, m);
     sqlite3_bind_int64(s, 5, seen_ms);
     sqlite3_bind_int(s, 6, reason);
+    if (shape_run && *shape_run)
+        sqlite3_bind_text(s, 7, shape_run, -1, SQLITE_STATIC);
+    else
+        sqlite3_bind_null(s, 7);
     int rc = sqlite3_step(s);
     sqlite3_reset(s);
     if (rc != SQLITE_DONE)
@@ -399,8 +404,8 @@ mt_status db_miss_put(db_t *db, int64_t device_id, const char *family, const cha
 }
 
 mt_status db_miss_record_reason(db_t *db, const db_device *dev, const char *family,
-                                const char *shape_key, int64_t m, db_provenance reason,
-                                mt_err *err)
+                                const char *shape_key, const char *shape_run, int64_t m,
+                                db_provenance reason, mt_err *err)
 {
     mt_status st = db_check_device(dev, err);
     if (st)
@@ -412,14 +417,14 @@ mt_status db_miss_record_reason(db_t *db, const db_device *dev, const char *fami
     int64_t dev_id;
     st = db_device_upsert(db, dev, &dev_id, err);
     if (st == MT_OK)
-        st = db_miss_put(db, dev_id, family, shape_key, m, db_now_ms(), reason, err);
+        st = db_miss_put(db, dev_id, family, shape_key, shape_run, m, db_now_ms(), reason, err);
     return db_tx_end(db, st, err);
 }
 
 mt_status db_miss_record(db_t *db, const db_device *dev, const char *family,
                          const char *shape_key, int64_t m, mt_err *err)
 {
-    return db_miss_record_reason(db, dev, family, shape_key, m, DB_MISS, err);
+    return db_miss_record_reason(db, dev, family, shape_key, NULL, m, DB_MISS, err);
 }
 
 /* ---- code objects -------------------------------------------------------- */

@@ -268,8 +268,10 @@ static mt_status choose(model_kset *ks, model_kern *k, const db_device *dd, cons
     db_lookup_result r;
     mt_status st = db_lookup(ks->db, dd, k->fam->name, k->fam->version, hash, k->key, c->m, &r,
                              err);
+    char run[KERN_KEY_MAX]; /* with the runtime dims: what tune --misses times */
+    kern_shape_key(k->fam, s, true, run, sizeof run);
     if (st == MT_OK)
-        st = db_lookup_record_miss(ks->db, dd, k->fam->name, k->key, c->m, &r, err);
+        st = db_lookup_record_miss(ks->db, dd, k->fam->name, k->key, run, c->m, &r, err);
     if (st != MT_OK)
         return mt_err_prefix(err, "database lookup of %s %s M=%" PRId64, k->fam->name, k->key,
                              c->m);

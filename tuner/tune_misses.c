@@ -67,6 +67,8 @@ static int collect_cb(void *arg, const db_miss_row *row)
         if (c->v[i].m == row->m && !strcmp(c->v[i].fam->name, row->family) &&
             !strcmp(c->v[i].shape_key, row->shape_key)) {
             c->v[i].lookups += row->count;
+            if (!c->v[i].shape_run[0] && row->shape_run && strlen(row->shape_run) < KERN_KEY_MAX)
+                snprintf(c->v[i].shape_run, sizeof c->v[i].shape_run, "%s", row->shape_run);
             return 0;
         }
     c->recorded++;
@@ -98,6 +100,8 @@ static int collect_cb(void *arg, const db_miss_row *row)
     memset(t, 0, sizeof *t);
     t->fam = f;
     snprintf(t->shape_key, sizeof t->shape_key, "%s", row->shape_key);
+    if (row->shape_run && strlen(row->shape_run) < KERN_KEY_MAX)
+        snprintf(t->shape_run, sizeof t->shape_run, "%s", row->shape_run);
     t->m = row->m;
     t->lookups = row->count;
     t->default_ms = t->cost_ms = NAN;
@@ -105,7 +109,9 @@ static int collect_cb(void *arg, const db_miss_row *row)
 }
 
 /* Drops the misses this device has an exact winner for now (tuned since
- * they were recorded), and those whose shape does not parse. */
+ * they were recorded), and those whose shape does not parse. A shape_run
+ * that does not parse, or whose tuning key is not the miss's, is set aside
+ * (logged): the miss is tuned at the first preset's runtime dims. */
 static void drop_tuned(collect *c, db_t *db, const db_device *dd)
 {
     int kept = 0;
@@ -117,6 +123,18 @@ static void drop_tuned(collect *c, db_t *db, const db_device *dd)
         kern_shape sh;
         mt_err e = MT_ERR_INIT;
         const char *why = NULL;
+        char key[KERN_KEY_MAX];
+        if (t->shape_run[0] &&
+            (kern_shape_parse(t->fam, t->shape_run, &sh, NULL, &e) != MT_OK ||
+             (kern_shape_key(t->fam, &sh, false, key, sizeof key), strcmp(key, t->shape_key)))) {
+            if (c->o->log)
+                fprintf(c->o->log, "tune: miss %s %s M=%lld: its runtime shape %s is not this "
+                        "shape (%s); tuned at the family's first preset's runtime dims\n",
+                        t->fam->name, t->shape_key, (long long)t->m, t->shape_run,
+                        e.msg[0] ? e.msg : key);
+            t->shape_run[0] = 0;
+            e = (mt_err)MT_ERR_INIT;
+        }
         if (kern_shape_parse(t->fam, t->shape_key, &sh, NULL, &e) != MT_OK)
             why = e.msg;
         else if (db_lookup(db, dd, t->fam->name, t->fam->version, hash, t->shape_key, t->m, &lr,
@@ -160,6 +178,12 @@ static mt_status collect_misses(const tune_opts *o, collect *c, mt_err *err)
 
 /* ---- tuning -------------------------------------------------------------- */
 
+mt_status tune_miss_job(const tune_miss *t, tune_job *out, mt_err *err)
+{
+    return tune_job_make(t->fam, t->shape_run[0] ? t->shape_run : t->shape_key, &t->m, 1, out,
+                         err);
+}
+
 /* tune_run over the misses in order, TUNE_MAX_JOBS at a time, one job
  * each. With default_only, the default's times go back into v. */
 static mt_status run_passes(tune_miss *v, int n, const tune_opts *o, FILE *table, mt_err *err)
@@ -171,8 +195,7 @@ static mt_status run_passes(tune_miss *v, int n, const tune_opts *o, FILE *table
     for (int at = 0; at < n && st == MT_OK; at += TUNE_MAX_JOBS) {
         int k = n - at < TUNE_MAX_JOBS ? n - at : TUNE_MAX_JOBS;
         for (int j = 0; j < k && st == MT_OK; j++)
-            st = tune_job_make(v[at + j].fam, v[at + j].shape_key, &v[at + j].m, 1, &jobs[j],
-                               err);
+            st = tune_miss_job(&v[at + j], &jobs[j], err);
         tune_report *rep = NULL;
         if (st == MT_OK)
             st = tune_run(jobs, k, o, &rep, err);
@@ -229,9 +252,10 @@ mt_status tune_misses_run(const tune_opts *o, FILE *table, tune_misses_result *r
                 "default config's median here):\n", res->n);
         for (int i = 0; i < res->n; i++) {
             const tune_miss *t = &res->order[i];
-            fprintf(o->log, "  %3d  %s %s M=%lld: %lld x %.4g ms = %.4g ms\n", i + 1,
+            fprintf(o->log, "  %3d  %s %s M=%lld: %lld x %.4g ms = %.4g ms%s%s\n", i + 1,
                     t->fam->name, t->shape_key, (long long)t->m, (long long)t->lookups,
-                    t->default_ms, t->cost_ms);
+                    t->default_ms, t->cost_ms, t->shape_run[0] ? ", run at " : "",
+                    t->shape_run);
         }
     }
     /* Pass 2: the search, as tune runs it. */

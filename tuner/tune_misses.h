@@ -12,7 +12,10 @@
  * build lacks, shapes it cannot parse, families with nothing to tune on
  * this backend and misses this device has a winner for by now (an exact
  * hit under the current kernel source). Each one's default config is timed
- * first (a trial, no winner: tune_opts.default_only), then the misses are
+ * first (a trial, no winner: tune_opts.default_only), each at the shape the
+ * runtime ran (the miss's shape_run: runtime dims included; a miss recorded
+ * without one, by an older runtime, takes the family's first preset's
+ * runtime dims), then the misses are
  * tuned in order of cost = lookups x the default's median time, the
  * costliest first, with the caller's strategy, budget and confirmation,
  * as `tune` runs them, the winners written to the same database.
@@ -26,6 +29,7 @@
 typedef struct tune_miss {
     const kern_family *fam;
     char shape_key[KERN_KEY_MAX];
+    char shape_run[KERN_KEY_MAX]; /* runtime dims included; "": not recorded */
     int64_t m;
     int64_t lookups;        /* missed lookups, summed over the devices */
     double default_ms;      /* the default config's median here; NAN: not timed */
@@ -42,6 +46,10 @@ typedef struct tune_misses_result {
 
 void tune_misses_result_free(tune_misses_result *r); /* NULL is a no-op; the
                                                         struct itself is the caller's */
+
+/* The tuning job of miss t: its shape_run where recorded (the runtime's
+ * own runtime dims), its shape_key otherwise. */
+mt_status tune_miss_job(const tune_miss *t, tune_job *out, mt_err *err);
 
 /* Orders misses by cost, costliest first; those not timed last, by
  * lookups. Stable for equal keys (then by family, shape, M). */

@@ -40,7 +40,7 @@ static db_provenance look_up(const char *path, int64_t m, bool record)
     cr_assert_eq(db_lookup(db, &dd, "gemm", gemm->version, hash, "N=64,K=96", m, &r, &e), MT_OK,
                  "%s", e.msg);
     if (record)
-        cr_assert_eq(db_lookup_record_miss(db, &dd, "gemm", "N=64,K=96", m, &r, &e), MT_OK,
+        cr_assert_eq(db_lookup_record_miss(db, &dd, "gemm", "N=64,K=96", NULL, m, &r, &e), MT_OK,
                      "%s", e.msg);
     db_close(db);
     dev_close(dev);

@@ -35,7 +35,7 @@ static db_lookup_result look(const db_device *d, const char *hash, int64_t m)
     db_lookup_result r;
     mt_err e = MT_ERR_INIT;
     cr_assert_eq(db_lookup(db, d, "moe_gemm", 1, hash, SHAPE_A, m, &r, &e), MT_OK, "%s", e.msg);
-    cr_assert_eq(db_lookup_record_miss(db, d, "moe_gemm", SHAPE_A, m, &r, &e), MT_OK, "%s",
+    cr_assert_eq(db_lookup_record_miss(db, d, "moe_gemm", SHAPE_A, NULL, m, &r, &e), MT_OK, "%s",
                  e.msg);
     return r;
 }
@@ -615,7 +615,7 @@ Test(db_lookup, a_lookup_alone_writes_nothing)
     cr_assert_eq(db_lookup(db, &mi210, "moe_gemm", 1, HASH_A, SHAPE_A, 16, &r, &e), MT_OK);
     cr_expect_eq(r.provenance, DB_HIT_EXACT);
     cr_expect_not(db_provenance_is_miss(r.provenance));
-    cr_assert_eq(db_lookup_record_miss(db, &mi210, "moe_gemm", SHAPE_A, 16, &r, &e), MT_OK);
+    cr_assert_eq(db_lookup_record_miss(db, &mi210, "moe_gemm", SHAPE_A, NULL, 16, &r, &e), MT_OK);
     cr_expect_not(r.miss_recorded);
     cr_expect_eq(miss_count(NULL, 16, NULL), 0);
 }

@@ -157,6 +157,58 @@ Test(db_merge, faster_verified_result_wins_and_provenance_is_kept)
     cr_expect(strstr(db_merge_rule(), "faster") && strstr(db_merge_rule(), "ok"));
 }
 
+/* A miss recorded as the runtime records it, with the shape it ran
+ * (runtime dims included; NULL: none). */
+static void run_miss(db_t *db, const db_device *d, int64_t m, const char *shape_run)
+{
+    db_lookup_result r;
+    memset(&r, 0, sizeof r);
+    r.provenance = DB_MISS;
+    mt_err e = MT_ERR_INIT;
+    cr_assert_eq(db_lookup_record_miss(db, d, "moe_gemm", SHAPE_A, shape_run, m, &r, &e), MT_OK,
+                 "%s", e.msg);
+    cr_assert(r.miss_recorded);
+}
+
+/* The runtime shape of a miss: a record without one keeps the row's, a
+ * later one replaces it, an earlier one does not, one where the row has
+ * none fills it; counts add up as before. */
+Test(db_merge, a_miss_keeps_the_latest_runtime_shape)
+{
+    db_device d = dev_mi210();
+    db_t *b = open_ok(pb, DB_OPEN_DEFAULT);
+    run_miss(b, &d, 1, SHAPE_A ",C=100");  /* b first: earlier */
+    run_miss(b, &d, 2, SHAPE_A ",C=200");
+    run_miss(b, &d, 3, NULL);
+    db_close(b);
+    usleep(3000);
+    db_t *a = open_ok(pa, DB_OPEN_DEFAULT);
+    run_miss(a, &d, 1, NULL);              /* none: b's fills it */
+    run_miss(a, &d, 2, SHAPE_A ",C=222");  /* later than b's: kept */
+    run_miss(a, &d, 3, SHAPE_A ",C=333");  /* b has none: kept */
+    run_miss(a, &d, 3, NULL);              /* a record without one keeps it */
+    cr_expect_eq(sql_int(pa, "SELECT count(*) FROM misses WHERE m = 3 AND shape_run = '"
+                             SHAPE_A ",C=333'"), 1);
+    db_merge_stats ms;
+    mt_err e = MT_ERR_INIT;
+    cr_assert_eq(db_merge(a, pb, &ms, &e), MT_OK, "%s", e.msg);
+    db_close(a);
+    cr_expect_eq(sql_int(pa, "SELECT count(*) FROM misses WHERE m = 1 AND count = 2 AND "
+                             "shape_run = '" SHAPE_A ",C=100'"), 1);
+    cr_expect_eq(sql_int(pa, "SELECT count(*) FROM misses WHERE m = 2 AND count = 2 AND "
+                             "shape_run = '" SHAPE_A ",C=222'"), 1);
+    cr_expect_eq(sql_int(pa, "SELECT count(*) FROM misses WHERE m = 3 AND count = 3 AND "
+                             "shape_run = '" SHAPE_A ",C=333'"), 1);
+    /* and b, merged the other way, takes a's later ones */
+    b = open_ok(pb, DB_OPEN_DEFAULT);
+    cr_assert_eq(db_merge(b, pa, &ms, &e), MT_OK, "%s", e.msg);
+    db_close(b);
+    cr_expect_eq(sql_int(pb, "SELECT count(*) FROM misses WHERE m = 2 AND "
+                             "shape_run = '" SHAPE_A ",C=222'"), 1);
+    cr_expect_eq(sql_int(pb, "SELECT count(*) FROM misses WHERE m = 3 AND "
+                             "shape_run = '" SHAPE_A ",C=333'"), 1);
+}
+
 Test(db_merge, sessions_keep_uid_and_gain_origin)
 {
     db_t *b = open_ok(pb, DB_OPEN_DEFAULT);
@@ -254,6 +306,7 @@ static void populate(const char *p, uint64_t seed)
                                          0.123456789, &e),
                  MT_OK, "%s", e.msg);
     cr_assert_eq(db_miss_record(db, &d2, "moe_gemm", SHAPE_A, 3, &e), MT_OK);
+    run_miss(db, &d2, 5, SHAPE_A ",C=4096"); /* with its runtime shape */
     cr_assert_eq(db_code_put(db, "gfx90a", "k", "\x7f" "ELF", 4, &e), MT_OK);
     /* Decisions with and without an interval travel too. */
     first_winner fw = {0};
@@ -329,8 +382,14 @@ Test(db_export, round_trip_is_identical)
     char *t3 = export_text(c);
     cr_expect_eq(strlen(t3), strlen(t2));
     db_close(c);
-    /* Misses are counts: a second import added them once more. */
-    cr_expect_eq(sql_int(pc, "SELECT count FROM misses"), 2);
+    /* Misses are counts: a second import added them once more; the
+     * runtime shape travels (the one without stays without). */
+    cr_expect_eq(sql_int(pc, "SELECT count(*) FROM misses WHERE count = 2"), 2);
+    cr_expect_eq(sql_int(pc, "SELECT count(*) FROM misses WHERE m = 5 AND shape_run = '"
+                             SHAPE_A ",C=4096'"), 1);
+    cr_expect_eq(sql_int(pc, "SELECT count(*) FROM misses WHERE m = 3 AND shape_run IS NULL"),
+                 1);
+    cr_expect(strstr(t1, "\"shape_run\":\"" SHAPE_A ",C=4096\"") != NULL, "%s", t1);
     free(t1);
     free(t2);
     free(t3);

@@ -83,7 +83,7 @@ Test(db_schema, migrates_the_v1_fixture)
 
     db_t *db = open_ok(path, DB_OPEN_DEFAULT);
     db_close(db);
-    cr_assert_eq(sql_int(path, "PRAGMA user_version"), 5, "1 -> 2 -> 3 -> 4 -> 5");
+    cr_assert_eq(sql_int(path, "PRAGMA user_version"), 6, "1 -> 2 -> 3 -> 4 -> 5 -> 6");
     cr_expect_eq(sql_int(path, "SELECT count(*) FROM meta WHERE key='migrated_1_to_2_ms'"), 1);
     cr_expect_eq(sql_int(path, "SELECT count(*) FROM meta WHERE key='migrated_2_to_3_ms'"), 1);
     cr_expect_eq(sql_int(path, "SELECT count(*) FROM trials"), sql_int(ref, "SELECT count(*) FROM trials"));
@@ -261,10 +261,11 @@ Test(db_schema, migrates_the_v3_fixture)
 
     db_t *db = open_ok(path, DB_OPEN_DEFAULT);
     db_close(db);
-    cr_assert_eq(sql_int(path, "PRAGMA user_version"), 5);
-    cr_expect_eq(sql_int(path, "SELECT CAST(value AS INTEGER) FROM meta WHERE key='schema_version'"), 5);
+    cr_assert_eq(sql_int(path, "PRAGMA user_version"), 6);
+    cr_expect_eq(sql_int(path, "SELECT CAST(value AS INTEGER) FROM meta WHERE key='schema_version'"), 6);
     cr_expect_eq(sql_int(path, "SELECT count(*) FROM meta WHERE key='migrated_3_to_4_ms'"), 1);
     cr_expect_eq(sql_int(path, "SELECT count(*) FROM meta WHERE key='migrated_4_to_5_ms'"), 1);
+    cr_expect_eq(sql_int(path, "SELECT count(*) FROM meta WHERE key='migrated_5_to_6_ms'"), 1);
     cr_expect_eq(sql_int(path, "SELECT count(*) FROM winners WHERE stale = 0"), nw);
     cr_expect_eq(same_trials(ref), sql_int(ref, "SELECT count(*) FROM trials"));
     cr_expect_eq(sql_int(path, "SELECT count(*) FROM winners w JOIN trials t ON t.id = w.trial_id "
@@ -311,6 +312,117 @@ Test(db_schema, migrates_the_v3_fixture)
     cr_expect_neq(sqlite3_exec(s, "UPDATE winners SET stale = 2", NULL, NULL, NULL), SQLITE_OK,
                   "stale 2 passed the CHECK");
     sqlite3_close(s);
+}
+
+/* Rows of table in the migrated file (path) equal in the columns cols to
+ * a row of the reference (ref) joined on the columns key. */
+static long long same_rows(const char *ref, const char *table, const char *key,
+                           const char *const *cols)
+{
+    sqlite3 *s;
+    cr_assert_eq(sqlite3_open_v2(path, &s, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    char sql[2048];
+    snprintf(sql, sizeof sql, "ATTACH '%s' AS ref", ref);
+    cr_assert_eq(sqlite3_exec(s, sql, NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(s));
+    int n = snprintf(sql, sizeof sql, "SELECT count(*) FROM %s t JOIN ref.%s r USING(%s) WHERE 1",
+                     table, table, key);
+    for (int i = 0; cols[i]; i++)
+        n += snprintf(sql + n, sizeof sql - (size_t)n, " AND t.%s IS r.%s", cols[i], cols[i]);
+    sqlite3_stmt *st;
+    cr_assert_eq(sqlite3_prepare_v2(s, sql, -1, &st, NULL), SQLITE_OK, "%s", sqlite3_errmsg(s));
+    cr_assert_eq(sqlite3_step(st), SQLITE_ROW);
+    long long c = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    sqlite3_close(s);
+    return c;
+}
+
+typedef struct v5_miss {
+    int n, with_run;
+    char family[64], shape[256], run[256];
+    char arch[64], name[128], rt[64], drv[64], fp[128];
+    db_device dev;
+    long long m, count, first_count;
+} v5_miss;
+
+static int v5_miss_cb(void *ctx, const db_miss_row *r)
+{
+    v5_miss *x = ctx;
+    if (x->n++ == 0) {
+        snprintf(x->family, sizeof x->family, "%s", r->family);
+        snprintf(x->shape, sizeof x->shape, "%s", r->shape_key);
+        x->m = r->m;
+        x->first_count = r->count;
+        snprintf(x->arch, sizeof x->arch, "%s", r->device.arch);
+        snprintf(x->name, sizeof x->name, "%s", r->device.name);
+        snprintf(x->rt, sizeof x->rt, "%s", r->device.runtime_version);
+        snprintf(x->drv, sizeof x->drv, "%s", r->device.driver_version);
+        snprintf(x->fp, sizeof x->fp, "%s", r->device.fingerprint);
+        x->dev = (db_device){r->device.backend, x->arch, x->name, x->rt, x->drv, x->fp,
+                             r->device.compute_units};
+    }
+    if (r->shape_run) {
+        x->with_run++;
+        snprintf(x->run, sizeof x->run, "%s", r->shape_run);
+        x->count = r->count;
+    }
+    return 0;
+}
+
+/* 5 -> 6: misses gain the shape the runtime ran, none for every miss a
+ * version-5 runtime recorded (tune --misses then times the family's first
+ * preset's runtime dims, as before); nothing else changes; a miss the
+ * runtime records after the upgrade keeps its runtime shape. */
+Test(db_schema, migrates_the_v5_fixture)
+{
+    char ref[160];
+    snprintf(ref, sizeof ref, "%s/ref.db", dir);
+    load_sql(DB_V5_FIXTURE, path);
+    load_sql(DB_V5_FIXTURE, ref);
+    cr_assert_eq(sql_int(path, "PRAGMA user_version"), 5);
+    const long long nm = sql_int(ref, "SELECT count(*) FROM misses");
+    const long long nw = sql_int(ref, "SELECT count(*) FROM winners");
+    const long long nt = sql_int(ref, "SELECT count(*) FROM trials");
+    cr_assert_gt(nm, 10, "the fixture's misses: %lld", nm);
+    cr_assert_gt(nw, 0);
+
+    db_t *db = open_ok(path, DB_OPEN_DEFAULT);
+    db_close(db);
+    cr_assert_eq(sql_int(path, "PRAGMA user_version"), 6);
+    cr_expect_eq(sql_int(path, "SELECT count(*) FROM meta WHERE key='migrated_5_to_6_ms'"), 1);
+    cr_expect_eq(sql_int(path, "SELECT count(*) FROM misses WHERE shape_run IS NULL"), nm);
+    static const char *const miss_cols[] = {"count", "first_seen_ms", "last_seen_ms",
+                                            "last_reason", NULL};
+    cr_expect_eq(same_rows(ref, "misses", "device_id, family, shape, m", miss_cols), nm);
+    static const char *const winner_cols[] = {
+        "trial_id", "config_key", "config_json", "time_ms", "runner_ups", "updated_ms",
+        "verified_ms", "verified_time_ms", "origin", "decision", "challenger", "ratio",
+        "ratio_lo", "ratio_hi", "confidence", "rounds", "stale", NULL};
+    cr_expect_eq(same_rows(ref, "winners", "device_id, kernel_id, shape, m", winner_cols), nw);
+    cr_expect_eq(same_trials(ref), nt);
+    cr_expect_eq(sql_int(path, "SELECT count(*) FROM trials"), nt);
+
+    /* The runtime records the same miss again, with the shape it ran. */
+    db = open_ok(path, DB_OPEN_DEFAULT);
+    v5_miss x = {0};
+    mt_err e = MT_ERR_INIT;
+    cr_assert_eq(db_misses_each(db, NULL, v5_miss_cb, &x, &e), MT_OK, "%s", e.msg);
+    cr_assert_eq(x.n, nm);
+    cr_expect_eq(x.with_run, 0);
+    char run[300];
+    snprintf(run, sizeof run, "%s,C=77", x.shape);
+    db_lookup_result r;
+    memset(&r, 0, sizeof r);
+    r.provenance = DB_MISS;
+    cr_assert_eq(db_lookup_record_miss(db, &x.dev, x.family, x.shape, run, x.m, &r, &e), MT_OK,
+                 "%s", e.msg);
+    v5_miss y = {0};
+    cr_assert_eq(db_misses_each(db, NULL, v5_miss_cb, &y, &e), MT_OK, "%s", e.msg);
+    cr_expect_eq(y.n, nm, "the same miss again is no new row");
+    cr_expect_eq(y.with_run, 1);
+    cr_expect_str_eq(y.run, run);
+    cr_expect_eq(y.count, x.first_count + 1);
+    db_close(db);
 }
 
 Test(db_schema, readonly_open_of_v3_upgrades_a_memory_copy_only)

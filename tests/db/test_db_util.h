@@ -26,6 +26,7 @@
 #define DB_V1_FIXTURE MOETUNE_SOURCE_DIR "/tests/fixtures/db_v1.sql"
 #define DB_V2_FIXTURE MOETUNE_SOURCE_DIR "/tests/fixtures/db_v2.sql"
 #define DB_V3_FIXTURE MOETUNE_SOURCE_DIR "/tests/fixtures/db_v3.sql"
+#define DB_V5_FIXTURE MOETUNE_SOURCE_DIR "/tests/fixtures/db_v5.sql"
 
 #define SHAPE_A "H=256,I=128,E=16,topk=4,a=bf16"
 #define HASH_A "5f1c0b6e9d2a4e7f8a3b1c2d4e5f60718293a4b5c6d7e8f9012345678abcdef0"

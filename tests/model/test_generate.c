@@ -120,13 +120,33 @@ Test(selection, without_a_database_every_kernel_is_the_default)
 }
 
 typedef struct sel_count {
-    int misses;
+    int misses, embeds, with_runtime;
 } sel_count;
 
+/* Every miss carries the shape the kernel ran at: its tuning key plus the
+ * runtime dims, in canonical order; the embedding's table has the tiny
+ * model's 512 rows (not a preset's). */
 static int count_miss(void *ctx, const db_miss_row *row)
 {
-    (void)row;
-    ((sel_count *)ctx)->misses++;
+    sel_count *c = ctx;
+    c->misses++;
+    const kern_family *f = kern_family_find(row->family);
+    cr_assert_not_null(f, "%s", row->family);
+    cr_assert_not_null(row->shape_run, "%s %s M=%lld: no runtime shape", row->family,
+                       row->shape_key, (long long)row->m);
+    kern_shape sh;
+    mt_err e = MT_ERR_INIT;
+    cr_assert_eq(kern_shape_parse(f, row->shape_run, &sh, NULL, &e), MT_OK, "%s", e.msg);
+    char key[KERN_KEY_MAX], run[KERN_KEY_MAX];
+    kern_shape_key(f, &sh, false, key, sizeof key);
+    kern_shape_key(f, &sh, true, run, sizeof run);
+    cr_assert_str_eq(key, row->shape_key, "%s: the runtime shape's key", row->family);
+    cr_assert_str_eq(run, row->shape_run, "%s: not canonical", row->family);
+    c->with_runtime += strcmp(run, key) != 0;
+    if (!strcmp(row->family, "ops_embed")) {
+        c->embeds++;
+        cr_assert(strstr(row->shape_run, "V=512"), "embedding at %s", row->shape_run);
+    }
     return 0;
 }
 
@@ -199,6 +219,8 @@ Test(selection, database_hits_nearest_other_device_stale_and_misses)
     sel_count c = {0};
     cr_assert_eq(db_misses_each(db, NULL, count_miss, &c, &err), MT_OK, "%s", err.msg);
     cr_assert_gt(c.misses, 100, "misses recorded: %d", c.misses);
+    cr_assert_gt(c.embeds, 0, "no embedding miss");
+    cr_assert_gt(c.with_runtime, c.embeds, "runtime dims beyond the embedding's");
     db_close(db);
     fw_rm_dir(dir);
 }

@@ -36,19 +36,26 @@ static void cpu_device(db_device *dd)
     dev_close(dev);
 }
 
-/* One lookup that misses, recorded as the kernel set records it; returns
- * its provenance. */
-static db_provenance look_up(db_t *db, const db_device *dd, const char *family, int version,
-                             const char *hash, const char *shape, int64_t m, bool record)
+/* One lookup that misses, recorded as the kernel set records it (with
+ * the shape it ran, run; NULL: none); returns its provenance. */
+static db_provenance look_up_run(db_t *db, const db_device *dd, const char *family, int version,
+                                 const char *hash, const char *shape, const char *run, int64_t m,
+                                 bool record)
 {
     db_lookup_result r;
     mt_err e = MT_ERR_INIT;
     cr_assert_eq(db_lookup(db, dd, family, version, hash, shape, m, &r, &e), MT_OK, "%s",
                  e.msg);
     if (record)
-        cr_assert_eq(db_lookup_record_miss(db, dd, family, shape, m, &r, &e), MT_OK, "%s",
+        cr_assert_eq(db_lookup_record_miss(db, dd, family, shape, run, m, &r, &e), MT_OK, "%s",
                      e.msg);
     return r.provenance;
+}
+
+static db_provenance look_up(db_t *db, const db_device *dd, const char *family, int version,
+                             const char *hash, const char *shape, int64_t m, bool record)
+{
+    return look_up_run(db, dd, family, version, hash, shape, NULL, m, record);
 }
 
 static void quick_opts(tune_opts *o, const char *db)
@@ -162,4 +169,58 @@ Test(tune_misses, a_default_only_pass_records_the_default_and_no_winner, .timeou
     cr_assert_eq(tune_run(&job, 1, &o, &rep, &e), MT_OK, "%s", e.msg);
     cr_expect_eq(tt_report_measured(rep), 0);
     tune_report_free(rep);
+}
+
+/* Each miss is tuned at the shape the runtime ran: the runtime dims it
+ * recorded (the embedding's 512-row table, not the first preset's 154880
+ * rows); a miss without one, or with one that is not its shape, takes the
+ * first preset's. */
+Test(tune_misses, a_miss_is_tuned_at_the_runtime_dims_it_was_recorded_with, .timeout = 300)
+{
+    char path[256];
+    tt_db_path(path, sizeof path, "runtime_dims.db");
+    const kern_family *embed = kern_family_find("ops_embed");
+    cr_assert_not_null(embed);
+    char hash[65];
+    kern_source_hash(embed, DEV_BACKEND_CPU, hash);
+    db_device cpu;
+    cpu_device(&cpu);
+    db_t *db = NULL;
+    mt_err e = MT_ERR_INIT;
+    cr_assert_eq(db_open(path, DB_OPEN_DEFAULT, &db, &e), MT_OK, "%s", e.msg);
+    for (int i = 0; i < 3; i++) /* the costliest: tuned first */
+        look_up_run(db, &cpu, "ops_embed", embed->version, hash, "N=256", "N=256,V=512", 4, true);
+    look_up_run(db, &cpu, "ops_embed", embed->version, hash, "N=128", "N=256,V=512", 4, true);
+    look_up_run(db, &cpu, "ops_embed", embed->version, hash, "N=64", NULL, 4, true);
+    db_close(db);
+
+    tune_opts o;
+    quick_opts(&o, path);
+    o.budget.trials = 1;
+    tune_misses_result res;
+    cr_assert_eq(tune_misses_run(&o, NULL, &res, &e), MT_OK, "%s", e.msg);
+    cr_assert_eq(res.n, 3);
+    int seen = 0;
+    for (int i = 0; i < res.n; i++) {
+        const tune_miss *t = &res.order[i];
+        tune_job job;
+        cr_assert_eq(tune_miss_job(t, &job, &e), MT_OK, "%s", e.msg);
+        cr_expect_eq(job.n_m, 1);
+        cr_expect_eq(job.m[0], 4);
+        char key[KERN_KEY_MAX];
+        kern_shape_key(embed, &job.shape, false, key, sizeof key);
+        cr_expect_str_eq(key, t->shape_key, "the job is the miss's shape");
+        int64_t v = job.shape.v[1]; /* V: the table's rows, a runtime dim */
+        if (!strcmp(t->shape_key, "N=256")) {
+            seen |= 1;
+            cr_expect_str_eq(t->shape_run, "N=256,V=512");
+            cr_expect_eq(v, 512, "N=256 tuned with a %lld-row table", (long long)v);
+        } else {
+            seen |= !strcmp(t->shape_key, "N=128") ? 2 : 4;
+            cr_expect_str_eq(t->shape_run, "", "%s keeps %s", t->shape_key, t->shape_run);
+            cr_expect_eq(v, 154880, "%s: the first preset's rows", t->shape_key);
+        }
+    }
+    cr_expect_eq(seen, 7);
+    tune_misses_result_free(&res);
 }
