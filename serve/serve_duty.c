@@ -48,5 +48,7 @@ void serve_duty_end(serve_duty *d, bool busy, double now_ms, double cost_ms)
         return;
     }
     d->idle_since = -1; /* an idle stretch starts after the measurement */
-    d->rest_until = now_ms + cost_ms * (1 - d->share) / d->share;
+    /* the cycle, measurement and rest, lasts cost / share from its start */
+    double until = now_ms - t + cost_ms / d->share;
+    d->rest_until = until > now_ms ? until : now_ms;
 }

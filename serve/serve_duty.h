@@ -3,11 +3,14 @@
  * the serving threads pay for it: on a machine with few cores even a
  * SCHED_IDLE task that only spins raises their inter-token latency, and
  * the more of the time it runs the more it costs. So while requests run,
- * each measurement that took t ms of the device (on cpu: the
- * worker's CPU time over the cores) is followed by a rest of t x (1 -
- * share) / share ms before the next may start: the worker takes share of a
+ * a measurement that took t ms of the device (on cpu: the worker's CPU
+ * time over the cores) starts a cycle of t / share ms, the measurement
+ * and then a rest, before the next may start: the worker takes share of a
  * busy server's device (--tune-share), as the compilers compile share of it
- * (serve_hold.h). An idle server forgives the rest once it has been idle
+ * (serve_hold.h). On a GPU t is the wall time and the rest t x (1 - share)
+ * / share; on cpu a worker that waited for the serving threads took less
+ * than its wall time and rests less (none when its wall time was t / share
+ * or more). An idle server forgives the rest once it has been idle
  * for SERVE_DUTY_IDLE_MS (the gaps between requests on a loaded server are
  * shorter, and a measurement started in one runs into the next request).
  *
@@ -39,7 +42,7 @@ void serve_duty_start(serve_duty *d, double now_ms);
 /* The measurement has ended at now_ms; busy: the server worked at some
  * time during it (its rest begins), else it was idle throughout (no rest;
  * the idle stretch goes on). cost_ms: what it took of the device, the
- * rest's measure (on cpu the worker's CPU time over the cores: a worker
+ * cycle's measure (on cpu the worker's CPU time over the cores: a worker
  * that waited for the serving threads took nothing); < 0: its wall time. */
 void serve_duty_end(serve_duty *d, bool busy, double now_ms, double cost_ms);
 

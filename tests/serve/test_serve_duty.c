@@ -12,29 +12,38 @@
 static const double shares[] = {0.01, 0.05, 0.10, 0.25, 0.5, 0.9, 1.0};
 
 /* Runs measurements of random lengths (1 to 400 ms) for n ms with the
- * server busy but for gap ms out of every period ms (gap 0: always busy);
- * returns the fraction of the busy time spent measuring. */
-static double simulate(double share, int64_t n, int period, int gap, mt_rng *r)
+ * server busy but for gap ms out of every period ms (gap 0: always busy),
+ * each taking frac of its wall time of the device (frac < 0: all of it, the
+ * cost not given); returns the device taken over the busy time. */
+static double simulate_cost(double share, int64_t n, int period, int gap, double frac,
+                            mt_rng *r)
 {
     serve_duty d;
     serve_duty_init(&d, share);
-    int64_t measuring_busy = 0, busy_ms = 0, end_at = -1;
+    int64_t measuring_busy = 0, busy_ms = 0, end_at = -1, began = 0;
     bool worked = false; /* the server was busy during the measurement */
     for (int64_t ms = 0; ms < n; ms++) {
         bool busy = gap == 0 || ms % period >= gap;
         busy_ms += busy;
         if (end_at >= 0 && ms >= end_at) {
-            serve_duty_end(&d, worked || busy, (double)ms, -1);
+            serve_duty_end(&d, worked || busy, (double)ms,
+                           frac < 0 ? -1 : frac * (double)(ms - began));
             end_at = -1;
         }
         worked = end_at >= 0 && (worked || busy);
         if (end_at < 0 && serve_duty_may_start(&d, busy, (double)ms)) {
             serve_duty_start(&d, (double)ms);
+            began = ms;
             end_at = ms + 1 + (int64_t)mt_rng_below(r, 400);
         }
         measuring_busy += end_at >= 0 && busy;
     }
-    return (double)measuring_busy / (double)busy_ms;
+    return (double)measuring_busy * (frac < 0 ? 1 : frac) / (double)busy_ms;
+}
+
+static double simulate(double share, int64_t n, int period, int gap, mt_rng *r)
+{
+    return simulate_cost(share, n, period, gap, -1, r);
 }
 
 Test(serve_duty, a_busy_server_is_measured_on_for_share_of_the_time)
@@ -51,6 +60,28 @@ Test(serve_duty, a_busy_server_is_measured_on_for_share_of_the_time)
                   "seed %llu share %g: measured %.4f of a busy server's time",
                   (unsigned long long)seed, share, got);
     }
+}
+
+/* A worker that takes frac of its wall time of the device (waiting for
+ * the serving threads the rest) takes share of it all the same, its rests
+ * shorter; one taking less than share measures back to back (it cannot
+ * take more than frac). */
+Test(serve_duty, a_worker_that_waits_for_the_cores_takes_share_of_the_device)
+{
+    uint64_t seed = mt_seed_fresh();
+    mt_rng r;
+    mt_rng_seed(&r, seed);
+    static const double fracs[] = {1.0, 0.5, 0.2, 0.08, 0.03};
+    for (size_t i = 0; i < sizeof shares / sizeof shares[0]; i++)
+        for (size_t j = 0; j < sizeof fracs / sizeof fracs[0]; j++) {
+            double share = shares[i], frac = fracs[j];
+            double want = frac < share ? frac : share;
+            double got = simulate_cost(share, 2000000, 1, 0, frac, &r);
+            cr_assert(got <= share + 400.0 / 2000000 && got >= want * 0.95,
+                      "seed %llu share %g, worker on %g of its wall time: took %.4f of a busy "
+                      "server's device (want %.4f)", (unsigned long long)seed, share, frac, got,
+                      want);
+        }
 }
 
 Test(serve_duty, gaps_between_requests_do_not_forgive_the_rest)
@@ -113,21 +144,24 @@ Test(serve_duty, an_idle_server_measures_back_to_back)
     }
 }
 
-Test(serve_duty, the_rest_follows_the_cost_not_the_wall_time)
+Test(serve_duty, the_cycle_follows_the_cost_not_the_wall_time)
 {
     serve_duty d;
     serve_duty_init(&d, 0.25);
     cr_assert(serve_duty_may_start(&d, true, 0));
     serve_duty_start(&d, 0);
-    serve_duty_end(&d, true, 400, 100); /* waited for the cores most of the time */
-    cr_assert(!serve_duty_may_start(&d, true, 699));
-    cr_assert(serve_duty_may_start(&d, true, 700)); /* 100 x 3 */
-    serve_duty_start(&d, 700);
-    serve_duty_end(&d, true, 800, NAN); /* not known: the wall time */
-    cr_assert(!serve_duty_may_start(&d, true, 1099));
-    cr_assert(serve_duty_may_start(&d, true, 1100));
-    cr_assert_float_eq(d.measured_ms, 500, 1e-9);
-    cr_assert_float_eq(d.cost_ms, 200, 1e-9);
+    serve_duty_end(&d, true, 150, 100); /* waited for the cores a third of the time */
+    cr_assert(!serve_duty_may_start(&d, true, 399));
+    cr_assert(serve_duty_may_start(&d, true, 400)); /* a cycle of 100 / 0.25 */
+    serve_duty_start(&d, 400);
+    serve_duty_end(&d, true, 900, 100); /* longer than its cycle: no rest */
+    cr_assert(serve_duty_may_start(&d, true, 900));
+    serve_duty_start(&d, 1000);
+    serve_duty_end(&d, true, 1100, NAN); /* not known: the wall time */
+    cr_assert(!serve_duty_may_start(&d, true, 1399));
+    cr_assert(serve_duty_may_start(&d, true, 1400));
+    cr_assert_float_eq(d.measured_ms, 750, 1e-9);
+    cr_assert_float_eq(d.cost_ms, 300, 1e-9);
 }
 
 Test(serve_duty, out_of_range_shares_are_clamped)
