@@ -125,8 +125,8 @@ static int parse(int argc, char **argv, serve_cli *c)
                  "the tuner's compilers are held stopped while any request waits or runs)"},
         {.name = "--tune-measure-busy", .type = CLI_OPT_FLAG, .dst = &c->tune.measure_busy,
          .help = "with --tune-misses: measure candidates back to back while requests run "
-                 "(default: for the share of a busy server's time, each measurement followed "
-                 "by a rest)"},
+                 "(default: for the share of a busy server's device, each measurement "
+                 "followed by a rest)"},
         {.name = "--tune-queue", .type = CLI_OPT_INT, .dst = &c->tune.queue_max, .arg = "N",
          .min = 1, .max = 1 << 20, .def = "1",
          .help = "with --tune-misses: measure only while fewer than N requests wait for a "

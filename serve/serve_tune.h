@@ -48,8 +48,9 @@
  * (dev_set_tool_hold), since a compiler evicts what the serving threads
  * keep in the caches even at the lowest priority, but for share of the
  * time (serve_hold.h), so a server that is never idle is tuned too. Its
- * measurements take share of a busy server's time too (unless measure_busy):
- * each is followed by a rest while requests run (serve_duty.h), since even
+ * measurements take share of a busy server's device too (unless
+ * measure_busy): each starts a cycle of its cost over the share, the rest
+ * of which it rests while requests run (serve_duty.h), since even
  * a SCHED_IDLE worker raises the serving threads' latency. The workers time
  * kernels with the server's thread count: that is the device the winners
  * are for.
@@ -90,7 +91,7 @@ typedef struct serve_tune_opts {
                               compilers are held stopped while any request waits or
                               runs, dev_set_tool_hold) */
     bool measure_busy;     /* measure back to back while requests run too (default:
-                              share of a busy server's time, serve_duty.h) */
+                              share of a busy server's device, serve_duty.h) */
     int cold_timing;       /* > 0: flush the caches between timed runs, as `tune` does;
                               0 (default): time warm, as the server runs its kernels:
                               a flush evicts the serving threads' working set too */
