@@ -572,11 +572,15 @@ mt_status serve_bench_run(const serve_bench_opts *oin, serve_bench_row *rows, mt
     return st;
 }
 
+/* A time to three significant digits from 1 ms up (a hundredth of a ms
+ * below 10 ms: inter-token latencies of a few ms differ by tenths). */
 static void fmt_s(char *out, size_t cap, double s)
 {
     if (isnan(s))
         snprintf(out, cap, "-");
-    else if (s < 1)
+    else if (s < 0.009995)
+        snprintf(out, cap, "%.2f ms", s * 1e3);
+    else if (s < 0.9995)
         snprintf(out, cap, "%.1f ms", s * 1e3);
     else
         snprintf(out, cap, "%.2f s", s);

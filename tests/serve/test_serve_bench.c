@@ -59,6 +59,29 @@ static void bench_opts(serve_bench_opts *o, const tsrv *t, int input_len, int ou
     o->seed = mt_seed_fresh();
 }
 
+/* The table's times: a hundredth of a ms below 10 ms (ITL of a few ms),
+ * a tenth up to a second, then seconds; none without a success. */
+Test(serve_bench, the_table_prints_times_to_their_resolution)
+{
+    serve_bench_opts o;
+    memset(&o, 0, sizeof o);
+    serve_bench_row rows[2];
+    memset(rows, 0, sizeof rows);
+    rows[0] = (serve_bench_row){.rate = 64, .sent = 10, .ok = 10, .ttft_p50 = 0.0123,
+                                .ttft_p95 = 1.5, .itl_p50 = 0.00034, .itl_p95 = 0.002571,
+                                .success_pct = 100, .server_up = true};
+    rows[1] = (serve_bench_row){.rate = 128, .sent = 3, .ttft_p50 = NAN, .ttft_p95 = NAN,
+                                .itl_p50 = 0.0099949, .itl_p95 = 0.9996, .server_up = true};
+    char *table = NULL;
+    size_t tl = 0;
+    FILE *f = open_memstream(&table, &tl);
+    serve_bench_print(f, &o, rows, 2);
+    fclose(f);
+    cr_assert(strstr(table, "| 12.3 ms / 1.50 s | 0.34 ms / 2.57 ms |"), "%s", table);
+    cr_assert(strstr(table, "| - / - | 9.99 ms / 1.00 s |"), "%s", table);
+    free(table);
+}
+
 Test(serve_bench, sweep_has_a_knee_and_no_failures_below_it)
 {
     tsrv t;
