@@ -139,32 +139,38 @@ Test(db_schema, migrates_the_v1_fixture)
     db_close(db);
 }
 
+/* Rows of table in the migrated file (path) equal in the columns cols to
+ * a row of the reference (ref) joined on the columns key. */
+static long long same_rows(const char *ref, const char *table, const char *key,
+                           const char *const *cols)
+{
+    sqlite3 *s;
+    cr_assert_eq(sqlite3_open_v2(path, &s, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    char sql[2048];
+    snprintf(sql, sizeof sql, "ATTACH '%s' AS ref", ref);
+    cr_assert_eq(sqlite3_exec(s, sql, NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(s));
+    int n = snprintf(sql, sizeof sql, "SELECT count(*) FROM %s t JOIN ref.%s r USING(%s) WHERE 1",
+                     table, table, key);
+    for (int i = 0; cols[i]; i++)
+        n += snprintf(sql + n, sizeof sql - (size_t)n, " AND t.%s IS r.%s", cols[i], cols[i]);
+    sqlite3_stmt *st;
+    cr_assert_eq(sqlite3_prepare_v2(s, sql, -1, &st, NULL), SQLITE_OK, "%s", sqlite3_errmsg(s));
+    cr_assert_eq(sqlite3_step(st), SQLITE_ROW);
+    long long c = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    sqlite3_close(s);
+    return c;
+}
+
 /* Rows of trials in the migrated file (path) equal to the same id in the
  * reference (ref) in every column but status and error. */
 static long long same_trials(const char *ref)
 {
-    sqlite3 *s;
-    cr_assert_eq(sqlite3_open_v2(path, &s, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
-    char sql[1024];
-    snprintf(sql, sizeof sql, "ATTACH '%s' AS ref", ref);
-    cr_assert_eq(sqlite3_exec(s, sql, NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(s));
-    sqlite3_stmt *st;
-    const char *q =
-        "SELECT count(*) FROM trials t JOIN ref.trials r USING(id) WHERE "
-        "t.device_id IS r.device_id AND t.kernel_id IS r.kernel_id AND "
-        "t.session_id IS r.session_id AND t.shape IS r.shape AND t.m IS r.m AND "
-        "t.config_key IS r.config_key AND t.config_json IS r.config_json AND "
-        "t.time_min_ms IS r.time_min_ms AND t.time_median_ms IS r.time_median_ms AND "
-        "t.time_p10_ms IS r.time_p10_ms AND t.time_p90_ms IS r.time_p90_ms AND "
-        "t.repetitions IS r.repetitions AND t.gflops IS r.gflops AND t.gbps IS r.gbps AND "
-        "t.resources_json IS r.resources_json AND t.compile_ms IS r.compile_ms AND "
-        "t.created_ms IS r.created_ms AND t.origin IS r.origin";
-    cr_assert_eq(sqlite3_prepare_v2(s, q, -1, &st, NULL), SQLITE_OK, "%s", sqlite3_errmsg(s));
-    cr_assert_eq(sqlite3_step(st), SQLITE_ROW);
-    long long n = sqlite3_column_int64(st, 0);
-    sqlite3_finalize(st);
-    sqlite3_close(s);
-    return n;
+    static const char *const cols[] = {
+        "device_id", "kernel_id", "session_id", "shape", "m", "config_key", "config_json",
+        "time_min_ms", "time_median_ms", "time_p10_ms", "time_p90_ms", "repetitions", "gflops",
+        "gbps", "resources_json", "compile_ms", "created_ms", "origin", NULL};
+    return same_rows(ref, "trials", "id", cols);
 }
 
 Test(db_schema, migrates_the_v2_fixture)
@@ -312,29 +318,6 @@ Test(db_schema, migrates_the_v3_fixture)
     cr_expect_neq(sqlite3_exec(s, "UPDATE winners SET stale = 2", NULL, NULL, NULL), SQLITE_OK,
                   "stale 2 passed the CHECK");
     sqlite3_close(s);
-}
-
-/* Rows of table in the migrated file (path) equal in the columns cols to
- * a row of the reference (ref) joined on the columns key. */
-static long long same_rows(const char *ref, const char *table, const char *key,
-                           const char *const *cols)
-{
-    sqlite3 *s;
-    cr_assert_eq(sqlite3_open_v2(path, &s, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
-    char sql[2048];
-    snprintf(sql, sizeof sql, "ATTACH '%s' AS ref", ref);
-    cr_assert_eq(sqlite3_exec(s, sql, NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(s));
-    int n = snprintf(sql, sizeof sql, "SELECT count(*) FROM %s t JOIN ref.%s r USING(%s) WHERE 1",
-                     table, table, key);
-    for (int i = 0; cols[i]; i++)
-        n += snprintf(sql + n, sizeof sql - (size_t)n, " AND t.%s IS r.%s", cols[i], cols[i]);
-    sqlite3_stmt *st;
-    cr_assert_eq(sqlite3_prepare_v2(s, sql, -1, &st, NULL), SQLITE_OK, "%s", sqlite3_errmsg(s));
-    cr_assert_eq(sqlite3_step(st), SQLITE_ROW);
-    long long c = sqlite3_column_int64(st, 0);
-    sqlite3_finalize(st);
-    sqlite3_close(s);
-    return c;
 }
 
 typedef struct v5_miss {
