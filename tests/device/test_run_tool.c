@@ -146,8 +146,14 @@ static bool probe_hold(void *ctx)
     if (h->on_at == 0)
         h->on_at = now;
     if (h->on_ms > 0 || (h->both_at > 0 && now - h->both_at >= 100) || now - h->on_at >= 5000) {
-        if (h->on_ms == 0)
+        if (h->on_ms == 0) {
             h->on_ms = now - h->on_at;
+            char path[600];
+            snprintf(path, sizeof path, "%s/released", h->dir);
+            FILE *f = fopen(path, "w");
+            if (f)
+                fclose(f);
+        }
         return false;
     }
     for (int i = 0; i < 2; i++) {
@@ -194,10 +200,14 @@ Test(run_tool, a_background_tool_and_its_children_stop_while_held)
     /* A driver that starts a child, as cc starts cc1 and as. The child
      * starts nothing itself (a loop of shell builtins): a shell that
      * vforks waits in uninterruptible sleep ('D', not 'T') while its
-     * vforked child is stopped before its exec. */
+     * vforked child is stopped before its exec. It runs until the probe
+     * has released the hold (a file), so a fast or a starved machine
+     * cannot finish it before the hold is seen, or until a bound of
+     * seconds if the hold never comes. */
     snprintf(script, sizeof script,
              "echo $$ > '%s/driver.pid'; sh -c 'echo $$ > \"$1\"/inner.pid; i=0; "
-             "while [ $i -lt 20000 ]; do i=$((i + 1)); done; exit 6' inner '%s'; exit $?",
+             "while [ ! -e \"$1\"/released ] && [ $i -lt 3000000 ]; do i=$((i + 1)); done; "
+             "exit 6' inner '%s'; exit $?",
              h.dir, h.dir);
     const char *argv[] = {"sh", "-c", script, NULL};
     double held0;
