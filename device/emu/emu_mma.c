@@ -201,6 +201,58 @@ static float elem_f32(const mma_shape *s, const void *regs, int e)
     return s->el == EL_FP8 ? fp8_f32(b) : (float)(int8_t)b;
 }
 
+/* Every shape's layout as flat cell indexes (row * cols + col), lane-major:
+ * the gather of emu_mma_run, built once. The test hook's swap bypasses
+ * them (place per element). */
+#define MAX_LANE_ELEMS (64 * 16)
+static struct {
+    int16_t a[MAX_LANE_ELEMS], b[MAX_LANE_ELEMS], c[MAX_LANE_ELEMS];
+} cells[N_SHAPES];
+static float fp8_table[256];
+static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
+
+static void tables_build(void)
+{
+    for (int v = 0; v < 256; v++)
+        fp8_table[v] = fp8_f32((uint8_t)v);
+    for (int sid = 0; sid < N_SHAPES; sid++) {
+        const mma_shape *s = &shapes[sid];
+        if (!s->name)
+            continue;
+        assert(s->wave * s->a_elems <= MAX_LANE_ELEMS && s->wave * s->b_elems <= MAX_LANE_ELEMS);
+        for (int l = 0; l < s->wave; l++) {
+            int r, col;
+            for (int e = 0; e < s->a_elems; e++) {
+                s->a(l, e, &r, &col);
+                cells[sid].a[l * s->a_elems + e] = (int16_t)(r * s->k + col);
+            }
+            for (int e = 0; e < s->b_elems; e++) {
+                s->b(l, e, &r, &col);
+                cells[sid].b[l * s->b_elems + e] = (int16_t)(r * s->n + col);
+            }
+            for (int i = 0; i < s->c_regs; i++) {
+                s->c(l, i, &r, &col);
+                cells[sid].c[l * s->c_regs + i] = (int16_t)(r * s->n + col);
+            }
+        }
+    }
+}
+
+/* Element e of a lane's A or B registers as f32, by the tables. */
+static inline float elem_fast(elem_type el, const void *regs, int e)
+{
+    if (el == EL_BF16) {
+        uint16_t h;
+        memcpy(&h, (const char *)regs + 2 * e, 2);
+        uint32_t u = (uint32_t)h << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    uint8_t b = ((const uint8_t *)regs)[e];
+    return el == EL_FP8 ? fp8_table[b] : (float)(int8_t)b;
+}
+
 int emu_mma_run(int ws, const struct mt_emu_mma_lane *const *lanes)
 {
     int sid = -1;
@@ -215,44 +267,65 @@ int emu_mma_run(int ws, const struct mt_emu_mma_lane *const *lanes)
     const mma_shape *s = shape_get(sid);
     if (!s || s->wave != ws)
         return MT_EMU_MMA_E_WAVE;
+    pthread_once(&tables_once, tables_build);
     /* The largest tiles: 32x32 C, 32x8 A, 8x32 B, 16x32 A, 32x16 B. */
     float a[512], b[512];
     union { float f[1024]; uint32_t i[1024]; } c;
     assert(s->m * s->k <= 512 && s->k * s->n <= 512 && s->m * s->n <= 1024);
     int r, col;
+    const bool swapped = swap.shape == sid;
+    const int16_t *ai = cells[sid].a, *bi = cells[sid].b, *ci = cells[sid].c;
     for (int l = 0; l < ws; l++) {
-        for (int e = 0; e < s->a_elems; e++) {
-            place(s, sid, EMU_MMA_A, l, e, &r, &col);
-            a[r * s->k + col] = elem_f32(s, lanes[l]->a, e);
-        }
-        for (int e = 0; e < s->b_elems; e++) {
-            place(s, sid, EMU_MMA_B, l, e, &r, &col);
-            b[r * s->n + col] = elem_f32(s, lanes[l]->b, e);
-        }
-        for (int i = 0; i < s->c_regs; i++) {
-            place(s, sid, EMU_MMA_C, l, i, &r, &col);
-            memcpy(&c.i[r * s->n + col], (const char *)lanes[l]->c + 4 * i, 4);
-        }
-    }
-    for (int i = 0; i < s->m; i++)
-        for (int j = 0; j < s->n; j++) {
-            if (s->int_acc) {
-                uint32_t acc = c.i[i * s->n + j];
-                for (int kk = 0; kk < s->k; kk++)
-                    acc += (uint32_t)(int32_t)a[i * s->k + kk] *
-                           (uint32_t)(int32_t)b[kk * s->n + j];
-                c.i[i * s->n + j] = acc;
-            } else {
-                float acc = c.f[i * s->n + j];
-                for (int kk = 0; kk < s->k; kk++)
-                    acc += a[i * s->k + kk] * b[kk * s->n + j];
-                c.f[i * s->n + j] = acc;
+        const struct mt_emu_mma_lane *ln = lanes[l];
+        if (swapped) {
+            for (int e = 0; e < s->a_elems; e++) {
+                place(s, sid, EMU_MMA_A, l, e, &r, &col);
+                a[r * s->k + col] = elem_f32(s, ln->a, e);
             }
+            for (int e = 0; e < s->b_elems; e++) {
+                place(s, sid, EMU_MMA_B, l, e, &r, &col);
+                b[r * s->n + col] = elem_f32(s, ln->b, e);
+            }
+            for (int i = 0; i < s->c_regs; i++) {
+                place(s, sid, EMU_MMA_C, l, i, &r, &col);
+                memcpy(&c.i[r * s->n + col], (const char *)ln->c + 4 * i, 4);
+            }
+            continue;
         }
+        for (int e = 0; e < s->a_elems; e++)
+            a[ai[l * s->a_elems + e]] = elem_fast(s->el, ln->a, e);
+        for (int e = 0; e < s->b_elems; e++)
+            b[bi[l * s->b_elems + e]] = elem_fast(s->el, ln->b, e);
+        for (int i = 0; i < s->c_regs; i++)
+            memcpy(&c.i[ci[l * s->c_regs + i]], (const char *)ln->c + 4 * i, 4);
+    }
+    /* Each D cell sums its products in increasing k; the loop runs over
+     * the cells of a row innermost (the compiler's vectors), which leaves
+     * every cell's order of additions as it is. */
+    const int m = s->m, n = s->n, k = s->k;
+    if (s->int_acc) {
+        for (int i = 0; i < m; i++)
+            for (int kk = 0; kk < k; kk++) {
+                uint32_t x = (uint32_t)(int32_t)a[i * k + kk];
+                for (int j = 0; j < n; j++)
+                    c.i[i * n + j] += x * (uint32_t)(int32_t)b[kk * n + j];
+            }
+    } else {
+        for (int i = 0; i < m; i++)
+            for (int kk = 0; kk < k; kk++) {
+                float x = a[i * k + kk];
+                for (int j = 0; j < n; j++)
+                    c.f[i * n + j] += x * b[kk * n + j];
+            }
+    }
     for (int l = 0; l < ws; l++)
         for (int i = 0; i < s->c_regs; i++) {
-            place(s, sid, EMU_MMA_C, l, i, &r, &col);
-            memcpy((char *)lanes[l]->d + 4 * i, &c.i[r * s->n + col], 4);
+            int cell = ci[l * s->c_regs + i];
+            if (swapped) {
+                place(s, sid, EMU_MMA_C, l, i, &r, &col);
+                cell = r * s->n + col;
+            }
+            memcpy((char *)lanes[l]->d + 4 * i, &c.i[cell], 4);
         }
     return MT_EMU_MMA_OK;
 }

@@ -14,6 +14,7 @@
 #include "comm/comm.h"
 #include "common/numeric.h"
 #include "common/rng.h"
+#include "test_mpirun.h"
 
 Test(comm, self_collectives_are_identities_and_copies)
 {
@@ -84,8 +85,7 @@ static int mpirun(int np, const char *mode, char *out, size_t cap)
 {
     char cmd[2048];
     snprintf(cmd, sizeof cmd,
-             "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-             "ASAN_OPTIONS=detect_leaks=0:intercept_tls_get_addr=0 "
+             MPIRUN_ENV
              "%s --oversubscribe -np %d %s %llu %s 2>&1",
              MPIEXEC, np, MT_COMM_CHECK, (unsigned long long)mt_seed_fresh(), mode);
     FILE *p = popen(cmd, "r");

@@ -37,6 +37,7 @@
 #include "serve/serve_client.h"
 #include "test_forward_util.h"
 #include "test_mpi_procs.h"
+#include "test_mpirun.h"
 
 Test(ep, expert_ranges_tile_the_experts)
 {
@@ -476,8 +477,7 @@ static int run(const char *cmd, char *out, size_t cap)
 {
     char full[4096];
     snprintf(full, sizeof full,
-             "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-             "ASAN_OPTIONS=detect_leaks=0:intercept_tls_get_addr=0 %s 2>&1", cmd);
+             MPIRUN_ENV "%s 2>&1", cmd);
     FILE *p = popen(full, "r");
     cr_assert_not_null(p);
     size_t n = fread(out, 1, cap - 1, p);
@@ -704,8 +704,7 @@ static int start_serve_on(const char *dir, int np, const char *device, const cha
     snprintf(log, sizeof log, "%s/serve.log", dir);
     snprintf(pidf, sizeof pidf, "%s/mpirun.pid", dir);
     snprintf(cmd, sizeof cmd,
-             "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-             "ASAN_OPTIONS=detect_leaks=0:intercept_tls_get_addr=0 %s --oversubscribe -np %d %s "
+             MPIRUN_ENV "%s --oversubscribe -np %d %s "
              "serve --model %s --device %s --port 0 --ranks %d --batch-invariant %s > %s 2>&1 & "
              "echo $! > %s", MPIEXEC, np, MOETUNE_BIN, dir, device, np, flags, log, pidf);
     cr_assert_eq(system(cmd), 0);

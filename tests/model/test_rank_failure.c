@@ -20,6 +20,7 @@
 #include "serve/serve_client.h"
 #include "test_forward_util.h"
 #include "test_mpi_procs.h"
+#include "test_mpirun.h"
 
 #ifdef MOETUNE_HAVE_MPI
 typedef struct stream {
@@ -56,8 +57,7 @@ Test(rank_failure, killed_follower_ends_the_job_and_the_stream_gets_an_error, .t
     snprintf(log, sizeof log, "%s/serve.log", dir);
     snprintf(pidf, sizeof pidf, "%s/mpirun.pid", dir);
     snprintf(cmd, sizeof cmd,
-             "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-             "ASAN_OPTIONS=detect_leaks=0:intercept_tls_get_addr=0 %s --oversubscribe -np 2 %s "
+             MPIRUN_ENV "%s --oversubscribe -np 2 %s "
              "serve --model %s --device cpu --port 0 --ranks 2 --batch-invariant > %s 2>&1 & "
              "echo $! > %s", MPIEXEC, MOETUNE_BIN, dir, log, pidf);
     cr_assert_eq(system(cmd), 0);

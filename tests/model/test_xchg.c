@@ -21,6 +21,7 @@
 #include "comm/comm.h"
 #include "model/runtime.h"
 #include "test_forward_util.h"
+#include "test_mpirun.h"
 
 Test(xchg, gpu_communicator_on_host_memory_is_refused_by_kind, .timeout = 300)
 {
@@ -50,8 +51,7 @@ static void run_check(int np, const char *name, const char *bin, const char *fir
     char cmd[2048];
     static char out[1 << 16];
     snprintf(cmd, sizeof cmd,
-             "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-             "ASAN_OPTIONS=detect_leaks=0:intercept_tls_get_addr=0 "
+             MPIRUN_ENV
              "%s --oversubscribe -np %d %s %s %s 2>&1", MPIEXEC, np, bin, first, args);
     FILE *p = popen(cmd, "r");
     cr_assert_not_null(p);
