@@ -1,6 +1,7 @@
 /* bench_emu.c: what the emu backend costs. Prints barriers per second (a
  * block of 256 threads running __syncthreads() in a loop), warp shuffles
- * per second, and launches per second (an empty 64-thread kernel, and a
+ * per second, matrix instructions per second (one wave64 running
+ * mt_mma_bf16, 16x16x16, in a loop), and launches per second (an empty 64-thread kernel, and a
  * grid of many small blocks), each on one worker thread and on all of them;
  * ratios are against the one-worker figure and against the cost of simply
  * starting the same threads measured in the same run. A benchmark, not a
@@ -34,6 +35,19 @@ static const char src[] =
     "        v += mt_shfl_xor_i32(v, 1 + i % 32);\n"
     "    out[blockIdx.x * blockDim.x + threadIdx.x] = v;\n"
     "}\n"
+    "MT_KERNEL void mmas(int *out, int iters)\n"
+    "{\n"
+    "    __shared__ mt_bf16 t[16 * 16] __attribute__((aligned(16)));\n"
+    "    for (int i = (int)threadIdx.x; i < 256; i += (int)blockDim.x)\n"
+    "        t[i] = (mt_bf16)(i % 7);\n"
+    "    __syncthreads();\n"
+    "    mt_mma_a a = mt_mma_load_a(t, 16);\n"
+    "    mt_mma_b b = mt_mma_load_bt(t, 16);\n"
+    "    mt_mma_acc acc = mt_mma_acc_zero();\n"
+    "    for (int i = 0; i < iters; i++)\n"
+    "        acc = mt_mma_bf16(a, b, acc);\n"
+    "    out[blockIdx.x * blockDim.x + threadIdx.x] = (int)acc.x[0];\n"
+    "}\n"
     "MT_KERNEL void empty(int *out, int iters)\n"
     "{\n"
     "    if (iters < 0)\n"
@@ -42,7 +56,7 @@ static const char src[] =
 
 typedef struct bench {
     dev_device *d;
-    dev_kernel *barriers, *shuffles, *empty;
+    dev_kernel *barriers, *shuffles, *mmas, *empty;
     dev_module *m;
     int *out;
 } bench;
@@ -62,6 +76,7 @@ static int open_bench(bench *b, int threads, mt_err *err)
     if (st != MT_OK ||
         dev_module_get_kernel(b->m, "barriers", "pi", &b->barriers, err) != MT_OK ||
         dev_module_get_kernel(b->m, "shuffles", "pi", &b->shuffles, err) != MT_OK ||
+        dev_module_get_kernel(b->m, "mmas", "pi", &b->mmas, err) != MT_OK ||
         dev_module_get_kernel(b->m, "empty", "pi", &b->empty, err) != MT_OK)
         return -1;
     void *p = NULL;
@@ -110,9 +125,12 @@ static int measure(int threads, double secs, double base[4])
     double r_start = rate(&b, b.empty, blocks, 256, 0, secs, &err);
     double r_bar = rate(&b, b.barriers, blocks, 256, iters, secs, &err);
     double r_shfl = rate(&b, b.shuffles, blocks, 256, iters, secs, &err);
+    double r_start64 = rate(&b, b.empty, blocks, 64, 0, secs, &err);
+    double r_mma = rate(&b, b.mmas, blocks, 64, iters, secs, &err);
     double r_launch = rate(&b, b.empty, 1, 64, 0, secs, &err);
     double r_grid = rate(&b, b.empty, 1024, 64, 0, secs, &err);
-    if (r_start < 0 || r_bar < 0 || r_shfl < 0 || r_launch < 0 || r_grid < 0) {
+    if (r_start < 0 || r_bar < 0 || r_shfl < 0 || r_start64 < 0 || r_mma < 0 || r_launch < 0 ||
+        r_grid < 0) {
         fprintf(stderr, "bench_emu: %s\n", err.msg);
         close_bench(&b);
         return -1;
@@ -123,9 +141,15 @@ static int measure(int threads, double secs, double base[4])
     double bar_per_s = barriers / (t_bar - t_start > 0 ? t_bar - t_start : t_bar);
     double shfl_per_s = (double)iters * blocks * 256 / (t_shfl - t_start > 0 ? t_shfl - t_start : t_shfl);
     double thread_starts = 256.0 * blocks * r_start;
+    double t_mma = 1.0 / r_mma, t_start64 = 1.0 / r_start64;
+    double mma_per_s = (double)iters * blocks /
+                       (t_mma - t_start64 > 0 ? t_mma - t_start64 : t_mma);
     printf("workers %2d | block barriers/s (256 threads) %10.0f  (%.2f us each) | "
            "lane shuffles/s %11.0f | thread starts/s %11.0f\n",
            threads, bar_per_s, 1e6 / bar_per_s * blocks, shfl_per_s, thread_starts);
+    printf("           | wave64 MMAs/s (bf16 16x16x16) %10.0f  (%.2f us each, %.1f ns per "
+           "multiply-add)\n",
+           mma_per_s, 1e6 / mma_per_s * blocks, 1e9 / mma_per_s * blocks / 4096);
     printf("           | launches/s: 1 block x 64 threads %8.0f | 1024 blocks x 64 threads "
            "%6.1f (%.0f blocks/s)\n",
            r_launch, r_grid, r_grid * 1024);

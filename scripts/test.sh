@@ -72,9 +72,14 @@ if [ $quick -eq 0 ]; then
   # the emu variants, test_moe_pipeline and the model tests; under ASan
   # they spent about a minute on uninstrumented kernels and on references
   # (the first pass runs them). Nor test_gpu_check: a shell script driving
-  # the binary end to end (the first pass runs it; 95 s instrumented).
+  # the binary end to end (the first pass runs it; 95 s instrumented). Nor
+  # the attention families' checks on emu and the wave32 MoE one: the
+  # kernels run uninstrumented from the first pass's cache, and the
+  # emulator's host code they drive (fibers, barriers, the MMA gather) runs
+  # instrumented in test_emu, test_mma_layout, test_moe_mma, test_moe_mma8,
+  # test_moe_check_emu64 and test_forward_emu (the six took 233 s here).
   ASAN_OPTIONS=detect_leaks=1:intercept_tls_get_addr=0:abort_on_error=1 \
   UBSAN_OPTIONS=print_stacktrace=1 \
     ctest_clean_tmp --test-dir build-asan -j"$jobs" --output-on-failure \
-      -E '^test_((attn|moe)_check_cpu(_v[234]|_base)?|moe_glm|gpu_check)$'
+      -E '^test_((attn|moe)_check_cpu(_v[234]|_base)?|moe_glm|gpu_check|attn_emu|attn_mma8?|indexer_mma|prefill_mma|moe_check_emu32)$'
 fi
