@@ -185,22 +185,6 @@ static float fp8_f32(uint8_t v)
     return (v & 0x80u) ? -f : f;
 }
 
-/* Element e of a lane's A or B registers, as f32 (bf16, fp8) or as an
- * integer in the float (int8: exact). */
-static float elem_f32(const mma_shape *s, const void *regs, int e)
-{
-    if (s->el == EL_BF16) {
-        uint16_t h;
-        memcpy(&h, (const char *)regs + 2 * e, 2);
-        uint32_t u = (uint32_t)h << 16;
-        float f;
-        memcpy(&f, &u, 4);
-        return f;
-    }
-    uint8_t b = ((const uint8_t *)regs)[e];
-    return s->el == EL_FP8 ? fp8_f32(b) : (float)(int8_t)b;
-}
-
 /* Every shape's layout as flat cell indexes (row * cols + col), lane-major:
  * the gather of emu_mma_run, built once. The test hook's swap bypasses
  * them (place per element). */
@@ -238,8 +222,9 @@ static void tables_build(void)
     }
 }
 
-/* Element e of a lane's A or B registers as f32, by the tables. */
-static inline float elem_fast(elem_type el, const void *regs, int e)
+/* Element e of a lane's A or B registers, as f32 (bf16, fp8: e4m3 by the
+ * table) or as an integer in the float (int8: exact). */
+static inline float elem_f32(elem_type el, const void *regs, int e)
 {
     if (el == EL_BF16) {
         uint16_t h;
@@ -280,11 +265,11 @@ int emu_mma_run(int ws, const struct mt_emu_mma_lane *const *lanes)
         if (swapped) {
             for (int e = 0; e < s->a_elems; e++) {
                 place(s, sid, EMU_MMA_A, l, e, &r, &col);
-                a[r * s->k + col] = elem_f32(s, ln->a, e);
+                a[r * s->k + col] = elem_f32(s->el, ln->a, e);
             }
             for (int e = 0; e < s->b_elems; e++) {
                 place(s, sid, EMU_MMA_B, l, e, &r, &col);
-                b[r * s->n + col] = elem_f32(s, ln->b, e);
+                b[r * s->n + col] = elem_f32(s->el, ln->b, e);
             }
             for (int i = 0; i < s->c_regs; i++) {
                 place(s, sid, EMU_MMA_C, l, i, &r, &col);
@@ -293,9 +278,9 @@ int emu_mma_run(int ws, const struct mt_emu_mma_lane *const *lanes)
             continue;
         }
         for (int e = 0; e < s->a_elems; e++)
-            a[ai[l * s->a_elems + e]] = elem_fast(s->el, ln->a, e);
+            a[ai[l * s->a_elems + e]] = elem_f32(s->el, ln->a, e);
         for (int e = 0; e < s->b_elems; e++)
-            b[bi[l * s->b_elems + e]] = elem_fast(s->el, ln->b, e);
+            b[bi[l * s->b_elems + e]] = elem_f32(s->el, ln->b, e);
         for (int i = 0; i < s->c_regs; i++)
             memcpy(&c.i[ci[l * s->c_regs + i]], (const char *)ln->c + 4 * i, 4);
     }
