@@ -102,8 +102,8 @@ static const char *config_with_v(const char *dflt, int v, char *out, size_t cap)
  * is V=3, its runner-up V=2 (truly the fastest, 4x the default: a load
  * spike while V=2 is timed does not push it past the default's median).
  * Returns the database path in db and the report of the second run. */
-static tune_report *tune_with_lucky_v3(char *db, size_t cap, const char *name, int top,
-                                       char *v2, char *v3)
+static tune_report *lucky_v3_once(char *db, size_t cap, const char *name, int top, char *v2,
+                                  char *v3)
 {
     tt_db_path(db, cap, name);
     static const int64_t ms[] = {1};
@@ -145,6 +145,25 @@ static tune_report *tune_with_lucky_v3(char *db, size_t cap, const char *name, i
     cr_assert_eq(tune_run(&job, 1, &o, &rep, &err), MT_OK, "%s", err.msg);
     cr_assert_eq(tt_report_measured(rep), 1, "measured %d", tt_report_measured(rep));
     return rep;
+}
+
+/* lucky_v3_once, again in a fresh database (up to 3 tries) when the
+ * tuner abandoned V=2: it is abandoned when the median of its first 3 or
+ * more runs exceeds twice the planted best, a load spike of 1.6x on a
+ * busy CI machine; the tests below are about what the confirmation does
+ * with V=2 measured. */
+static tune_report *tune_with_lucky_v3(char *db, size_t cap, const char *name, int top,
+                                       char *v2, char *v3)
+{
+    for (int attempt = 1;; attempt++) {
+        char named[64];
+        snprintf(named, sizeof named, "%d-%s", attempt, name);
+        tune_report *rep = lucky_v3_once(db, cap, named, top, v2, v3);
+        if (rep->jobs[0].m[0].counts[DB_TRIAL_SKIPPED] == 0 || attempt == 3)
+            return rep;
+        cr_log_info("V=2 abandoned under load (try %d): again in a fresh database", attempt);
+        tune_report_free(rep);
+    }
 }
 
 static tune_verify_report *verify(const char *db, double margin)
