@@ -185,41 +185,47 @@ static float fp8_f32(uint8_t v)
     return (v & 0x80u) ? -f : f;
 }
 
-/* Every shape's layout as flat cell indexes (row * cols + col), lane-major:
- * the gather of emu_mma_run, built once. The test hook's swap bypasses
- * them (place per element). */
+/* A shape's layout as flat cell indexes (row * cols + col), lane-major:
+ * the gather and scatter of emu_mma_run. Built once per shape from the
+ * layout functions; while the test hook swaps two cells of a shape, that
+ * shape's are built per call through place (on the worker thread's own
+ * copy: the fiber stacks are small). */
 #define MAX_LANE_ELEMS (64 * 16)
-static struct {
+typedef struct layout_cells {
     int16_t a[MAX_LANE_ELEMS], b[MAX_LANE_ELEMS], c[MAX_LANE_ELEMS];
-} cells[N_SHAPES];
+} layout_cells;
+static layout_cells cells[N_SHAPES];
+static _Thread_local layout_cells hooked_cells;
 static float fp8_table[256];
 static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
+
+static void cells_fill(const mma_shape *s, int sid, bool hooked, layout_cells *out)
+{
+    assert(s->wave * s->a_elems <= MAX_LANE_ELEMS && s->wave * s->b_elems <= MAX_LANE_ELEMS);
+    int r, col;
+    for (int l = 0; l < s->wave; l++) {
+        for (int e = 0; e < s->a_elems; e++) {
+            hooked ? place(s, sid, EMU_MMA_A, l, e, &r, &col) : s->a(l, e, &r, &col);
+            out->a[l * s->a_elems + e] = (int16_t)(r * s->k + col);
+        }
+        for (int e = 0; e < s->b_elems; e++) {
+            hooked ? place(s, sid, EMU_MMA_B, l, e, &r, &col) : s->b(l, e, &r, &col);
+            out->b[l * s->b_elems + e] = (int16_t)(r * s->n + col);
+        }
+        for (int i = 0; i < s->c_regs; i++) {
+            hooked ? place(s, sid, EMU_MMA_C, l, i, &r, &col) : s->c(l, i, &r, &col);
+            out->c[l * s->c_regs + i] = (int16_t)(r * s->n + col);
+        }
+    }
+}
 
 static void tables_build(void)
 {
     for (int v = 0; v < 256; v++)
         fp8_table[v] = fp8_f32((uint8_t)v);
-    for (int sid = 0; sid < N_SHAPES; sid++) {
-        const mma_shape *s = &shapes[sid];
-        if (!s->name)
-            continue;
-        assert(s->wave * s->a_elems <= MAX_LANE_ELEMS && s->wave * s->b_elems <= MAX_LANE_ELEMS);
-        for (int l = 0; l < s->wave; l++) {
-            int r, col;
-            for (int e = 0; e < s->a_elems; e++) {
-                s->a(l, e, &r, &col);
-                cells[sid].a[l * s->a_elems + e] = (int16_t)(r * s->k + col);
-            }
-            for (int e = 0; e < s->b_elems; e++) {
-                s->b(l, e, &r, &col);
-                cells[sid].b[l * s->b_elems + e] = (int16_t)(r * s->n + col);
-            }
-            for (int i = 0; i < s->c_regs; i++) {
-                s->c(l, i, &r, &col);
-                cells[sid].c[l * s->c_regs + i] = (int16_t)(r * s->n + col);
-            }
-        }
-    }
+    for (int sid = 0; sid < N_SHAPES; sid++)
+        if (shapes[sid].name)
+            cells_fill(&shapes[sid], sid, false, &cells[sid]);
 }
 
 /* Element e of a lane's A or B registers, as f32 (bf16, fp8: e4m3 by the
@@ -257,32 +263,19 @@ int emu_mma_run(int ws, const struct mt_emu_mma_lane *const *lanes)
     float a[512], b[512];
     union { float f[1024]; uint32_t i[1024]; } c;
     assert(s->m * s->k <= 512 && s->k * s->n <= 512 && s->m * s->n <= 1024);
-    int r, col;
-    const bool swapped = swap.shape == sid;
-    const int16_t *ai = cells[sid].a, *bi = cells[sid].b, *ci = cells[sid].c;
+    const layout_cells *lc = &cells[sid];
+    if (swap.shape == sid) {
+        cells_fill(s, sid, true, &hooked_cells);
+        lc = &hooked_cells;
+    }
     for (int l = 0; l < ws; l++) {
         const struct mt_emu_mma_lane *ln = lanes[l];
-        if (swapped) {
-            for (int e = 0; e < s->a_elems; e++) {
-                place(s, sid, EMU_MMA_A, l, e, &r, &col);
-                a[r * s->k + col] = elem_f32(s->el, ln->a, e);
-            }
-            for (int e = 0; e < s->b_elems; e++) {
-                place(s, sid, EMU_MMA_B, l, e, &r, &col);
-                b[r * s->n + col] = elem_f32(s->el, ln->b, e);
-            }
-            for (int i = 0; i < s->c_regs; i++) {
-                place(s, sid, EMU_MMA_C, l, i, &r, &col);
-                memcpy(&c.i[r * s->n + col], (const char *)ln->c + 4 * i, 4);
-            }
-            continue;
-        }
         for (int e = 0; e < s->a_elems; e++)
-            a[ai[l * s->a_elems + e]] = elem_f32(s->el, ln->a, e);
+            a[lc->a[l * s->a_elems + e]] = elem_f32(s->el, ln->a, e);
         for (int e = 0; e < s->b_elems; e++)
-            b[bi[l * s->b_elems + e]] = elem_f32(s->el, ln->b, e);
+            b[lc->b[l * s->b_elems + e]] = elem_f32(s->el, ln->b, e);
         for (int i = 0; i < s->c_regs; i++)
-            memcpy(&c.i[ci[l * s->c_regs + i]], (const char *)ln->c + 4 * i, 4);
+            memcpy(&c.i[lc->c[l * s->c_regs + i]], (const char *)ln->c + 4 * i, 4);
     }
     /* Each D cell sums its products in increasing k; the loop runs over
      * the cells of a row innermost (the compiler's vectors), which leaves
@@ -304,13 +297,7 @@ int emu_mma_run(int ws, const struct mt_emu_mma_lane *const *lanes)
             }
     }
     for (int l = 0; l < ws; l++)
-        for (int i = 0; i < s->c_regs; i++) {
-            int cell = ci[l * s->c_regs + i];
-            if (swapped) {
-                place(s, sid, EMU_MMA_C, l, i, &r, &col);
-                cell = r * s->n + col;
-            }
-            memcpy((char *)lanes[l]->d + 4 * i, &c.i[cell], 4);
-        }
+        for (int i = 0; i < s->c_regs; i++)
+            memcpy((char *)lanes[l]->d + 4 * i, &c.i[lc->c[l * s->c_regs + i]], 4);
     return MT_EMU_MMA_OK;
 }
